@@ -1,0 +1,1 @@
+//! API types (filled in by the api work).

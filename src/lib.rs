@@ -1,0 +1,9 @@
+//! nodeplane: a node-level network dataplane agent.
+//!
+//! Data flows one way: sources -> snapshot -> planner -> desired state -> backends.
+//! See ARCHITECTURE.md for a paragraph on each module.
+
+pub mod api;
+pub mod nft;
+pub mod snapshot;
+pub mod source;

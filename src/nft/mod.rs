@@ -1,0 +1,1 @@
+//! nftables engine: typed IR, renderer, diff and the netlink backend.

@@ -1,0 +1,1 @@
+//! The node view of the cluster.

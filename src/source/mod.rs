@@ -1,0 +1,1 @@
+//! Object sources (filled in by the source work).
