@@ -1,0 +1,550 @@
+//! Typed nftables IR: the one description of the ruleset that is both rendered as text
+//! (`--dry-run`) and encoded as netlink (the kernel apply). There is no second code path.
+//!
+//! The IR sits at the level of nft statements (`ip saddr @set`, `dnat ip to ...`), not of
+//! bytecode, so that the renderer can print exactly what `nft -f` compiles to the same
+//! bytecode the netlink backend emits. Every value is typed; user data never becomes syntax.
+
+use ipnet::IpNet;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The only table the agent owns (family `inet`).
+pub const TABLE_NAME: &str = "nodeplane";
+
+/// A whole `table inet <name>`; containers are sorted so output is deterministic.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Table {
+    pub name: String,
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, Set>,
+}
+
+impl Table {
+    pub fn new(name: impl Into<String>) -> Self {
+        Table {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Adds a chain, replacing one of the same name.
+    pub fn add_chain(&mut self, chain: Chain) {
+        self.chains.insert(chain.name.clone(), chain);
+    }
+
+    /// Adds a set or map, replacing one of the same name.
+    pub fn add_set(&mut self, set: Set) {
+        self.sets.insert(set.name.clone(), set);
+    }
+
+    /// Number of rules plus set elements: a rough size for metrics and logs.
+    pub fn object_count(&self) -> usize {
+        self.chains.values().map(|c| c.rules.len()).sum::<usize>()
+            + self.sets.values().map(|s| s.elements.len()).sum::<usize>()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChainType {
+    Filter,
+    Nat,
+    Route,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Policy {
+    Accept,
+    Drop,
+}
+
+/// Well-known priorities (see nft(8) "CHAINS"), kept numeric in the IR.
+pub mod priority {
+    pub const RAW: i32 = -300;
+    pub const MANGLE: i32 = -150;
+    pub const DSTNAT: i32 = -100;
+    pub const FILTER: i32 = 0;
+    pub const SECURITY: i32 = 50;
+    pub const SRCNAT: i32 = 100;
+}
+
+/// Hook attachment of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+    pub policy: Policy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    /// `None` for a regular chain reached by jump/goto/vmap.
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+}
+
+impl Chain {
+    pub fn regular(name: impl Into<String>) -> Self {
+        Chain {
+            name: name.into(),
+            base: None,
+            rules: Vec::new(),
+        }
+    }
+
+    pub fn base(name: impl Into<String>, base: BaseChain) -> Self {
+        Chain {
+            name: name.into(),
+            base: Some(base),
+            rules: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, rule: Rule) -> &mut Self {
+        self.rules.push(rule);
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rule {
+    pub stmts: Vec<Stmt>,
+    /// Shown by `nft list`; tells an operator which object a rule came from.
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    pub fn new(stmts: Vec<Stmt>) -> Self {
+        Rule {
+            stmts,
+            comment: None,
+        }
+    }
+
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Self {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+/// A packet field that can be loaded and matched, or used as (part of) a lookup key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    /// `meta nfproto` (ipv4 / ipv6).
+    NfProto,
+    /// `meta l4proto`.
+    L4Proto,
+    Ip4Saddr,
+    Ip4Daddr,
+    Ip6Saddr,
+    Ip6Daddr,
+    /// `th sport` (transport header, any L4 protocol with ports).
+    ThSport,
+    /// `th dport`.
+    ThDport,
+    /// `meta mark`.
+    Mark,
+    /// `meta iifname`.
+    IifName,
+    /// `meta oifname`.
+    OifName,
+    /// `ct state` (a bit mask: match with [`MatchOp::AnyFlag`]).
+    CtState,
+    /// `ct mark`.
+    CtMark,
+    /// `fib daddr type` (match with an [`Value::AddrType`]).
+    FibDaddrType,
+    /// `numgen random mod N`: a random number in 0..N, for load balancing.
+    NumgenRandom(u32),
+}
+
+impl Field {
+    /// The nft datatype of the field's values.
+    pub fn data_type(self) -> DataType {
+        match self {
+            Field::NfProto => DataType::NfProto,
+            Field::L4Proto => DataType::InetProto,
+            Field::Ip4Saddr | Field::Ip4Daddr => DataType::Ipv4Addr,
+            Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
+            Field::ThSport | Field::ThDport => DataType::InetService,
+            Field::Mark | Field::CtMark => DataType::Mark,
+            Field::IifName | Field::OifName => DataType::IfName,
+            Field::CtState => DataType::CtState,
+            Field::FibDaddrType => DataType::AddrType,
+            Field::NumgenRandom(_) => DataType::Integer,
+        }
+    }
+
+    /// The address family a field implies, if any (nft adds `meta nfproto` for it).
+    pub fn family(self) -> Option<IpFamily> {
+        match self {
+            Field::Ip4Saddr | Field::Ip4Daddr => Some(IpFamily::V4),
+            Field::Ip6Saddr | Field::Ip6Daddr => Some(IpFamily::V6),
+            _ => None,
+        }
+    }
+}
+
+/// nft datatypes used in set/map declarations and as field types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DataType {
+    Ipv4Addr,
+    Ipv6Addr,
+    InetProto,
+    InetService,
+    Mark,
+    IfName,
+    NfProto,
+    CtState,
+    AddrType,
+    Integer,
+    Verdict,
+}
+
+/// A typed scalar. Ordering is total so values can key sorted maps.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    Ipv4(Ipv4Addr),
+    Ipv6(Ipv6Addr),
+    /// IP protocol number (6 = tcp, 17 = udp, 132 = sctp, 1 = icmp, 58 = icmpv6).
+    Proto(u8),
+    Port(u16),
+    Mark(u32),
+    IfName(String),
+    NfProto(IpFamily),
+    /// Address type for `fib daddr type` (only `local` is used).
+    AddrType(AddrType),
+    /// A plain 32-bit integer (numgen results).
+    Integer(u32),
+}
+
+impl Value {
+    pub fn ip(addr: IpAddr) -> Value {
+        match addr {
+            IpAddr::V4(a) => Value::Ipv4(a),
+            IpAddr::V6(a) => Value::Ipv6(a),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddrType {
+    Local,
+}
+
+pub mod proto {
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const ICMPV6: u8 = 58;
+    pub const SCTP: u8 = 132;
+}
+
+/// `ct state` bits (kernel NF_CT_STATE_*).
+pub mod ct_state {
+    pub const INVALID: u32 = 1;
+    pub const ESTABLISHED: u32 = 2;
+    pub const RELATED: u32 = 4;
+    pub const NEW: u32 = 8;
+    pub const UNTRACKED: u32 = 64;
+}
+
+/// One component of a set element key: a single value, or (interval sets only) a prefix or
+/// an inclusive range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeyPart {
+    Value(Value),
+    Prefix(IpNet),
+    Range(Value, Value),
+}
+
+impl From<Value> for KeyPart {
+    fn from(v: Value) -> Self {
+        KeyPart::Value(v)
+    }
+}
+
+/// A set element key; more than one part for concatenated keys (`a . b . c`).
+pub type ElemKey = Vec<KeyPart>;
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Continue,
+    Jump(String),
+    Goto(String),
+}
+
+impl Verdict {
+    /// The chain this verdict transfers control to, if any.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// What a map element maps to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ElemData {
+    Verdict(Verdict),
+    /// A (possibly concatenated) data value for a data map.
+    Values(Vec<Value>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
+pub struct ElemValue {
+    /// `None` for plain sets; required for maps.
+    pub data: Option<ElemData>,
+    /// Per-element timeout in seconds (sets with the timeout flag).
+    pub timeout: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKind {
+    Set,
+    /// A data map `key : data`.
+    Map(Vec<DataType>),
+    /// A verdict map `key : verdict`.
+    VerdictMap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
+pub struct SetFlags {
+    /// Elements may be prefixes and ranges.
+    pub interval: bool,
+    /// Elements may expire (`flags timeout`).
+    pub timeout: bool,
+    /// Rules may add elements from the packet path (`update @set { ... }`).
+    pub dynamic: bool,
+}
+
+/// A named set or map. Elements live here so that an update is an element diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    pub key: Vec<DataType>,
+    pub kind: SetKind,
+    pub flags: SetFlags,
+    /// Default element timeout in seconds.
+    pub timeout: Option<u32>,
+    pub elements: BTreeMap<ElemKey, ElemValue>,
+}
+
+impl Set {
+    pub fn new(name: impl Into<String>, key: Vec<DataType>, kind: SetKind) -> Self {
+        Set {
+            name: name.into(),
+            key,
+            kind,
+            flags: SetFlags::default(),
+            timeout: None,
+            elements: BTreeMap::new(),
+        }
+    }
+
+    pub fn with_flags(mut self, flags: SetFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    pub fn with_timeout(mut self, secs: u32) -> Self {
+        self.timeout = Some(secs);
+        self
+    }
+
+    /// Same declaration (everything but the elements): an element-only change keeps the set.
+    pub fn same_declaration(&self, other: &Set) -> bool {
+        self.name == other.name
+            && self.key == other.key
+            && self.kind == other.kind
+            && self.flags == other.flags
+            && self.timeout == other.timeout
+    }
+
+    pub fn insert(&mut self, key: ElemKey) {
+        self.elements.insert(key, ElemValue::default());
+    }
+
+    pub fn insert_mapping(&mut self, key: ElemKey, data: ElemData) {
+        self.elements.insert(
+            key,
+            ElemValue {
+                data: Some(data),
+                timeout: None,
+            },
+        );
+    }
+}
+
+/// Right-hand side of a match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchOp {
+    /// `key == value` (one value per key field).
+    Eq(Vec<Value>),
+    /// `key != value`.
+    Ne(Vec<Value>),
+    /// `key @set`.
+    InSet(String),
+    /// `key != @set`.
+    NotInSet(String),
+    /// `key { a, b, c }`: an anonymous constant set.
+    InAnon(Vec<ElemKey>),
+    /// `ct state established,related`: any of the bits is set.
+    AnyFlag(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Match {
+    /// One field, or several for a concatenation.
+    pub key: Vec<Field>,
+    pub op: MatchOp,
+}
+
+/// Where a verdict map lookup goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapRef {
+    Named(String),
+    /// An anonymous constant verdict map (e.g. `numgen random mod 3 vmap { 0 : goto a, ... }`).
+    Anon(Vec<(ElemKey, Verdict)>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatKind {
+    Snat,
+    Dnat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatAddr {
+    /// A fixed address, optionally with a port (a port needs an L4 protocol match first).
+    Fixed(IpAddr, Option<u16>),
+    /// The address looked up in a data map: `snat ip to ip saddr map @m`.
+    Map { key: Vec<Field>, map: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nat {
+    pub kind: NatKind,
+    pub family: IpFamily,
+    pub addr: NatAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    /// `reject`: ICMP(v6) port unreachable.
+    PortUnreachable,
+    /// `reject with tcp reset` (needs a `meta l4proto tcp` match first).
+    TcpReset,
+    /// `reject with icmpx admin-prohibited`.
+    AdminProhibited,
+}
+
+/// One nft statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stmt {
+    Match(Match),
+    Counter,
+    Log { prefix: String },
+    /// `key vmap @map` or `key vmap { ... }`.
+    Vmap { key: Vec<Field>, map: MapRef },
+    Nat(Nat),
+    Masquerade,
+    /// `ip dscp set N` / `ip6 dscp set N` (ECN bits kept).
+    DscpSet { family: IpFamily, dscp: u8 },
+    /// `meta mark set N`.
+    MarkSet(u32),
+    /// `update @set { key }`: add or refresh a dynamic set element from the packet.
+    SetUpdate { set: String, key: Vec<Field> },
+    Reject(Reject),
+    Verdict(Verdict),
+}
+
+impl Stmt {
+    pub fn matches(field: Field, value: Value) -> Stmt {
+        Stmt::Match(Match {
+            key: vec![field],
+            op: MatchOp::Eq(vec![value]),
+        })
+    }
+
+    pub fn not_matches(field: Field, value: Value) -> Stmt {
+        Stmt::Match(Match {
+            key: vec![field],
+            op: MatchOp::Ne(vec![value]),
+        })
+    }
+
+    pub fn in_set(key: Vec<Field>, set: impl Into<String>) -> Stmt {
+        Stmt::Match(Match {
+            key,
+            op: MatchOp::InSet(set.into()),
+        })
+    }
+
+    pub fn not_in_set(key: Vec<Field>, set: impl Into<String>) -> Stmt {
+        Stmt::Match(Match {
+            key,
+            op: MatchOp::NotInSet(set.into()),
+        })
+    }
+
+    pub fn vmap(key: Vec<Field>, map: impl Into<String>) -> Stmt {
+        Stmt::Vmap {
+            key,
+            map: MapRef::Named(map.into()),
+        }
+    }
+
+    /// Names of the sets and maps this statement refers to.
+    pub fn set_refs(&self) -> Vec<&str> {
+        match self {
+            Stmt::Match(Match {
+                op: MatchOp::InSet(s) | MatchOp::NotInSet(s),
+                ..
+            }) => vec![s.as_str()],
+            Stmt::Vmap {
+                map: MapRef::Named(m),
+                ..
+            } => vec![m.as_str()],
+            Stmt::Nat(Nat {
+                addr: NatAddr::Map { map, .. },
+                ..
+            }) => vec![map.as_str()],
+            Stmt::SetUpdate { set, .. } => vec![set.as_str()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Names of the chains this statement can transfer control to.
+    pub fn chain_refs(&self) -> Vec<&str> {
+        match self {
+            Stmt::Verdict(v) => v.target().into_iter().collect(),
+            Stmt::Vmap {
+                map: MapRef::Anon(entries),
+                ..
+            } => entries.iter().filter_map(|(_, v)| v.target()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}

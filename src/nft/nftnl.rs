@@ -1,0 +1,1 @@
+//! Netlink backend (being written).

@@ -1,0 +1,408 @@
+//! IR -> nft text (`nft -f` syntax). This is the `--dry-run` output and the text the
+//! benchmarks feed to `nft -f`; it must compile to the bytecode `nftnl.rs` emits.
+
+use super::diff::{Op, Transaction};
+use super::ir::*;
+use std::fmt::Write;
+
+/// Text that atomically replaces the whole table: what a full sync does.
+pub fn render_full(table: &Table) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "table inet {}", table.name);
+    let _ = writeln!(out, "delete table inet {}", table.name);
+    out.push_str(&render_table(table));
+    out
+}
+
+/// The table as one block, the way `nft list table` shows it.
+pub fn render_table(table: &Table) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "table inet {} {{", table.name);
+    for set in table.sets.values() {
+        render_set_block(&mut out, set);
+    }
+    for chain in table.chains.values() {
+        let _ = writeln!(out, "\tchain {} {{", chain.name);
+        if let Some(base) = &chain.base {
+            let _ = writeln!(out, "\t\t{}", base_chain(base));
+        }
+        for rule in &chain.rules {
+            let _ = writeln!(out, "\t\t{}", rule_text(rule));
+        }
+        out.push_str("\t}\n");
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A transaction as `nft -f` commands, one per line (elements batched per set).
+pub fn render_transaction(tx: &Transaction) -> String {
+    let t = &tx.table;
+    let mut out = String::new();
+    for op in &tx.ops {
+        let _ = match op {
+            Op::AddTable => writeln!(out, "add table inet {t}"),
+            Op::DeleteTable => writeln!(out, "delete table inet {t}"),
+            Op::AddChain { name, base } => match base {
+                Some(b) => writeln!(out, "add chain inet {t} {name} {{ {} }}", base_chain(b)),
+                None => writeln!(out, "add chain inet {t} {name}"),
+            },
+            Op::FlushChain(name) => writeln!(out, "flush chain inet {t} {name}"),
+            Op::DeleteChain(name) => writeln!(out, "delete chain inet {t} {name}"),
+            Op::AddRule { chain, rule } => {
+                writeln!(out, "add rule inet {t} {chain} {}", rule_text(rule))
+            }
+            Op::AddSet(set) => {
+                let kw = set_keyword(set);
+                let _ = write!(out, "add {kw} inet {t} {} {{ ", set.name);
+                out.push_str(&set_declaration(set, "; "));
+                writeln!(out, "}}")
+                    .and_then(|_| element_command(&mut out, "add", t, set))
+            }
+            Op::DeleteSet(name) => writeln!(out, "delete set inet {t} {name}"),
+            Op::AddElements(set) => element_command(&mut out, "add", t, set),
+            Op::DeleteElements(set) => element_command(&mut out, "delete", t, set),
+        };
+    }
+    out
+}
+
+fn element_command(out: &mut String, verb: &str, table: &str, set: &Set) -> std::fmt::Result {
+    if set.elements.is_empty() {
+        return Ok(());
+    }
+    write!(out, "{verb} element inet {table} {} {{ ", set.name)?;
+    let deleting = verb == "delete";
+    for (i, (key, value)) in set.elements.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        if deleting {
+            out.push_str(&elem_key(key));
+        } else {
+            out.push_str(&element(key, value));
+        }
+    }
+    writeln!(out, " }}")
+}
+
+fn set_keyword(set: &Set) -> &'static str {
+    match set.kind {
+        SetKind::Set => "set",
+        SetKind::Map(_) | SetKind::VerdictMap => "map",
+    }
+}
+
+fn render_set_block(out: &mut String, set: &Set) {
+    let _ = writeln!(out, "\t{} {} {{", set_keyword(set), set.name);
+    out.push_str("\t\t");
+    out.push_str(&set_declaration(set, "\n\t\t"));
+    if !set.elements.is_empty() {
+        out.push_str("elements = {\n");
+        let last = set.elements.len() - 1;
+        for (i, (key, value)) in set.elements.iter().enumerate() {
+            let sep = if i == last { "" } else { "," };
+            let _ = writeln!(out, "\t\t\t{}{sep}", element(key, value));
+        }
+        out.push_str("\t\t}\n");
+    } else {
+        // Trim the trailing indentation left by the declaration separator.
+        while out.ends_with('\t') {
+            out.pop();
+        }
+    }
+    out.push_str("\t}\n");
+}
+
+/// `type ...; flags ...; timeout ...;` with a caller-chosen separator after each part.
+fn set_declaration(set: &Set, sep: &str) -> String {
+    let mut s = format!("type {}", concat_types(&set.key));
+    match &set.kind {
+        SetKind::Set => {}
+        SetKind::Map(data) => {
+            let _ = write!(s, " : {}", concat_types(data));
+        }
+        SetKind::VerdictMap => s.push_str(" : verdict"),
+    }
+    s.push_str(sep);
+    let mut flags = Vec::new();
+    if set.flags.interval {
+        flags.push("interval");
+    }
+    if set.flags.timeout {
+        flags.push("timeout");
+    }
+    if set.flags.dynamic {
+        flags.push("dynamic");
+    }
+    if !flags.is_empty() {
+        let _ = write!(s, "flags {}{sep}", flags.join(","));
+    }
+    if let Some(t) = set.timeout {
+        let _ = write!(s, "timeout {t}s{sep}");
+    }
+    s
+}
+
+fn concat_types(types: &[DataType]) -> String {
+    types
+        .iter()
+        .map(|t| data_type_name(*t))
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+pub fn data_type_name(t: DataType) -> &'static str {
+    match t {
+        DataType::Ipv4Addr => "ipv4_addr",
+        DataType::Ipv6Addr => "ipv6_addr",
+        DataType::InetProto => "inet_proto",
+        DataType::InetService => "inet_service",
+        DataType::Mark => "mark",
+        DataType::IfName => "ifname",
+        DataType::NfProto => "nf_proto",
+        DataType::CtState => "ct_state",
+        DataType::AddrType => "fib_addrtype",
+        DataType::Integer => "integer",
+        DataType::Verdict => "verdict",
+    }
+}
+
+fn element(key: &ElemKey, value: &ElemValue) -> String {
+    let mut s = elem_key(key);
+    if let Some(t) = value.timeout {
+        let _ = write!(s, " timeout {t}s");
+    }
+    match &value.data {
+        None => {}
+        Some(ElemData::Verdict(v)) => {
+            let _ = write!(s, " : {}", verdict(v));
+        }
+        Some(ElemData::Values(vals)) => {
+            let _ = write!(s, " : {}", values(vals));
+        }
+    }
+    s
+}
+
+fn elem_key(key: &ElemKey) -> String {
+    key.iter().map(key_part).collect::<Vec<_>>().join(" . ")
+}
+
+fn key_part(part: &KeyPart) -> String {
+    match part {
+        KeyPart::Value(v) => value(v),
+        KeyPart::Prefix(net) => net.to_string(),
+        KeyPart::Range(a, b) => format!("{}-{}", value(a), value(b)),
+    }
+}
+
+fn base_chain(b: &BaseChain) -> String {
+    let kind = match b.kind {
+        ChainType::Filter => "filter",
+        ChainType::Nat => "nat",
+        ChainType::Route => "route",
+    };
+    let hook = match b.hook {
+        Hook::Prerouting => "prerouting",
+        Hook::Input => "input",
+        Hook::Forward => "forward",
+        Hook::Output => "output",
+        Hook::Postrouting => "postrouting",
+    };
+    let policy = match b.policy {
+        Policy::Accept => "accept",
+        Policy::Drop => "drop",
+    };
+    format!(
+        "type {kind} hook {hook} priority {}; policy {policy};",
+        b.priority
+    )
+}
+
+pub fn rule_text(rule: &Rule) -> String {
+    let mut parts: Vec<String> = rule.stmts.iter().map(stmt).collect();
+    if let Some(c) = &rule.comment {
+        parts.push(format!("comment {}", quoted(c)));
+    }
+    parts.join(" ")
+}
+
+fn stmt(s: &Stmt) -> String {
+    match s {
+        Stmt::Match(m) => match_text(m),
+        Stmt::Counter => "counter".into(),
+        Stmt::Log { prefix } => format!("log prefix {}", quoted(prefix)),
+        Stmt::Vmap { key, map } => format!("{} vmap {}", fields(key), map_ref(map)),
+        Stmt::Nat(nat) => nat_text(nat),
+        Stmt::Masquerade => "masquerade".into(),
+        Stmt::DscpSet { family, dscp } => format!("{} dscp set {dscp}", family_kw(*family)),
+        Stmt::MarkSet(m) => format!("meta mark set {m:#010x}"),
+        Stmt::SetUpdate { set, key } => format!("update @{set} {{ {} }}", fields(key)),
+        Stmt::Reject(r) => match r {
+            Reject::PortUnreachable => "reject".into(),
+            Reject::TcpReset => "reject with tcp reset".into(),
+            Reject::AdminProhibited => "reject with icmpx admin-prohibited".into(),
+        },
+        Stmt::Verdict(v) => verdict(v),
+    }
+}
+
+fn match_text(m: &Match) -> String {
+    let key = fields(&m.key);
+    match &m.op {
+        MatchOp::Eq(v) => format!("{key} {}", values(v)),
+        MatchOp::Ne(v) => format!("{key} != {}", values(v)),
+        MatchOp::InSet(s) => format!("{key} @{s}"),
+        MatchOp::NotInSet(s) => format!("{key} != @{s}"),
+        MatchOp::InAnon(elems) => {
+            let items: Vec<String> = elems.iter().map(elem_key).collect();
+            format!("{key} {{ {} }}", items.join(", "))
+        }
+        MatchOp::AnyFlag(bits) => format!("{key} {}", ct_state_names(*bits)),
+    }
+}
+
+fn ct_state_names(bits: u32) -> String {
+    const NAMES: [(u32, &str); 5] = [
+        (ct_state::INVALID, "invalid"),
+        (ct_state::ESTABLISHED, "established"),
+        (ct_state::RELATED, "related"),
+        (ct_state::NEW, "new"),
+        (ct_state::UNTRACKED, "untracked"),
+    ];
+    NAMES
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn nat_text(nat: &Nat) -> String {
+    let kind = match nat.kind {
+        NatKind::Snat => "snat",
+        NatKind::Dnat => "dnat",
+    };
+    let fam = family_kw(nat.family);
+    match &nat.addr {
+        NatAddr::Fixed(addr, None) => format!("{kind} {fam} to {addr}"),
+        NatAddr::Fixed(std::net::IpAddr::V4(a), Some(p)) => format!("{kind} {fam} to {a}:{p}"),
+        NatAddr::Fixed(std::net::IpAddr::V6(a), Some(p)) => {
+            format!("{kind} {fam} to [{a}]:{p}")
+        }
+        NatAddr::Map { key, map } => format!("{kind} {fam} to {} map @{map}", fields(key)),
+    }
+}
+
+fn family_kw(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+fn map_ref(m: &MapRef) -> String {
+    match m {
+        MapRef::Named(n) => format!("@{n}"),
+        MapRef::Anon(entries) => {
+            let items: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{} : {}", elem_key(k), verdict(v)))
+                .collect();
+            format!("{{ {} }}", items.join(", "))
+        }
+    }
+}
+
+fn fields(key: &[Field]) -> String {
+    key.iter()
+        .map(|f| field(*f))
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+pub fn field(f: Field) -> String {
+    match f {
+        Field::NfProto => "meta nfproto".into(),
+        Field::L4Proto => "meta l4proto".into(),
+        Field::Ip4Saddr => "ip saddr".into(),
+        Field::Ip4Daddr => "ip daddr".into(),
+        Field::Ip6Saddr => "ip6 saddr".into(),
+        Field::Ip6Daddr => "ip6 daddr".into(),
+        Field::ThSport => "th sport".into(),
+        Field::ThDport => "th dport".into(),
+        Field::Mark => "meta mark".into(),
+        Field::IifName => "iifname".into(),
+        Field::OifName => "oifname".into(),
+        Field::CtState => "ct state".into(),
+        Field::CtMark => "ct mark".into(),
+        Field::FibDaddrType => "fib daddr type".into(),
+        Field::NumgenRandom(n) => format!("numgen random mod {n}"),
+    }
+}
+
+fn values(vals: &[Value]) -> String {
+    vals.iter().map(value).collect::<Vec<_>>().join(" . ")
+}
+
+pub fn value(v: &Value) -> String {
+    match v {
+        Value::Ipv4(a) => a.to_string(),
+        Value::Ipv6(a) => a.to_string(),
+        Value::Proto(p) => match *p {
+            proto::TCP => "tcp".into(),
+            proto::UDP => "udp".into(),
+            proto::SCTP => "sctp".into(),
+            proto::ICMP => "icmp".into(),
+            proto::ICMPV6 => "ipv6-icmp".into(),
+            n => n.to_string(),
+        },
+        Value::Port(p) => p.to_string(),
+        Value::Mark(m) => format!("{m:#010x}"),
+        Value::IfName(n) => quoted(n),
+        Value::NfProto(IpFamily::V4) => "ipv4".into(),
+        Value::NfProto(IpFamily::V6) => "ipv6".into(),
+        Value::AddrType(AddrType::Local) => "local".into(),
+        Value::Integer(i) => i.to_string(),
+    }
+}
+
+pub fn verdict(v: &Verdict) -> String {
+    match v {
+        Verdict::Accept => "accept".into(),
+        Verdict::Drop => "drop".into(),
+        Verdict::Return => "return".into(),
+        Verdict::Continue => "continue".into(),
+        Verdict::Jump(c) => format!("jump {c}"),
+        Verdict::Goto(c) => format!("goto {c}"),
+    }
+}
+
+/// A double-quoted nft string. nft strings have no escapes, so characters that could end
+/// the string or the statement are replaced; the text is also capped at nft's comment length.
+pub fn quoted(s: &str) -> String {
+    format!("\"{}\"", sanitize_text(s))
+}
+
+/// The exact text stored for a comment/prefix: shared with the netlink encoder so the
+/// kernel holds the same bytes whichever path wrote them.
+pub fn sanitize_text(s: &str) -> String {
+    const MAX: usize = 127;
+    let mut out: String = s
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | ';' | '#' => '_',
+            c if c.is_control() => '_',
+            c => c,
+        })
+        .collect();
+    if out.len() > MAX {
+        let mut cut = MAX;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
