@@ -4,6 +4,8 @@
 //! See ARCHITECTURE.md for a paragraph on each module.
 
 pub mod api;
+pub mod cli;
+pub mod config;
 pub mod nft;
 pub mod snapshot;
 pub mod source;

@@ -144,7 +144,11 @@ pub fn diff(current: &Table, desired: &Table) -> Transaction {
 
     let mut ops = Vec::new();
     // 1. Empty every chain that changes or goes, so nothing references what is deleted.
-    for name in rewritten.iter().map(|c| &c.name).chain(removed_chains.iter()) {
+    for name in rewritten
+        .iter()
+        .map(|c| &c.name)
+        .chain(removed_chains.iter())
+    {
         ops.push(Op::FlushChain(name.clone()));
     }
     // 2. Element removals first: a vmap element may point at a chain about to go.
@@ -300,18 +304,29 @@ fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String
             if !chain_mut(t, c)?.rules.is_empty() {
                 return Err(format!("chain {c} is not empty"));
             }
+            if chain_in_use(t, c) {
+                return Err(format!("chain {c} is in use"));
+            }
             t.chains.remove(c);
         }
-        Op::AddRule { chain, rule } => chain_mut(t, chain)?.rules.push(rule.clone()),
+        Op::AddRule { chain, rule } => {
+            check_rule_refs(t, rule)?;
+            chain_mut(t, chain)?.rules.push(rule.clone())
+        }
         Op::AddSet(s) => {
+            check_element_targets(t, s)?;
             t.sets.insert(s.name.clone(), s.clone());
         }
         Op::DeleteSet(s) => {
+            if set_in_use(t, s) {
+                return Err(format!("set {s} is in use"));
+            }
             t.sets
                 .remove(s)
                 .ok_or_else(|| format!("set {s} does not exist"))?;
         }
         Op::AddElements(s) => {
+            check_element_targets(t, s)?;
             let set = set_mut(t, &s.name)?;
             for (k, v) in &s.elements {
                 set.elements.insert(k.clone(), v.clone());
@@ -324,6 +339,49 @@ fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String
                     .remove(k)
                     .ok_or_else(|| format!("element not in set {}", s.name))?;
             }
+        }
+    }
+    Ok(())
+}
+
+fn rule_stmts(t: &Table) -> impl Iterator<Item = &Stmt> {
+    t.chains
+        .values()
+        .flat_map(|c| c.rules.iter())
+        .flat_map(|r| r.stmts.iter())
+}
+
+/// The kernel refuses to delete a chain that a rule or a map element still points at.
+fn chain_in_use(t: &Table, chain: &str) -> bool {
+    rule_stmts(t).any(|s| s.chain_refs().contains(&chain))
+        || t.sets.values().flat_map(|s| s.elements.values()).any(|v| {
+            matches!(&v.data, Some(ElemData::Verdict(verdict)) if verdict.target() == Some(chain))
+        })
+}
+
+fn set_in_use(t: &Table, set: &str) -> bool {
+    rule_stmts(t).any(|s| s.set_refs().contains(&set))
+}
+
+fn check_rule_refs(t: &Table, rule: &Rule) -> Result<(), String> {
+    for stmt in &rule.stmts {
+        if let Some(s) = stmt.set_refs().into_iter().find(|s| !t.sets.contains_key(*s)) {
+            return Err(format!("set {s} does not exist"));
+        }
+        if let Some(c) = stmt.chain_refs().into_iter().find(|c| !t.chains.contains_key(*c)) {
+            return Err(format!("chain {c} does not exist"));
+        }
+    }
+    Ok(())
+}
+
+fn check_element_targets(t: &Table, set: &Set) -> Result<(), String> {
+    for v in set.elements.values() {
+        if let Some(ElemData::Verdict(verdict)) = &v.data
+            && let Some(c) = verdict.target()
+            && !t.chains.contains_key(c)
+        {
+            return Err(format!("chain {c} does not exist"));
         }
     }
     Ok(())

@@ -1,0 +1,95 @@
+//! Command line. Every option can also come from an environment variable (NODEPLANE_*) and
+//! from a config file (`--config`); command line and environment win over the file, the file
+//! wins over the built-in defaults. `config::Config::resolve` does the merging.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agent",
+    version,
+    about = "nodeplane node agent: turns EgressFirewall, EgressQoS, EgressIP and Service objects \
+             into nftables rules (table inet nodeplane), addresses and routes on this node.",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub opts: Opts,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Remove everything the agent created on this node: the nftables table inet nodeplane and
+    /// the addresses, routes and policy rules it marked as its own. Nothing else is touched.
+    Cleanup,
+}
+
+/// Options shared by every mode. All are optional here so that the config file can fill
+/// the gaps; defaults are applied in `Config::resolve`.
+#[derive(Debug, Args, Default)]
+pub struct Opts {
+    /// Read settings from this YAML or TOML file (keys are the long option names, e.g.
+    /// `node-name`, `cluster-cidr`). Command-line options and environment variables win.
+    #[arg(long, global = true, env = "NODEPLANE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Name of the Kubernetes Node this agent serves; decides which pods are local.
+    /// Default: the NODE_NAME environment variable, then the host name.
+    #[arg(long, global = true, env = "NODEPLANE_NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Read objects from YAML/JSON files under this directory (recursively) instead of the
+    /// Kubernetes API. `kubectl get ... -o yaml` output works as is. Watched for changes.
+    #[arg(long, global = true, env = "NODEPLANE_MANIFESTS", value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+
+    /// Kubeconfig file for reaching the API server when not using --manifests.
+    /// Default: in-cluster service account, then ~/.kube/config.
+    #[arg(long, global = true, env = "NODEPLANE_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Pod network of the cluster (repeatable, IPv4 and IPv6). Traffic to it is pod-to-pod
+    /// and is never filtered by EgressFirewall or SNATed by EgressIP. Default: 10.128.0.0/14.
+    #[arg(
+        long = "cluster-cidr",
+        global = true,
+        env = "NODEPLANE_CLUSTER_CIDR",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub cluster_cidrs: Vec<String>,
+
+    /// Service ClusterIP range (repeatable, IPv4 and IPv6). Unallocated addresses in it are
+    /// dropped. Default: 172.30.0.0/16.
+    #[arg(
+        long = "service-cidr",
+        global = true,
+        env = "NODEPLANE_SERVICE_CIDR",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub service_cidrs: Vec<String>,
+
+    /// Print the nftables ruleset the agent would apply (nft -f syntax) and the address,
+    /// route and rule changes as # comments, then exit. Changes nothing; needs no privileges.
+    #[arg(long, env = "NODEPLANE_DRY_RUN", conflicts_with = "once")]
+    pub dry_run: bool,
+
+    /// Apply the desired state once and exit: 0 on success, non-zero with the reason.
+    #[arg(long, env = "NODEPLANE_ONCE")]
+    pub once: bool,
+
+    /// Seconds between full resynchronisations, which repair drift made by others.
+    /// Default: 3600.
+    #[arg(long, global = true, env = "NODEPLANE_RESYNC_SECONDS", value_name = "SECONDS")]
+    pub resync_seconds: Option<u64>,
+
+    /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
+    /// `nodeplane=debug`). Default: info.
+    #[arg(long, global = true, env = "NODEPLANE_LOG_LEVEL", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}

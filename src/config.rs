@@ -1,0 +1,235 @@
+//! The resolved agent configuration: command line and environment over the config file over
+//! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
+
+use crate::cli::Opts;
+use ipnet::IpNet;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CLUSTER_CIDR: &str = "10.128.0.0/14";
+pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("{option}: invalid CIDR {value:?}: {reason}")]
+    Cidr {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("node name: {0}")]
+    NodeName(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub node_name: String,
+    pub manifests: Option<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub cluster_cidrs: Vec<IpNet>,
+    pub service_cidrs: Vec<IpNet>,
+    pub resync: Duration,
+    pub log_level: String,
+}
+
+impl Config {
+    /// A config for tests and benchmarks: OpenShift default CIDRs.
+    pub fn for_node(node_name: &str) -> Config {
+        Config {
+            node_name: node_name.to_string(),
+            manifests: None,
+            kubeconfig: None,
+            cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
+            service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
+            resync: DEFAULT_RESYNC,
+            log_level: "info".into(),
+        }
+    }
+
+    /// Merges options (flags/env) over the config file over defaults, and validates.
+    pub fn resolve(opts: &Opts) -> Result<Config, ConfigError> {
+        let file = match &opts.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let node_name = match opts.node_name.clone().or(file.node_name) {
+            Some(n) => n,
+            None => default_node_name()?,
+        };
+        if node_name.is_empty() {
+            return Err(ConfigError::NodeName("must not be empty".into()));
+        }
+        let cluster = pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR);
+        let service = pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR);
+        Ok(Config {
+            node_name,
+            manifests: opts.manifests.clone().or(file.manifests),
+            kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
+            cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
+            service_cidrs: parse_cidrs("--service-cidr", &service)?,
+            resync: Duration::from_secs(
+                opts.resync_seconds
+                    .or(file.resync_seconds)
+                    .unwrap_or(DEFAULT_RESYNC.as_secs())
+                    .max(1),
+            ),
+            log_level: opts
+                .log_level
+                .clone()
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".into()),
+        })
+    }
+}
+
+fn pick(flags: &[String], file: Option<Vec<String>>, default: &str) -> Vec<String> {
+    if !flags.is_empty() {
+        flags.to_vec()
+    } else {
+        file.unwrap_or_else(|| vec![default.to_string()])
+    }
+}
+
+fn parse_cidrs(option: &'static str, values: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    values
+        .iter()
+        .map(|v| {
+            let net: IpNet = v.trim().parse().map_err(|e| ConfigError::Cidr {
+                option,
+                value: v.clone(),
+                reason: format!("{e}"),
+            })?;
+            if net != net.trunc() {
+                return Err(ConfigError::Cidr {
+                    option,
+                    value: v.clone(),
+                    reason: format!("host bits set (did you mean {}?)", net.trunc()),
+                });
+            }
+            Ok(net)
+        })
+        .collect()
+}
+
+/// NODE_NAME (set by the DaemonSet from the downward API), then the host name.
+fn default_node_name() -> Result<String, ConfigError> {
+    if let Ok(n) = std::env::var("NODE_NAME")
+        && !n.is_empty()
+    {
+        return Ok(n);
+    }
+    hostname::get()
+        .map_err(|e| ConfigError::NodeName(format!("cannot read host name: {e}")))?
+        .into_string()
+        .map_err(|_| ConfigError::NodeName("host name is not UTF-8".into()))
+}
+
+/// The config file: same names as the long options. Unknown keys are errors so that a typo
+/// does not silently fall back to a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct FileConfig {
+    node_name: Option<String>,
+    manifests: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    cluster_cidr: Option<Vec<String>>,
+    service_cidr: Option<Vec<String>>,
+    resync_seconds: Option<u64>,
+    log_level: Option<String>,
+}
+
+impl FileConfig {
+    fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let err = |reason: String| ConfigError::File {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let is_toml = path.extension().is_some_and(|e| e == "toml");
+        if is_toml {
+            toml::from_str(&text).map_err(|e| err(e.to_string()))
+        } else {
+            serde_norway::from_str(&text).map_err(|e| err(e.to_string()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> Opts {
+        Opts {
+            node_name: Some("n1".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_openshift_cidrs() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert_eq!(c.cluster_cidrs, vec!["10.128.0.0/14".parse().unwrap()]);
+        assert_eq!(c.service_cidrs, vec!["172.30.0.0/16".parse().unwrap()]);
+        assert_eq!(c.resync, DEFAULT_RESYNC);
+    }
+
+    #[test]
+    fn flags_win_over_file_and_file_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "node-name: from-file\ncluster-cidr: [10.0.0.0/16, fd00::/48]\nresync-seconds: 60\n",
+        )
+        .unwrap();
+        let mut o = Opts {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.node_name, "from-file");
+        assert_eq!(c.cluster_cidrs.len(), 2);
+        assert_eq!(c.resync, Duration::from_secs(60));
+        o.node_name = Some("from-flag".into());
+        o.cluster_cidrs = vec!["10.1.0.0/16".into()];
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.node_name, "from-flag");
+        assert_eq!(c.cluster_cidrs, vec!["10.1.0.0/16".parse().unwrap()]);
+    }
+
+    #[test]
+    fn toml_file_and_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "node-name = \"t\"\nservice-cidr = [\"fd02::/112\"]\n").unwrap();
+        let o = Opts {
+            config: Some(path),
+            ..Default::default()
+        };
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.service_cidrs, vec!["fd02::/112".parse().unwrap()]);
+
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "nodename: typo\n").unwrap();
+        let o = Opts {
+            config: Some(bad),
+            ..Default::default()
+        };
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("bad.yaml") && e.contains("nodename"), "{e}");
+    }
+
+    #[test]
+    fn bad_cidr_names_the_option() {
+        let mut o = opts();
+        o.cluster_cidrs = vec!["10.0.0.1/8".into()];
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--cluster-cidr") && e.contains("host bits"), "{e}");
+        o.cluster_cidrs = vec!["nonsense".into()];
+        assert!(Config::resolve(&o).is_err());
+    }
+}

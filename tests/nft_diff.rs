@@ -1,0 +1,158 @@
+//! Diff and engine properties against the faithful in-memory backend (no root needed):
+//! applying diff(a, b) on top of a yields b, an unchanged table costs zero operations,
+//! an element change costs exactly that element, and a rejected transaction changes nothing.
+
+use nodeplane::nft::diff::apply_to;
+use nodeplane::nft::*;
+use proptest::prelude::*;
+use std::net::Ipv4Addr;
+
+fn table(chains: &[(&str, usize)], elements: &[(u8, &str)]) -> Table {
+    let mut t = Table::new(TABLE_NAME);
+    let mut base = Chain::base(
+        "forward",
+        BaseChain {
+            kind: ChainType::Filter,
+            hook: Hook::Forward,
+            priority: 0,
+            policy: Policy::Accept,
+        },
+    );
+    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Daddr], "dispatch")]));
+    t.add_chain(base);
+    for (name, rules) in chains {
+        let mut c = Chain::regular(*name);
+        for i in 0..*rules {
+            c.push(Rule::new(vec![
+                Stmt::matches(Field::ThDport, Value::Port(1000 + i as u16)),
+                Stmt::Counter,
+                Stmt::Verdict(Verdict::Drop),
+            ]));
+        }
+        t.add_chain(c);
+    }
+    let mut m = Set::new("dispatch", vec![DataType::Ipv4Addr], SetKind::VerdictMap);
+    for (last_octet, chain) in elements {
+        m.insert_mapping(
+            vec![KeyPart::Value(Value::Ipv4(Ipv4Addr::new(10, 0, 0, *last_octet)))],
+            ElemData::Verdict(Verdict::Goto(chain.to_string())),
+        );
+    }
+    t.add_set(m);
+    t
+}
+
+fn after(current: &Table, tx: &Transaction) -> Table {
+    let mut model = Some(current.clone());
+    apply_to(&mut model, tx).expect("transaction applies to the model");
+    model.expect("table still exists")
+}
+
+#[test]
+fn unchanged_table_is_an_empty_transaction() {
+    let t = table(&[("a", 2), ("b", 1)], &[(1, "a"), (2, "b")]);
+    assert!(diff(&t, &t).is_empty());
+}
+
+#[test]
+fn one_element_change_costs_one_operation() {
+    let a = table(&[("a", 2), ("b", 1)], &[(1, "a"), (2, "b")]);
+    let b = table(&[("a", 2), ("b", 1)], &[(1, "a"), (2, "b"), (3, "b")]);
+    let tx = diff(&a, &b);
+    assert_eq!(tx.op_count(), 1, "{tx:#?}");
+    assert!(matches!(&tx.ops[0], Op::AddElements(s) if s.elements.len() == 1));
+    assert_eq!(after(&a, &tx), b);
+}
+
+#[test]
+fn changed_verdict_is_delete_then_add_of_that_element() {
+    let a = table(&[("a", 1), ("b", 1)], &[(1, "a")]);
+    let b = table(&[("a", 1), ("b", 1)], &[(1, "b")]);
+    let tx = diff(&a, &b);
+    assert_eq!(tx.op_count(), 2);
+    assert_eq!(after(&a, &tx), b);
+}
+
+#[test]
+fn only_the_changed_chain_is_rewritten() {
+    let a = table(&[("a", 2), ("b", 1)], &[(1, "a")]);
+    let b = table(&[("a", 3), ("b", 1)], &[(1, "a")]);
+    let tx = diff(&a, &b);
+    assert_eq!(tx.ops[0], Op::FlushChain("a".into()));
+    assert_eq!(tx.ops.len(), 4, "flush + 3 rules: {tx:#?}");
+    assert!(tx.ops.iter().all(|op| match op {
+        Op::AddRule { chain, .. } => chain == "a",
+        _ => true,
+    }));
+}
+
+#[test]
+fn removed_chain_loses_its_map_elements_before_it_is_deleted() {
+    let a = table(&[("a", 1), ("b", 1)], &[(1, "a"), (2, "b")]);
+    let b = table(&[("a", 1)], &[(1, "a")]);
+    let tx = diff(&a, &b);
+    let pos = |pred: &dyn Fn(&Op) -> bool| tx.ops.iter().position(pred).unwrap();
+    let del_elem = pos(&|op| matches!(op, Op::DeleteElements(_)));
+    let del_chain = pos(&|op| matches!(op, Op::DeleteChain(c) if c == "b"));
+    assert!(del_elem < del_chain);
+    assert_eq!(after(&a, &tx), b);
+}
+
+#[test]
+fn engine_sends_nothing_the_second_time_and_keeps_state_on_rejection() {
+    let mut engine = Engine::new(FakeBackend::default());
+    let a = table(&[("a", 1)], &[(1, "a")]);
+    let first = engine.sync(a.clone()).unwrap();
+    assert!(first.ops > 0);
+    assert_eq!(engine.sync(a.clone()).unwrap(), ApplyStats::default());
+
+    let b = table(&[("a", 1)], &[(1, "a"), (2, "a")]);
+    engine.backend_mut().reject_next = Some("EINVAL".into());
+    let err = engine.sync(b.clone()).unwrap_err();
+    assert!(matches!(err, NftError::Rejected { .. }));
+    assert_eq!(engine.backend().table.as_ref(), Some(&a));
+    // The engine still knows the kernel holds `a`, so the retry is a one-element diff.
+    let retry = engine.sync(b.clone()).unwrap();
+    assert_eq!(retry.ops, 1);
+    assert_eq!(engine.backend().table.as_ref(), Some(&b));
+}
+
+#[test]
+fn first_sync_replaces_the_table_atomically() {
+    let t = table(&[("a", 1)], &[(1, "a")]);
+    let tx = Transaction::full(&t);
+    assert_eq!(&tx.ops[..3], &[Op::AddTable, Op::DeleteTable, Op::AddTable]);
+    let mut model = Some(table(&[("stale", 1)], &[]));
+    apply_to(&mut model, &tx).unwrap();
+    assert_eq!(model, Some(t));
+}
+
+fn arb_table() -> impl Strategy<Value = Table> {
+    let names = ["a", "b", "c", "d"];
+    (
+        proptest::collection::vec(0usize..3, 4),
+        proptest::collection::btree_map(1u8..20, 0usize..4, 0..12),
+    )
+        .prop_map(move |(rules, elems)| {
+            let chains: Vec<(&str, usize)> = names
+                .iter()
+                .zip(&rules)
+                .filter(|(_, r)| **r > 0)
+                .map(|(n, r)| (*n, *r))
+                .collect();
+            let elements: Vec<(u8, &str)> = elems
+                .iter()
+                .filter_map(|(ip, idx)| chains.get(*idx % chains.len().max(1)).map(|c| (*ip, c.0)))
+                .collect();
+            table(&chains, &elements)
+        })
+}
+
+proptest! {
+    #[test]
+    fn diff_takes_any_table_to_any_other(a in arb_table(), b in arb_table()) {
+        let tx = diff(&a, &b);
+        prop_assert_eq!(after(&a, &tx), b.clone());
+        prop_assert!(diff(&b, &b).is_empty());
+    }
+}
