@@ -1,1 +1,32 @@
-//! API types (filled in by the api work).
+//! API types: the four OVN-Kubernetes / OpenShift CRDs (field for field as in the OpenShift 4.13
+//! network API reference), label selectors, and validation into parsed forms that planners use
+//! without re-parsing strings. Core types come from k8s-openapi and are re-exported here.
+
+pub mod cloud_private_ip_config;
+pub mod egress_firewall;
+pub mod egress_ip;
+pub mod egress_qos;
+mod schema;
+pub mod selector;
+pub mod validate;
+
+pub use cloud_private_ip_config::{
+    CloudPrivateIPConfig, CloudPrivateIPConfigSpec, CloudPrivateIPConfigStatus,
+    ValidatedCloudPrivateIp,
+};
+pub use egress_firewall::{
+    Action, Destination, EgressFirewall, EgressFirewallDestination, EgressFirewallPort,
+    EgressFirewallRule, EgressFirewallSpec, EgressFirewallStatus, FirewallRule, ValidatedFirewall,
+};
+pub use egress_ip::{
+    EgressIP, EgressIPSpec, EgressIPStatus, EgressIPStatusItem, ValidatedEgressIp,
+};
+pub use egress_qos::{
+    EgressQoS, EgressQoSRule, EgressQoSSpec, EgressQoSStatus, QosRule, ValidatedQos,
+};
+pub use selector::{Selector, SelectorError};
+pub use validate::{Invalid, PortMatch, Protocol, ValidationError};
+
+pub use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
+pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};

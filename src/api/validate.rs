@@ -1,0 +1,382 @@
+//! The validation error type and the value parsers shared by the CRD validators.
+//!
+//! Every CRD validator turns a raw object into a parsed form (`ValidatedFirewall`, ...) or the
+//! first problem found, reported as `Kind namespace/name: field.path: reason` so that the same
+//! message can go to a log line, a CLI and the object's `status`.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use thiserror::Error;
+
+use super::selector::{Selector, SelectorError, SelectorReason};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{kind} {object}: {field}: {reason}")]
+pub struct ValidationError {
+    pub kind: &'static str,
+    /// `namespace/name` for namespaced kinds, `name` for cluster-scoped ones.
+    pub object: String,
+    /// Path of the offending field, e.g. `spec.egress[3].to.cidrSelector`.
+    pub field: String,
+    pub reason: Invalid,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Invalid {
+    #[error("must be set")]
+    Missing,
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be \"default\" (one object per namespace), got {0:?}")]
+    NotDefault(String),
+    #[error("has {count} rules, at most {max} are allowed")]
+    TooManyRules { count: usize, max: usize },
+    #[error("must be \"Allow\" or \"Deny\", got {0:?}")]
+    RuleType(String),
+    #[error("exactly one of cidrSelector, dnsName, nodeSelector must be set, found {0}")]
+    Destination(String),
+    #[error("invalid CIDR {0:?}")]
+    Cidr(String),
+    #[error("invalid CIDR {0:?}: missing /prefix-length")]
+    CidrWithoutPrefix(String),
+    #[error("invalid protocol {0:?} (want TCP, UDP or SCTP)")]
+    Protocol(String),
+    #[error("port {0} out of range 1-65535")]
+    Port(i32),
+    #[error("invalid DNS name {name:?}: {why}")]
+    DnsName { name: String, why: &'static str },
+    #[error("{0:?} is an IP address, not a DNS name (use cidrSelector)")]
+    DnsNameIsIp(String),
+    #[error("wildcard DNS name {0:?} is not supported yet")]
+    WildcardDnsName(String),
+    #[error("dscp {0} out of range 0-63")]
+    Dscp(i32),
+    #[error("invalid IP address {0:?}")]
+    IpAddr(String),
+    #[error("{0} is not a unicast address")]
+    NotUnicast(IpAddr),
+    #[error("duplicate of {0}")]
+    Duplicate(String),
+    #[error(
+        "{0:?} is not an IP address in CloudPrivateIPConfig form (IPv6 fully expanded, '.' for ':')"
+    )]
+    CloudPrivateIpName(String),
+    #[error(transparent)]
+    Selector(SelectorReason),
+}
+
+/// Names the object being validated and builds errors for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    kind: &'static str,
+    object: String,
+}
+
+impl Ctx {
+    pub(crate) fn namespaced(kind: &'static str, meta: &ObjectMeta) -> Ctx {
+        let ns = meta.namespace.as_deref().unwrap_or("<no namespace>");
+        let name = meta.name.as_deref().unwrap_or("<no name>");
+        Ctx {
+            kind,
+            object: format!("{ns}/{name}"),
+        }
+    }
+
+    pub(crate) fn cluster(kind: &'static str, meta: &ObjectMeta) -> Ctx {
+        let name = meta.name.as_deref().unwrap_or("<no name>");
+        Ctx {
+            kind,
+            object: name.to_string(),
+        }
+    }
+
+    pub(crate) fn err(&self, field: impl Into<String>, reason: Invalid) -> ValidationError {
+        ValidationError {
+            kind: self.kind,
+            object: self.object.clone(),
+            field: field.into(),
+            reason,
+        }
+    }
+
+    /// Compiles a selector found at `field`, prefixing selector errors with that path.
+    pub(crate) fn selector(
+        &self,
+        field: &str,
+        selector: &LabelSelector,
+    ) -> Result<Selector, ValidationError> {
+        Selector::parse(selector).map_err(|SelectorError { field: sub, reason }| {
+            self.err(format!("{field}.{sub}"), Invalid::Selector(reason))
+        })
+    }
+
+    /// The namespace and the `default` name that EgressFirewall and EgressQoS require.
+    pub(crate) fn default_named_namespace(
+        &self,
+        meta: &ObjectMeta,
+    ) -> Result<String, ValidationError> {
+        match meta.name.as_deref() {
+            None => return Err(self.err("metadata.name", Invalid::Missing)),
+            Some("default") => {}
+            Some(other) => {
+                return Err(self.err("metadata.name", Invalid::NotDefault(other.to_string())));
+            }
+        }
+        match meta.namespace.as_deref() {
+            None | Some("") => Err(self.err("metadata.namespace", Invalid::Missing)),
+            Some(ns) => Ok(ns.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// Case-insensitive, as OVN-Kubernetes accepts `tcp` as well as `TCP`.
+    pub fn parse(s: &str) -> Option<Protocol> {
+        match s.to_ascii_uppercase().as_str() {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated `{protocol, port}` pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortMatch {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+impl fmt::Display for PortMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.protocol, self.port)
+    }
+}
+
+/// Parses `ports[]` (EgressFirewall, and the EgressQoS extension). The result is sorted and
+/// deduplicated: the order of ports carries no meaning.
+pub(crate) fn parse_ports<'a>(
+    ctx: &Ctx,
+    field: &str,
+    ports: impl IntoIterator<Item = (&'a str, i32)>,
+) -> Result<Vec<PortMatch>, ValidationError> {
+    let mut out = Vec::new();
+    for (i, (protocol, port)) in ports.into_iter().enumerate() {
+        let protocol = Protocol::parse(protocol).ok_or_else(|| {
+            ctx.err(
+                format!("{field}[{i}].protocol"),
+                Invalid::Protocol(protocol.to_string()),
+            )
+        })?;
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| ctx.err(format!("{field}[{i}].port"), Invalid::Port(port)))?;
+        out.push(PortMatch { protocol, port });
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Parses a CIDR. Host bits are cleared (`10.0.0.1/24` means `10.0.0.0/24`), matching Go's
+/// `net.ParseCIDR` as used by OVN-Kubernetes; a bare address without a prefix is rejected.
+pub fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
+    match s.parse::<IpNet>() {
+        Ok(net) => Ok(net.trunc()),
+        Err(_) if s.parse::<IpAddr>().is_ok() => Err(Invalid::CidrWithoutPrefix(s.to_string())),
+        Err(_) => Err(Invalid::Cidr(s.to_string())),
+    }
+}
+
+/// Validates a DNS name (RFC 1123 labels, at most 253 characters) and returns it lowercased,
+/// without a trailing dot, so that names compare case-insensitively.
+pub fn parse_dns_name(s: &str) -> Result<String, Invalid> {
+    let bad = |why| Invalid::DnsName {
+        name: s.to_string(),
+        why,
+    };
+    if s.parse::<IpAddr>().is_ok() {
+        return Err(Invalid::DnsNameIsIp(s.to_string()));
+    }
+    let name = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+    if name.is_empty() {
+        return Err(bad("empty name"));
+    }
+    if name.len() > 253 {
+        return Err(bad("longer than 253 characters"));
+    }
+    if let Some(rest) = name.strip_prefix("*.") {
+        // Validate the rest so that the error for `*.bad..name` is about the real problem.
+        parse_dns_name(rest).map_err(|_| bad("invalid name after the wildcard label"))?;
+        return Err(Invalid::WildcardDnsName(s.to_string()));
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err(bad("empty label"));
+        }
+        if label.len() > 63 {
+            return Err(bad("label longer than 63 characters"));
+        }
+        if label.contains('*') {
+            return Err(bad("'*' is only allowed as the whole first label"));
+        }
+        if !label
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+        {
+            return Err(bad("labels may contain only letters, digits and '-'"));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(bad("labels must not start or end with '-'"));
+        }
+    }
+    if !name.contains('.') && name.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(bad("all-numeric name"));
+    }
+    Ok(name)
+}
+
+/// Parses an egress IP: a unicast IPv4 or IPv6 address.
+pub fn parse_unicast_ip(s: &str) -> Result<IpAddr, Invalid> {
+    let ip: IpAddr = s.parse().map_err(|_| Invalid::IpAddr(s.to_string()))?;
+    if ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || ip == IpAddr::from([255, 255, 255, 255])
+    {
+        return Err(Invalid::NotUnicast(ip));
+    }
+    Ok(ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        assert_eq!(parse_cidr("10.0.0.0/8").unwrap().to_string(), "10.0.0.0/8");
+        assert_eq!(
+            parse_cidr("10.1.2.3/16").unwrap().to_string(),
+            "10.1.0.0/16"
+        );
+        assert_eq!(
+            parse_cidr("2001:db8::1/64").unwrap().to_string(),
+            "2001:db8::/64"
+        );
+        assert_eq!(parse_cidr("0.0.0.0/0").unwrap().to_string(), "0.0.0.0/0");
+        assert_eq!(
+            parse_cidr("10.0.0.0/33").unwrap_err().to_string(),
+            r#"invalid CIDR "10.0.0.0/33""#
+        );
+        assert_eq!(
+            parse_cidr("10.0.0.1").unwrap_err().to_string(),
+            r#"invalid CIDR "10.0.0.1": missing /prefix-length"#
+        );
+        assert!(parse_cidr("").is_err());
+        assert!(parse_cidr("example.com/24").is_err());
+    }
+
+    #[test]
+    fn dns_names() {
+        assert_eq!(
+            parse_dns_name("WWW.Example.COM.").unwrap(),
+            "www.example.com"
+        );
+        assert_eq!(parse_dns_name("a-b.c0").unwrap(), "a-b.c0");
+        assert_eq!(parse_dns_name("localhost").unwrap(), "localhost");
+        #[rustfmt::skip]
+        let bad = [
+            ("", r#"invalid DNS name "": empty name"#),
+            ("a..b", r#"invalid DNS name "a..b": empty label"#),
+            ("-a.com", r#"invalid DNS name "-a.com": labels must not start or end with '-'"#),
+            ("a_b.com", r#"invalid DNS name "a_b.com": labels may contain only letters, digits and '-'"#),
+            ("a.*.com", r#"invalid DNS name "a.*.com": '*' is only allowed as the whole first label"#),
+            ("*.example.com", r#"wildcard DNS name "*.example.com" is not supported yet"#),
+            ("*.a..b", r#"invalid DNS name "*.a..b": invalid name after the wildcard label"#),
+            ("1.2.3.4", r#""1.2.3.4" is an IP address, not a DNS name (use cidrSelector)"#),
+            ("::1", r#""::1" is an IP address, not a DNS name (use cidrSelector)"#),
+            ("12345", r#"invalid DNS name "12345": all-numeric name"#),
+        ];
+        for (input, want) in bad {
+            assert_eq!(
+                parse_dns_name(input).unwrap_err().to_string(),
+                want,
+                "{input}"
+            );
+        }
+        let long_label = format!("{}.com", "a".repeat(64));
+        assert!(
+            matches!(parse_dns_name(&long_label), Err(Invalid::DnsName { why, .. }) if why.contains("63"))
+        );
+        let long_name = vec!["abcdefghi"; 26].join(".");
+        assert!(
+            matches!(parse_dns_name(&long_name), Err(Invalid::DnsName { why, .. }) if why.contains("253"))
+        );
+    }
+
+    #[test]
+    fn unicast_ips() {
+        assert_eq!(
+            parse_unicast_ip("192.168.50.100").unwrap().to_string(),
+            "192.168.50.100"
+        );
+        assert_eq!(
+            parse_unicast_ip("fd00::10").unwrap().to_string(),
+            "fd00::10"
+        );
+        assert_eq!(
+            parse_unicast_ip("192.168.50").unwrap_err().to_string(),
+            r#"invalid IP address "192.168.50""#
+        );
+        assert_eq!(
+            parse_unicast_ip("0.0.0.0").unwrap_err().to_string(),
+            "0.0.0.0 is not a unicast address"
+        );
+        assert!(parse_unicast_ip("127.0.0.1").is_err());
+        assert!(parse_unicast_ip("224.0.0.1").is_err());
+        assert!(parse_unicast_ip("ff02::1").is_err());
+    }
+
+    #[test]
+    fn protocols() {
+        assert_eq!(Protocol::parse("tcp"), Some(Protocol::Tcp));
+        assert_eq!(Protocol::parse("Udp"), Some(Protocol::Udp));
+        assert_eq!(Protocol::parse("SCTP"), Some(Protocol::Sctp));
+        assert_eq!(Protocol::parse("icmp"), None);
+        assert_eq!(
+            PortMatch {
+                protocol: Protocol::Tcp,
+                port: 443
+            }
+            .to_string(),
+            "TCP/443"
+        );
+    }
+}
