@@ -85,7 +85,12 @@ pub struct Opts {
 
     /// Seconds between full resynchronisations, which repair drift made by others.
     /// Default: 3600.
-    #[arg(long, global = true, env = "NODEPLANE_RESYNC_SECONDS", value_name = "SECONDS")]
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_RESYNC_SECONDS",
+        value_name = "SECONDS"
+    )]
     pub resync_seconds: Option<u64>,
 
     /// Log filter (error, warn, info, debug, trace, or a tracing directive such as

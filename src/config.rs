@@ -205,7 +205,11 @@ mod tests {
     fn toml_file_and_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
-        std::fs::write(&path, "node-name = \"t\"\nservice-cidr = [\"fd02::/112\"]\n").unwrap();
+        std::fs::write(
+            &path,
+            "node-name = \"t\"\nservice-cidr = [\"fd02::/112\"]\n",
+        )
+        .unwrap();
         let o = Opts {
             config: Some(path),
             ..Default::default()
@@ -228,7 +232,10 @@ mod tests {
         let mut o = opts();
         o.cluster_cidrs = vec!["10.0.0.1/8".into()];
         let e = Config::resolve(&o).unwrap_err().to_string();
-        assert!(e.contains("--cluster-cidr") && e.contains("host bits"), "{e}");
+        assert!(
+            e.contains("--cluster-cidr") && e.contains("host bits"),
+            "{e}"
+        );
         o.cluster_cidrs = vec!["nonsense".into()];
         assert!(Config::resolve(&o).is_err());
     }

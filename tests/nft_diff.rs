@@ -18,7 +18,10 @@ fn table(chains: &[(&str, usize)], elements: &[(u8, &str)]) -> Table {
             policy: Policy::Accept,
         },
     );
-    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Daddr], "dispatch")]));
+    base.push(Rule::new(vec![Stmt::vmap(
+        vec![Field::Ip4Daddr],
+        "dispatch",
+    )]));
     t.add_chain(base);
     for (name, rules) in chains {
         let mut c = Chain::regular(*name);
@@ -34,7 +37,12 @@ fn table(chains: &[(&str, usize)], elements: &[(u8, &str)]) -> Table {
     let mut m = Set::new("dispatch", vec![DataType::Ipv4Addr], SetKind::VerdictMap);
     for (last_octet, chain) in elements {
         m.insert_mapping(
-            vec![KeyPart::Value(Value::Ipv4(Ipv4Addr::new(10, 0, 0, *last_octet)))],
+            vec![KeyPart::Value(Value::Ipv4(Ipv4Addr::new(
+                10,
+                0,
+                0,
+                *last_octet,
+            )))],
             ElemData::Verdict(Verdict::Goto(chain.to_string())),
         );
     }

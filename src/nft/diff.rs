@@ -365,10 +365,18 @@ fn set_in_use(t: &Table, set: &str) -> bool {
 
 fn check_rule_refs(t: &Table, rule: &Rule) -> Result<(), String> {
     for stmt in &rule.stmts {
-        if let Some(s) = stmt.set_refs().into_iter().find(|s| !t.sets.contains_key(*s)) {
+        if let Some(s) = stmt
+            .set_refs()
+            .into_iter()
+            .find(|s| !t.sets.contains_key(*s))
+        {
             return Err(format!("set {s} does not exist"));
         }
-        if let Some(c) = stmt.chain_refs().into_iter().find(|c| !t.chains.contains_key(*c)) {
+        if let Some(c) = stmt
+            .chain_refs()
+            .into_iter()
+            .find(|c| !t.chains.contains_key(*c))
+        {
             return Err(format!("chain {c} does not exist"));
         }
     }

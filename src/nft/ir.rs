@@ -465,17 +465,28 @@ pub enum Reject {
 pub enum Stmt {
     Match(Match),
     Counter,
-    Log { prefix: String },
+    Log {
+        prefix: String,
+    },
     /// `key vmap @map` or `key vmap { ... }`.
-    Vmap { key: Vec<Field>, map: MapRef },
+    Vmap {
+        key: Vec<Field>,
+        map: MapRef,
+    },
     Nat(Nat),
     Masquerade,
     /// `ip dscp set N` / `ip6 dscp set N` (ECN bits kept).
-    DscpSet { family: IpFamily, dscp: u8 },
+    DscpSet {
+        family: IpFamily,
+        dscp: u8,
+    },
     /// `meta mark set N`.
     MarkSet(u32),
     /// `update @set { key }`: add or refresh a dynamic set element from the packet.
-    SetUpdate { set: String, key: Vec<Field> },
+    SetUpdate {
+        set: String,
+        key: Vec<Field>,
+    },
     Reject(Reject),
     Verdict(Verdict),
 }

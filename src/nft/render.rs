@@ -56,8 +56,7 @@ pub fn render_transaction(tx: &Transaction) -> String {
                 let kw = set_keyword(set);
                 let _ = write!(out, "add {kw} inet {t} {} {{ ", set.name);
                 out.push_str(&set_declaration(set, "; "));
-                writeln!(out, "}}")
-                    .and_then(|_| element_command(&mut out, "add", t, set))
+                writeln!(out, "}}").and_then(|_| element_command(&mut out, "add", t, set))
             }
             Op::DeleteSet(name) => writeln!(out, "delete set inet {t} {name}"),
             Op::AddElements(set) => element_command(&mut out, "add", t, set),
