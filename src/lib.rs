@@ -6,6 +6,8 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod net;
 pub mod nft;
+pub mod plan;
 pub mod snapshot;
 pub mod source;
