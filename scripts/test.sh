@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# CI entry point: system packages, toolchain, formatting, lints, then every test tier (unit,
+# golden, kernel). Kernel tests need root and network namespaces; this script fails instead of
+# letting them be skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# Build + runtime dependencies of the tests. iputils-ping: the lab's ping helper.
+PACKAGES=(libnftnl-dev libmnl-dev nftables iproute2 pkg-config iputils-ping gcc libc6-dev
+    ca-certificates curl)
+
+step "privileges"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "error: the kernel tests create network namespaces and nftables rules and need root." >&2
+    echo "       run: sudo bash scripts/test.sh" >&2
+    exit 1
+fi
+
+step "system packages"
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "all present"
+fi
+
+step "rust toolchain"
+if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null; then
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+done
+cargo --version
+
+step "kernel test prerequisites"
+probe="np-ci-probe-$$"
+if ! ip netns add "$probe"; then
+    echo "error: cannot create a network namespace (ip netns add); kernel tests cannot run." >&2
+    exit 1
+fi
+trap 'ip netns delete "$probe" 2>/dev/null || true' EXIT
+ip netns exec "$probe" nft add table inet probe \
+    || { echo "error: nftables unusable in a network namespace." >&2; exit 1; }
+ip netns delete "$probe"
+trap - EXIT
+echo "netns + nftables OK (kernel $(uname -r))"
+
+# Line tables are enough for backtraces and make the debug build and its links much smaller.
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_PROFILE_TEST_DEBUG=line-tables-only
+export CARGO_INCREMENTAL=0 CARGO_TERM_COLOR=always RUST_BACKTRACE=1
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test --all-targets (unit, golden, kernel)"
+cargo test --all-targets
+
+step "cargo test --doc"
+cargo test --doc
+
+step "all green"

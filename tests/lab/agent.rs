@@ -1,0 +1,99 @@
+//! Running the `agent` binary under test inside a netns.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use super::netns::{CmdError, Ns};
+
+/// The `agent` binary Cargo built for these integration tests.
+pub fn agent_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_agent"))
+}
+
+/// A long-running agent (`ip netns exec` execs it, so the child pid is the agent's).
+/// Output goes to a log file, not a pipe, so a chatty agent can never block on a full pipe.
+/// Dropping it kills the agent.
+pub struct AgentProcess {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    /// Everything the agent wrote to stdout and stderr so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// None while running, else its exit status.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("wait on agent")
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s; returns the exit status and the logs.
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let status = self.terminate();
+        (status, self.logs())
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        if let Some(s) = self.try_status() {
+            return s;
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = signal::kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(s) = self.try_status() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        self.child.wait().expect("wait on killed agent")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+impl Ns {
+    /// Runs the agent to completion in this netns (e.g. `--dry-run`, `--once`, `cleanup`);
+    /// Ok(stdout), Err includes stderr.
+    pub fn run_agent(&self, args: &[&str]) -> Result<String, CmdError> {
+        let bin = agent_bin().to_str().expect("utf-8 path");
+        let mut argv = vec![bin];
+        argv.extend_from_slice(args);
+        self.exec(&argv)
+    }
+
+    /// Starts the agent in the background in this netns.
+    pub fn spawn_agent(&self, args: &[&str]) -> AgentProcess {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("agent.log");
+        let out = File::create(&log).expect("create agent log");
+        let err = out.try_clone().expect("dup agent log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.name()])
+            .arg(agent_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn agent in {}: {e}", self.name()));
+        AgentProcess {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+}

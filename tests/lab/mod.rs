@@ -1,0 +1,48 @@
+//! Network-namespace lab shared by the kernel tests: `mod lab;` from an integration test.
+//!
+//! ```text
+//! let mut lab = Lab::new();                       // panics if not root: never skips
+//! let node = lab.add_node("node");
+//! let pod = lab.add_pod(&node, "pod", &["10.244.1.2"]);
+//! let ext = lab.add_host("ext");
+//! lab.link(&node, &["192.168.1.1/24"], &ext, &["192.168.1.100/24"]);
+//! lab.add_route(&ext, "10.244.0.0/16", "192.168.1.1");
+//! let _srv = ext.tcp_server("0.0.0.0:8080", "ext");
+//! let reply = pod.ns.tcp_connect("192.168.1.100:8080", SECOND).expect_reply();
+//! assert_eq!(reply.src_ip(), pod.ip());
+//! ```
+#![allow(dead_code, unused_imports)] // each test crate uses a different subset
+
+mod agent;
+mod netns;
+mod topology;
+mod traffic;
+
+use std::time::{Duration, Instant};
+
+pub use agent::{AgentProcess, agent_bin};
+pub use netns::{CmdError, Ns};
+pub use topology::{Lab, Link, POD_GW4, POD_GW6, Pod, Segment};
+pub use traffic::{Outcome, Reply, Server};
+
+/// A sensible default timeout for probes that are expected to succeed.
+pub const SECOND: Duration = Duration::from_secs(1);
+
+/// True if a netns with this name exists (for cleanup assertions).
+pub fn netns_exists(name: &str) -> bool {
+    netns::exists(name)
+}
+
+/// Retries `f` every 100 ms until it returns Ok or `timeout` passes, then panics with the
+/// last error (for state the agent converges to asynchronously).
+#[track_caller]
+pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("not true after {timeout:?}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
