@@ -1,1 +1,0 @@
-//! Netlink backend (being written).

@@ -1,0 +1,576 @@
+//! The FFI boundary: libnftnl objects built from the pure message specs and serialised
+//! into an `nftnl::Batch`. Every libnftnl call of the crate is in this file.
+//!
+//! Invariants the SAFETY comments rely on:
+//! - objects come from the matching `nftnl_*_alloc` (non-null, checked) and are freed
+//!   exactly once by their RAII owner, unless ownership moved into a parent object
+//!   (`nftnl_rule_add_expr`, `nftnl_set_elem_add`), after which only the parent is freed;
+//! - libnftnl copies every string and buffer it is given (`*_set_str`, `*_set_data`), so
+//!   Rust values only need to live for the duration of the call;
+//! - `nftnl::Batch::add` hands `write` a buffer of at least `nft_nlmsg_maxsize()` bytes,
+//!   and the lowering keeps every message below that (element lists are split at the
+//!   64 KiB attribute limit, like nft does).
+
+use super::expr::Expr;
+use super::lower::{Msg, MsgBody};
+use super::set::{DataSpec, ElemSpec, SetSpec};
+use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
+use nftnl_sys::{self as sys, libc};
+use std::cell::Cell;
+use std::ffi::{CString, c_char, c_void};
+use std::ptr::NonNull;
+
+const NFPROTO_INET: u16 = libc::NFPROTO_INET as u16;
+const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
+const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
+const NFT_BYTEORDER_HTON: u32 = 1;
+const NFT_LOOKUP_F_INV: u32 = 1;
+const NFT_DYNSET_OP_UPDATE: u32 = 1;
+
+/// Names were checked for NUL bytes by the lowering; a NUL here would be a bug, and the
+/// kernel then sees an empty name and rejects the message.
+fn cstring(s: &str) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
+macro_rules! owner {
+    ($name:ident, $ty:ty, $alloc:path, $free:path) => {
+        struct $name(NonNull<$ty>);
+
+        impl $name {
+            fn new() -> Self {
+                // SAFETY: plain allocation with no preconditions; null (OOM) is handled
+                // like Rust's own allocation failure.
+                let p = unsafe { $alloc() };
+                $name(NonNull::new(p).unwrap_or_else(|| std::process::abort()))
+            }
+
+            fn ptr(&self) -> *mut $ty {
+                self.0.as_ptr()
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: allocated by the matching alloc, not freed elsewhere (see the
+                // module invariants: owners that hand their pointer over are forgotten).
+                unsafe { $free(self.0.as_ptr()) }
+            }
+        }
+    };
+}
+
+owner!(
+    TableObj,
+    sys::nftnl_table,
+    sys::nftnl_table_alloc,
+    sys::nftnl_table_free
+);
+owner!(
+    ChainObj,
+    sys::nftnl_chain,
+    sys::nftnl_chain_alloc,
+    sys::nftnl_chain_free
+);
+owner!(
+    RuleObj,
+    sys::nftnl_rule,
+    sys::nftnl_rule_alloc,
+    sys::nftnl_rule_free
+);
+owner!(
+    SetObj,
+    sys::nftnl_set,
+    sys::nftnl_set_alloc,
+    sys::nftnl_set_free
+);
+
+/// One expression being built; handed over to its rule with `add_to`.
+struct ExprObj(NonNull<sys::nftnl_expr>);
+
+impl ExprObj {
+    fn new(name: &str) -> Self {
+        let name = cstring(name);
+        // SAFETY: `name` is a valid C string for the duration of the call.
+        let p = unsafe { sys::nftnl_expr_alloc(name.as_ptr()) };
+        ExprObj(NonNull::new(p).unwrap_or_else(|| std::process::abort()))
+    }
+
+    fn u32(self, attr: u32, v: u32) -> Self {
+        // SAFETY: valid expression; libnftnl ignores attributes foreign to the expression.
+        unsafe { sys::nftnl_expr_set_u32(self.0.as_ptr(), attr as u16, v) };
+        self
+    }
+
+    fn u8(self, attr: u32, v: u8) -> Self {
+        // SAFETY: as in `u32`.
+        unsafe { sys::nftnl_expr_set_u8(self.0.as_ptr(), attr as u16, v) };
+        self
+    }
+
+    fn data(self, attr: u32, v: &[u8]) -> Self {
+        // SAFETY: `v` is valid for `v.len()` bytes during the call; libnftnl copies it.
+        unsafe {
+            sys::nftnl_expr_set(
+                self.0.as_ptr(),
+                attr as u16,
+                v.as_ptr().cast::<c_void>(),
+                v.len() as u32,
+            )
+        };
+        self
+    }
+
+    fn str(self, attr: u32, v: &str) -> Self {
+        let v = cstring(v);
+        // SAFETY: valid C string for the call; libnftnl copies it.
+        unsafe { sys::nftnl_expr_set_str(self.0.as_ptr(), attr as u16, v.as_ptr()) };
+        self
+    }
+
+    fn add_to(self, rule: &RuleObj) {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        // SAFETY: both valid; the rule takes ownership of the expression and frees it.
+        unsafe { sys::nftnl_rule_add_expr(rule.ptr(), p) };
+    }
+}
+
+impl Drop for ExprObj {
+    fn drop(&mut self) {
+        // SAFETY: still owned here (`add_to` forgets the owner before handing it over).
+        unsafe { sys::nftnl_expr_free(self.0.as_ptr()) }
+    }
+}
+
+fn build_expr(e: &Expr) -> ExprObj {
+    match e {
+        Expr::Meta { key, dreg } => ExprObj::new("meta")
+            .u32(sys::NFTNL_EXPR_META_KEY, *key)
+            .u32(sys::NFTNL_EXPR_META_DREG, *dreg),
+        Expr::MetaSet { key, sreg } => ExprObj::new("meta")
+            .u32(sys::NFTNL_EXPR_META_KEY, *key)
+            .u32(sys::NFTNL_EXPR_META_SREG, *sreg),
+        Expr::Payload {
+            base,
+            offset,
+            len,
+            dreg,
+        } => ExprObj::new("payload")
+            .u32(sys::NFTNL_EXPR_PAYLOAD_DREG, *dreg)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len),
+        Expr::PayloadSet {
+            base,
+            offset,
+            len,
+            sreg,
+            csum,
+        } => {
+            let e = ExprObj::new("payload")
+                .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
+                .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
+                .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
+                .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
+            match csum {
+                Some((kind, off)) => e
+                    .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, *kind)
+                    .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
+                None => e,
+            }
+        }
+        Expr::Ct { key, dreg } => ExprObj::new("ct")
+            .u32(sys::NFTNL_EXPR_CT_KEY, *key)
+            .u32(sys::NFTNL_EXPR_CT_DREG, *dreg),
+        Expr::Fib {
+            flags,
+            result,
+            dreg,
+        } => ExprObj::new("fib")
+            .u32(sys::NFTNL_EXPR_FIB_FLAGS, *flags)
+            .u32(sys::NFTNL_EXPR_FIB_RESULT, *result)
+            .u32(sys::NFTNL_EXPR_FIB_DREG, *dreg),
+        Expr::Numgen { modulus, dreg } => ExprObj::new("numgen")
+            .u32(sys::NFTNL_EXPR_NG_DREG, *dreg)
+            .u32(sys::NFTNL_EXPR_NG_MODULUS, *modulus)
+            .u32(sys::NFTNL_EXPR_NG_TYPE, super::types::NFT_NG_RANDOM)
+            .u32(sys::NFTNL_EXPR_NG_OFFSET, 0),
+        Expr::Cmp { op, sreg, data } => ExprObj::new("cmp")
+            .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
+            .u32(sys::NFTNL_EXPR_CMP_OP, *op)
+            .data(sys::NFTNL_EXPR_CMP_DATA, data),
+        Expr::Bitwise {
+            reg,
+            mask,
+            xor,
+            with_op,
+        } => {
+            let e = ExprObj::new("bitwise")
+                .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
+                .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
+                .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
+                .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
+                .data(sys::NFTNL_EXPR_BITWISE_XOR, xor);
+            // NFT_BITWISE_BOOL (0), written explicitly only where nft writes it.
+            if *with_op {
+                e.u32(sys::NFTNL_EXPR_BITWISE_OP, 0)
+            } else {
+                e
+            }
+        }
+        Expr::Hton { reg, len } => ExprObj::new("byteorder")
+            .u32(sys::NFTNL_EXPR_BYTEORDER_SREG, *reg)
+            .u32(sys::NFTNL_EXPR_BYTEORDER_DREG, *reg)
+            .u32(sys::NFTNL_EXPR_BYTEORDER_OP, NFT_BYTEORDER_HTON)
+            .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
+            .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
+        Expr::Lookup {
+            sreg,
+            dreg,
+            set,
+            set_id,
+            invert,
+        } => {
+            let mut e = ExprObj::new("lookup")
+                .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
+                .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
+            if let Some(d) = dreg {
+                e = e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, *d);
+            }
+            if let Some(id) = set_id {
+                e = e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, *id);
+            }
+            if *invert {
+                e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
+            }
+            e
+        }
+        Expr::DynsetUpdate { sreg, set, set_id } => {
+            let e = ExprObj::new("dynset")
+                .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
+                .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
+                .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
+            match set_id {
+                Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id),
+                None => e,
+            }
+        }
+        Expr::Immediate { dreg, data } => ExprObj::new("immediate")
+            .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
+            .data(sys::NFTNL_EXPR_IMM_DATA, data),
+        Expr::Verdict { code, chain } => {
+            let e = ExprObj::new("immediate")
+                .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
+                .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
+            match chain {
+                Some(c) => e.str(sys::NFTNL_EXPR_IMM_CHAIN, c),
+                None => e,
+            }
+        }
+        Expr::Counter => ExprObj::new("counter"),
+        Expr::Log { prefix } => ExprObj::new("log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix),
+        Expr::Nat {
+            kind,
+            family,
+            reg_addr,
+            reg_proto,
+        } => {
+            let e = ExprObj::new("nat")
+                .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
+                .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
+                .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
+            match reg_proto {
+                Some(r) => e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r).u32(
+                    sys::NFTNL_EXPR_NAT_FLAGS,
+                    super::expr::NF_NAT_RANGE_PROTO_SPECIFIED,
+                ),
+                None => e,
+            }
+        }
+        Expr::Masq => ExprObj::new("masq"),
+        Expr::Reject { kind, code } => ExprObj::new("reject")
+            .u32(sys::NFTNL_EXPR_REJECT_TYPE, *kind)
+            .u8(sys::NFTNL_EXPR_REJECT_CODE, *code),
+    }
+}
+
+/// Sets `attr` of a table/chain/rule/set object to a string or raw bytes.
+macro_rules! setter {
+    ($str_fn:path, $data_fn:path, $obj:expr, $attr:expr, str $v:expr) => {{
+        let v = cstring($v);
+        // SAFETY: valid object and C string; libnftnl copies the string.
+        unsafe { $str_fn($obj.ptr(), $attr as u16, v.as_ptr()) };
+    }};
+    ($str_fn:path, $data_fn:path, $obj:expr, $attr:expr, data $v:expr) => {{
+        let v: &[u8] = $v;
+        // SAFETY: valid object; `v` readable for its length during the call (copied).
+        unsafe {
+            $data_fn(
+                $obj.ptr(),
+                $attr as u16,
+                v.as_ptr().cast::<c_void>(),
+                v.len() as u32,
+            )
+        };
+    }};
+}
+
+fn build_set(spec: &SetSpec, table: &str) -> SetObj {
+    let s = SetObj::new();
+    let p = s.ptr();
+    setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
+    setter!(
+        sys::nftnl_set_set_str,
+        sys::nftnl_set_set_data,
+        s,
+        sys::NFTNL_SET_NAME,
+        str & spec.name
+    );
+    // SAFETY: valid set object; plain integer attributes.
+    unsafe {
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FAMILY as u16, u32::from(NFPROTO_INET));
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, spec.flags);
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, spec.key_type);
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, spec.key_len);
+        if let Some((ty, len)) = spec.data {
+            sys::nftnl_set_set_u32(p, sys::NFTNL_SET_DATA_TYPE as u16, ty);
+            sys::nftnl_set_set_u32(p, sys::NFTNL_SET_DATA_LEN as u16, len);
+        }
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_ID as u16, spec.id);
+        if let Some(t) = spec.timeout_ms {
+            sys::nftnl_set_set_u64(p, sys::NFTNL_SET_TIMEOUT as u16, t);
+        }
+        if let Some(n) = spec.desc_size {
+            sys::nftnl_set_set_u32(p, sys::NFTNL_SET_DESC_SIZE as u16, n);
+        }
+    }
+    if !spec.concat_fields.is_empty() {
+        // libnftnl takes one byte per field and counts them up to the first zero.
+        let lens: Vec<u8> = spec.concat_fields.iter().map(|l| *l as u8).collect();
+        setter!(
+            sys::nftnl_set_set_str,
+            sys::nftnl_set_set_data,
+            s,
+            sys::NFTNL_SET_DESC_CONCAT,
+            data & lens
+        );
+    }
+    setter!(
+        sys::nftnl_set_set_str,
+        sys::nftnl_set_set_data,
+        s,
+        sys::NFTNL_SET_USERDATA,
+        data & spec.udata
+    );
+    s
+}
+
+fn elem_data(e: *mut sys::nftnl_set_elem, attr: u32, v: &[u8]) {
+    // SAFETY: valid element; `v` readable during the call; libnftnl copies it.
+    unsafe { sys::nftnl_set_elem_set(e, attr as u16, v.as_ptr().cast::<c_void>(), v.len() as u32) };
+}
+
+/// Adds elements to a set object (the set owns and frees them).
+fn add_elems(set: &SetObj, elems: &[ElemSpec]) {
+    for spec in elems {
+        // SAFETY: plain allocation; null handled as OOM.
+        let e = unsafe { sys::nftnl_set_elem_alloc() };
+        if e.is_null() {
+            std::process::abort();
+        }
+        if spec.flags != 0 {
+            // SAFETY: valid element, integer attribute.
+            unsafe { sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_FLAGS as u16, spec.flags) };
+        }
+        if let Some(t) = spec.timeout_ms {
+            // SAFETY: valid element, integer attribute.
+            unsafe { sys::nftnl_set_elem_set_u64(e, sys::NFTNL_SET_ELEM_TIMEOUT as u16, t) };
+        }
+        elem_data(e, sys::NFTNL_SET_ELEM_KEY, &spec.key);
+        if let Some(end) = &spec.key_end {
+            elem_data(e, sys::NFTNL_SET_ELEM_KEY_END, end);
+        }
+        match &spec.data {
+            None => {}
+            Some(DataSpec::Value(v)) => elem_data(e, sys::NFTNL_SET_ELEM_DATA, v),
+            Some(DataSpec::Verdict(code, chain)) => {
+                // SAFETY: valid element, integer attribute.
+                unsafe {
+                    sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_VERDICT as u16, *code as u32)
+                };
+                if let Some(c) = chain {
+                    let c = cstring(c);
+                    // SAFETY: valid element and C string (copied).
+                    unsafe {
+                        sys::nftnl_set_elem_set_str(e, sys::NFTNL_SET_ELEM_CHAIN as u16, c.as_ptr())
+                    };
+                }
+            }
+        }
+        if let Some(u) = &spec.udata {
+            elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, u);
+        }
+        // SAFETY: both valid; the set takes ownership of the element.
+        unsafe { sys::nftnl_set_elem_add(set.ptr(), e) };
+    }
+}
+
+/// A lowered message ready to be written into the batch; remembers its sequence number.
+struct Writer<'a> {
+    msg: &'a Msg,
+    table: &'a str,
+    seq: Cell<u32>,
+}
+
+/// (message type, netlink flags) exactly as nft 1.0.6 sends them.
+fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
+    match body {
+        MsgBody::NewTable => (libc::NFT_MSG_NEWTABLE as u32, 0),
+        MsgBody::DelTable => (libc::NFT_MSG_DELTABLE as u32, 0),
+        MsgBody::NewChain { .. } => (libc::NFT_MSG_NEWCHAIN as u32, NLM_F_CREATE),
+        MsgBody::DelChain(_) => (libc::NFT_MSG_DELCHAIN as u32, 0),
+        MsgBody::FlushChain(_) => (libc::NFT_MSG_DELRULE as u32, 0),
+        MsgBody::NewRule { .. } => (libc::NFT_MSG_NEWRULE as u32, NLM_F_CREATE | NLM_F_APPEND),
+        MsgBody::NewSet(_) => (libc::NFT_MSG_NEWSET as u32, NLM_F_CREATE),
+        MsgBody::DelSet(_) => (libc::NFT_MSG_DELSET as u32, 0),
+        MsgBody::Elems { delete: false, .. } => (libc::NFT_MSG_NEWSETELEM as u32, NLM_F_CREATE),
+        MsgBody::Elems { delete: true, .. } => (libc::NFT_MSG_DELSETELEM as u32, 0),
+    }
+}
+
+// SAFETY: `write` stays within the `nft_nlmsg_maxsize()` bytes `Batch::add` provides: the
+// lowering bounds every message (module invariants).
+unsafe impl NlMsg for Writer<'_> {
+    unsafe fn write(&self, buf: *mut c_void, seq: u32, _: MsgType) {
+        self.seq.set(seq);
+        let (kind, flags) = kind_and_flags(&self.msg.body);
+        // SAFETY: `buf` is the batch's current position with room for a full message.
+        let nlh = unsafe {
+            sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, NFPROTO_INET, flags, seq)
+        };
+        let table = self.table;
+        match &self.msg.body {
+            MsgBody::NewTable | MsgBody::DelTable => {
+                let t = TableObj::new();
+                setter!(sys::nftnl_table_set_str, sys::nftnl_table_set_data, t, sys::NFTNL_TABLE_NAME, str table);
+                if matches!(self.msg.body, MsgBody::NewTable) {
+                    // SAFETY: valid table; nft always sends the (empty) flags on add.
+                    unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, 0) };
+                }
+                // SAFETY: `nlh` is the header just built in the batch buffer.
+                unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
+            }
+            MsgBody::NewChain { name, base } => {
+                let c = chain_obj(table, name);
+                if let Some(b) = base {
+                    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_TYPE, str b.kind);
+                    // SAFETY: valid chain, integer attributes.
+                    unsafe {
+                        sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_HOOKNUM as u16, b.hook);
+                        sys::nftnl_chain_set_s32(c.ptr(), sys::NFTNL_CHAIN_PRIO as u16, b.priority);
+                        sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_POLICY as u16, b.policy);
+                    }
+                }
+                // SAFETY: header just built in the batch buffer; valid chain.
+                unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
+            }
+            MsgBody::DelChain(name) => {
+                let c = chain_obj(table, name);
+                // SAFETY: as above.
+                unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
+            }
+            MsgBody::FlushChain(chain) | MsgBody::NewRule { chain, .. } => {
+                let r = RuleObj::new();
+                setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_TABLE, str table);
+                setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_CHAIN, str chain);
+                // SAFETY: valid rule, integer attribute.
+                unsafe {
+                    sys::nftnl_rule_set_u32(
+                        r.ptr(),
+                        sys::NFTNL_RULE_FAMILY as u16,
+                        u32::from(NFPROTO_INET),
+                    )
+                };
+                if let MsgBody::NewRule { exprs, udata, .. } = &self.msg.body {
+                    for e in exprs {
+                        build_expr(e).add_to(&r);
+                    }
+                    if let Some(u) = udata {
+                        setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_USERDATA, data u);
+                    }
+                }
+                // SAFETY: header just built in the batch buffer; valid rule.
+                unsafe { sys::nftnl_rule_nlmsg_build_payload(nlh, r.ptr()) };
+            }
+            MsgBody::NewSet(spec) => {
+                let s = build_set(spec, table);
+                // SAFETY: header just built in the batch buffer; valid set.
+                unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
+            }
+            MsgBody::DelSet(name) => {
+                let s = SetObj::new();
+                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
+                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_NAME, str name);
+                // SAFETY: header just built in the batch buffer; valid set.
+                unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
+            }
+            MsgBody::Elems {
+                set, set_id, elems, ..
+            } => {
+                let s = SetObj::new();
+                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
+                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_NAME, str set);
+                if let Some(id) = set_id {
+                    // SAFETY: valid set, integer attribute.
+                    unsafe { sys::nftnl_set_set_u32(s.ptr(), sys::NFTNL_SET_ID as u16, *id) };
+                }
+                add_elems(&s, elems);
+                // SAFETY: header just built in the batch buffer; valid set and elements.
+                unsafe { sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.ptr()) };
+            }
+        }
+    }
+}
+
+fn chain_obj(table: &str, name: &str) -> ChainObj {
+    let c = ChainObj::new();
+    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_TABLE, str table);
+    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_NAME, str name);
+    // SAFETY: valid chain, integer attribute.
+    unsafe {
+        sys::nftnl_chain_set_u32(
+            c.ptr(),
+            sys::NFTNL_CHAIN_FAMILY as u16,
+            u32::from(NFPROTO_INET),
+        )
+    };
+    c
+}
+
+/// The encoded batch and the sequence number of every message in it.
+pub struct Encoded {
+    pub batch: FinalizedBatch,
+    /// `seqs[i]` is the sequence number of `msgs[i]`.
+    pub seqs: Vec<u32>,
+}
+
+/// Writes all messages into one nftnl batch (begin ... end).
+pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
+    // Large pages: fewer iovecs for big transactions; the batch grows page by page.
+    let mut batch = Batch::with_page_size(1 << 20);
+    let mut seqs = Vec::with_capacity(msgs.len());
+    for msg in msgs {
+        let w = Writer {
+            msg,
+            table,
+            seq: Cell::new(0),
+        };
+        batch.add(&w, MsgType::Add);
+        seqs.push(w.seq.get());
+    }
+    Encoded {
+        batch: batch.finalize(),
+        seqs,
+    }
+}

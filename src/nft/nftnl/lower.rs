@@ -1,0 +1,315 @@
+//! Transaction -> the list of netlink messages nft would send for the same change, each
+//! tagged with the op it came from so a kernel error can be traced back.
+
+use super::expr::{KnownSet, lower_rule};
+use super::set::{
+    ElemLayout, ElemMode, ElemSpec, Element, SetSpec, encode_elements, named_set_spec,
+};
+use super::types::encode_err;
+use super::udata;
+use crate::nft::diff::{Op, Transaction};
+use crate::nft::engine::NftError;
+use crate::nft::ir::*;
+use std::collections::BTreeMap;
+
+/// A base chain's hook attributes in kernel numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseSpec {
+    pub kind: &'static str,
+    pub hook: u32,
+    pub priority: i32,
+    pub policy: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MsgBody {
+    NewTable,
+    DelTable,
+    NewChain {
+        name: String,
+        base: Option<BaseSpec>,
+    },
+    DelChain(String),
+    FlushChain(String),
+    NewRule {
+        chain: String,
+        exprs: Vec<super::expr::Expr>,
+        udata: Option<Vec<u8>>,
+    },
+    NewSet(SetSpec),
+    DelSet(String),
+    Elems {
+        delete: bool,
+        set: String,
+        set_id: Option<u32>,
+        elems: Vec<ElemSpec>,
+    },
+}
+
+/// Which op a message belongs to; `anon` marks an anonymous set created for a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub op: usize,
+    pub anon: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Msg {
+    pub body: MsgBody,
+    pub origin: Origin,
+}
+
+/// The largest element list libnftnl puts in one message: the list is one netlink
+/// attribute and its 16-bit length covers the 4-byte header too.
+const MAX_ELEM_LIST: usize = u16::MAX as usize - 4;
+
+/// Lowers a whole transaction. `known` describes sets that already exist in the kernel
+/// (needed when a rule looks up an interval set keyed by a host-order type).
+pub fn lower(tx: &Transaction, known: &BTreeMap<String, KnownSet>) -> Result<Vec<Msg>, NftError> {
+    check_name("table", &tx.table)?;
+    let mut sets = known.clone();
+    let mut next_id = 1u32;
+    let mut out = Vec::with_capacity(tx.ops.len());
+    for (i, op) in tx.ops.iter().enumerate() {
+        let origin = Origin { op: i, anon: false };
+        let mut push = |body| out.push(Msg { body, origin });
+        match op {
+            Op::AddTable => push(MsgBody::NewTable),
+            Op::DeleteTable => {
+                sets.clear();
+                push(MsgBody::DelTable);
+            }
+            Op::AddChain { name, base } => {
+                check_name("chain", name)?;
+                push(MsgBody::NewChain {
+                    name: name.clone(),
+                    base: base.as_ref().map(base_spec),
+                });
+            }
+            Op::FlushChain(name) => push(MsgBody::FlushChain(name.clone())),
+            Op::DeleteChain(name) => push(MsgBody::DelChain(name.clone())),
+            Op::DeleteSet(name) => {
+                sets.remove(name);
+                push(MsgBody::DelSet(name.clone()));
+            }
+            Op::AddRule { chain, rule } => {
+                let lowered = lower_rule(rule, &sets, &mut next_id)?;
+                for anon in lowered.anon {
+                    let o = Origin { op: i, anon: true };
+                    let (name, id) = (anon.spec.name.clone(), anon.spec.id);
+                    out.push(Msg {
+                        body: MsgBody::NewSet(anon.spec),
+                        origin: o,
+                    });
+                    push_elems(&mut out, o, false, &name, Some(id), anon.elems);
+                }
+                let udata = rule
+                    .comment
+                    .as_ref()
+                    .map(|c| udata::rule_comment(&crate::nft::render::sanitize_text(c)));
+                out.push(Msg {
+                    body: MsgBody::NewRule {
+                        chain: chain.clone(),
+                        exprs: lowered.exprs,
+                        udata,
+                    },
+                    origin,
+                });
+            }
+            Op::AddSet(set) => {
+                check_name("set", &set.name)?;
+                let id = next_id;
+                next_id += 1;
+                let spec = named_set_spec(set, id)?;
+                sets.insert(set.name.clone(), known_set(set, Some(id)));
+                push(MsgBody::NewSet(spec));
+                let elems = set_elements(set, ElemMode::Create)?;
+                push_elems(&mut out, origin, false, &set.name, Some(id), elems);
+            }
+            Op::AddElements(set) => {
+                let id = sets.get(&set.name).and_then(|s| s.id);
+                let elems = set_elements(set, ElemMode::Add)?;
+                push_elems(&mut out, origin, false, &set.name, id, elems);
+            }
+            Op::DeleteElements(set) => {
+                let elems = set_elements(set, ElemMode::Delete)?;
+                push_elems(&mut out, origin, true, &set.name, None, elems);
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub fn known_set(set: &Set, id: Option<u32>) -> KnownSet {
+    KnownSet {
+        interval: set.flags.interval,
+        key: set.key.clone(),
+        kind: set.kind.clone(),
+        id,
+    }
+}
+
+/// nft identifiers never contain NUL; anything else is the kernel's to judge.
+fn check_name(what: &str, name: &str) -> Result<(), NftError> {
+    if name.is_empty() || name.contains('\0') {
+        return Err(encode_err(
+            &format!("{what} name {name:?}"),
+            "empty or contains NUL".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn base_spec(b: &BaseChain) -> BaseSpec {
+    BaseSpec {
+        kind: match b.kind {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+            ChainType::Route => "route",
+        },
+        // NF_INET_* hook numbers.
+        hook: match b.hook {
+            Hook::Prerouting => 0,
+            Hook::Input => 1,
+            Hook::Forward => 2,
+            Hook::Output => 3,
+            Hook::Postrouting => 4,
+        },
+        priority: b.priority,
+        policy: match b.policy {
+            Policy::Drop => 0,
+            Policy::Accept => 1,
+        },
+    }
+}
+
+fn set_elements(set: &Set, mode: ElemMode) -> Result<Vec<ElemSpec>, NftError> {
+    let layout = ElemLayout::of_set(set)?;
+    let elems = set.elements.iter().enumerate().map(|(i, (k, v))| Element {
+        key: k,
+        value: Some(v),
+        src: i as u32,
+    });
+    encode_elements(&layout, elems, mode, false).map_err(|e| match e {
+        NftError::Encode { what, reason } => {
+            encode_err(&format!("set {}: {what}", set.name), reason)
+        }
+        other => other,
+    })
+}
+
+/// Splits an element list into messages where libnftnl splits it.
+fn push_elems(
+    out: &mut Vec<Msg>,
+    origin: Origin,
+    delete: bool,
+    set: &str,
+    set_id: Option<u32>,
+    elems: Vec<ElemSpec>,
+) {
+    let mut chunk = Vec::new();
+    let mut size = 0;
+    let mut flush = |chunk: &mut Vec<ElemSpec>| {
+        out.push(Msg {
+            body: MsgBody::Elems {
+                delete,
+                set: set.to_string(),
+                set_id,
+                elems: std::mem::take(chunk),
+            },
+            origin,
+        });
+    };
+    for e in elems {
+        let len = e.encoded_len();
+        if size + len > MAX_ELEM_LIST && !chunk.is_empty() {
+            flush(&mut chunk);
+            size = 0;
+        }
+        size += len;
+        chunk.push(e);
+    }
+    if !chunk.is_empty() {
+        flush(&mut chunk);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn big_map(n: u32) -> Set {
+        let mut m = Set::new(
+            "vm",
+            vec![
+                DataType::Ipv4Addr,
+                DataType::InetProto,
+                DataType::InetService,
+            ],
+            SetKind::VerdictMap,
+        );
+        for i in 0..n {
+            m.insert_mapping(
+                vec![
+                    Value::Ipv4(Ipv4Addr::from(0x0a00_0000 + i)).into(),
+                    Value::Proto(6).into(),
+                    Value::Port(80).into(),
+                ],
+                ElemData::Verdict(Verdict::Goto(format!("svc-{}", i % 100))),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn large_element_lists_are_split_below_the_attribute_limit() {
+        let mut t = Table::new("nodeplane");
+        t.add_set(big_map(10_000));
+        let msgs = lower(&Transaction::full(&t), &BTreeMap::new()).unwrap();
+        let chunks: Vec<&Vec<ElemSpec>> = msgs
+            .iter()
+            .filter_map(|m| match &m.body {
+                MsgBody::Elems { elems, .. } => Some(elems),
+                _ => None,
+            })
+            .collect();
+        assert!(chunks.len() > 1, "10k elements need several messages");
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 10_000);
+        for c in chunks {
+            let len: usize = c.iter().map(|e| e.encoded_len()).sum();
+            assert!(len + 4 <= u16::MAX as usize);
+        }
+    }
+
+    #[test]
+    fn set_ids_number_named_then_anonymous_sets_in_batch_order() {
+        let mut t = Table::new("nodeplane");
+        t.add_set(big_map(1));
+        let mut c = Chain::regular("c");
+        c.push(Rule::new(vec![Stmt::Match(Match {
+            key: vec![Field::ThDport],
+            op: MatchOp::InAnon(vec![
+                vec![Value::Port(80).into()],
+                vec![Value::Port(443).into()],
+            ]),
+        })]));
+        t.add_chain(c);
+        let msgs = lower(&Transaction::full(&t), &BTreeMap::new()).unwrap();
+        let ids: Vec<(String, u32)> = msgs
+            .iter()
+            .filter_map(|m| match &m.body {
+                MsgBody::NewSet(s) => Some((s.name.clone(), s.id)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids, vec![("vm".into(), 1), ("__set%d".into(), 2)]);
+        assert!(
+            lower(
+                &Transaction::full(&Table::new("bad\0name")),
+                &BTreeMap::new()
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! The netlink backend: a [`Transaction`] becomes one nftables batch (begin ... end, atomic
+//! in the kernel) with exactly the messages `nft -f` sends for the text `render.rs` prints.
+//!
+//! Layers, from pure to FFI:
+//! - [`types`], [`udata`]: nft's datatype and field tables, set userdata bytes;
+//! - [`expr`]: statements -> kernel expressions (registers, dependencies, anonymous sets);
+//! - [`set`]: set declarations and element encoding (intervals, concatenations, data);
+//! - [`lower`]: the transaction -> a list of messages, each tagged with its op;
+//! - [`ffi`]: the messages -> libnftnl objects -> an `nftnl::Batch` (all the `unsafe`);
+//! - [`socket`], [`reply`]: one `sendmsg`, then every ack and error read back and mapped
+//!   to the op (and element or expression) that caused it.
+
+mod expr;
+mod ffi;
+mod lower;
+mod reply;
+mod set;
+mod socket;
+mod types;
+mod udata;
+
+use crate::nft::diff::{Op, Transaction};
+use crate::nft::engine::{ApplyStats, NftBackend, NftError};
+use crate::nft::ir::Set;
+use crate::nft::render;
+use expr::KnownSet;
+use lower::{Msg, MsgBody};
+use reply::KernelError;
+use std::collections::BTreeMap;
+
+/// `NFTA_SET_ELEM_LIST_ELEMENTS` / `NFTA_RULE_EXPRESSIONS`: the lists an error offset
+/// can point into.
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+
+/// Applies transactions to the kernel over netlink.
+#[derive(Debug, Default)]
+pub struct NftnlBackend {
+    /// Declarations of the sets this backend created and that still exist: a rule added
+    /// later may look one up, and interval sets keyed by host-order types need a byte
+    /// swap in the rule.
+    known: BTreeMap<String, KnownSet>,
+}
+
+/// A transaction encoded as a batch, for inspection and tests.
+pub struct EncodedBatch {
+    encoded: ffi::Encoded,
+    msgs: Vec<Msg>,
+}
+
+impl EncodedBatch {
+    /// The batch bytes as sent (BATCH_BEGIN ... BATCH_END).
+    pub fn bytes(&self) -> Vec<u8> {
+        self.encoded.batch.iter().flatten().copied().collect()
+    }
+
+    /// nf_tables messages in the batch (excluding the begin/end markers).
+    pub fn message_count(&self) -> usize {
+        self.msgs.len()
+    }
+}
+
+impl NftnlBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Encodes `tx` without sending it.
+    pub fn encode(&self, tx: &Transaction) -> Result<EncodedBatch, NftError> {
+        let msgs = lower::lower(tx, &self.known)?;
+        let encoded = ffi::encode(&msgs, &tx.table);
+        Ok(EncodedBatch { encoded, msgs })
+    }
+
+    fn remember(&mut self, tx: &Transaction) {
+        for op in &tx.ops {
+            match op {
+                Op::DeleteTable => self.known.clear(),
+                Op::AddSet(s) => {
+                    self.known.insert(s.name.clone(), lower::known_set(s, None));
+                }
+                Op::DeleteSet(name) => {
+                    self.known.remove(name);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl NftBackend for NftnlBackend {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError> {
+        let batch = self.encode(tx)?;
+        let pages: Vec<&[u8]> = batch.encoded.batch.iter().collect();
+        let total: usize = pages.iter().map(|p| p.len()).sum();
+        // Room for one capped error (~100 bytes) per message in the worst case.
+        let sock = socket::NlSocket::open(total + 4096, 128 * batch.msgs.len() + (1 << 18))?;
+        sock.send(&pages)?;
+        let errors = read_errors(&sock)?;
+        if let Some(first) = errors.first() {
+            return Err(rejected(tx, &batch, first, errors.len()));
+        }
+        self.remember(tx);
+        Ok(ApplyStats {
+            ops: tx.op_count(),
+            messages: batch.msgs.len(),
+        })
+    }
+}
+
+/// Drains every reply queued for the batch and returns the errors in kernel order.
+fn read_errors(sock: &socket::NlSocket) -> Result<Vec<KernelError>, NftError> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut errors = Vec::new();
+    while let Some(n) = sock.recv_nowait(&mut buf)? {
+        errors.extend(reply::parse_errors(&buf[..n]));
+    }
+    Ok(errors)
+}
+
+fn rejected(tx: &Transaction, batch: &EncodedBatch, e: &KernelError, count: usize) -> NftError {
+    let mut reason = reply::errno_text(e.errno);
+    if let Some(m) = &e.message {
+        reason = format!("{m}: {reason}");
+    }
+    if count > 1 {
+        reason.push_str(&format!(" (and {} more errors)", count - 1));
+    }
+    let what = match batch.encoded.seqs.iter().position(|s| *s == e.seq) {
+        Some(i) => describe(tx, batch, i, e.offset),
+        None => format!(
+            "batch of {} messages for table inet {}",
+            batch.msgs.len(),
+            tx.table
+        ),
+    };
+    NftError::Rejected { what, reason }
+}
+
+/// Names the op behind message `i`, down to the element or expression when the kernel
+/// pointed at one.
+fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32>) -> String {
+    let msg = &batch.msgs[i];
+    let op = &tx.ops[msg.origin.op];
+    let t = &tx.table;
+    let bytes = offset.and_then(|off| {
+        let seq = batch.encoded.seqs[i];
+        let all = batch.bytes();
+        reply::messages(&all)
+            .find(|(_, _, s, _)| *s == seq)
+            .map(|(_, _, _, m)| (m.to_vec(), off))
+    });
+    match (&msg.body, op) {
+        (MsgBody::NewRule { exprs, .. }, Op::AddRule { chain, rule }) => {
+            let mut s = format!("add rule inet {t} {chain}: {}", render::rule_text(rule));
+            let hit = bytes.and_then(|(m, off)| reply::entry_at(&m, NFTA_RULE_EXPRESSIONS, off));
+            if let Some(e) = hit.and_then(|k| exprs.get(k)) {
+                s.push_str(&format!(" (expression {e:?})"));
+            }
+            s
+        }
+        (_, Op::AddRule { chain, rule }) => format!(
+            "add rule inet {t} {chain}: {} (its anonymous set)",
+            render::rule_text(rule)
+        ),
+        (
+            MsgBody::Elems { elems, .. },
+            Op::AddSet(set) | Op::AddElements(set) | Op::DeleteElements(set),
+        ) => {
+            let hit = bytes
+                .and_then(|(m, off)| reply::entry_at(&m, NFTA_SET_ELEM_LIST_ELEMENTS, off))
+                .and_then(|k| elems.get(k))
+                .and_then(|e| set.elements.iter().nth(e.src as usize));
+            let verb = if matches!(op, Op::DeleteElements(_)) {
+                "delete"
+            } else {
+                "add"
+            };
+            match hit {
+                Some((k, v)) => {
+                    let mut one = set.clone_declaration();
+                    one.elements.insert(k.clone(), v.clone());
+                    op_text(t, &elements_op(verb, one))
+                }
+                None => format!(
+                    "{verb} element inet {t} {}: {} elements",
+                    set.name,
+                    set.elements.len()
+                ),
+            }
+        }
+        (_, Op::AddSet(set)) => op_text(t, &Op::AddSet(set.clone_declaration())),
+        _ => op_text(t, op),
+    }
+}
+
+fn elements_op(verb: &str, set: Set) -> Op {
+    if verb == "delete" {
+        Op::DeleteElements(set)
+    } else {
+        Op::AddElements(set)
+    }
+}
+
+/// One op as the `nft -f` line `render_transaction` prints for it.
+fn op_text(table: &str, op: &Op) -> String {
+    let one = Transaction {
+        table: table.to_string(),
+        ops: vec![op.clone()],
+    };
+    render::render_transaction(&one).trim_end().to_string()
+}

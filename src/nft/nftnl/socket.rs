@@ -1,0 +1,90 @@
+//! A NETLINK_NETFILTER socket sized for one batch: the whole batch goes out in a single
+//! `sendmsg` (the kernel only treats it as one transaction if it arrives in one skb), and
+//! replies are read until the socket is empty.
+
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, sendmsg,
+    setsockopt, socket, sockopt,
+};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+const SOL_NETLINK: libc::c_int = 270;
+const NETLINK_CAP_ACK: libc::c_int = 10;
+const NETLINK_EXT_ACK: libc::c_int = 11;
+
+pub struct NlSocket {
+    fd: OwnedFd,
+}
+
+impl NlSocket {
+    /// Opens a socket whose buffers hold `send_bytes` of batch and `recv_bytes` of replies.
+    /// The `*BUFFORCE` options bypass `net.core.[rw]mem_max` (CAP_NET_ADMIN, which nft
+    /// needs anyway).
+    pub fn open(send_bytes: usize, recv_bytes: usize) -> io::Result<NlSocket> {
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkNetFilter,
+        )?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        // The kernel doubles the value and refuses a message larger than the buffer.
+        let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
+        setsockopt(&fd, sockopt::SndBufForce, &clamp(send_bytes))?;
+        setsockopt(&fd, sockopt::RcvBufForce, &clamp(recv_bytes))?;
+        let s = NlSocket { fd };
+        // Errors carry only the failing message's header (not its up to 64 KiB payload)
+        // plus extended-ack attributes: the kernel's message and the failing attribute.
+        s.set_int(NETLINK_CAP_ACK, 1)?;
+        s.set_int(NETLINK_EXT_ACK, 1)?;
+        Ok(s)
+    }
+
+    fn set_int(&self, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+        // SAFETY: valid open fd; `v` is a live c_int and its exact size is passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                SOL_NETLINK,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sends all pages of a batch as one message.
+    pub fn send(&self, pages: &[&[u8]]) -> io::Result<()> {
+        let iov: Vec<IoSlice> = pages.iter().map(|p| IoSlice::new(p)).collect();
+        let total: usize = pages.iter().map(|p| p.len()).sum();
+        let kernel = NetlinkAddr::new(0, 0);
+        let sent = sendmsg(
+            self.fd.as_raw_fd(),
+            &iov,
+            &[],
+            MsgFlags::empty(),
+            Some(&kernel),
+        )?;
+        if sent != total {
+            return Err(io::Error::other(format!(
+                "netlink sendmsg sent {sent} of {total} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// One datagram of replies, or `None` when nothing is queued. The kernel processes
+    /// a batch inside `sendmsg`, so every reply is queued by the time it returns.
+    pub fn recv_nowait(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        match recv(self.fd.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => Ok(Some(n)),
+            Err(nix::errno::Errno::EAGAIN) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
