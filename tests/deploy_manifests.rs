@@ -1,0 +1,185 @@
+//! The packaging files agree with each other and with the agent: the deploy/ manifests parse
+//! as Kubernetes objects and reference each other consistently, the DaemonSet and the systemd
+//! unit grant only NET_ADMIN + NET_RAW, and both example configs are accepted by the agent.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use nodeplane::cli::Opts;
+use nodeplane::config::Config;
+use serde::de::DeserializeOwned;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn load<T: DeserializeOwned>(file: &str) -> T {
+    let text = std::fs::read_to_string(repo(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+fn resolve(config_file: &Path) -> Config {
+    let opts = Opts {
+        config: Some(config_file.to_path_buf()),
+        node_name: Some("n1".into()),
+        ..Default::default()
+    };
+    Config::resolve(&opts).unwrap_or_else(|e| panic!("{}: {e}", config_file.display()))
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let k: serde_json::Value = load("deploy/kustomization.yaml");
+    let listed: BTreeSet<String> = k["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(repo("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, on_disk);
+    assert_eq!(k["namespace"], "nodeplane");
+}
+
+#[test]
+fn daemonset_is_host_network_with_only_net_admin_and_net_raw() {
+    let ds: DaemonSet = load("deploy/daemonset.yaml");
+    let sa: ServiceAccount = load("deploy/serviceaccount.yaml");
+    let cm: ConfigMap = load("deploy/configmap.yaml");
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+    let tolerate_all = pod.tolerations.unwrap_or_default();
+    assert!(
+        tolerate_all
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none())
+    );
+
+    let c = &pod.containers[0];
+    let caps = c.security_context.clone().unwrap().capabilities.unwrap();
+    assert_eq!(caps.add.unwrap(), ["NET_ADMIN", "NET_RAW"]);
+    assert_eq!(caps.drop.unwrap(), ["ALL"]);
+    assert!(c.resources.clone().unwrap().requests.is_some());
+    let env = c.env.clone().unwrap();
+    let node_name = env
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    let field = node_name
+        .value_from
+        .clone()
+        .unwrap()
+        .field_ref
+        .unwrap()
+        .field_path;
+    assert_eq!(field, "spec.nodeName");
+
+    // --config points into the mounted ConfigMap.
+    let args = c.args.clone().unwrap();
+    let config = args[args.iter().position(|a| a == "--config").unwrap() + 1].clone();
+    let mount = &c.volume_mounts.clone().unwrap()[0];
+    assert_eq!(
+        Path::new(&config).parent().unwrap(),
+        Path::new(&mount.mount_path)
+    );
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    assert_eq!(
+        volume.config_map.unwrap().name,
+        cm.metadata.name.clone().unwrap()
+    );
+    let file_name = Path::new(&config).file_name().unwrap().to_str().unwrap();
+    assert!(cm.data.unwrap().contains_key(file_name));
+}
+
+#[test]
+fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
+    let role: ClusterRole = load("deploy/clusterrole.yaml");
+    let binding: ClusterRoleBinding = load("deploy/clusterrolebinding.yaml");
+    let sa: ServiceAccount = load("deploy/serviceaccount.yaml");
+    assert_eq!(Some(binding.role_ref.name.clone()), role.metadata.name);
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (Some(&subject.name), subject.namespace.as_ref()),
+        (sa.metadata.name.as_ref(), sa.metadata.namespace.as_ref())
+    );
+
+    let grants = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    let read = [
+        ("", "namespaces"),
+        ("", "pods"),
+        ("", "nodes"),
+        ("", "services"),
+        ("", "endpoints"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("k8s.ovn.org", "egressfirewalls"),
+        ("k8s.ovn.org", "egressqoses"),
+        ("k8s.ovn.org", "egressips"),
+        ("cloud.network.openshift.io", "cloudprivateipconfigs"),
+    ];
+    for (group, resource) in read {
+        for verb in ["get", "list", "watch"] {
+            assert!(grants(group, resource, verb), "{verb} {group}/{resource}");
+        }
+        if group.ends_with(".org") || group.starts_with("cloud.") {
+            let status = format!("{resource}/status");
+            assert!(grants(group, &status, "patch"), "patch {group}/{status}");
+        }
+    }
+    assert!(grants("", "events", "create"));
+}
+
+#[test]
+fn example_configs_are_accepted_by_the_agent() {
+    let c = resolve(&repo("systemd/config.example.yaml"));
+    assert_eq!(c.cluster_cidrs, ["10.128.0.0/14".parse().unwrap()]);
+    assert_eq!(c.service_cidrs, ["172.30.0.0/16".parse().unwrap()]);
+    assert!(c.manifests.is_some());
+
+    let cm: ConfigMap = load("deploy/configmap.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, &cm.data.unwrap()["config.yaml"]).unwrap();
+    let c = resolve(&path);
+    assert_eq!(c.manifests, None, "the DaemonSet reads the Kubernetes API");
+}
+
+#[test]
+fn systemd_unit_keeps_only_net_admin_and_net_raw() {
+    let unit = std::fs::read_to_string(repo("systemd/nodeplane-agent.service")).unwrap();
+    let value = |key: &str| {
+        let prefix = format!("{key}=");
+        let line = unit.lines().find(|l| l.starts_with(&prefix));
+        line.unwrap_or_else(|| panic!("{key} missing"))
+            .trim_start_matches(&prefix)
+    };
+    assert_eq!(value("CapabilityBoundingSet"), "CAP_NET_ADMIN CAP_NET_RAW");
+    assert_eq!(value("AmbientCapabilities"), "CAP_NET_ADMIN CAP_NET_RAW");
+    assert_eq!(value("NoNewPrivileges"), "yes");
+    assert_eq!(value("ProtectSystem"), "strict");
+    assert_eq!(value("Restart"), "on-failure");
+    assert_eq!(
+        value("ExecStart"),
+        "/usr/local/bin/agent --config /etc/nodeplane/config.yaml"
+    );
+    let stop_post = unit.lines().any(|l| l.starts_with("ExecStopPost="));
+    assert!(!stop_post, "rules stay on stop by design");
+}
