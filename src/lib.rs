@@ -9,5 +9,6 @@ pub mod config;
 pub mod net;
 pub mod nft;
 pub mod plan;
+pub mod reconcile;
 pub mod snapshot;
 pub mod source;

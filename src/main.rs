@@ -1,1 +1,56 @@
-fn main() {}
+//! `agent`: parse the command line, set up logging, run the chosen mode.
+
+use clap::Parser;
+use nodeplane::cli::{Cli, Command};
+use nodeplane::config::Config;
+use nodeplane::reconcile;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::resolve(&cli.opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config.log_level);
+    match run(&cli, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
+    if let Some(Command::Cleanup) = cli.command {
+        return Ok(reconcile::cleanup(&config)?);
+    }
+    if cli.opts.dry_run {
+        print!("{}", reconcile::dry_run(&config)?);
+        return Ok(());
+    }
+    if cli.opts.once {
+        return Ok(reconcile::once(&config)?);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(reconcile::run(config))?)
+}
+
+/// Logs go to stderr so that `--dry-run` output on stdout stays a clean ruleset.
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

@@ -1,0 +1,259 @@
+//! The control loop: load the snapshot, plan, apply the nftables transaction and the
+//! rtnetlink changes, report per-object status; in run mode repeat on every input change,
+//! retry failures with backoff and resynchronise periodically.
+
+use crate::config::Config;
+use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
+use crate::nft::nftnl::NftnlBackend;
+use crate::nft::render::render_full;
+use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
+use crate::plan::{Desired, ObjectStatus, plan};
+use crate::snapshot::Snapshot;
+use crate::source::manifests;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("no object source: pass --manifests DIR (the Kubernetes API source is not built yet)")]
+    NoSource,
+    #[error("manifests: {0}")]
+    Source(String),
+    #[error("nftables: {0}")]
+    Nft(#[from] NftError),
+    #[error("network: {0}")]
+    Net(#[from] NetError),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// What one successful sync did.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub nft: ApplyStats,
+    pub net_ops: usize,
+    pub statuses: Vec<ObjectStatus>,
+}
+
+/// Owns the backends and what they were last told.
+pub struct Reconciler<N: NftBackend, B: NetBackend> {
+    config: Config,
+    engine: Engine<N>,
+    net: B,
+}
+
+impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
+    pub fn new(config: Config, nft: N, net: B) -> Self {
+        Reconciler {
+            config,
+            engine: Engine::new(nft),
+            net,
+        }
+    }
+
+    /// Plans `snapshot` and brings the kernel to it. nftables first, so that rules exist
+    /// before an address starts attracting traffic; removal order is handled per backend.
+    pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
+        let Desired {
+            ruleset,
+            net,
+            statuses,
+        } = plan(snapshot, &self.config);
+        let nft = self.engine.sync(ruleset)?;
+        let changes = self.net.plan(&net)?;
+        self.net.apply(&changes)?;
+        Ok(SyncReport {
+            nft,
+            net_ops: changes.len(),
+            statuses,
+        })
+    }
+
+    /// Forces the next sync to replace the table wholesale (repairs drift).
+    pub fn invalidate(&mut self) {
+        self.engine.invalidate();
+    }
+}
+
+/// Loads the configured manifests directory, logging every skipped document.
+pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
+    let dir = config.manifests.as_ref().ok_or(ReconcileError::NoSource)?;
+    let report = manifests::load_dir(dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
+    for p in &report.problems {
+        warn!("skipped: {p}");
+    }
+    Ok(report.snapshot)
+}
+
+/// `--dry-run`: the full ruleset plus the address/route/rule changes as `#` lines. Reads the
+/// kernel's interfaces to say which device an address would go on; needs no privileges.
+pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
+    let snapshot = load_snapshot(config)?;
+    let desired = plan(&snapshot, config);
+    let mut out = format!(
+        "# nodeplane ruleset for node {} ({} objects read)\n",
+        config.node_name,
+        snapshot.len()
+    );
+    match RtnlBackend::new(NetConfig::default()).and_then(|mut b| b.plan(&desired.net)) {
+        Ok(changes) => out.extend(changes.describe().iter().map(|l| format!("# {l}\n"))),
+        Err(e) => out.push_str(&format!("# network changes unknown: {e}\n")),
+    }
+    for status in &desired.statuses {
+        out.push_str(&format!("# {}\n", status_line(status, None)));
+    }
+    out.push_str(&render_full(&desired.ruleset));
+    Ok(out)
+}
+
+/// `--once`: one sync against the real kernel.
+pub fn once(config: &Config) -> Result<(), ReconcileError> {
+    let snapshot = load_snapshot(config)?;
+    let mut rec = real_reconciler(config)?;
+    let report = rec.sync(&snapshot)?;
+    log_report(&report);
+    Ok(())
+}
+
+/// `agent cleanup`: delete the table and every marked address, route and rule.
+pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
+    let mut engine = Engine::new(NftnlBackend::new());
+    engine.delete_table(TABLE_NAME)?;
+    let removed: NetChanges = RtnlBackend::new(NetConfig::default())?.cleanup()?;
+    info!(
+        "removed table inet {TABLE_NAME} and {} network objects",
+        removed.len()
+    );
+    for line in removed.describe() {
+        info!("{line}");
+    }
+    Ok(())
+}
+
+fn real_reconciler(config: &Config) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
+    Ok(Reconciler::new(
+        config.clone(),
+        NftnlBackend::new(),
+        RtnlBackend::new(NetConfig::default())?,
+    ))
+}
+
+fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
+    let kind = s.kind.as_str();
+    let verdict = match (&s.result, apply_error) {
+        (Ok(()), None) => format!("{kind} Rules applied"),
+        (Ok(()), Some(e)) => format!("{kind} Rules not correctly applied: {e}"),
+        (Err(e), _) => format!("{kind} Rules not correctly applied: {e}"),
+    };
+    format!("{kind} {}: {verdict}", s.key)
+}
+
+fn log_report(report: &SyncReport) {
+    info!(
+        nft_ops = report.nft.ops,
+        nft_messages = report.nft.messages,
+        net_ops = report.net_ops,
+        "sync done"
+    );
+    for s in &report.statuses {
+        match s.result {
+            Ok(()) => info!("{}", status_line(s, None)),
+            Err(_) => warn!("{}", status_line(s, None)),
+        }
+    }
+}
+
+/// Inputs of the run loop.
+enum Event {
+    Changed,
+    Shutdown,
+}
+
+/// Run mode: sync, then re-sync on every change of the manifests directory, retry failures
+/// with exponential backoff (1 s .. 60 s), resync fully every `config.resync`, and stop on
+/// SIGTERM/SIGINT leaving the rules in place.
+pub async fn run(config: Config) -> Result<(), ReconcileError> {
+    let dir = config.manifests.clone().ok_or(ReconcileError::NoSource)?;
+    let (tx, rx) = mpsc::channel();
+    let mut changes =
+        crate::source::watch::watch_dir(&dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
+    let change_tx = tx.clone();
+    tokio::spawn(async move {
+        while changes.recv().await.is_some() {
+            if change_tx.send(Event::Changed).is_err() {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = tx.send(Event::Shutdown);
+    });
+    // The backends block on netlink: run the loop on its own thread, off the async workers.
+    let worker = std::thread::spawn(move || run_loop(config, rx));
+    tokio::task::spawn_blocking(move || worker.join())
+        .await
+        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
+        .map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into()))?
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM: stopping, rules stay in place"),
+                _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping, rules stay in place"),
+            }
+        }
+        Err(e) => {
+            warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+fn run_loop(config: Config, events: mpsc::Receiver<Event>) -> Result<(), ReconcileError> {
+    let mut rec = real_reconciler(&config)?;
+    let mut next_resync = Instant::now() + config.resync;
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        // Every wake-up (change, retry, resync) re-plans from a fresh snapshot.
+        let mut wait = next_resync.saturating_duration_since(Instant::now());
+        match load_snapshot(&config).and_then(|s| rec.sync(&s)) {
+            Ok(report) => {
+                log_report(&report);
+                backoff = BACKOFF_MIN;
+            }
+            Err(e) => {
+                error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
+                wait = wait.min(backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+        match events.recv_timeout(wait) {
+            Ok(Event::Changed) => {
+                // Coalesce a burst of changes into one sync.
+                loop {
+                    match events.try_recv() {
+                        Ok(Event::Changed) => continue,
+                        Ok(Event::Shutdown) => return Ok(()),
+                        Err(_) => break,
+                    }
+                }
+            }
+            Ok(Event::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if Instant::now() >= next_resync {
+                    info!("periodic resync");
+                    rec.invalidate();
+                    next_resync = Instant::now() + config.resync;
+                }
+            }
+        }
+    }
+}
