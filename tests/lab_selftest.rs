@@ -197,8 +197,24 @@ fn parallel_labs_do_not_collide() {
 }
 
 #[test]
-fn agent_binary_is_found() {
+fn agent_runs_inside_a_netns() {
     assert!(lab::agent_bin().is_file(), "{}", lab::agent_bin().display());
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let help = node.run_agent(&["--help"]).unwrap();
+    assert!(help.contains("Usage"), "{help}");
+    let err = node.run_agent(&["--no-such-flag"]).unwrap_err();
+    assert!(err.stderr.contains("--no-such-flag"), "{err}");
+    let agent = node.spawn_agent(&["--help"]);
+    lab::eventually(Duration::from_secs(5), || match agent.logs() {
+        logs if logs.contains("Usage") => Ok(()),
+        logs => Err(format!("no usage text yet: {logs:?}")),
+    });
+    let (status, logs) = agent.stop();
+    assert!(
+        status.success() && logs.contains("Usage"),
+        "{status}: {logs}"
+    );
 }
 
 #[test]

@@ -81,18 +81,14 @@ impl Outcome {
     }
 
     fn from_io(err: io::Error, ctx: &str) -> Outcome {
-        use io::ErrorKind as K;
-        match err.raw_os_error().map(nix::errno::Errno::from_raw) {
-            Some(nix::errno::Errno::EINPROGRESS) => return Outcome::Timeout,
-            Some(nix::errno::Errno::EHOSTUNREACH | nix::errno::Errno::ENETUNREACH)
-            | Some(nix::errno::Errno::EPERM | nix::errno::Errno::EACCES) => {
-                return Outcome::Unreachable(err.to_string());
+        use nix::errno::Errno as E;
+        match err.raw_os_error().map(E::from_raw) {
+            Some(E::ECONNREFUSED | E::ECONNRESET) => Outcome::Refused,
+            Some(E::EHOSTUNREACH | E::ENETUNREACH | E::EPERM | E::EACCES) => {
+                Outcome::Unreachable(err.to_string())
             }
-            _ => {}
-        }
-        match err.kind() {
-            K::ConnectionRefused | K::ConnectionReset => Outcome::Refused,
-            K::WouldBlock | K::TimedOut => Outcome::Timeout,
+            // EINPROGRESS: a blocking connect whose SO_SNDTIMEO expired.
+            Some(E::EINPROGRESS | E::EAGAIN | E::ETIMEDOUT) => Outcome::Timeout,
             _ => panic!("{ctx}: unexpected error: {err}"),
         }
     }
