@@ -14,6 +14,7 @@
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
 use super::set::{DataSpec, ElemSpec, SetSpec};
+use mnl::mnl_sys;
 use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
 use nftnl_sys::{self as sys, libc};
 use std::cell::Cell;
@@ -26,6 +27,16 @@ const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
 const NFT_BYTEORDER_HTON: u32 = 1;
 const NFT_LOOKUP_F_INV: u32 = 1;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+const NFTA_RULE_USERDATA: u16 = 7;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
 
 /// Names were checked for NUL bytes by the lowering; a NUL here would be a bug, and the
 /// kernel then sees an empty name and rejects the message.
@@ -366,12 +377,15 @@ fn build_set(spec: &SetSpec, table: &str) -> SetObj {
     s
 }
 
+#[cfg(test)]
 fn elem_data(e: *mut sys::nftnl_set_elem, attr: u32, v: &[u8]) {
     // SAFETY: valid element; `v` readable during the call; libnftnl copies it.
     unsafe { sys::nftnl_set_elem_set(e, attr as u16, v.as_ptr().cast::<c_void>(), v.len() as u32) };
 }
 
-/// Adds elements to a set object (the set owns and frees them).
+/// Adds elements to a set object (the set owns and frees them): libnftnl's own element
+/// encoding, the reference the Rust encoder is tested against.
+#[cfg(test)]
 fn add_elems(set: &SetObj, elems: &[ElemSpec]) {
     for spec in elems {
         // SAFETY: plain allocation; null handled as OOM.
@@ -465,15 +479,25 @@ unsafe impl NlMsg for Writer<'_> {
                 let c = chain_obj(table, name);
                 if let Some(b) = base {
                     setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_TYPE, str b.kind);
-                    // SAFETY: valid chain, integer attributes.
-                    unsafe {
-                        sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_HOOKNUM as u16, b.hook);
-                        sys::nftnl_chain_set_s32(c.ptr(), sys::NFTNL_CHAIN_PRIO as u16, b.priority);
-                        sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_POLICY as u16, b.policy);
-                    }
                 }
                 // SAFETY: header just built in the batch buffer; valid chain.
                 unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
+                if let Some(b) = base {
+                    // nft appends policy and hook itself, after libnftnl's attributes.
+                    // SAFETY: `nlh` is the message being built; the few bytes appended
+                    // stay far below the buffer's room for a maximum-size message.
+                    unsafe {
+                        mnl_sys::mnl_attr_put_u32(nlh.cast(), NFTA_CHAIN_POLICY, b.policy.to_be());
+                        let nest = mnl_sys::mnl_attr_nest_start(nlh.cast(), NFTA_CHAIN_HOOK);
+                        mnl_sys::mnl_attr_put_u32(nlh.cast(), NFTA_HOOK_HOOKNUM, b.hook.to_be());
+                        mnl_sys::mnl_attr_put_u32(
+                            nlh.cast(),
+                            NFTA_HOOK_PRIORITY,
+                            (b.priority as u32).to_be(),
+                        );
+                        mnl_sys::mnl_attr_nest_end(nlh.cast(), nest);
+                    }
+                }
             }
             MsgBody::DelChain(name) => {
                 let c = chain_obj(table, name);
@@ -492,16 +516,27 @@ unsafe impl NlMsg for Writer<'_> {
                         u32::from(NFPROTO_INET),
                     )
                 };
-                if let MsgBody::NewRule { exprs, udata, .. } = &self.msg.body {
+                if let MsgBody::NewRule { exprs, .. } = &self.msg.body {
                     for e in exprs {
                         build_expr(e).add_to(&r);
-                    }
-                    if let Some(u) = udata {
-                        setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_USERDATA, data u);
                     }
                 }
                 // SAFETY: header just built in the batch buffer; valid rule.
                 unsafe { sys::nftnl_rule_nlmsg_build_payload(nlh, r.ptr()) };
+                if let MsgBody::NewRule { udata: Some(u), .. } = &self.msg.body {
+                    // nft puts the comment after the expressions (libnftnl would put it
+                    // before them).
+                    // SAFETY: `nlh` is the message being built; `u` (a comment of at most
+                    // 130 bytes) is readable for its length and fits the buffer.
+                    unsafe {
+                        mnl_sys::mnl_attr_put(
+                            nlh.cast(),
+                            NFTA_RULE_USERDATA,
+                            u.len(),
+                            u.as_ptr().cast(),
+                        )
+                    };
+                }
             }
             MsgBody::NewSet(spec) => {
                 let s = build_set(spec, table);
@@ -516,18 +551,39 @@ unsafe impl NlMsg for Writer<'_> {
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
             MsgBody::Elems {
-                set, set_id, elems, ..
+                set,
+                set_id,
+                elems,
+                first_index,
+                ..
             } => {
-                let s = SetObj::new();
-                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
-                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_NAME, str set);
-                if let Some(id) = set_id {
-                    // SAFETY: valid set, integer attribute.
-                    unsafe { sys::nftnl_set_set_u32(s.ptr(), sys::NFTNL_SET_ID as u16, *id) };
+                // nft writes table, set and id itself, then lets libnftnl add the list.
+                let (t, name) = (cstring(table), cstring(set));
+                // SAFETY: `nlh` is the message being built (room for a maximum-size
+                // message); the strings are valid C strings for the calls.
+                unsafe {
+                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_TABLE, t.as_ptr());
+                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
+                    if let Some(id) = set_id {
+                        mnl_sys::mnl_attr_put_u32(
+                            nlh.cast(),
+                            NFTA_SET_ELEM_LIST_SET_ID,
+                            id.to_be(),
+                        );
+                    }
                 }
-                add_elems(&s, elems);
-                // SAFETY: header just built in the batch buffer; valid set and elements.
-                unsafe { sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.ptr()) };
+                let mut list = Vec::with_capacity(elems.iter().map(|e| e.encoded_len()).sum());
+                super::set::write_elem_list(elems, *first_index, &mut list);
+                // SAFETY: `nlh` is the message being built; the lowering keeps `list` below
+                // 64 KiB so it fits the buffer's room for a maximum-size message.
+                unsafe {
+                    mnl_sys::mnl_attr_put(
+                        nlh.cast(),
+                        NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
+                        list.len(),
+                        list.as_ptr().cast(),
+                    )
+                };
             }
         }
     }
@@ -572,5 +628,77 @@ pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
     Encoded {
         batch: batch.finalize(),
         seqs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::nftnl::set::{NFT_SET_ELEM_INTERVAL_END, write_elem_list};
+
+    /// libnftnl's encoding of an element list (nests numbered from 1).
+    fn libnftnl_elem_list(elems: &[ElemSpec]) -> Vec<u8> {
+        let mut buf = vec![0u8; 1 << 17];
+        let s = SetObj::new();
+        add_elems(&s, elems);
+        // SAFETY: `buf` has room for a maximum-size message; valid set and elements.
+        let nlh = unsafe {
+            let nlh = sys::nftnl_nlmsg_build_hdr(buf.as_mut_ptr().cast(), 12, NFPROTO_INET, 0, 1);
+            sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.ptr());
+            nlh
+        };
+        // SAFETY: `nlh` points at the start of `buf`, a header libnftnl just completed.
+        let len = unsafe { (*nlh).nlmsg_len } as usize;
+        buf[20..len].to_vec()
+    }
+
+    #[test]
+    fn element_lists_match_libnftnl_bytes() {
+        let elems = vec![
+            ElemSpec {
+                key: vec![0; 4],
+                key_end: None,
+                flags: NFT_SET_ELEM_INTERVAL_END,
+                timeout_ms: None,
+                data: None,
+                udata: None,
+                src: 0,
+            },
+            ElemSpec {
+                key: vec![10, 0, 0, 0, 6, 0, 0, 0, 0, 80, 0, 0],
+                key_end: Some(vec![10, 255, 255, 255, 6, 0, 0, 0, 0, 90, 0, 0]),
+                flags: 0,
+                timeout_ms: Some(30_000),
+                data: Some(DataSpec::Verdict(-4, Some("svc-a".into()))),
+                udata: Some(vec![1, 4, 1, 0, 0, 0]),
+                src: 1,
+            },
+            ElemSpec {
+                key: vec![1, 2],
+                key_end: None,
+                flags: 0,
+                timeout_ms: None,
+                data: Some(DataSpec::Value(vec![192, 168, 0, 1, 0, 80, 0, 0])),
+                udata: None,
+                src: 2,
+            },
+            ElemSpec {
+                key: vec![7; 16],
+                key_end: None,
+                flags: 0,
+                timeout_ms: None,
+                data: Some(DataSpec::Verdict(1, None)),
+                udata: None,
+                src: 3,
+            },
+        ];
+        let mut ours = Vec::new();
+        write_elem_list(&elems, 1, &mut ours);
+        let theirs = libnftnl_elem_list(&elems);
+        assert_eq!(&theirs[4..], &ours[..]);
+        assert_eq!(
+            ours.len(),
+            elems.iter().map(|e| e.encoded_len()).sum::<usize>()
+        );
     }
 }

@@ -43,6 +43,9 @@ pub enum MsgBody {
         set: String,
         set_id: Option<u32>,
         elems: Vec<ElemSpec>,
+        /// Nest type of the first element (nft numbers elements across the messages of
+        /// one command).
+        first_index: usize,
     },
 }
 
@@ -209,13 +212,15 @@ fn push_elems(
 ) {
     let mut chunk = Vec::new();
     let mut size = 0;
-    let mut flush = |chunk: &mut Vec<ElemSpec>| {
+    let mut first_index = 1;
+    let mut flush = |chunk: &mut Vec<ElemSpec>, first_index: usize| {
         out.push(Msg {
             body: MsgBody::Elems {
                 delete,
                 set: set.to_string(),
                 set_id,
                 elems: std::mem::take(chunk),
+                first_index,
             },
             origin,
         });
@@ -223,14 +228,18 @@ fn push_elems(
     for e in elems {
         let len = e.encoded_len();
         if size + len > MAX_ELEM_LIST && !chunk.is_empty() {
-            flush(&mut chunk);
+            // nft built the element that did not fit before moving it to the next
+            // message, so its index is used up.
+            let next = first_index + chunk.len() + 1;
+            flush(&mut chunk, first_index);
+            first_index = next;
             size = 0;
         }
         size += len;
         chunk.push(e);
     }
     if !chunk.is_empty() {
-        flush(&mut chunk);
+        flush(&mut chunk, first_index);
     }
 }
 

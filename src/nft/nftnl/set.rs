@@ -62,8 +62,8 @@ pub struct ElemSpec {
 }
 
 impl ElemSpec {
-    /// Bytes libnftnl writes for this element (`nftnl_set_elem_build`): used to split
-    /// element lists across messages exactly where libnftnl/nft split them.
+    /// Bytes [`write_elem_list`] writes for this element: used to split element lists
+    /// across messages exactly where nft splits them.
     pub fn encoded_len(&self) -> usize {
         let attr = |len: usize| 4 + round4(len);
         let mut n = 4; // the element nest
@@ -88,6 +88,82 @@ impl ElemSpec {
             n += attr(u.len());
         }
         n
+    }
+}
+
+const NLA_F_NESTED: u16 = 0x8000;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_SET_ELEM_KEY_END: u16 = 10;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+
+/// Netlink attributes written into a buffer (`mnl_attr_put` semantics: zero padding).
+struct Attrs<'a>(&'a mut Vec<u8>);
+
+impl Attrs<'_> {
+    fn put(&mut self, kind: u16, data: &[u8]) {
+        self.0
+            .extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
+        self.0.extend_from_slice(&kind.to_ne_bytes());
+        self.0.extend_from_slice(data);
+        self.0
+            .resize(self.0.len() + round4(data.len()) - data.len(), 0);
+    }
+
+    fn nest(&mut self, kind: u16, f: impl FnOnce(&mut Attrs)) {
+        let start = self.0.len();
+        self.0.extend_from_slice(&[0, 0]);
+        self.0
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        f(self);
+        let len = (self.0.len() - start) as u16;
+        self.0[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+}
+
+/// The content of `NFTA_SET_ELEM_LIST_ELEMENTS` for `elems`: one nest per element, typed
+/// with a running index like nft does (truncated to 16 bits, as C's `uint16_t` does), and
+/// the attributes in libnftnl's `nftnl_set_elem_nlmsg_build` order.
+pub fn write_elem_list(elems: &[ElemSpec], first_index: usize, out: &mut Vec<u8>) {
+    let mut a = Attrs(out);
+    for (i, e) in elems.iter().enumerate() {
+        a.nest((first_index + i) as u16, |a| {
+            if e.flags != 0 {
+                a.put(NFTA_SET_ELEM_FLAGS, &e.flags.to_be_bytes());
+            }
+            if let Some(t) = e.timeout_ms {
+                a.put(NFTA_SET_ELEM_TIMEOUT, &t.to_be_bytes());
+            }
+            a.nest(NFTA_SET_ELEM_KEY, |a| a.put(NFTA_DATA_VALUE, &e.key));
+            if let Some(end) = &e.key_end {
+                a.nest(NFTA_SET_ELEM_KEY_END, |a| a.put(NFTA_DATA_VALUE, end));
+            }
+            match &e.data {
+                None => {}
+                Some(DataSpec::Verdict(code, chain)) => a.nest(NFTA_SET_ELEM_DATA, |a| {
+                    a.nest(NFTA_DATA_VERDICT, |a| {
+                        a.put(NFTA_VERDICT_CODE, &code.to_be_bytes());
+                        if let Some(c) = chain {
+                            let mut z = c.as_bytes().to_vec();
+                            z.push(0);
+                            a.put(NFTA_VERDICT_CHAIN, &z);
+                        }
+                    })
+                }),
+                Some(DataSpec::Value(v)) => {
+                    a.nest(NFTA_SET_ELEM_DATA, |a| a.put(NFTA_DATA_VALUE, v))
+                }
+            }
+            if let Some(u) = &e.udata {
+                a.put(NFTA_SET_ELEM_USERDATA, u);
+            }
+        });
     }
 }
 
