@@ -1,1 +1,805 @@
-//! The node view of the cluster.
+//! The node's view of the cluster: an immutable, indexed set of objects.
+//!
+//! Sources (manifests, kube) build a [`Snapshot`] with a [`SnapshotBuilder`]; planners read it.
+//! Objects are `Arc`ed and the whole snapshot sits behind one `Arc`, so cloning a snapshot is
+//! O(1) and turning it back into a builder to apply a delta copies pointers, not objects.
+//! Every map is a `BTreeMap` so that iteration order, and therefore planner output, is
+//! deterministic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::api::{
+    CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS, EndpointSlice, Endpoints, Namespace,
+    Node, ObjectMeta, Pod, Service,
+};
+
+/// Label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// `namespace/name`; `namespace` is empty for cluster-scoped objects.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    pub fn cluster(name: impl Into<String>) -> ObjectKey {
+        ObjectKey {
+            namespace: String::new(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of an object as stored: `namespace` is ignored for cluster-scoped kinds.
+    pub fn of(kind: Kind, meta: &ObjectMeta) -> ObjectKey {
+        let name = meta.name.clone().unwrap_or_default();
+        if kind.is_namespaced() {
+            ObjectKey::new(meta.namespace.clone().unwrap_or_default(), name)
+        } else {
+            ObjectKey::cluster(name)
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// Declares [`Kind`] and [`AnyObject`] from one table so that the two cannot drift.
+macro_rules! kinds {
+    ($($variant:ident($ty:ty) = $api_version:literal, namespaced: $namespaced:literal;)*) => {
+        /// Every object kind the agent understands.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Kind { $($variant,)* }
+
+        impl Kind {
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Kind::$variant => stringify!($variant),)* }
+            }
+
+            pub fn api_version(self) -> &'static str {
+                match self { $(Kind::$variant => $api_version,)* }
+            }
+
+            pub fn is_namespaced(self) -> bool {
+                match self { $(Kind::$variant => $namespaced,)* }
+            }
+        }
+
+        /// One object of any supported kind.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum AnyObject { $($variant(Arc<$ty>),)* }
+
+        impl AnyObject {
+            pub fn kind(&self) -> Kind {
+                match self { $(AnyObject::$variant(_) => Kind::$variant,)* }
+            }
+
+            pub fn meta(&self) -> &ObjectMeta {
+                match self { $(AnyObject::$variant(o) => &o.metadata,)* }
+            }
+
+            /// Copy-on-write access to the metadata (free right after decoding).
+            pub fn meta_mut(&mut self) -> &mut ObjectMeta {
+                match self { $(AnyObject::$variant(o) => &mut Arc::make_mut(o).metadata,)* }
+            }
+
+            /// Decodes an object of a known kind from any serde format.
+            pub fn deserialize<'de, D: serde::Deserializer<'de>>(kind: Kind, d: D) -> Result<AnyObject, D::Error> {
+                Ok(match kind { $(Kind::$variant => AnyObject::$variant(Arc::new(<$ty>::deserialize(d)?)),)* })
+            }
+        }
+
+        $(
+            impl From<$ty> for AnyObject {
+                fn from(o: $ty) -> AnyObject { AnyObject::$variant(Arc::new(o)) }
+            }
+            impl From<Arc<$ty>> for AnyObject {
+                fn from(o: Arc<$ty>) -> AnyObject { AnyObject::$variant(o) }
+            }
+        )*
+    };
+}
+
+kinds! {
+    Namespace(Namespace) = "v1", namespaced: false;
+    Pod(Pod) = "v1", namespaced: true;
+    Node(Node) = "v1", namespaced: false;
+    Service(Service) = "v1", namespaced: true;
+    Endpoints(Endpoints) = "v1", namespaced: true;
+    EndpointSlice(EndpointSlice) = "discovery.k8s.io/v1", namespaced: true;
+    EgressFirewall(EgressFirewall) = "k8s.ovn.org/v1", namespaced: true;
+    EgressQoS(EgressQoS) = "k8s.ovn.org/v1", namespaced: true;
+    EgressIP(EgressIP) = "k8s.ovn.org/v1", namespaced: false;
+    CloudPrivateIPConfig(CloudPrivateIPConfig) = "cloud.network.openshift.io/v1", namespaced: false;
+}
+
+impl Kind {
+    /// Dispatch on a manifest's `apiVersion` and `kind`.
+    pub fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
+        Kind::from_name(kind).filter(|k| k.api_version() == api_version)
+    }
+
+    /// The kind with this name, whatever its apiVersion (to explain version mismatches).
+    pub fn from_name(kind: &str) -> Option<Kind> {
+        Kind::ALL.iter().copied().find(|k| k.as_str() == kind)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl AnyObject {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::of(self.kind(), self.meta())
+    }
+
+    /// Brings an object to the form the snapshot stores: `managedFields` dropped (large and
+    /// never read), namespaced objects without a namespace put in `default` (as kubectl
+    /// does), and any namespace on a cluster-scoped object cleared.
+    pub fn normalize(&mut self) {
+        let namespaced = self.kind().is_namespaced();
+        let meta = self.meta_mut();
+        meta.managed_fields = None;
+        if !namespaced {
+            meta.namespace = None;
+        } else if meta.namespace.as_deref().unwrap_or_default().is_empty() {
+            meta.namespace = Some("default".to_string());
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Objects {
+    namespaces: BTreeMap<String, Arc<Namespace>>,
+    pods: BTreeMap<ObjectKey, Arc<Pod>>,
+    nodes: BTreeMap<String, Arc<Node>>,
+    services: BTreeMap<ObjectKey, Arc<Service>>,
+    endpoints: BTreeMap<ObjectKey, Arc<Endpoints>>,
+    endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    egress_firewalls: BTreeMap<ObjectKey, Arc<EgressFirewall>>,
+    egress_qoses: BTreeMap<ObjectKey, Arc<EgressQoS>>,
+    egress_ips: BTreeMap<String, Arc<EgressIP>>,
+    cloud_private_ip_configs: BTreeMap<String, Arc<CloudPrivateIPConfig>>,
+}
+
+/// Indexes derived from the objects at build time.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Indexes {
+    /// spec.nodeName -> pods.
+    pods_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
+    /// (namespace, kubernetes.io/service-name) -> slices.
+    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+}
+
+#[derive(Default, PartialEq)]
+struct Inner {
+    objects: Objects,
+    indexes: Indexes,
+}
+
+/// An immutable view of the cluster. `Clone` is O(1).
+#[derive(Clone, Default, PartialEq)]
+pub struct Snapshot {
+    inner: Arc<Inner>,
+}
+
+/// Accumulates objects; `build` computes the indexes and freezes the result.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotBuilder {
+    objects: Objects,
+}
+
+impl SnapshotBuilder {
+    pub fn new() -> SnapshotBuilder {
+        SnapshotBuilder::default()
+    }
+
+    /// Inserts or replaces an object (keyed by kind, namespace and name); returns the object it
+    /// replaced. Sources are expected to reject objects without a name before inserting.
+    pub fn insert(&mut self, obj: impl Into<AnyObject>) -> Option<AnyObject> {
+        let obj = obj.into();
+        let key = obj.key();
+        let o = &mut self.objects;
+        match obj {
+            AnyObject::Namespace(x) => o.namespaces.insert(key.name, x).map(AnyObject::from),
+            AnyObject::Pod(x) => o.pods.insert(key, x).map(AnyObject::from),
+            AnyObject::Node(x) => o.nodes.insert(key.name, x).map(AnyObject::from),
+            AnyObject::Service(x) => o.services.insert(key, x).map(AnyObject::from),
+            AnyObject::Endpoints(x) => o.endpoints.insert(key, x).map(AnyObject::from),
+            AnyObject::EndpointSlice(x) => o.endpoint_slices.insert(key, x).map(AnyObject::from),
+            AnyObject::EgressFirewall(x) => o.egress_firewalls.insert(key, x).map(AnyObject::from),
+            AnyObject::EgressQoS(x) => o.egress_qoses.insert(key, x).map(AnyObject::from),
+            AnyObject::EgressIP(x) => o.egress_ips.insert(key.name, x).map(AnyObject::from),
+            AnyObject::CloudPrivateIPConfig(x) => o
+                .cloud_private_ip_configs
+                .insert(key.name, x)
+                .map(AnyObject::from),
+        }
+    }
+
+    /// Chaining form of [`insert`](Self::insert), handy in tests.
+    pub fn with(mut self, obj: impl Into<AnyObject>) -> SnapshotBuilder {
+        self.insert(obj);
+        self
+    }
+
+    /// Removes an object; for cluster-scoped kinds only `key.name` is used.
+    pub fn remove(&mut self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
+        let o = &mut self.objects;
+        let name = &key.name;
+        match kind {
+            Kind::Namespace => o.namespaces.remove(name).map(AnyObject::from),
+            Kind::Pod => o.pods.remove(key).map(AnyObject::from),
+            Kind::Node => o.nodes.remove(name).map(AnyObject::from),
+            Kind::Service => o.services.remove(key).map(AnyObject::from),
+            Kind::Endpoints => o.endpoints.remove(key).map(AnyObject::from),
+            Kind::EndpointSlice => o.endpoint_slices.remove(key).map(AnyObject::from),
+            Kind::EgressFirewall => o.egress_firewalls.remove(key).map(AnyObject::from),
+            Kind::EgressQoS => o.egress_qoses.remove(key).map(AnyObject::from),
+            Kind::EgressIP => o.egress_ips.remove(name).map(AnyObject::from),
+            Kind::CloudPrivateIPConfig => {
+                o.cloud_private_ip_configs.remove(name).map(AnyObject::from)
+            }
+        }
+    }
+
+    /// Removes every object of one kind (a kube source relisting that kind).
+    pub fn clear_kind(&mut self, kind: Kind) {
+        let o = &mut self.objects;
+        match kind {
+            Kind::Namespace => o.namespaces.clear(),
+            Kind::Pod => o.pods.clear(),
+            Kind::Node => o.nodes.clear(),
+            Kind::Service => o.services.clear(),
+            Kind::Endpoints => o.endpoints.clear(),
+            Kind::EndpointSlice => o.endpoint_slices.clear(),
+            Kind::EgressFirewall => o.egress_firewalls.clear(),
+            Kind::EgressQoS => o.egress_qoses.clear(),
+            Kind::EgressIP => o.egress_ips.clear(),
+            Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.clear(),
+        }
+    }
+
+    pub fn build(self) -> Snapshot {
+        let indexes = Indexes::compute(&self.objects);
+        Snapshot {
+            inner: Arc::new(Inner {
+                objects: self.objects,
+                indexes,
+            }),
+        }
+    }
+}
+
+impl Indexes {
+    fn compute(o: &Objects) -> Indexes {
+        let mut ix = Indexes::default();
+        for (key, pod) in &o.pods {
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                ix.pods_by_node
+                    .entry(node.to_string())
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
+        for (key, slice) in &o.endpoint_slices {
+            if let Some(service) = labels(&slice.metadata).get(SERVICE_NAME_LABEL) {
+                let service = ObjectKey::new(key.namespace.clone(), service.clone());
+                ix.slices_by_service
+                    .entry(service)
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
+        ix
+    }
+}
+
+/// Values in a namespaced map whose key is in `namespace`, in name order.
+fn in_namespace<'a, T>(
+    map: &'a BTreeMap<ObjectKey, Arc<T>>,
+    namespace: &'a str,
+) -> impl Iterator<Item = &'a Arc<T>> + 'a {
+    map.range(ObjectKey::new(namespace, "")..)
+        .take_while(move |(k, _)| k.namespace == namespace)
+        .map(|(_, v)| v)
+}
+
+fn get_ns<'a, T>(
+    map: &'a BTreeMap<ObjectKey, Arc<T>>,
+    namespace: &str,
+    name: &str,
+) -> Option<&'a Arc<T>> {
+    map.get(&ObjectKey::new(namespace, name))
+}
+
+impl Snapshot {
+    pub fn builder() -> SnapshotBuilder {
+        SnapshotBuilder::new()
+    }
+
+    /// A builder holding this snapshot's objects (pointer copies), to apply a delta.
+    pub fn to_builder(&self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            objects: self.inner.objects.clone(),
+        }
+    }
+
+    /// True if both handles point at the same snapshot (no comparison of contents).
+    pub fn ptr_eq(&self, other: &Snapshot) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub fn namespaces(&self) -> &BTreeMap<String, Arc<Namespace>> {
+        &self.inner.objects.namespaces
+    }
+    pub fn pods(&self) -> &BTreeMap<ObjectKey, Arc<Pod>> {
+        &self.inner.objects.pods
+    }
+    pub fn nodes(&self) -> &BTreeMap<String, Arc<Node>> {
+        &self.inner.objects.nodes
+    }
+    pub fn services(&self) -> &BTreeMap<ObjectKey, Arc<Service>> {
+        &self.inner.objects.services
+    }
+    pub fn endpoints(&self) -> &BTreeMap<ObjectKey, Arc<Endpoints>> {
+        &self.inner.objects.endpoints
+    }
+    pub fn endpoint_slices(&self) -> &BTreeMap<ObjectKey, Arc<EndpointSlice>> {
+        &self.inner.objects.endpoint_slices
+    }
+    pub fn egress_firewalls(&self) -> &BTreeMap<ObjectKey, Arc<EgressFirewall>> {
+        &self.inner.objects.egress_firewalls
+    }
+    pub fn egress_qoses(&self) -> &BTreeMap<ObjectKey, Arc<EgressQoS>> {
+        &self.inner.objects.egress_qoses
+    }
+    pub fn egress_ips(&self) -> &BTreeMap<String, Arc<EgressIP>> {
+        &self.inner.objects.egress_ips
+    }
+    pub fn cloud_private_ip_configs(&self) -> &BTreeMap<String, Arc<CloudPrivateIPConfig>> {
+        &self.inner.objects.cloud_private_ip_configs
+    }
+
+    pub fn namespace(&self, name: &str) -> Option<&Arc<Namespace>> {
+        self.namespaces().get(name)
+    }
+    pub fn node(&self, name: &str) -> Option<&Arc<Node>> {
+        self.nodes().get(name)
+    }
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<Pod>> {
+        get_ns(self.pods(), namespace, name)
+    }
+    pub fn service(&self, namespace: &str, name: &str) -> Option<&Arc<Service>> {
+        get_ns(self.services(), namespace, name)
+    }
+    /// The Endpoints object of a service (same namespace and name).
+    pub fn endpoints_for_service(&self, namespace: &str, name: &str) -> Option<&Arc<Endpoints>> {
+        get_ns(self.endpoints(), namespace, name)
+    }
+    /// The namespace's EgressFirewall; only the one named `default` counts.
+    pub fn egress_firewall(&self, namespace: &str) -> Option<&Arc<EgressFirewall>> {
+        get_ns(self.egress_firewalls(), namespace, "default")
+    }
+    /// The namespace's EgressQoS; only the one named `default` counts.
+    pub fn egress_qos(&self, namespace: &str) -> Option<&Arc<EgressQoS>> {
+        get_ns(self.egress_qoses(), namespace, "default")
+    }
+
+    /// Labels of a namespace; `None` if the namespace is unknown.
+    pub fn namespace_labels(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        self.namespace(namespace).map(|ns| labels(&ns.metadata))
+    }
+
+    pub fn pods_in_namespace<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Pod>> + 'a {
+        in_namespace(self.pods(), namespace)
+    }
+
+    pub fn services_in_namespace<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        in_namespace(self.services(), namespace)
+    }
+
+    /// Pods scheduled to `node` (by spec.nodeName), in namespace/name order.
+    pub fn pods_on_node<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a Arc<Pod>> + 'a {
+        let pods = self.pods();
+        self.inner
+            .indexes
+            .pods_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(move |k| pods.get(k))
+    }
+
+    /// EndpointSlices labelled `kubernetes.io/service-name: <name>` in the service's namespace.
+    pub fn endpoint_slices_for_service<'a>(
+        &'a self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Iterator<Item = &'a Arc<EndpointSlice>> + 'a {
+        let slices = self.endpoint_slices();
+        let key = ObjectKey::new(namespace, name);
+        self.inner
+            .indexes
+            .slices_by_service
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(move |k| slices.get(k))
+    }
+
+    pub fn get(&self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
+        let o = &self.inner.objects;
+        let name = &key.name;
+        match kind {
+            Kind::Namespace => o.namespaces.get(name).cloned().map(AnyObject::from),
+            Kind::Pod => o.pods.get(key).cloned().map(AnyObject::from),
+            Kind::Node => o.nodes.get(name).cloned().map(AnyObject::from),
+            Kind::Service => o.services.get(key).cloned().map(AnyObject::from),
+            Kind::Endpoints => o.endpoints.get(key).cloned().map(AnyObject::from),
+            Kind::EndpointSlice => o.endpoint_slices.get(key).cloned().map(AnyObject::from),
+            Kind::EgressFirewall => o.egress_firewalls.get(key).cloned().map(AnyObject::from),
+            Kind::EgressQoS => o.egress_qoses.get(key).cloned().map(AnyObject::from),
+            Kind::EgressIP => o.egress_ips.get(name).cloned().map(AnyObject::from),
+            Kind::CloudPrivateIPConfig => o
+                .cloud_private_ip_configs
+                .get(name)
+                .cloned()
+                .map(AnyObject::from),
+        }
+    }
+
+    /// Number of objects of one kind.
+    pub fn count(&self, kind: Kind) -> usize {
+        let o = &self.inner.objects;
+        match kind {
+            Kind::Namespace => o.namespaces.len(),
+            Kind::Pod => o.pods.len(),
+            Kind::Node => o.nodes.len(),
+            Kind::Service => o.services.len(),
+            Kind::Endpoints => o.endpoints.len(),
+            Kind::EndpointSlice => o.endpoint_slices.len(),
+            Kind::EgressFirewall => o.egress_firewalls.len(),
+            Kind::EgressQoS => o.egress_qoses.len(),
+            Kind::EgressIP => o.egress_ips.len(),
+            Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.len(),
+        }
+    }
+
+    /// Object counts per kind, kinds with no objects omitted.
+    pub fn counts(&self) -> BTreeMap<Kind, usize> {
+        Kind::ALL
+            .iter()
+            .map(|k| (*k, self.count(*k)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        Kind::ALL.iter().map(|k| self.count(*k)).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every object, kinds in [`Kind::ALL`] order, then by key.
+    pub fn objects(&self) -> impl Iterator<Item = AnyObject> + '_ {
+        let o = &self.inner.objects;
+        fn all<'a, K, T>(m: &'a BTreeMap<K, Arc<T>>) -> impl Iterator<Item = AnyObject> + 'a
+        where
+            AnyObject: From<Arc<T>>,
+        {
+            m.values().map(|v| AnyObject::from(v.clone()))
+        }
+        all(&o.namespaces)
+            .chain(all(&o.pods))
+            .chain(all(&o.nodes))
+            .chain(all(&o.services))
+            .chain(all(&o.endpoints))
+            .chain(all(&o.endpoint_slices))
+            .chain(all(&o.egress_firewalls))
+            .chain(all(&o.egress_qoses))
+            .chain(all(&o.egress_ips))
+            .chain(all(&o.cloud_private_ip_configs))
+    }
+}
+
+/// A summary, not a dump: snapshots can hold thousands of objects.
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("counts", &self.counts())
+            .finish()
+    }
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// An object's labels; an empty map when it has none.
+pub fn labels(meta: &ObjectMeta) -> &BTreeMap<String, String> {
+    meta.labels.as_ref().unwrap_or(&NO_LABELS)
+}
+
+/// A pod's IPs from status.podIPs, falling back to status.podIP; unparsable entries skipped,
+/// order kept (the first is the primary), duplicates removed.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let listed = status.pod_ips.iter().flatten().map(|p| p.ip.as_str());
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for raw in listed.chain(status.pod_ip.as_deref()) {
+        if let Ok(ip) = raw.parse()
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+    }
+    ips
+}
+
+pub fn pod_node_name(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+/// Host-network pods share the node's addresses; per-pod rules must not match them.
+pub fn pod_is_host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+/// Succeeded and Failed pods keep their IP in status but it may already belong to another pod.
+pub fn pod_is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// A node's addresses of the given types (e.g. `["InternalIP"]`), parsed, in status order,
+/// without duplicates.
+pub fn node_addresses(node: &Node, types: &[&str]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let addresses = node
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten());
+    for a in addresses.filter(|a| types.contains(&a.type_.as_str())) {
+        if let Ok(ip) = a.address.parse()
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+    }
+    ips
+}
+
+/// InternalIP addresses: what the node uses inside the cluster.
+pub fn node_internal_ips(node: &Node) -> Vec<IpAddr> {
+    node_addresses(node, &["InternalIP"])
+}
+
+/// InternalIP and ExternalIP addresses: everything that identifies the node on the network
+/// (EgressFirewall nodeSelector targets, addresses an egress IP must not collide with).
+pub fn node_ips(node: &Node) -> Vec<IpAddr> {
+    node_addresses(node, &["InternalIP", "ExternalIP"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, PodIP, PodSpec, PodStatus};
+
+    fn meta(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            namespace: ns.map(str::to_string),
+            name: Some(name.to_string()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn pod(ns: &str, name: &str, node: &str, ips: &[&str]) -> Pod {
+        Pod {
+            metadata: meta(Some(ns), name, &[]),
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: ips.first().map(|s| s.to_string()),
+                pod_ips: Some(ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn slice(ns: &str, name: &str, service: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: meta(Some(ns), name, &[(SERVICE_NAME_LABEL, service)]),
+            address_type: "IPv4".into(),
+            ..Default::default()
+        }
+    }
+
+    fn sample() -> Snapshot {
+        Snapshot::builder()
+            .with(Namespace {
+                metadata: meta(None, "a", &[("team", "x")]),
+                ..Default::default()
+            })
+            .with(pod("a", "p1", "n1", &["10.128.0.5", "fd00::5"]))
+            .with(pod("a", "p2", "n2", &["10.128.2.5"]))
+            .with(pod("ab", "p3", "n1", &["10.128.0.6"]))
+            .with(pod("b", "p4", "n1", &[]))
+            .with(slice("a", "web-abc", "web"))
+            .with(slice("a", "web-def", "web"))
+            .with(slice("b", "web-xyz", "web"))
+            .build()
+    }
+
+    fn names<'a, T: 'a + k8s_openapi::Metadata<Ty = ObjectMeta>>(
+        it: impl Iterator<Item = &'a Arc<T>>,
+    ) -> Vec<String> {
+        it.map(|o| o.metadata().name.clone().unwrap()).collect()
+    }
+
+    #[test]
+    fn queries() {
+        let s = sample();
+        assert_eq!(names(s.pods_in_namespace("a")), ["p1", "p2"]);
+        assert_eq!(names(s.pods_in_namespace("ab")), ["p3"]);
+        assert_eq!(names(s.pods_in_namespace("zzz")), Vec::<String>::new());
+        assert_eq!(names(s.pods_on_node("n1")), ["p1", "p3", "p4"]);
+        assert_eq!(
+            names(s.endpoint_slices_for_service("a", "web")),
+            ["web-abc", "web-def"]
+        );
+        assert_eq!(s.namespace_labels("a").unwrap().get("team").unwrap(), "x");
+        assert!(s.namespace_labels("b").is_none());
+        assert_eq!(s.count(Kind::Pod), 4);
+        assert_eq!(s.len(), 8);
+        assert_eq!(
+            format!("{s:?}"),
+            "Snapshot { counts: {Namespace: 1, Pod: 4, EndpointSlice: 3} }"
+        );
+        let p1 = s.pod("a", "p1").unwrap();
+        assert_eq!(
+            pod_ips(p1),
+            [
+                "10.128.0.5".parse::<IpAddr>().unwrap(),
+                "fd00::5".parse().unwrap()
+            ]
+        );
+        assert_eq!(pod_node_name(p1), Some("n1"));
+        assert!(pod_ips(s.pod("b", "p4").unwrap()).is_empty());
+    }
+
+    #[test]
+    fn builder_replace_remove_and_clone() {
+        let s = sample();
+        let mut b = s.to_builder();
+        let old = b.insert(pod("a", "p1", "n2", &["10.128.2.9"]));
+        assert!(matches!(old, Some(AnyObject::Pod(_))));
+        assert!(b.remove(Kind::Pod, &ObjectKey::new("ab", "p3")).is_some());
+        assert!(
+            b.remove(Kind::Namespace, &ObjectKey::new("ignored", "a"))
+                .is_some()
+        );
+        let s2 = b.build();
+        assert_eq!(names(s2.pods_on_node("n2")), ["p1", "p2"]);
+        assert_eq!(names(s2.pods_on_node("n1")), ["p4"]);
+        // The original is untouched and clones share storage.
+        assert_eq!(names(s.pods_on_node("n1")), ["p1", "p3", "p4"]);
+        assert!(s.clone().ptr_eq(&s));
+        assert_eq!(s.to_builder().build(), s);
+        assert_ne!(s2, s);
+        assert_eq!(s2.objects().count(), s2.len());
+    }
+
+    #[test]
+    fn node_address_helpers() {
+        let addr = |t: &str, a: &str| NodeAddress {
+            type_: t.into(),
+            address: a.into(),
+        };
+        let node = Node {
+            metadata: meta(None, "n1", &[]),
+            status: Some(NodeStatus {
+                addresses: Some(vec![
+                    addr("Hostname", "n1"),
+                    addr("InternalIP", "192.168.50.11"),
+                    addr("ExternalIP", "203.0.113.11"),
+                    addr("InternalIP", "192.168.50.11"),
+                    addr("InternalIP", "fd00::11"),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            node_internal_ips(&node),
+            [ip("192.168.50.11"), ip("fd00::11")]
+        );
+        assert_eq!(
+            node_ips(&node),
+            [ip("192.168.50.11"), ip("203.0.113.11"), ip("fd00::11")]
+        );
+    }
+
+    #[test]
+    fn kinds_and_normalize() {
+        assert_eq!(
+            Kind::from_type("discovery.k8s.io/v1", "EndpointSlice"),
+            Some(Kind::EndpointSlice)
+        );
+        assert_eq!(
+            Kind::from_type("discovery.k8s.io/v1beta1", "EndpointSlice"),
+            None
+        );
+        assert_eq!(
+            Kind::from_type("k8s.ovn.org/v1", "EgressQoS"),
+            Some(Kind::EgressQoS)
+        );
+        assert_eq!(Kind::from_type("v1", "ConfigMap"), None);
+        assert_eq!(Kind::from_name("EgressIP"), Some(Kind::EgressIP));
+        assert_eq!(Kind::ALL.len(), 10);
+
+        let mut p = AnyObject::from(Pod {
+            metadata: meta(None, "x", &[]),
+            ..Default::default()
+        });
+        p.meta_mut().managed_fields = Some(vec![Default::default()]);
+        p.normalize();
+        assert_eq!(p.meta().namespace.as_deref(), Some("default"));
+        assert!(p.meta().managed_fields.is_none());
+        let mut n = AnyObject::from(Node {
+            metadata: meta(Some("oops"), "n", &[]),
+            ..Default::default()
+        });
+        n.normalize();
+        assert_eq!(n.key(), ObjectKey::cluster("n"));
+        assert_eq!(n.key().to_string(), "n");
+        assert_eq!(p.key().to_string(), "default/x");
+    }
+}

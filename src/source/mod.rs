@@ -1,1 +1,10 @@
-//! Object sources (filled in by the source work).
+//! Where objects come from. Every source produces the same [`Snapshot`](crate::snapshot::Snapshot).
+//!
+//! - [`manifests`]: a directory of YAML/JSON manifests (multi-document files, `kind: List`),
+//!   with [`watch`] telling when to reload it.
+
+pub mod manifests;
+pub mod watch;
+
+pub use manifests::{LoadError, LoadProblem, LoadReport, load_dir, load_str};
+pub use watch::{DEFAULT_DEBOUNCE, WatchError, watch_dir, watch_dir_with};
