@@ -322,10 +322,13 @@ impl Loader {
     fn load_json(&mut self, file: &Path, text: &str) {
         let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         let mut document = 0;
+        // Lines are counted incrementally: a stream may hold many values.
+        let (mut counted_to, mut line) = (0, 1);
         loop {
             let before = stream.byte_offset();
-            let skipped = text[before..].len() - text[before..].trim_start().len();
-            let line = text[..before + skipped].matches('\n').count() + 1;
+            let start = before + (text[before..].len() - text[before..].trim_start().len());
+            line += text[counted_to..start].matches('\n').count();
+            counted_to = start;
             let loc = Loc {
                 file,
                 line,
