@@ -7,7 +7,7 @@ use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{Desired, ObjectStatus, plan};
+use crate::plan::{Desired, Memory, ObjectStatus, plan, plan_with};
 use crate::snapshot::Snapshot;
 use crate::source::manifests;
 use std::sync::mpsc;
@@ -41,6 +41,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     config: Config,
     engine: Engine<N>,
     net: B,
+    /// Last valid objects, as of the last successful apply.
+    memory: Memory,
 }
 
 impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
@@ -49,6 +51,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             config,
             engine: Engine::new(nft),
             net,
+            memory: Memory::default(),
         }
     }
 
@@ -59,10 +62,12 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             ruleset,
             net,
             statuses,
-        } = plan(snapshot, &self.config);
+            memory,
+        } = plan_with(snapshot, &self.config, &self.memory);
         let nft = self.engine.sync(ruleset)?;
         let changes = self.net.plan(&net)?;
         self.net.apply(&changes)?;
+        self.memory = memory;
         Ok(SyncReport {
             nft,
             net_ops: changes.len(),

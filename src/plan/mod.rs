@@ -8,17 +8,30 @@ use crate::config::Config;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy
 /// rules (in `net`), plus what the planner has to say about each object it read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Desired {
     pub ruleset: Table,
     /// Addresses, routes and policy rules.
     pub net: NetDesired,
     /// One entry per custom resource a feature planner looked at.
     pub statuses: Vec<ObjectStatus>,
+    /// What to remember for the next plan once this one is applied.
+    pub memory: Memory,
+}
+
+/// The last valid form of each custom resource, carried from one plan to the next by the
+/// reconciler (updated only after a successful apply). When an object turns invalid, its
+/// feature plans from this copy instead, so a typo never makes a namespace fall open; the
+/// copy is still planned against the current pods, nodes and DNS answers.
+#[derive(Debug, Clone, Default)]
+pub struct Memory {
+    /// Per namespace.
+    pub qos: BTreeMap<String, crate::api::ValidatedQos>,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -30,13 +43,19 @@ pub struct ObjectStatus {
     pub result: Result<(), String>,
 }
 
-/// Plans the node's desired state from the cluster snapshot.
+/// Plans the node's desired state from the cluster snapshot, with no memory of earlier plans.
 pub fn plan(snapshot: &Snapshot, config: &Config) -> Desired {
+    plan_with(snapshot, config, &Memory::default())
+}
+
+/// Plans the node's desired state; `memory` holds the last valid objects (see [`Memory`]).
+pub fn plan_with(snapshot: &Snapshot, config: &Config, memory: &Memory) -> Desired {
     let ruleset = base::skeleton(config, &all_node_ips(snapshot));
     Desired {
         ruleset,
         net: NetDesired::default(),
         statuses: Vec::new(),
+        memory: memory.clone(),
     }
 }
 
