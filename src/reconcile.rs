@@ -136,7 +136,9 @@ pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-fn real_reconciler(config: &Config) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
+fn real_reconciler(
+    config: &Config,
+) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
     Ok(Reconciler::new(
         config.clone(),
         NftnlBackend::new(),

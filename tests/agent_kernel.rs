@@ -23,8 +23,12 @@ fn args<'a>(dir: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 const FOREIGN: &str = "table ip filter {\n\tchain FORWARD {\n\t\ttype filter hook forward priority 0; policy accept;\n\t\tip saddr 10.0.0.0/8 counter accept\n\t}\n}\ntable inet other {\n\tset s {\n\t\ttype ipv4_addr\n\t\telements = { 1.2.3.4 }\n\t}\n\tchain c {\n\t\tip daddr @s drop\n\t}\n}\n";
 
 fn foreign_listing(ns: &Ns) -> String {
-    let a = ns.nft(&["list", "table", "ip", "filter"]).expect("ip filter");
-    let b = ns.nft(&["list", "table", "inet", "other"]).expect("inet other");
+    let a = ns
+        .nft(&["list", "table", "ip", "filter"])
+        .expect("ip filter");
+    let b = ns
+        .nft(&["list", "table", "inet", "other"])
+        .expect("inet other");
     a + &b
 }
 
@@ -33,13 +37,21 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let reference = lab.add_host("ref");
-    node.exec_stdin(&["nft", "-f", "-"], FOREIGN).expect("foreign tables");
+    node.exec_stdin(&["nft", "-f", "-"], FOREIGN)
+        .expect("foreign tables");
     let foreign_before = foreign_listing(&node);
 
     let printed = node
-        .run_agent(&["--dry-run", "--manifests", EXAMPLES, "--node-name", "worker-1"])
+        .run_agent(&[
+            "--dry-run",
+            "--manifests",
+            EXAMPLES,
+            "--node-name",
+            "worker-1",
+        ])
         .expect("dry-run");
-    node.run_agent(&args(EXAMPLES, &["--once"])).expect("--once");
+    node.run_agent(&args(EXAMPLES, &["--once"]))
+        .expect("--once");
     reference
         .exec_stdin(&["nft", "-f", "-"], &printed)
         .expect("nft -f accepts the dry-run text");
@@ -51,13 +63,20 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     assert_eq!(foreign_listing(&node), foreign_before);
 
     // A restart replaces the table atomically with the same content.
-    node.run_agent(&args(EXAMPLES, &["--once"])).expect("second --once");
-    assert_eq!(listing::json(&node, "nodeplane"), listing::json(&reference, "nodeplane"));
+    node.run_agent(&args(EXAMPLES, &["--once"]))
+        .expect("second --once");
+    assert_eq!(
+        listing::json(&node, "nodeplane"),
+        listing::json(&reference, "nodeplane")
+    );
     assert_eq!(foreign_listing(&node), foreign_before);
 
     node.run_agent(&["cleanup"]).expect("cleanup");
     let all = node.nft(&["list", "tables"]).unwrap();
-    assert!(!all.contains("nodeplane"), "table left after cleanup: {all}");
+    assert!(
+        !all.contains("nodeplane"),
+        "table left after cleanup: {all}"
+    );
     assert_eq!(foreign_listing(&node), foreign_before);
     // Cleanup of nothing is fine too.
     node.run_agent(&["cleanup"]).expect("second cleanup");
@@ -134,14 +153,21 @@ fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
     });
 
     // A malformed file is reported and skipped; the rest stays applied.
-    std::fs::write(dir.path().join("broken.yaml"), "kind: Node\nmetadata: [not a map\n").unwrap();
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "kind: Node\nmetadata: [not a map\n",
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(set().unwrap().contains("192.168.50.11"));
 
     let before = listing::json(&node, "nodeplane");
     let (status, logs) = agent.stop();
     assert!(status.success(), "agent exit {status:?}:\n{logs}");
-    assert!(logs.contains("broken.yaml"), "problem not reported:\n{logs}");
+    assert!(
+        logs.contains("broken.yaml"),
+        "problem not reported:\n{logs}"
+    );
     assert_eq!(
         listing::json(&node, "nodeplane"),
         before,

@@ -25,7 +25,13 @@ fn stderr(o: &Output) -> String {
 }
 
 fn dry_run_examples(extra: &[&str]) -> String {
-    let mut args = vec!["--dry-run", "--manifests", EXAMPLES, "--node-name", "worker-1"];
+    let mut args = vec![
+        "--dry-run",
+        "--manifests",
+        EXAMPLES,
+        "--node-name",
+        "worker-1",
+    ];
     args.extend_from_slice(extra);
     let out = agent(&args, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -35,7 +41,10 @@ fn dry_run_examples(extra: &[&str]) -> String {
 #[test]
 fn dry_run_of_the_examples_matches_golden() {
     let text = dry_run_examples(&[]);
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/examples-worker-1.nft");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/examples-worker-1.nft"
+    );
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(path, &text).unwrap();
     }
@@ -73,8 +82,20 @@ fn dry_run_needs_no_privileges() {
         "dropping to nobody needs root; run the test suite as root"
     );
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
-        .args([AGENT, "--dry-run", "--manifests", EXAMPLES, "--node-name", "worker-1"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .args([
+            AGENT,
+            "--dry-run",
+            "--manifests",
+            EXAMPLES,
+            "--node-name",
+            "worker-1",
+        ])
         .output()
         .expect("setpriv (util-linux)");
     assert!(out.status.success(), "{}", stderr(&out));
@@ -95,18 +116,36 @@ fn environment_and_config_file_fill_options_and_flags_win() {
     let out = agent(&["--dry-run", "--config", cfg], &[]);
     let text = stdout(&out);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(text.contains("for node worker-2") && text.contains("10.200.0.0/16"), "{text}");
+    assert!(
+        text.contains("for node worker-2") && text.contains("10.200.0.0/16"),
+        "{text}"
+    );
 
     let env = [("NODEPLANE_CLUSTER_CIDR", "10.0.0.0/8,fd01::/48")];
     let text = stdout(&agent(&["--dry-run", "--config", cfg], &env));
-    assert!(text.contains("10.0.0.0/8") && text.contains("fd01::/48"), "{text}");
-    assert!(!text.contains("10.200.0.0/16"), "environment wins over the file");
+    assert!(
+        text.contains("10.0.0.0/8") && text.contains("fd01::/48"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("10.200.0.0/16"),
+        "environment wins over the file"
+    );
 
     let text = stdout(&agent(
-        &["--dry-run", "--config", cfg, "--cluster-cidr", "10.1.0.0/16"],
+        &[
+            "--dry-run",
+            "--config",
+            cfg,
+            "--cluster-cidr",
+            "10.1.0.0/16",
+        ],
         &env,
     ));
-    assert!(text.contains("10.1.0.0/16") && !text.contains("10.0.0.0/8"), "{text}");
+    assert!(
+        text.contains("10.1.0.0/16") && !text.contains("10.0.0.0/8"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -120,14 +159,39 @@ fn node_name_defaults_to_node_name_env() {
 
 #[test]
 fn bad_input_fails_with_a_precise_message() {
-    let out = agent(&["--dry-run", "--manifests", EXAMPLES, "--cluster-cidr", "10.0.0.1/8"], &[]);
+    let out = agent(
+        &[
+            "--dry-run",
+            "--manifests",
+            EXAMPLES,
+            "--cluster-cidr",
+            "10.0.0.1/8",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("--cluster-cidr") && err.contains("10.0.0.1/8"), "{err}");
+    assert!(
+        err.contains("--cluster-cidr") && err.contains("10.0.0.1/8"),
+        "{err}"
+    );
 
-    let out = agent(&["--once", "--manifests", "/nonexistent/dir", "--node-name", "n"], &[]);
+    let out = agent(
+        &[
+            "--once",
+            "--manifests",
+            "/nonexistent/dir",
+            "--node-name",
+            "n",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("/nonexistent/dir"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/dir"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = agent(&["--dry-run", "--once"], &[]);
     assert!(!out.status.success(), "--dry-run and --once conflict");
@@ -150,6 +214,9 @@ fn help_explains_every_option() {
         "cleanup",
         "NODEPLANE_",
     ] {
-        assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
+        assert!(
+            help.contains(flag),
+            "--help does not mention {flag}:\n{help}"
+        );
     }
 }

@@ -47,11 +47,19 @@ fn rich_table() -> Table {
 
     let mut svc = Set::new(
         "services",
-        vec![DataType::Ipv4Addr, DataType::InetProto, DataType::InetService],
+        vec![
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ],
         SetKind::VerdictMap,
     );
     svc.insert_mapping(
-        vec![v4("172.30.0.10").into(), Value::Proto(proto::TCP).into(), Value::Port(80).into()],
+        vec![
+            v4("172.30.0.10").into(),
+            Value::Proto(proto::TCP).into(),
+            Value::Port(80).into(),
+        ],
         ElemData::Verdict(Verdict::Goto("svc-a".into())),
     );
     t.add_set(svc);
@@ -178,7 +186,10 @@ fn rich_table() -> Table {
     ]));
     t.add_chain(post);
 
-    let mut mangle = Chain::base("mangle-postrouting", filter(Hook::Postrouting, priority::MANGLE));
+    let mut mangle = Chain::base(
+        "mangle-postrouting",
+        filter(Hook::Postrouting, priority::MANGLE),
+    );
     mangle.push(Rule::new(vec![
         Stmt::matches(Field::Ip4Saddr, v4("10.128.0.5")),
         Stmt::DscpSet {
@@ -247,11 +258,7 @@ fn transaction_rendering_is_accepted_by_nft() {
     let t = rich_table();
     let mut next = t.clone();
     next.chains.remove("ep-2");
-    next.chains
-        .get_mut("svc-a")
-        .unwrap()
-        .rules
-        .truncate(1);
+    next.chains.get_mut("svc-a").unwrap().rules.truncate(1);
     next.sets.get_mut("cidrs").unwrap().elements.clear();
     let tx = diff(&t, &next);
     let text = format!("{}{}", render_full(&t), render_transaction(&tx));
