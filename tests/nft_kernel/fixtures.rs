@@ -767,7 +767,7 @@ pub fn rich_table_changed() -> Table {
     pods.insert(vec![v4("10.244.3.3").into()]);
     let cidrs = t.sets.get_mut("cidrs4").unwrap();
     cidrs.elements.remove(&vec![net("11.0.0.0/8")]);
-    cidrs.insert(vec![net("172.16.0.0/12")]);
+    cidrs.insert(vec![net("100.64.0.0/10")]);
     let svc = t.sets.get_mut("services").unwrap();
     svc.insert_mapping(
         vec![

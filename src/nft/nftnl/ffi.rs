@@ -13,12 +13,12 @@
 
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
-use super::set::{DataSpec, ElemSpec, SetSpec};
+use super::set::SetSpec;
 use mnl::mnl_sys;
 use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
 use nftnl_sys::{self as sys, libc};
 use std::cell::Cell;
-use std::ffi::{CString, c_char, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr::NonNull;
 
 const NFPROTO_INET: u16 = libc::NFPROTO_INET as u16;
@@ -100,8 +100,7 @@ owner!(
 struct ExprObj(NonNull<sys::nftnl_expr>);
 
 impl ExprObj {
-    fn new(name: &str) -> Self {
-        let name = cstring(name);
+    fn new(name: &CStr) -> Self {
         // SAFETY: `name` is a valid C string for the duration of the call.
         let p = unsafe { sys::nftnl_expr_alloc(name.as_ptr()) };
         ExprObj(NonNull::new(p).unwrap_or_else(|| std::process::abort()))
@@ -156,10 +155,10 @@ impl Drop for ExprObj {
 
 fn build_expr(e: &Expr) -> ExprObj {
     match e {
-        Expr::Meta { key, dreg } => ExprObj::new("meta")
+        Expr::Meta { key, dreg } => ExprObj::new(c"meta")
             .u32(sys::NFTNL_EXPR_META_KEY, *key)
             .u32(sys::NFTNL_EXPR_META_DREG, *dreg),
-        Expr::MetaSet { key, sreg } => ExprObj::new("meta")
+        Expr::MetaSet { key, sreg } => ExprObj::new(c"meta")
             .u32(sys::NFTNL_EXPR_META_KEY, *key)
             .u32(sys::NFTNL_EXPR_META_SREG, *sreg),
         Expr::Payload {
@@ -167,7 +166,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             offset,
             len,
             dreg,
-        } => ExprObj::new("payload")
+        } => ExprObj::new(c"payload")
             .u32(sys::NFTNL_EXPR_PAYLOAD_DREG, *dreg)
             .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
             .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
@@ -179,7 +178,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             sreg,
             csum,
         } => {
-            let e = ExprObj::new("payload")
+            let e = ExprObj::new(c"payload")
                 .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
                 .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
                 .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
@@ -191,23 +190,23 @@ fn build_expr(e: &Expr) -> ExprObj {
                 None => e,
             }
         }
-        Expr::Ct { key, dreg } => ExprObj::new("ct")
+        Expr::Ct { key, dreg } => ExprObj::new(c"ct")
             .u32(sys::NFTNL_EXPR_CT_KEY, *key)
             .u32(sys::NFTNL_EXPR_CT_DREG, *dreg),
         Expr::Fib {
             flags,
             result,
             dreg,
-        } => ExprObj::new("fib")
+        } => ExprObj::new(c"fib")
             .u32(sys::NFTNL_EXPR_FIB_FLAGS, *flags)
             .u32(sys::NFTNL_EXPR_FIB_RESULT, *result)
             .u32(sys::NFTNL_EXPR_FIB_DREG, *dreg),
-        Expr::Numgen { modulus, dreg } => ExprObj::new("numgen")
+        Expr::Numgen { modulus, dreg } => ExprObj::new(c"numgen")
             .u32(sys::NFTNL_EXPR_NG_DREG, *dreg)
             .u32(sys::NFTNL_EXPR_NG_MODULUS, *modulus)
             .u32(sys::NFTNL_EXPR_NG_TYPE, super::types::NFT_NG_RANDOM)
             .u32(sys::NFTNL_EXPR_NG_OFFSET, 0),
-        Expr::Cmp { op, sreg, data } => ExprObj::new("cmp")
+        Expr::Cmp { op, sreg, data } => ExprObj::new(c"cmp")
             .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
             .u32(sys::NFTNL_EXPR_CMP_OP, *op)
             .data(sys::NFTNL_EXPR_CMP_DATA, data),
@@ -217,7 +216,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             xor,
             with_op,
         } => {
-            let e = ExprObj::new("bitwise")
+            let e = ExprObj::new(c"bitwise")
                 .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
                 .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
                 .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
@@ -230,7 +229,7 @@ fn build_expr(e: &Expr) -> ExprObj {
                 e
             }
         }
-        Expr::Hton { reg, len } => ExprObj::new("byteorder")
+        Expr::Hton { reg, len } => ExprObj::new(c"byteorder")
             .u32(sys::NFTNL_EXPR_BYTEORDER_SREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_DREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_OP, NFT_BYTEORDER_HTON)
@@ -243,7 +242,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             set_id,
             invert,
         } => {
-            let mut e = ExprObj::new("lookup")
+            let mut e = ExprObj::new(c"lookup")
                 .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
                 .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
             if let Some(d) = dreg {
@@ -258,7 +257,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             e
         }
         Expr::DynsetUpdate { sreg, set, set_id } => {
-            let e = ExprObj::new("dynset")
+            let e = ExprObj::new(c"dynset")
                 .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
                 .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
                 .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
@@ -267,11 +266,11 @@ fn build_expr(e: &Expr) -> ExprObj {
                 None => e,
             }
         }
-        Expr::Immediate { dreg, data } => ExprObj::new("immediate")
+        Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")
             .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
             .data(sys::NFTNL_EXPR_IMM_DATA, data),
         Expr::Verdict { code, chain } => {
-            let e = ExprObj::new("immediate")
+            let e = ExprObj::new(c"immediate")
                 .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
                 .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
             match chain {
@@ -279,15 +278,15 @@ fn build_expr(e: &Expr) -> ExprObj {
                 None => e,
             }
         }
-        Expr::Counter => ExprObj::new("counter"),
-        Expr::Log { prefix } => ExprObj::new("log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix),
+        Expr::Counter => ExprObj::new(c"counter"),
+        Expr::Log { prefix } => ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix),
         Expr::Nat {
             kind,
             family,
             reg_addr,
             reg_proto,
         } => {
-            let e = ExprObj::new("nat")
+            let e = ExprObj::new(c"nat")
                 .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
                 .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
                 .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
@@ -299,44 +298,45 @@ fn build_expr(e: &Expr) -> ExprObj {
                 None => e,
             }
         }
-        Expr::Masq => ExprObj::new("masq"),
-        Expr::Reject { kind, code } => ExprObj::new("reject")
+        Expr::Masq => ExprObj::new(c"masq"),
+        Expr::Reject { kind, code } => ExprObj::new(c"reject")
             .u32(sys::NFTNL_EXPR_REJECT_TYPE, *kind)
             .u8(sys::NFTNL_EXPR_REJECT_CODE, *code),
     }
 }
 
-/// Sets `attr` of a table/chain/rule/set object to a string or raw bytes.
-macro_rules! setter {
-    ($str_fn:path, $data_fn:path, $obj:expr, $attr:expr, str $v:expr) => {{
-        let v = cstring($v);
-        // SAFETY: valid object and C string; libnftnl copies the string.
-        unsafe { $str_fn($obj.ptr(), $attr as u16, v.as_ptr()) };
-    }};
-    ($str_fn:path, $data_fn:path, $obj:expr, $attr:expr, data $v:expr) => {{
-        let v: &[u8] = $v;
-        // SAFETY: valid object; `v` readable for its length during the call (copied).
-        unsafe {
-            $data_fn(
-                $obj.ptr(),
-                $attr as u16,
-                v.as_ptr().cast::<c_void>(),
-                v.len() as u32,
-            )
-        };
-    }};
+type SetStr<T> = unsafe extern "C" fn(*mut T, u16, *const c_char) -> c_int;
+type SetData<T> = unsafe extern "C" fn(*mut T, u16, *const c_void, u32) -> c_int;
+
+/// Sets a string attribute through one of libnftnl's `nftnl_*_set_str`.
+fn put_str<T>(f: SetStr<T>, obj: *mut T, attr: u32, v: &CStr) {
+    // SAFETY: `obj` is a live object of the setter's type (callers pass their owner's
+    // pointer); `v` is a valid C string for the call and libnftnl copies it.
+    unsafe { f(obj, attr as u16, v.as_ptr()) };
 }
 
-fn build_set(spec: &SetSpec, table: &str) -> SetObj {
+/// Sets a byte attribute through one of libnftnl's `nftnl_*_set_data`.
+fn put_data<T>(f: SetData<T>, obj: *mut T, attr: u32, v: &[u8]) {
+    // SAFETY: as in `put_str`; `v` is readable for its length and copied.
+    unsafe {
+        f(
+            obj,
+            attr as u16,
+            v.as_ptr().cast::<c_void>(),
+            v.len() as u32,
+        )
+    };
+}
+
+fn build_set(spec: &SetSpec, table: &CStr) -> SetObj {
     let s = SetObj::new();
     let p = s.ptr();
-    setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
-    setter!(
+    put_str(sys::nftnl_set_set_str, p, sys::NFTNL_SET_TABLE, table);
+    put_str(
         sys::nftnl_set_set_str,
-        sys::nftnl_set_set_data,
-        s,
+        p,
         sys::NFTNL_SET_NAME,
-        str & spec.name
+        &cstring(&spec.name),
     );
     // SAFETY: valid set object; plain integer attributes.
     unsafe {
@@ -359,81 +359,51 @@ fn build_set(spec: &SetSpec, table: &str) -> SetObj {
     if !spec.concat_fields.is_empty() {
         // libnftnl takes one byte per field and counts them up to the first zero.
         let lens: Vec<u8> = spec.concat_fields.iter().map(|l| *l as u8).collect();
-        setter!(
-            sys::nftnl_set_set_str,
+        put_data(
             sys::nftnl_set_set_data,
-            s,
+            p,
             sys::NFTNL_SET_DESC_CONCAT,
-            data & lens
+            &lens,
         );
     }
-    setter!(
-        sys::nftnl_set_set_str,
+    put_data(
         sys::nftnl_set_set_data,
-        s,
+        p,
         sys::NFTNL_SET_USERDATA,
-        data & spec.udata
+        &spec.udata,
     );
     s
 }
 
-#[cfg(test)]
-fn elem_data(e: *mut sys::nftnl_set_elem, attr: u32, v: &[u8]) {
-    // SAFETY: valid element; `v` readable during the call; libnftnl copies it.
-    unsafe { sys::nftnl_set_elem_set(e, attr as u16, v.as_ptr().cast::<c_void>(), v.len() as u32) };
-}
-
-/// Adds elements to a set object (the set owns and frees them): libnftnl's own element
-/// encoding, the reference the Rust encoder is tested against.
-#[cfg(test)]
-fn add_elems(set: &SetObj, elems: &[ElemSpec]) {
-    for spec in elems {
-        // SAFETY: plain allocation; null handled as OOM.
-        let e = unsafe { sys::nftnl_set_elem_alloc() };
-        if e.is_null() {
-            std::process::abort();
-        }
-        if spec.flags != 0 {
-            // SAFETY: valid element, integer attribute.
-            unsafe { sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_FLAGS as u16, spec.flags) };
-        }
-        if let Some(t) = spec.timeout_ms {
-            // SAFETY: valid element, integer attribute.
-            unsafe { sys::nftnl_set_elem_set_u64(e, sys::NFTNL_SET_ELEM_TIMEOUT as u16, t) };
-        }
-        elem_data(e, sys::NFTNL_SET_ELEM_KEY, &spec.key);
-        if let Some(end) = &spec.key_end {
-            elem_data(e, sys::NFTNL_SET_ELEM_KEY_END, end);
-        }
-        match &spec.data {
-            None => {}
-            Some(DataSpec::Value(v)) => elem_data(e, sys::NFTNL_SET_ELEM_DATA, v),
-            Some(DataSpec::Verdict(code, chain)) => {
-                // SAFETY: valid element, integer attribute.
-                unsafe {
-                    sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_VERDICT as u16, *code as u32)
-                };
-                if let Some(c) = chain {
-                    let c = cstring(c);
-                    // SAFETY: valid element and C string (copied).
-                    unsafe {
-                        sys::nftnl_set_elem_set_str(e, sys::NFTNL_SET_ELEM_CHAIN as u16, c.as_ptr())
-                    };
-                }
-            }
-        }
-        if let Some(u) = &spec.udata {
-            elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, u);
-        }
-        // SAFETY: both valid; the set takes ownership of the element.
-        unsafe { sys::nftnl_set_elem_add(set.ptr(), e) };
-    }
+fn chain_obj(table: &CStr, name: &str) -> ChainObj {
+    let c = ChainObj::new();
+    put_str(
+        sys::nftnl_chain_set_str,
+        c.ptr(),
+        sys::NFTNL_CHAIN_TABLE,
+        table,
+    );
+    put_str(
+        sys::nftnl_chain_set_str,
+        c.ptr(),
+        sys::NFTNL_CHAIN_NAME,
+        &cstring(name),
+    );
+    // SAFETY: valid chain, integer attribute.
+    unsafe {
+        sys::nftnl_chain_set_u32(
+            c.ptr(),
+            sys::NFTNL_CHAIN_FAMILY as u16,
+            u32::from(NFPROTO_INET),
+        )
+    };
+    c
 }
 
 /// A lowered message ready to be written into the batch; remembers its sequence number.
 struct Writer<'a> {
-    msg: &'a Msg,
-    table: &'a str,
+    msg: &'a Msg<'a>,
+    table: &'a CStr,
     seq: Cell<u32>,
 }
 
@@ -453,6 +423,82 @@ fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
     }
 }
 
+impl Writer<'_> {
+    /// Attributes nft writes itself, after libnftnl's: a base chain's policy and hook.
+    fn chain_hook(nlh: *mut libc::nlmsghdr, b: &super::lower::BaseSpec) {
+        let nlh = nlh.cast();
+        // SAFETY: `nlh` is the message being built, with room for a maximum-size message;
+        // these few bytes fit.
+        unsafe {
+            mnl_sys::mnl_attr_put_u32(nlh, NFTA_CHAIN_POLICY, b.policy.to_be());
+            let nest = mnl_sys::mnl_attr_nest_start(nlh, NFTA_CHAIN_HOOK);
+            mnl_sys::mnl_attr_put_u32(nlh, NFTA_HOOK_HOOKNUM, b.hook.to_be());
+            mnl_sys::mnl_attr_put_u32(nlh, NFTA_HOOK_PRIORITY, (b.priority as u32).to_be());
+            mnl_sys::mnl_attr_nest_end(nlh, nest);
+        }
+    }
+
+    fn rule(&self, nlh: *mut libc::nlmsghdr, chain: &str) {
+        let r = RuleObj::new();
+        put_str(
+            sys::nftnl_rule_set_str,
+            r.ptr(),
+            sys::NFTNL_RULE_TABLE,
+            self.table,
+        );
+        put_str(
+            sys::nftnl_rule_set_str,
+            r.ptr(),
+            sys::NFTNL_RULE_CHAIN,
+            &cstring(chain),
+        );
+        // SAFETY: valid rule, integer attribute.
+        unsafe {
+            sys::nftnl_rule_set_u32(
+                r.ptr(),
+                sys::NFTNL_RULE_FAMILY as u16,
+                u32::from(NFPROTO_INET),
+            )
+        };
+        if let MsgBody::NewRule { exprs, .. } = &self.msg.body {
+            for e in exprs {
+                build_expr(e).add_to(&r);
+            }
+        }
+        // SAFETY: `nlh` is the header just built in the batch buffer; valid rule.
+        unsafe { sys::nftnl_rule_nlmsg_build_payload(nlh, r.ptr()) };
+        if let MsgBody::NewRule { udata: Some(u), .. } = &self.msg.body {
+            // nft puts the comment after the expressions (libnftnl would put it first).
+            // SAFETY: `nlh` is the message being built; `u` (a comment of at most 130
+            // bytes) is readable for its length and fits the buffer.
+            unsafe {
+                mnl_sys::mnl_attr_put(nlh.cast(), NFTA_RULE_USERDATA, u.len(), u.as_ptr().cast())
+            };
+        }
+    }
+
+    /// nft writes the element message attributes itself; the list is already encoded.
+    fn elems(&self, nlh: *mut libc::nlmsghdr, set: &str, set_id: Option<u32>, list: &[u8]) {
+        let name = cstring(set);
+        let nlh = nlh.cast();
+        // SAFETY: `nlh` is the message being built with room for a maximum-size message;
+        // the lowering keeps `list` below 64 KiB; the strings are valid C strings.
+        unsafe {
+            mnl_sys::mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_TABLE, self.table.as_ptr());
+            mnl_sys::mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_SET, name.as_ptr());
+            if let Some(id) = set_id {
+                mnl_sys::mnl_attr_put_u32(nlh, NFTA_SET_ELEM_LIST_SET_ID, id.to_be());
+            }
+            mnl_sys::mnl_attr_put(
+                nlh,
+                NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
+                list.len(),
+                list.as_ptr().cast(),
+            );
+        }
+    }
+}
+
 // SAFETY: `write` stays within the `nft_nlmsg_maxsize()` bytes `Batch::add` provides: the
 // lowering bounds every message (module invariants).
 unsafe impl NlMsg for Writer<'_> {
@@ -463,11 +509,15 @@ unsafe impl NlMsg for Writer<'_> {
         let nlh = unsafe {
             sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, NFPROTO_INET, flags, seq)
         };
-        let table = self.table;
         match &self.msg.body {
             MsgBody::NewTable | MsgBody::DelTable => {
                 let t = TableObj::new();
-                setter!(sys::nftnl_table_set_str, sys::nftnl_table_set_data, t, sys::NFTNL_TABLE_NAME, str table);
+                put_str(
+                    sys::nftnl_table_set_str,
+                    t.ptr(),
+                    sys::NFTNL_TABLE_NAME,
+                    self.table,
+                );
                 if matches!(self.msg.body, MsgBody::NewTable) {
                     // SAFETY: valid table; nft always sends the (empty) flags on add.
                     unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, 0) };
@@ -476,132 +526,55 @@ unsafe impl NlMsg for Writer<'_> {
                 unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
             }
             MsgBody::NewChain { name, base } => {
-                let c = chain_obj(table, name);
+                let c = chain_obj(self.table, name);
                 if let Some(b) = base {
-                    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_TYPE, str b.kind);
+                    let kind = cstring(b.kind);
+                    put_str(
+                        sys::nftnl_chain_set_str,
+                        c.ptr(),
+                        sys::NFTNL_CHAIN_TYPE,
+                        &kind,
+                    );
                 }
                 // SAFETY: header just built in the batch buffer; valid chain.
                 unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
                 if let Some(b) = base {
-                    // nft appends policy and hook itself, after libnftnl's attributes.
-                    // SAFETY: `nlh` is the message being built; the few bytes appended
-                    // stay far below the buffer's room for a maximum-size message.
-                    unsafe {
-                        mnl_sys::mnl_attr_put_u32(nlh.cast(), NFTA_CHAIN_POLICY, b.policy.to_be());
-                        let nest = mnl_sys::mnl_attr_nest_start(nlh.cast(), NFTA_CHAIN_HOOK);
-                        mnl_sys::mnl_attr_put_u32(nlh.cast(), NFTA_HOOK_HOOKNUM, b.hook.to_be());
-                        mnl_sys::mnl_attr_put_u32(
-                            nlh.cast(),
-                            NFTA_HOOK_PRIORITY,
-                            (b.priority as u32).to_be(),
-                        );
-                        mnl_sys::mnl_attr_nest_end(nlh.cast(), nest);
-                    }
+                    Self::chain_hook(nlh, b);
                 }
             }
             MsgBody::DelChain(name) => {
-                let c = chain_obj(table, name);
-                // SAFETY: as above.
+                let c = chain_obj(self.table, name);
+                // SAFETY: header just built in the batch buffer; valid chain.
                 unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
             }
-            MsgBody::FlushChain(chain) | MsgBody::NewRule { chain, .. } => {
-                let r = RuleObj::new();
-                setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_TABLE, str table);
-                setter!(sys::nftnl_rule_set_str, sys::nftnl_rule_set_data, r, sys::NFTNL_RULE_CHAIN, str chain);
-                // SAFETY: valid rule, integer attribute.
-                unsafe {
-                    sys::nftnl_rule_set_u32(
-                        r.ptr(),
-                        sys::NFTNL_RULE_FAMILY as u16,
-                        u32::from(NFPROTO_INET),
-                    )
-                };
-                if let MsgBody::NewRule { exprs, .. } = &self.msg.body {
-                    for e in exprs {
-                        build_expr(e).add_to(&r);
-                    }
-                }
-                // SAFETY: header just built in the batch buffer; valid rule.
-                unsafe { sys::nftnl_rule_nlmsg_build_payload(nlh, r.ptr()) };
-                if let MsgBody::NewRule { udata: Some(u), .. } = &self.msg.body {
-                    // nft puts the comment after the expressions (libnftnl would put it
-                    // before them).
-                    // SAFETY: `nlh` is the message being built; `u` (a comment of at most
-                    // 130 bytes) is readable for its length and fits the buffer.
-                    unsafe {
-                        mnl_sys::mnl_attr_put(
-                            nlh.cast(),
-                            NFTA_RULE_USERDATA,
-                            u.len(),
-                            u.as_ptr().cast(),
-                        )
-                    };
-                }
-            }
+            MsgBody::FlushChain(chain) | MsgBody::NewRule { chain, .. } => self.rule(nlh, chain),
             MsgBody::NewSet(spec) => {
-                let s = build_set(spec, table);
+                let s = build_set(spec, self.table);
                 // SAFETY: header just built in the batch buffer; valid set.
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
             MsgBody::DelSet(name) => {
                 let s = SetObj::new();
-                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_TABLE, str table);
-                setter!(sys::nftnl_set_set_str, sys::nftnl_set_set_data, s, sys::NFTNL_SET_NAME, str name);
+                put_str(
+                    sys::nftnl_set_set_str,
+                    s.ptr(),
+                    sys::NFTNL_SET_TABLE,
+                    self.table,
+                );
+                put_str(
+                    sys::nftnl_set_set_str,
+                    s.ptr(),
+                    sys::NFTNL_SET_NAME,
+                    &cstring(name),
+                );
                 // SAFETY: header just built in the batch buffer; valid set.
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
             MsgBody::Elems {
-                set,
-                set_id,
-                elems,
-                first_index,
-                ..
-            } => {
-                // nft writes table, set and id itself, then lets libnftnl add the list.
-                let (t, name) = (cstring(table), cstring(set));
-                // SAFETY: `nlh` is the message being built (room for a maximum-size
-                // message); the strings are valid C strings for the calls.
-                unsafe {
-                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_TABLE, t.as_ptr());
-                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
-                    if let Some(id) = set_id {
-                        mnl_sys::mnl_attr_put_u32(
-                            nlh.cast(),
-                            NFTA_SET_ELEM_LIST_SET_ID,
-                            id.to_be(),
-                        );
-                    }
-                }
-                let mut list = Vec::with_capacity(elems.iter().map(|e| e.encoded_len()).sum());
-                super::set::write_elem_list(elems, *first_index, &mut list);
-                // SAFETY: `nlh` is the message being built; the lowering keeps `list` below
-                // 64 KiB so it fits the buffer's room for a maximum-size message.
-                unsafe {
-                    mnl_sys::mnl_attr_put(
-                        nlh.cast(),
-                        NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
-                        list.len(),
-                        list.as_ptr().cast(),
-                    )
-                };
-            }
+                set, set_id, chunk, ..
+            } => self.elems(nlh, set, *set_id, &chunk.list),
         }
     }
-}
-
-fn chain_obj(table: &str, name: &str) -> ChainObj {
-    let c = ChainObj::new();
-    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_TABLE, str table);
-    setter!(sys::nftnl_chain_set_str, sys::nftnl_chain_set_data, c, sys::NFTNL_CHAIN_NAME, str name);
-    // SAFETY: valid chain, integer attribute.
-    unsafe {
-        sys::nftnl_chain_set_u32(
-            c.ptr(),
-            sys::NFTNL_CHAIN_FAMILY as u16,
-            u32::from(NFPROTO_INET),
-        )
-    };
-    c
 }
 
 /// The encoded batch and the sequence number of every message in it.
@@ -613,13 +586,14 @@ pub struct Encoded {
 
 /// Writes all messages into one nftnl batch (begin ... end).
 pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
+    let table = cstring(table);
     // Large pages: fewer iovecs for big transactions; the batch grows page by page.
     let mut batch = Batch::with_page_size(1 << 20);
     let mut seqs = Vec::with_capacity(msgs.len());
     for msg in msgs {
         let w = Writer {
             msg,
-            table,
+            table: &table,
             seq: Cell::new(0),
         };
         batch.add(&w, MsgType::Add);
@@ -634,13 +608,70 @@ pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nft::nftnl::set::{NFT_SET_ELEM_INTERVAL_END, write_elem_list};
+    use crate::nft::nftnl::elems::{DataSpec, ElemChunks, ElemSpec};
+    use crate::nft::nftnl::set::NFT_SET_ELEM_INTERVAL_END;
+    use crate::nft::nftnl::types::Bytes;
+    use crate::nft::nftnl::udata::INTERVAL_OPEN;
 
-    /// libnftnl's encoding of an element list (nests numbered from 1).
+    fn elem_data(e: *mut sys::nftnl_set_elem, attr: u32, v: &[u8]) {
+        // SAFETY: valid element; `v` readable during the call; libnftnl copies it.
+        unsafe {
+            sys::nftnl_set_elem_set(e, attr as u16, v.as_ptr().cast::<c_void>(), v.len() as u32)
+        };
+    }
+
+    /// libnftnl's own encoding of an element list (nests numbered from 1): the reference
+    /// for the Rust encoder.
     fn libnftnl_elem_list(elems: &[ElemSpec]) -> Vec<u8> {
-        let mut buf = vec![0u8; 1 << 17];
         let s = SetObj::new();
-        add_elems(&s, elems);
+        for spec in elems {
+            // SAFETY: plain allocation, checked below.
+            let e = unsafe { sys::nftnl_set_elem_alloc() };
+            assert!(!e.is_null());
+            // SAFETY (all calls below): valid element; integer attributes or C strings
+            // valid for the call.
+            if spec.flags != 0 {
+                unsafe {
+                    sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_FLAGS as u16, spec.flags)
+                };
+            }
+            if let Some(t) = spec.timeout_ms {
+                unsafe { sys::nftnl_set_elem_set_u64(e, sys::NFTNL_SET_ELEM_TIMEOUT as u16, t) };
+            }
+            elem_data(e, sys::NFTNL_SET_ELEM_KEY, spec.key.as_slice());
+            if let Some(end) = &spec.key_end {
+                elem_data(e, sys::NFTNL_SET_ELEM_KEY_END, end.as_slice());
+            }
+            match &spec.data {
+                None => {}
+                Some(DataSpec::Value(v)) => elem_data(e, sys::NFTNL_SET_ELEM_DATA, v.as_slice()),
+                Some(DataSpec::Verdict(code, chain)) => {
+                    unsafe {
+                        sys::nftnl_set_elem_set_u32(
+                            e,
+                            sys::NFTNL_SET_ELEM_VERDICT as u16,
+                            *code as u32,
+                        )
+                    };
+                    if let Some(c) = chain {
+                        let c = cstring(c);
+                        unsafe {
+                            sys::nftnl_set_elem_set_str(
+                                e,
+                                sys::NFTNL_SET_ELEM_CHAIN as u16,
+                                c.as_ptr(),
+                            )
+                        };
+                    }
+                }
+            }
+            if let Some(u) = spec.udata {
+                elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, u);
+            }
+            // SAFETY: both valid; the set takes ownership of the element.
+            unsafe { sys::nftnl_set_elem_add(s.ptr(), e) };
+        }
+        let mut buf = vec![0u8; 1 << 17];
         // SAFETY: `buf` has room for a maximum-size message; valid set and elements.
         let nlh = unsafe {
             let nlh = sys::nftnl_nlmsg_build_hdr(buf.as_mut_ptr().cast(), 12, NFPROTO_INET, 0, 1);
@@ -649,56 +680,52 @@ mod tests {
         };
         // SAFETY: `nlh` points at the start of `buf`, a header libnftnl just completed.
         let len = unsafe { (*nlh).nlmsg_len } as usize;
-        buf[20..len].to_vec()
+        // Skip nlmsghdr + nfgenmsg and the list attribute's own header.
+        buf[24..len].to_vec()
     }
 
     #[test]
     fn element_lists_match_libnftnl_bytes() {
+        let spec = |key: &[u8]| ElemSpec {
+            key: Bytes::from_slice(key),
+            key_end: None,
+            flags: 0,
+            timeout_ms: None,
+            data: None,
+            udata: None,
+            src: 0,
+        };
         let elems = vec![
             ElemSpec {
-                key: vec![0; 4],
-                key_end: None,
                 flags: NFT_SET_ELEM_INTERVAL_END,
-                timeout_ms: None,
-                data: None,
-                udata: None,
-                src: 0,
+                ..spec(&[0; 4])
             },
             ElemSpec {
-                key: vec![10, 0, 0, 0, 6, 0, 0, 0, 0, 80, 0, 0],
-                key_end: Some(vec![10, 255, 255, 255, 6, 0, 0, 0, 0, 90, 0, 0]),
-                flags: 0,
+                key_end: Some(Bytes::from_slice(&[
+                    10, 255, 255, 255, 6, 0, 0, 0, 0, 90, 0, 0,
+                ])),
                 timeout_ms: Some(30_000),
-                data: Some(DataSpec::Verdict(-4, Some("svc-a".into()))),
-                udata: Some(vec![1, 4, 1, 0, 0, 0]),
-                src: 1,
+                data: Some(DataSpec::Verdict(-4, Some("svc-a"))),
+                udata: Some(&INTERVAL_OPEN),
+                ..spec(&[10, 0, 0, 0, 6, 0, 0, 0, 0, 80, 0, 0])
             },
             ElemSpec {
-                key: vec![1, 2],
-                key_end: None,
-                flags: 0,
-                timeout_ms: None,
-                data: Some(DataSpec::Value(vec![192, 168, 0, 1, 0, 80, 0, 0])),
-                udata: None,
-                src: 2,
+                data: Some(DataSpec::Value(Bytes::from_slice(&[
+                    192, 168, 0, 1, 0, 80, 0, 0,
+                ]))),
+                ..spec(&[1, 2])
             },
             ElemSpec {
-                key: vec![7; 16],
-                key_end: None,
-                flags: 0,
-                timeout_ms: None,
                 data: Some(DataSpec::Verdict(1, None)),
-                udata: None,
-                src: 3,
+                ..spec(&[7; 16])
             },
         ];
-        let mut ours = Vec::new();
-        write_elem_list(&elems, 1, &mut ours);
-        let theirs = libnftnl_elem_list(&elems);
-        assert_eq!(&theirs[4..], &ours[..]);
-        assert_eq!(
-            ours.len(),
-            elems.iter().map(|e| e.encoded_len()).sum::<usize>()
-        );
+        let mut chunks = ElemChunks::new();
+        for e in &elems {
+            chunks.push(e);
+        }
+        let ours = chunks.finish();
+        assert_eq!(ours.len(), 1);
+        assert_eq!(libnftnl_elem_list(&elems), ours[0].list);
     }
 }

@@ -1,10 +1,10 @@
 //! Transaction -> the list of netlink messages nft would send for the same change, each
-//! tagged with the op it came from so a kernel error can be traced back.
+//! tagged with the op it came from so a kernel error can be traced back. Messages borrow
+//! names from the transaction; element lists are already encoded.
 
-use super::expr::{KnownSet, lower_rule};
-use super::set::{
-    ElemLayout, ElemMode, ElemSpec, Element, SetSpec, encode_elements, named_set_spec,
-};
+use super::elems::{ElemChunk, ElemLayout, ElemMode, Element, encode_elements};
+use super::rule::{KnownSet, lower_rule};
+use super::set::{SetSpec, named_set_spec};
 use super::types::encode_err;
 use super::udata;
 use crate::nft::diff::{Op, Transaction};
@@ -22,30 +22,27 @@ pub struct BaseSpec {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MsgBody {
+pub enum MsgBody<'a> {
     NewTable,
     DelTable,
     NewChain {
-        name: String,
+        name: &'a str,
         base: Option<BaseSpec>,
     },
-    DelChain(String),
-    FlushChain(String),
+    DelChain(&'a str),
+    FlushChain(&'a str),
     NewRule {
-        chain: String,
+        chain: &'a str,
         exprs: Vec<super::expr::Expr>,
         udata: Option<Vec<u8>>,
     },
     NewSet(SetSpec),
-    DelSet(String),
+    DelSet(&'a str),
     Elems {
         delete: bool,
-        set: String,
+        set: &'a str,
         set_id: Option<u32>,
-        elems: Vec<ElemSpec>,
-        /// Nest type of the first element (nft numbers elements across the messages of
-        /// one command).
-        first_index: usize,
+        chunk: ElemChunk,
     },
 }
 
@@ -57,18 +54,17 @@ pub struct Origin {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Msg {
-    pub body: MsgBody,
+pub struct Msg<'a> {
+    pub body: MsgBody<'a>,
     pub origin: Origin,
 }
 
-/// The largest element list libnftnl puts in one message: the list is one netlink
-/// attribute and its 16-bit length covers the 4-byte header too.
-const MAX_ELEM_LIST: usize = u16::MAX as usize - 4;
-
 /// Lowers a whole transaction. `known` describes sets that already exist in the kernel
 /// (needed when a rule looks up an interval set keyed by a host-order type).
-pub fn lower(tx: &Transaction, known: &BTreeMap<String, KnownSet>) -> Result<Vec<Msg>, NftError> {
+pub fn lower<'a>(
+    tx: &'a Transaction,
+    known: &BTreeMap<String, KnownSet>,
+) -> Result<Vec<Msg<'a>>, NftError> {
     check_name("table", &tx.table)?;
     let mut sets = known.clone();
     let mut next_id = 1u32;
@@ -85,26 +81,31 @@ pub fn lower(tx: &Transaction, known: &BTreeMap<String, KnownSet>) -> Result<Vec
             Op::AddChain { name, base } => {
                 check_name("chain", name)?;
                 push(MsgBody::NewChain {
-                    name: name.clone(),
+                    name,
                     base: base.as_ref().map(base_spec),
                 });
             }
-            Op::FlushChain(name) => push(MsgBody::FlushChain(name.clone())),
-            Op::DeleteChain(name) => push(MsgBody::DelChain(name.clone())),
+            Op::FlushChain(name) => push(MsgBody::FlushChain(name)),
+            Op::DeleteChain(name) => push(MsgBody::DelChain(name)),
             Op::DeleteSet(name) => {
                 sets.remove(name);
-                push(MsgBody::DelSet(name.clone()));
+                push(MsgBody::DelSet(name));
             }
             Op::AddRule { chain, rule } => {
                 let lowered = lower_rule(rule, &sets, &mut next_id)?;
                 for anon in lowered.anon {
                     let o = Origin { op: i, anon: true };
-                    let (name, id) = (anon.spec.name.clone(), anon.spec.id);
+                    let id = anon.spec.id;
+                    let name = if anon.spec.name == "__map%d" {
+                        "__map%d"
+                    } else {
+                        "__set%d"
+                    };
                     out.push(Msg {
                         body: MsgBody::NewSet(anon.spec),
                         origin: o,
                     });
-                    push_elems(&mut out, o, false, &name, Some(id), anon.elems);
+                    push_chunks(&mut out, o, false, name, Some(id), anon.elems);
                 }
                 let udata = rule
                     .comment
@@ -112,7 +113,7 @@ pub fn lower(tx: &Transaction, known: &BTreeMap<String, KnownSet>) -> Result<Vec
                     .map(|c| udata::rule_comment(&crate::nft::render::sanitize_text(c)));
                 out.push(Msg {
                     body: MsgBody::NewRule {
-                        chain: chain.clone(),
+                        chain,
                         exprs: lowered.exprs,
                         udata,
                     },
@@ -126,17 +127,17 @@ pub fn lower(tx: &Transaction, known: &BTreeMap<String, KnownSet>) -> Result<Vec
                 let spec = named_set_spec(set, id)?;
                 sets.insert(set.name.clone(), known_set(set, Some(id)));
                 push(MsgBody::NewSet(spec));
-                let elems = set_elements(set, ElemMode::Create)?;
-                push_elems(&mut out, origin, false, &set.name, Some(id), elems);
+                let chunks = set_elements(set, ElemMode::Create)?;
+                push_chunks(&mut out, origin, false, &set.name, Some(id), chunks);
             }
             Op::AddElements(set) => {
                 let id = sets.get(&set.name).and_then(|s| s.id);
-                let elems = set_elements(set, ElemMode::Add)?;
-                push_elems(&mut out, origin, false, &set.name, id, elems);
+                let chunks = set_elements(set, ElemMode::Add)?;
+                push_chunks(&mut out, origin, false, &set.name, id, chunks);
             }
             Op::DeleteElements(set) => {
-                let elems = set_elements(set, ElemMode::Delete)?;
-                push_elems(&mut out, origin, true, &set.name, None, elems);
+                let chunks = set_elements(set, ElemMode::Delete)?;
+                push_chunks(&mut out, origin, true, &set.name, None, chunks);
             }
         }
     }
@@ -186,60 +187,40 @@ fn base_spec(b: &BaseChain) -> BaseSpec {
     }
 }
 
-fn set_elements(set: &Set, mode: ElemMode) -> Result<Vec<ElemSpec>, NftError> {
-    let layout = ElemLayout::of_set(set)?;
+fn set_elements(set: &Set, mode: ElemMode) -> Result<Vec<ElemChunk>, NftError> {
+    let layout = ElemLayout::new(set.key.clone(), set.flags.interval, set.kind.clone())?;
     let elems = set.elements.iter().enumerate().map(|(i, (k, v))| Element {
         key: k,
         value: Some(v),
         src: i as u32,
     });
-    encode_elements(&layout, elems, mode, false).map_err(|e| match e {
-        NftError::Encode { what, reason } => {
-            encode_err(&format!("set {}: {what}", set.name), reason)
+    match encode_elements(&layout, elems, mode, false) {
+        Ok(chunks) => Ok(chunks.finish()),
+        Err(NftError::Encode { what, reason }) => {
+            Err(encode_err(&format!("set {}: {what}", set.name), reason))
         }
-        other => other,
-    })
+        Err(other) => Err(other),
+    }
 }
 
-/// Splits an element list into messages where libnftnl splits it.
-fn push_elems(
-    out: &mut Vec<Msg>,
+fn push_chunks<'a>(
+    out: &mut Vec<Msg<'a>>,
     origin: Origin,
     delete: bool,
-    set: &str,
+    set: &'a str,
     set_id: Option<u32>,
-    elems: Vec<ElemSpec>,
+    chunks: Vec<ElemChunk>,
 ) {
-    let mut chunk = Vec::new();
-    let mut size = 0;
-    let mut first_index = 1;
-    let mut flush = |chunk: &mut Vec<ElemSpec>, first_index: usize| {
+    for chunk in chunks {
         out.push(Msg {
             body: MsgBody::Elems {
                 delete,
-                set: set.to_string(),
+                set,
                 set_id,
-                elems: std::mem::take(chunk),
-                first_index,
+                chunk,
             },
             origin,
         });
-    };
-    for e in elems {
-        let len = e.encoded_len();
-        if size + len > MAX_ELEM_LIST && !chunk.is_empty() {
-            // nft built the element that did not fit before moving it to the next
-            // message, so its index is used up.
-            let next = first_index + chunk.len() + 1;
-            flush(&mut chunk, first_index);
-            first_index = next;
-            size = 0;
-        }
-        size += len;
-        chunk.push(e);
-    }
-    if !chunk.is_empty() {
-        flush(&mut chunk, first_index);
     }
 }
 
@@ -275,19 +256,19 @@ mod tests {
     fn large_element_lists_are_split_below_the_attribute_limit() {
         let mut t = Table::new("nodeplane");
         t.add_set(big_map(10_000));
-        let msgs = lower(&Transaction::full(&t), &BTreeMap::new()).unwrap();
-        let chunks: Vec<&Vec<ElemSpec>> = msgs
+        let tx = Transaction::full(&t);
+        let msgs = lower(&tx, &BTreeMap::new()).unwrap();
+        let chunks: Vec<&ElemChunk> = msgs
             .iter()
             .filter_map(|m| match &m.body {
-                MsgBody::Elems { elems, .. } => Some(elems),
+                MsgBody::Elems { chunk, .. } => Some(chunk),
                 _ => None,
             })
             .collect();
         assert!(chunks.len() > 1, "10k elements need several messages");
-        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 10_000);
+        assert_eq!(chunks.iter().map(|c| c.srcs.len()).sum::<usize>(), 10_000);
         for c in chunks {
-            let len: usize = c.iter().map(|e| e.encoded_len()).sum();
-            assert!(len + 4 <= u16::MAX as usize);
+            assert!(c.list.len() + 4 <= u16::MAX as usize);
         }
     }
 
@@ -304,7 +285,8 @@ mod tests {
             ]),
         })]));
         t.add_chain(c);
-        let msgs = lower(&Transaction::full(&t), &BTreeMap::new()).unwrap();
+        let tx = Transaction::full(&t);
+        let msgs = lower(&tx, &BTreeMap::new()).unwrap();
         let ids: Vec<(String, u32)> = msgs
             .iter()
             .filter_map(|m| match &m.body {
@@ -313,12 +295,7 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, vec![("vm".into(), 1), ("__set%d".into(), 2)]);
-        assert!(
-            lower(
-                &Transaction::full(&Table::new("bad\0name")),
-                &BTreeMap::new()
-            )
-            .is_err()
-        );
+        let bad = Transaction::full(&Table::new("bad\0name"));
+        assert!(lower(&bad, &BTreeMap::new()).is_err());
     }
 }

@@ -3,17 +3,21 @@
 //!
 //! Layers, from pure to FFI:
 //! - [`types`], [`udata`]: nft's datatype and field tables, set userdata bytes;
-//! - [`expr`]: statements -> kernel expressions (registers, dependencies, anonymous sets);
-//! - [`set`]: set declarations and element encoding (intervals, concatenations, data);
+//! - [`rule`] (with [`expr`]): statements -> kernel expressions (registers, dependencies,
+//!   anonymous sets);
+//! - [`set`], [`elems`]: set declarations; elements (intervals, concatenations, data)
+//!   encoded straight into the element-list attributes nft sends;
 //! - [`lower`]: the transaction -> a list of messages, each tagged with its op;
 //! - [`ffi`]: the messages -> libnftnl objects -> an `nftnl::Batch` (all the `unsafe`);
 //! - [`socket`], [`reply`]: one `sendmsg`, then every ack and error read back and mapped
 //!   to the op (and element or expression) that caused it.
 
+mod elems;
 mod expr;
 mod ffi;
 mod lower;
 mod reply;
+mod rule;
 mod set;
 mod socket;
 mod types;
@@ -23,9 +27,9 @@ use crate::nft::diff::{Op, Transaction};
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};
 use crate::nft::ir::Set;
 use crate::nft::render;
-use expr::KnownSet;
 use lower::{Msg, MsgBody};
 use reply::KernelError;
+use rule::KnownSet;
 use std::collections::BTreeMap;
 
 /// `NFTA_SET_ELEM_LIST_ELEMENTS` / `NFTA_RULE_EXPRESSIONS`: the lists an error offset
@@ -43,12 +47,12 @@ pub struct NftnlBackend {
 }
 
 /// A transaction encoded as a batch, for inspection and tests.
-pub struct EncodedBatch {
+pub struct EncodedBatch<'a> {
     encoded: ffi::Encoded,
-    msgs: Vec<Msg>,
+    msgs: Vec<Msg<'a>>,
 }
 
-impl EncodedBatch {
+impl EncodedBatch<'_> {
     /// The batch bytes as sent (BATCH_BEGIN ... BATCH_END).
     pub fn bytes(&self) -> Vec<u8> {
         self.encoded.batch.iter().flatten().copied().collect()
@@ -66,7 +70,7 @@ impl NftnlBackend {
     }
 
     /// Encodes `tx` without sending it.
-    pub fn encode(&self, tx: &Transaction) -> Result<EncodedBatch, NftError> {
+    pub fn encode<'a>(&self, tx: &'a Transaction) -> Result<EncodedBatch<'a>, NftError> {
         let msgs = lower::lower(tx, &self.known)?;
         let encoded = ffi::encode(&msgs, &tx.table);
         Ok(EncodedBatch { encoded, msgs })
@@ -164,13 +168,13 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
             render::rule_text(rule)
         ),
         (
-            MsgBody::Elems { elems, .. },
+            MsgBody::Elems { chunk, .. },
             Op::AddSet(set) | Op::AddElements(set) | Op::DeleteElements(set),
         ) => {
             let hit = bytes
                 .and_then(|(m, off)| reply::entry_at(&m, NFTA_SET_ELEM_LIST_ELEMENTS, off))
-                .and_then(|k| elems.get(k))
-                .and_then(|e| set.elements.iter().nth(e.src as usize));
+                .and_then(|k| chunk.srcs.get(k))
+                .and_then(|src| set.elements.iter().nth(*src as usize));
             let verb = if matches!(op, Op::DeleteElements(_)) {
                 "delete"
             } else {

@@ -64,6 +64,12 @@ pub fn concat_info(types: &[DataType]) -> Result<TypeInfo, NftError> {
                 id = (id << TYPE_BITS) | info.id;
                 len += round4(info.len);
             }
+            if len > Bytes::MAX {
+                return Err(encode_err(
+                    "concatenated key",
+                    format!("{len} bytes, the kernel allows {}", Bytes::MAX),
+                ));
+            }
             Ok(TypeInfo {
                 id,
                 len,
@@ -275,8 +281,88 @@ pub fn nfproto(f: IpFamily) -> u8 {
 const RTN_LOCAL: u32 = 2;
 pub const IFNAMSIZ: usize = 16;
 
-/// The bytes of `v` as the kernel compares them, checked against the expected type.
-pub fn value_bytes(v: &Value, want: DataType) -> Result<Vec<u8>, NftError> {
+/// A value or key as the kernel sees it, kept inline (at most `NFT_DATA_VALUE_MAXLEN`
+/// = 64 bytes) so that encoding 100k elements allocates nothing per element.
+#[derive(Clone, Copy)]
+pub struct Bytes {
+    len: u8,
+    buf: [u8; 64],
+}
+
+impl Bytes {
+    pub const MAX: usize = 64;
+
+    pub fn new() -> Bytes {
+        Bytes {
+            len: 0,
+            buf: [0; 64],
+        }
+    }
+
+    pub fn from_slice(b: &[u8]) -> Bytes {
+        let mut out = Bytes::new();
+        out.push(b);
+        out
+    }
+
+    /// Appends `b`; callers keep keys within 64 bytes (checked by `concat_info`).
+    pub fn push(&mut self, b: &[u8]) {
+        let at = self.len as usize;
+        let end = (at + b.len()).min(Self::MAX);
+        self.buf[at..end].copy_from_slice(&b[..end - at]);
+        self.len = end as u8;
+    }
+
+    /// Zero padding up to the next multiple of 4 (concatenation components).
+    pub fn pad4(&mut self) {
+        self.len = round4(self.len as usize).min(Self::MAX) as u8;
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len as usize]
+    }
+
+}
+
+impl Default for Bytes {
+    fn default() -> Self {
+        Bytes::new()
+    }
+}
+
+impl PartialEq for Bytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Bytes {}
+
+impl PartialOrd for Bytes {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// memcmp order: the order of the kernel's interval trees for same-length keys.
+impl Ord for Bytes {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_slice().cmp(other.as_slice())
+    }
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:02x?}", self.as_slice())
+    }
+}
+
+/// Appends the bytes of `v` as the kernel compares them, checked against the expected type.
+pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), NftError> {
     let got = value_type(v);
     if got != want {
         return Err(encode_err(
@@ -287,20 +373,29 @@ pub fn value_bytes(v: &Value, want: DataType) -> Result<Vec<u8>, NftError> {
             ),
         ));
     }
-    Ok(match v {
-        Value::Ipv4(a) => a.octets().to_vec(),
-        Value::Ipv6(a) => a.octets().to_vec(),
-        Value::Proto(p) => vec![*p],
-        Value::Port(p) => p.to_be_bytes().to_vec(),
-        Value::Mark(m) | Value::Integer(m) => m.to_ne_bytes().to_vec(),
+    match v {
+        Value::Ipv4(a) => out.push(&a.octets()),
+        Value::Ipv6(a) => out.push(&a.octets()),
+        Value::Proto(p) => out.push(&[*p]),
+        Value::Port(p) => out.push(&p.to_be_bytes()),
+        Value::Mark(m) | Value::Integer(m) => out.push(&m.to_ne_bytes()),
         Value::IfName(name) => {
-            let mut b = ifname_text(name)?.into_bytes();
-            b.resize(IFNAMSIZ, 0);
-            b
+            let mut b = [0u8; IFNAMSIZ];
+            let text = ifname_text(name)?;
+            b[..text.len()].copy_from_slice(text.as_bytes());
+            out.push(&b);
         }
-        Value::NfProto(f) => vec![nfproto(*f)],
-        Value::AddrType(AddrType::Local) => RTN_LOCAL.to_ne_bytes().to_vec(),
-    })
+        Value::NfProto(f) => out.push(&[nfproto(*f)]),
+        Value::AddrType(AddrType::Local) => out.push(&RTN_LOCAL.to_ne_bytes()),
+    }
+    Ok(())
+}
+
+/// The bytes of `v` as the kernel compares them (see [`write_value`]).
+pub fn value_bytes(v: &Value, want: DataType) -> Result<Vec<u8>, NftError> {
+    let mut b = Bytes::new();
+    write_value(v, want, &mut b)?;
+    Ok(b.as_slice().to_vec())
 }
 
 /// The interface name as the renderer prints it (sanitised, so both paths store the same

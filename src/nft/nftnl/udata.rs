@@ -70,12 +70,12 @@ pub fn rule_comment(text: &str) -> Vec<u8> {
 }
 
 /// Userdata nft puts on the start element of an interval that runs to the end of the key
-/// space (it has no end element).
-pub fn interval_open() -> Vec<u8> {
-    let mut u = Udata::default();
-    u.put_u32(SET_ELEM_FLAGS, SET_ELEM_F_INTERVAL_OPEN);
-    u.into_bytes()
-}
+/// space (it has no end element): `NFTNL_UDATA_SET_ELEM_FLAGS` =
+/// `NFTNL_SET_ELEM_F_INTERVAL_OPEN`, a host-order u32.
+pub static INTERVAL_OPEN: [u8; 6] = {
+    let v = SET_ELEM_F_INTERVAL_OPEN.to_ne_bytes();
+    [SET_ELEM_FLAGS, 4, v[0], v[1], v[2], v[3]]
+};
 
 #[cfg(test)]
 mod tests {
@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn comment_and_open_interval_bytes_match_nft() {
         assert_eq!(rule_comment("hi"), b"\x00\x03hi\x00");
-        assert_eq!(interval_open(), b"\x01\x04\x01\x00\x00\x00");
+        assert_eq!(&INTERVAL_OPEN, b"\x01\x04\x01\x00\x00\x00");
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! Netlink backend vs `nft -f`: applying a large table from empty, and one element on top.
+//!
+//! `cargo bench --bench nft_apply` (root: every run uses a fresh network namespace).
+//! Options after `--`: `--runs N` (default 5), `--chains N`, `--elements N`.
+//! The table is the one the kernel test `large_table_applies_and_lists_back` uses: N regular
+//! chains with two rules each, and a verdict map `ipv4_addr . inet_proto . inet_service :
+//! goto chain` with M elements.
+
+#[allow(dead_code)]
+#[path = "../tests/nft_kernel/fixtures.rs"]
+mod fixtures;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/lab/mod.rs"]
+mod lab;
+
+use lab::{Lab, Ns};
+use nodeplane::nft::nftnl::NftnlBackend;
+use nodeplane::nft::render::{render_full, render_transaction};
+use nodeplane::nft::*;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Args {
+    runs: usize,
+    chains: u32,
+    elements: u32,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        runs: 5,
+        chains: 10_000,
+        elements: 100_000,
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    for w in argv.windows(2) {
+        let n = || {
+            w[1].parse()
+                .unwrap_or_else(|_| panic!("{} needs a number", w[0]))
+        };
+        match w[0].as_str() {
+            "--runs" => a.runs = n() as usize,
+            "--chains" => a.chains = n(),
+            "--elements" => a.elements = n(),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// `nft -f -` run from a thread that joined the netns (the child inherits it), so no
+/// `ip netns exec` overhead is measured.
+fn nft_stdin(text: &str) {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nft");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to nft");
+    let out = child.wait_with_output().expect("wait for nft");
+    assert!(
+        out.status.success(),
+        "nft -f failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Times of one run, in the order of the printed columns.
+#[derive(Default, Clone, Copy)]
+struct Run {
+    ours_full: Duration,
+    ours_encode: Duration,
+    nft_full: Duration,
+    ours_one: Duration,
+    nft_one: Duration,
+}
+
+fn one_more(table: &Table) -> Table {
+    let mut next = table.clone();
+    next.sets.get_mut("services").unwrap().insert_mapping(
+        vec![
+            Value::Ipv4(Ipv4Addr::new(198, 51, 100, 1)).into(),
+            Value::Proto(proto::TCP).into(),
+            Value::Port(443).into(),
+        ],
+        ElemData::Verdict(Verdict::Goto("svc-1".into())),
+    );
+    next
+}
+
+fn run_once(lab: &mut Lab, i: usize, table: &Table, next: &Table) -> Run {
+    let mut r = Run::default();
+    let ours: Ns = lab.add_host(&format!("ours{i}"));
+    let theirs: Ns = lab.add_host(&format!("nft{i}"));
+    ours.enter(|| {
+        // Everything the agent does for a full sync: transaction, encoding, kernel.
+        let mut engine = Engine::new(NftnlBackend::new());
+        let desired = table.clone();
+        let start = Instant::now();
+        engine.sync(desired).expect("netlink apply");
+        r.ours_full = start.elapsed();
+
+        let tx = Transaction::full(table);
+        let start = Instant::now();
+        let encoded = engine.backend().encode(&tx).expect("encode");
+        r.ours_encode = start.elapsed();
+        drop(encoded);
+
+        // The steady-state path: diff against the known state, then a one-op batch.
+        let desired = next.clone();
+        let start = Instant::now();
+        let stats = engine.sync(desired).expect("one element");
+        r.ours_one = start.elapsed();
+        assert_eq!(stats.ops, 1);
+    });
+    theirs.enter(|| {
+        let start = Instant::now();
+        nft_stdin(&render_full(table));
+        r.nft_full = start.elapsed();
+
+        let text = render_transaction(&diff(table, next));
+        let start = Instant::now();
+        nft_stdin(&text);
+        r.nft_one = start.elapsed();
+    });
+    r
+}
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
+    v.sort();
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    // `cargo bench` also passes `--bench`; only our own flags matter.
+    let a = args();
+    let table = fixtures::large_table(a.chains, a.elements);
+    let next = one_more(&table);
+    let text_len = render_full(&table).len();
+    let mut lab = Lab::new();
+    let runs: Vec<Run> = (0..a.runs)
+        .map(|i| run_once(&mut lab, i, &table, &next))
+        .collect();
+
+    println!(
+        "nft apply benchmark: {} chains ({} rules), {} map elements, {} runs, fresh netns each",
+        a.chains,
+        2 * a.chains + 1,
+        a.elements,
+        a.runs
+    );
+    println!("kernel {}, text for nft -f: {} bytes", kernel(), text_len);
+    println!(
+        "{:<44} {:>10} {:>10} {:>10}",
+        "measurement (ms)", "min", "median", "max"
+    );
+    let rows: [(&str, fn(&Run) -> Duration); 5] = [
+        ("netlink backend: full sync (tx+encode+kernel)", |r| {
+            r.ours_full
+        }),
+        ("  encoding alone (lowering + batch)", |r| r.ours_encode),
+        ("nft -f: full apply (render_full text)", |r| r.nft_full),
+        ("netlink backend: +1 element (diff+apply)", |r| r.ours_one),
+        ("nft -f: +1 element (add element)", |r| r.nft_one),
+    ];
+    for (name, f) in rows {
+        let (lo, med, hi) = stats(runs.iter().map(f).collect());
+        println!("{name:<44} {:>10} {:>10} {:>10}", ms(lo), ms(med), ms(hi));
+    }
+    let med = |f: fn(&Run) -> Duration| stats(runs.iter().map(f).collect()).1.as_secs_f64();
+    println!(
+        "speedup (median): full apply {:.1}x, one element {:.1}x",
+        med(|r| r.nft_full) / med(|r| r.ours_full),
+        med(|r| r.nft_one) / med(|r| r.ours_one)
+    );
+}
+
+fn kernel() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
