@@ -3,6 +3,7 @@
 //! its chains and sets to the base skeleton and reports per-object status.
 
 pub mod base;
+pub mod qos;
 
 use crate::config::Config;
 use crate::net::NetDesired;
@@ -50,12 +51,15 @@ pub fn plan(snapshot: &Snapshot, config: &Config) -> Desired {
 
 /// Plans the node's desired state; `memory` holds the last valid objects (see [`Memory`]).
 pub fn plan_with(snapshot: &Snapshot, config: &Config, memory: &Memory) -> Desired {
-    let ruleset = base::skeleton(config, &all_node_ips(snapshot));
+    let mut ruleset = base::skeleton(config, &all_node_ips(snapshot));
+    let mut memory = memory.clone();
+    let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
+    memory.qos = qos.memory;
     Desired {
         ruleset,
         net: NetDesired::default(),
-        statuses: Vec::new(),
-        memory: memory.clone(),
+        statuses: qos.statuses,
+        memory,
     }
 }
 
@@ -90,9 +94,15 @@ mod tests {
         let snap = Snapshot::builder().with(node).build();
         let cfg = Config::for_node("worker-1");
         let a = plan(&snap, &cfg);
-        assert_eq!(render_full(&a.ruleset), render_full(&plan(&snap, &cfg).ruleset));
+        assert_eq!(
+            render_full(&a.ruleset),
+            render_full(&plan(&snap, &cfg).ruleset)
+        );
         let text = render_full(&a.ruleset);
-        assert!(text.contains("192.168.50.11") && text.contains("2001:db8::11"), "{text}");
+        assert!(
+            text.contains("192.168.50.11") && text.contains("2001:db8::11"),
+            "{text}"
+        );
         assert!(!text.contains("worker-1"));
     }
 }

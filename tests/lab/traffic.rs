@@ -213,9 +213,24 @@ impl Ns {
         self.udp_probe(Some(src), first_addr(dst), t)
     }
 
+    /// Like `udp_exchange`, sending with this TOS / IPv6 traffic class byte (DSCP << 2 | ECN).
+    pub fn udp_exchange_tos(&self, dst: impl ToSocketAddrs, tos: u8, t: Duration) -> Outcome {
+        self.udp_probe_tos(None, first_addr(dst), Some(tos), t)
+    }
+
     fn udp_probe(&self, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
-        let ctx = format!("udp {src:?} -> {dst} in {}", self.name());
-        self.enter(move || match udp_exchange(src, dst, timeout) {
+        self.udp_probe_tos(src, dst, None, timeout)
+    }
+
+    fn udp_probe_tos(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+        tos: Option<u8>,
+        timeout: Duration,
+    ) -> Outcome {
+        let ctx = format!("udp {src:?} -> {dst} (tos {tos:?}) in {}", self.name());
+        self.enter(move || match udp_exchange(src, dst, tos, timeout) {
             Ok(text) => Reply::decode(&text)
                 .map(Outcome::Reply)
                 .unwrap_or_else(|| panic!("{ctx}: not a lab reply: {text:?}")),
@@ -260,7 +275,12 @@ fn tcp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> io::
     Ok(text)
 }
 
-fn udp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> io::Result<String> {
+fn udp_exchange(
+    src: Option<IpAddr>,
+    dst: SocketAddr,
+    tos: Option<u8>,
+    timeout: Duration,
+) -> io::Result<String> {
     let deadline = Instant::now() + timeout;
     let any: IpAddr = if dst.is_ipv4() {
         [0u8; 4].into()
@@ -268,6 +288,12 @@ fn udp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> io::
         [0u16; 8].into()
     };
     let sock = UdpSocket::bind(SocketAddr::new(src.unwrap_or(any), 0))?;
+    // UDP keeps the ECN bits of IP_TOS (TCP would clear them).
+    match tos.map(i32::from) {
+        Some(t) if dst.is_ipv4() => socket::setsockopt(&sock, sockopt::Ipv4Tos, &t)?,
+        Some(t) => socket::setsockopt(&sock, sockopt::Ipv6TClass, &t)?,
+        None => {}
+    }
     sock.connect(dst)?;
     let mut buf = [0u8; 512];
     loop {

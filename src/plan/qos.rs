@@ -1,0 +1,273 @@
+//! EgressQoS: DSCP marking of the traffic of this node's pods, per namespace.
+//!
+//! Per packet, `mangle-postrouting` does one verdict-map lookup on the source address
+//! (`ip saddr vmap @qos-pods-v4`, `ip6 saddr vmap @qos-pods-v6`); each local pod IP of a
+//! namespace with an EgressQoS maps to `jump <namespace chain>`, so the cost does not grow with
+//! the number of namespaces. The namespace chain holds the object's rules in order, each ending
+//! in `dscp set N` + `return`, so the first match wins. Pod IPs live in set elements (the
+//! vmap and one set per podSelector rule and family): pod churn and relabelling are element
+//! updates; a chain is rewritten only when its object's rules change.
+//!
+//! The chain runs at mangle priority (-150) in postrouting: after prerouting DNAT (so
+//! `dstCIDR` sees the real destination of service traffic) and before srcnat (so the pod's
+//! own source address is matched whatever SNAT/masquerade happens next).
+
+use super::ObjectStatus;
+use super::base::chains::MANGLE_POSTROUTING;
+use crate::api::{EgressQoS, Pod, Protocol, QosRule, ValidatedQos, ValidationError};
+use crate::config::Config;
+use crate::nft::ir::*;
+use crate::nft::names::object_name;
+use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Verdict maps from a local pod's address to its namespace's QoS chain.
+pub const PODS_V4: &str = "qos-pods-v4";
+pub const PODS_V6: &str = "qos-pods-v6";
+
+/// Prefix of the per-namespace chains (`qos-HASH-namespace`); per-rule pod sets append
+/// `-r<index>-v4` / `-v6`.
+const PREFIX: &str = "qos";
+
+/// What the QoS planner hands back besides the chains and sets it adds to the table.
+pub struct QosOutcome {
+    pub statuses: Vec<ObjectStatus>,
+    /// The objects in force per namespace: valid now, or the last valid one if the current
+    /// object is invalid. Namespaces without an object are dropped.
+    pub memory: BTreeMap<String, ValidatedQos>,
+}
+
+/// Adds the EgressQoS chains, sets and dispatch rules to `table`.
+pub fn plan(
+    snapshot: &Snapshot,
+    config: &Config,
+    memory: &BTreeMap<String, ValidatedQos>,
+    table: &mut Table,
+) -> QosOutcome {
+    let (in_force, statuses) = objects_in_force(snapshot, memory);
+    let pods = local_pods(snapshot, config, &in_force);
+    let mut dispatch = [
+        Set::new(PODS_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
+        Set::new(PODS_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
+    ];
+    for (ns, qos) in &in_force {
+        let ns_pods = pods.get(ns.as_str()).map(Vec::as_slice).unwrap_or_default();
+        let chain = namespace_chain(qos, ns_pods, table);
+        for ip in ns_pods.iter().flat_map(|p| &p.ips) {
+            let jump = ElemData::Verdict(Verdict::Jump(chain.clone()));
+            dispatch[family_index(ip)].insert_mapping(vec![Value::ip(*ip).into()], jump);
+        }
+    }
+    let base = table
+        .chains
+        .get_mut(MANGLE_POSTROUTING)
+        .expect("base skeleton has mangle-postrouting");
+    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], PODS_V4)]));
+    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], PODS_V6)]));
+    for set in dispatch {
+        table.add_set(set);
+    }
+    QosOutcome {
+        statuses,
+        memory: in_force,
+    }
+}
+
+/// Validates every EgressQoS. A valid `default` object is in force for its namespace; an
+/// invalid one leaves the namespace's last valid object (from `memory`) in force.
+fn objects_in_force(
+    snapshot: &Snapshot,
+    memory: &BTreeMap<String, ValidatedQos>,
+) -> (BTreeMap<String, ValidatedQos>, Vec<ObjectStatus>) {
+    let mut in_force = BTreeMap::new();
+    let mut statuses = Vec::new();
+    for (key, object) in snapshot.egress_qoses() {
+        let result = match EgressQoS::validate(object) {
+            Ok(valid) => {
+                in_force.insert(valid.namespace.clone(), valid);
+                Ok(())
+            }
+            Err(e) => {
+                // Only the `default` object governs a namespace; others are just reported.
+                if key.name == "default"
+                    && let Some(last) = memory.get(&key.namespace)
+                {
+                    in_force.insert(key.namespace.clone(), last.clone());
+                }
+                Err(reason(&e))
+            }
+        };
+        statuses.push(ObjectStatus {
+            kind: Kind::EgressQoS,
+            key: ObjectKey::new(&key.namespace, &key.name),
+            result,
+        });
+    }
+    (in_force, statuses)
+}
+
+/// The status reason: field path and problem (the status line already names the object).
+fn reason(e: &ValidationError) -> String {
+    format!("{}: {}", e.field, e.reason)
+}
+
+/// A pod whose traffic may be marked: labels to evaluate selectors, and its IPs.
+struct LocalPod<'a> {
+    labels: &'a BTreeMap<String, String>,
+    ips: Vec<IpAddr>,
+}
+
+/// Pods on this node (not host-network, whose address is the node's; not terminal, whose IP
+/// may already belong to another pod) with IPs, grouped by namespace, for namespaces with an
+/// object in force.
+fn local_pods<'a>(
+    snapshot: &'a Snapshot,
+    config: &Config,
+    in_force: &BTreeMap<String, ValidatedQos>,
+) -> BTreeMap<&'a str, Vec<LocalPod<'a>>> {
+    let mut by_ns: BTreeMap<&str, Vec<LocalPod>> = BTreeMap::new();
+    let eligible = |p: &&std::sync::Arc<Pod>| {
+        !snapshot::pod_is_host_network(p) && !snapshot::pod_is_terminal(p)
+    };
+    for pod in snapshot.pods_on_node(&config.node_name).filter(eligible) {
+        let Some(ns) = pod.metadata.namespace.as_deref() else {
+            continue;
+        };
+        let ips = snapshot::pod_ips(pod);
+        if in_force.contains_key(ns) && !ips.is_empty() {
+            by_ns.entry(ns).or_default().push(LocalPod {
+                labels: snapshot::labels(&pod.metadata),
+                ips,
+            });
+        }
+    }
+    by_ns
+}
+
+/// Adds the namespace's chain (and its per-rule pod sets) and returns the chain name.
+fn namespace_chain(qos: &ValidatedQos, pods: &[LocalPod], table: &mut Table) -> String {
+    let name = object_name(PREFIX, &qos.namespace);
+    let mut chain = Chain::regular(&name);
+    for (i, rule) in qos.rules.iter().enumerate() {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            if rule.dst.is_some_and(|d| family_of(&d.addr()) != family) {
+                continue;
+            }
+            let pod_set = (!rule.pods.is_everything()).then(|| {
+                let set = rule_pod_set(
+                    &format!("{name}-r{i}-{}", suffix(family)),
+                    rule,
+                    pods,
+                    family,
+                );
+                let set_name = set.name.clone();
+                table.add_set(set);
+                set_name
+            });
+            let comment = format!("EgressQoS {} rule {i}", qos.namespace);
+            chain.push(Rule::new(rule_stmts(rule, family, pod_set)).with_comment(comment));
+        }
+    }
+    table.add_chain(chain);
+    name
+}
+
+/// The IPs (of `family`) of the pods the rule's podSelector picks.
+fn rule_pod_set(name: &str, rule: &QosRule, pods: &[LocalPod], family: IpFamily) -> Set {
+    let mut set = Set::new(name, vec![addr_type(family)], SetKind::Set);
+    for pod in pods.iter().filter(|p| rule.pods.matches(p.labels)) {
+        for ip in pod.ips.iter().filter(|ip| family_of(ip) == family) {
+            set.insert(vec![Value::ip(*ip).into()]);
+        }
+    }
+    set
+}
+
+/// `[ip saddr @set] [ip daddr CIDR] [meta l4proto . th dport { .. }] counter ip dscp set N
+/// return`. A rule with no address match starts with `meta nfproto` instead, so that only
+/// packets of its family are counted and marked.
+fn rule_stmts(rule: &QosRule, family: IpFamily, pod_set: Option<String>) -> Vec<Stmt> {
+    let (saddr, daddr) = match family {
+        IpFamily::V4 => (Field::Ip4Saddr, Field::Ip4Daddr),
+        IpFamily::V6 => (Field::Ip6Saddr, Field::Ip6Daddr),
+    };
+    let mut stmts = Vec::new();
+    if let Some(set) = pod_set {
+        stmts.push(Stmt::in_set(vec![saddr], set));
+    }
+    // A /0 destination is just "this family", which the nfproto match below expresses.
+    if let Some(dst) = rule.dst.filter(|d| d.prefix_len() > 0) {
+        stmts.push(Stmt::Match(Match {
+            key: vec![daddr],
+            op: MatchOp::InAnon(vec![vec![KeyPart::Prefix(dst)]]),
+        }));
+    }
+    if stmts.is_empty() {
+        stmts.push(Stmt::matches(Field::NfProto, Value::NfProto(family)));
+    }
+    if !rule.ports.is_empty() {
+        let elems = rule
+            .ports
+            .iter()
+            .map(|p| {
+                let proto = Value::Proto(ip_proto(p.protocol));
+                vec![proto.into(), Value::Port(p.port).into()]
+            })
+            .collect();
+        stmts.push(Stmt::Match(Match {
+            key: vec![Field::L4Proto, Field::ThDport],
+            op: MatchOp::InAnon(elems),
+        }));
+    }
+    stmts.extend([
+        Stmt::Counter,
+        Stmt::DscpSet {
+            family,
+            dscp: rule.dscp,
+        },
+        Stmt::Verdict(Verdict::Return),
+    ]);
+    stmts
+}
+
+fn ip_proto(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => proto::TCP,
+        Protocol::Udp => proto::UDP,
+        Protocol::Sctp => proto::SCTP,
+    }
+}
+
+fn family_of(ip: &IpAddr) -> IpFamily {
+    if ip.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    }
+}
+
+fn family_index(ip: &IpAddr) -> usize {
+    match family_of(ip) {
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
+    }
+}
+
+fn addr_type(family: IpFamily) -> DataType {
+    match family {
+        IpFamily::V4 => DataType::Ipv4Addr,
+        IpFamily::V6 => DataType::Ipv6Addr,
+    }
+}
+
+fn suffix(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "v4",
+        IpFamily::V6 => "v6",
+    }
+}
+
+#[cfg(test)]
+#[path = "qos_tests.rs"]
+mod tests;
