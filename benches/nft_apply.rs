@@ -9,7 +9,6 @@
 #[allow(dead_code)]
 #[path = "../tests/nft_kernel/fixtures.rs"]
 mod fixtures;
-#[allow(dead_code, unused_imports)]
 #[path = "../tests/lab/mod.rs"]
 mod lab;
 
@@ -80,14 +79,17 @@ struct Run {
     ours_encode: Duration,
     nft_full: Duration,
     ours_one: Duration,
+    ours_diff: Duration,
+    ours_one_apply: Duration,
     nft_one: Duration,
 }
 
-fn one_more(table: &Table) -> Table {
+/// `table` plus one `services` element for 198.51.100.`host`.
+fn one_more(table: &Table, host: u8) -> Table {
     let mut next = table.clone();
     next.sets.get_mut("services").unwrap().insert_mapping(
         vec![
-            Value::Ipv4(Ipv4Addr::new(198, 51, 100, 1)).into(),
+            Value::Ipv4(Ipv4Addr::new(198, 51, 100, host)).into(),
             Value::Proto(proto::TCP).into(),
             Value::Port(443).into(),
         ],
@@ -117,9 +119,18 @@ fn run_once(lab: &mut Lab, i: usize, table: &Table, next: &Table) -> Run {
         // The steady-state path: diff against the known state, then a one-op batch.
         let desired = next.clone();
         let start = Instant::now();
+        let tx = engine.plan(&desired);
+        r.ours_diff = start.elapsed();
+        drop(tx);
+        let start = Instant::now();
         let stats = engine.sync(desired).expect("one element");
         r.ours_one = start.elapsed();
         assert_eq!(stats.ops, 1);
+        // The netlink part alone: one more element, transaction computed beforehand.
+        let tx = diff(next, &one_more(next, 2));
+        let start = Instant::now();
+        engine.backend_mut().apply(&tx).expect("apply one element");
+        r.ours_one_apply = start.elapsed();
     });
     theirs.enter(|| {
         let start = Instant::now();
@@ -147,7 +158,7 @@ fn main() {
     // `cargo bench` also passes `--bench`; only our own flags matter.
     let a = args();
     let table = fixtures::large_table(a.chains, a.elements);
-    let next = one_more(&table);
+    let next = one_more(&table, 1);
     let text_len = render_full(&table).len();
     let mut lab = Lab::new();
     let runs: Vec<Run> = (0..a.runs)
@@ -166,13 +177,18 @@ fn main() {
         "{:<44} {:>10} {:>10} {:>10}",
         "measurement (ms)", "min", "median", "max"
     );
-    let rows: [(&str, fn(&Run) -> Duration); 5] = [
+    type Column = fn(&Run) -> Duration;
+    let rows: [(&str, Column); 7] = [
         ("netlink backend: full sync (tx+encode+kernel)", |r| {
             r.ours_full
         }),
         ("  encoding alone (lowering + batch)", |r| r.ours_encode),
         ("nft -f: full apply (render_full text)", |r| r.nft_full),
-        ("netlink backend: +1 element (diff+apply)", |r| r.ours_one),
+        ("netlink backend: +1 element, Engine::sync", |r| r.ours_one),
+        ("  Engine::plan (diff) alone", |r| r.ours_diff),
+        ("  NftnlBackend::apply of the 1-op batch", |r| {
+            r.ours_one_apply
+        }),
         ("nft -f: +1 element (add element)", |r| r.nft_one),
     ];
     for (name, f) in rows {
@@ -181,9 +197,10 @@ fn main() {
     }
     let med = |f: fn(&Run) -> Duration| stats(runs.iter().map(f).collect()).1.as_secs_f64();
     println!(
-        "speedup (median): full apply {:.1}x, one element {:.1}x",
+        "speedup (median): full apply {:.1}x; one element: Engine::sync {:.1}x, netlink apply {:.1}x",
         med(|r| r.nft_full) / med(|r| r.ours_full),
-        med(|r| r.nft_one) / med(|r| r.ours_one)
+        med(|r| r.nft_one) / med(|r| r.ours_one),
+        med(|r| r.nft_one) / med(|r| r.ours_one_apply)
     );
 }
 

@@ -375,7 +375,7 @@ fn interval_elements(
     merge: bool,
     out: &mut ElemChunks,
 ) -> Result<(), NftError> {
-    ranges.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    ranges.sort_by_key(|r| r.0.key);
     if merge {
         ranges = merge_ranges(ranges);
     } else if let Some(w) = ranges.windows(2).find(|w| w[1].0.key <= w[0].1) {

@@ -116,7 +116,7 @@ pub const ICMPV6_PORT_UNREACH: u8 = 4;
 /// 128-bit number when a slot starts one (`netlink_put_register`).
 pub fn kernel_reg(slot: u32) -> u32 {
     let r = slot - NFT_REG_1;
-    if r % 4 == 0 {
+    if r.is_multiple_of(4) {
         NFT_REG_1 + r / 4
     } else {
         NFT_REG32_00 + r

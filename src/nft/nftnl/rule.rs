@@ -351,7 +351,7 @@ impl RuleLowering<'_> {
         )?;
         let start = start.as_slice();
         let bits = net.prefix_len() as usize;
-        if bits > 0 && bits % 8 == 0 {
+        if bits > 0 && bits.is_multiple_of(8) {
             // Byte-aligned: load just the prefix bytes and compare them.
             let len = bits / 8;
             self.load(&info, NFT_REG_1, len);
