@@ -69,8 +69,18 @@ pub fn skeleton(config: &Config, node_ips: &[IpAddr]) -> Table {
     for (name, b) in base_chains {
         t.add_chain(Chain::base(name, b));
     }
-    add_cidr_sets(&mut t, sets::CLUSTER_V4, sets::CLUSTER_V6, &config.cluster_cidrs);
-    add_cidr_sets(&mut t, sets::SERVICE_V4, sets::SERVICE_V6, &config.service_cidrs);
+    add_cidr_sets(
+        &mut t,
+        sets::CLUSTER_V4,
+        sets::CLUSTER_V6,
+        &config.cluster_cidrs,
+    );
+    add_cidr_sets(
+        &mut t,
+        sets::SERVICE_V4,
+        sets::SERVICE_V6,
+        &config.service_cidrs,
+    );
     add_address_sets(&mut t, node_ips);
     t
 }
@@ -118,7 +128,11 @@ mod tests {
         let t = skeleton(&c, &["192.168.1.1".parse().unwrap()]);
         assert_eq!(t.chains.len(), 5);
         assert!(t.chains.values().all(|c| c.base.is_some()));
-        assert_eq!(t.sets[sets::CLUSTER_V4].elements.len(), 1, "nested CIDR merged");
+        assert_eq!(
+            t.sets[sets::CLUSTER_V4].elements.len(),
+            1,
+            "nested CIDR merged"
+        );
         assert_eq!(t.sets[sets::CLUSTER_V6].elements.len(), 1);
         assert_eq!(t.sets[sets::NODE_IPS_V4].elements.len(), 1);
     }
