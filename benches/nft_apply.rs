@@ -1,7 +1,8 @@
 //! Netlink backend vs `nft -f`: applying a large table from empty, and one element on top.
 //!
 //! `cargo bench --bench nft_apply` (root: every run uses a fresh network namespace).
-//! Options after `--`: `--runs N` (default 5), `--chains N`, `--elements N`.
+//! Options after `--`: `--runs N` (default 5), `--chains N`, `--elements N`, and
+//! `--dump-text PATH` (write the `nft -f` text and exit, to profile nft by hand).
 //! The table is the one the kernel test `large_table_applies_and_lists_back` uses: N regular
 //! chains with two rules each, and a verdict map `ipv4_addr . inet_proto . inet_service :
 //! goto chain` with M elements.
@@ -25,6 +26,7 @@ struct Args {
     runs: usize,
     chains: u32,
     elements: u32,
+    dump_text: Option<String>,
 }
 
 fn args() -> Args {
@@ -32,6 +34,7 @@ fn args() -> Args {
         runs: 5,
         chains: 10_000,
         elements: 100_000,
+        dump_text: None,
     };
     let argv: Vec<String> = std::env::args().collect();
     for w in argv.windows(2) {
@@ -43,6 +46,7 @@ fn args() -> Args {
             "--runs" => a.runs = n() as usize,
             "--chains" => a.chains = n(),
             "--elements" => a.elements = n(),
+            "--dump-text" => a.dump_text = Some(w[1].clone()),
             _ => {}
         }
     }
@@ -159,7 +163,12 @@ fn main() {
     let a = args();
     let table = fixtures::large_table(a.chains, a.elements);
     let next = one_more(&table, 1);
-    let text_len = render_full(&table).len();
+    let text = render_full(&table);
+    if let Some(path) = a.dump_text {
+        std::fs::write(&path, &text).expect("write text");
+        return;
+    }
+    let text_len = text.len();
     let mut lab = Lab::new();
     let runs: Vec<Run> = (0..a.runs)
         .map(|i| run_once(&mut lab, i, &table, &next))

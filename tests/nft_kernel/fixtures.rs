@@ -128,6 +128,18 @@ fn sets(t: &mut Table) {
     ]);
     t.add_set(civ);
 
+    let mut mark_cidrs = Set::new(
+        "mark-cidrs",
+        vec![DataType::Mark, DataType::Ipv4Addr],
+        SetKind::Set,
+    )
+    .with_flags(INTERVAL);
+    mark_cidrs.insert(vec![
+        KeyPart::Range(Value::Mark(0x10), Value::Mark(0x20)),
+        net("10.0.0.0/8"),
+    ]);
+    t.add_set(mark_cidrs);
+
     let mut svc = Set::new(
         "services",
         vec![
@@ -321,6 +333,21 @@ fn forward(t: &mut Table) {
                 "pod-ports",
             ),
             Stmt::in_set(vec![Field::Ip4Daddr, Field::ThDport], "cidr-ports"),
+            verdict(Verdict::Accept),
+        ]),
+        Rule::new(vec![
+            Stmt::in_set(vec![Field::Mark, Field::Ip4Saddr], "mark-cidrs"),
+            anon(
+                vec![Field::IifName],
+                vec![
+                    vec![Value::IfName("eth*".into()).into()],
+                    vec![Value::IfName("lo".into()).into()],
+                ],
+            ),
+            anon(
+                vec![Field::OifName],
+                vec![vec![Value::IfName("veth*".into()).into()]],
+            ),
             verdict(Verdict::Accept),
         ]),
         Rule::new(vec![

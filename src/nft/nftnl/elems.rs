@@ -4,7 +4,10 @@
 //! element: a 100k-element map is a few dozen 64 KiB buffers.
 
 use super::set::{NFT_SET_ELEM_INTERVAL_END, verdict_code};
-use super::types::{ByteOrder, Bytes, FieldInfo, encode_err, round4, type_info, write_value};
+use super::types::{
+    ByteOrder, Bytes, FieldInfo, IFNAMSIZ, encode_err, ifname_wildcard, round4, type_info,
+    write_value,
+};
 use super::udata;
 use crate::nft::engine::NftError;
 use crate::nft::ir::{DataType, ElemData, ElemKey, ElemValue, KeyPart, SetKind, Value};
@@ -228,6 +231,13 @@ fn part_bounds(part: &KeyPart, t: DataType, be: bool) -> Result<(Bytes, Bytes), 
     };
     match part {
         KeyPart::Value(v) => {
+            // `"eth*"` covers every name starting with `eth`: an interval, like a prefix.
+            if let Some(prefix) = ifname_wildcard(v)? {
+                let (mut lo, mut hi) = ([0u8; IFNAMSIZ], [0xffu8; IFNAMSIZ]);
+                lo[..prefix.len()].copy_from_slice(&prefix);
+                hi[..prefix.len()].copy_from_slice(&prefix);
+                return Ok((Bytes::from_slice(&lo), Bytes::from_slice(&hi)));
+            }
             let b = conv(v)?;
             Ok((b, b))
         }
@@ -258,6 +268,14 @@ fn part_bounds(part: &KeyPart, t: DataType, be: bool) -> Result<(Bytes, Bytes), 
     }
 }
 
+/// A key part that is one value (not a prefix, range or interface-name wildcard).
+pub fn is_single_value(part: &KeyPart) -> Result<bool, NftError> {
+    Ok(match part {
+        KeyPart::Value(v) => ifname_wildcard(v)?.is_none(),
+        _ => false,
+    })
+}
+
 /// The key bounds of one IR element; concatenation components are padded to 4 bytes.
 pub fn key_bounds(layout: &ElemLayout, key: &ElemKey) -> Result<(Bytes, Bytes), NftError> {
     if key.len() != layout.key.len() {
@@ -273,10 +291,10 @@ pub fn key_bounds(layout: &ElemLayout, key: &ElemKey) -> Result<(Bytes, Bytes), 
     let concat = key.len() > 1;
     let (mut start, mut end) = (Bytes::new(), Bytes::new());
     for ((part, t), be) in key.iter().zip(&layout.key).zip(&layout.to_big_endian) {
-        if !layout.interval && !matches!(part, KeyPart::Value(_)) {
+        if !layout.interval && !is_single_value(part)? {
             return Err(encode_err(
                 &format!("element {part:?}"),
-                "prefixes and ranges need an interval set".into(),
+                "prefixes, ranges and wildcards need an interval set".into(),
             ));
         }
         let (s, e) = part_bounds(part, *t, *be)?;

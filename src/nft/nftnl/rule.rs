@@ -2,7 +2,8 @@
 //! text `render.rs` prints (same registers, same dependencies, same anonymous sets).
 
 use super::elems::{
-    ElemChunk, ElemLayout, ElemMode, Element, encode_elements, field_needs_hton, key_bounds,
+    ElemChunk, ElemLayout, ElemMode, Element, encode_elements, field_needs_hton, is_single_value,
+    key_bounds,
 };
 use super::expr::*;
 use super::set::{
@@ -40,6 +41,11 @@ pub struct AnonSet {
 pub struct LoweredRule {
     pub anon: Vec<AnonSet>,
     pub exprs: Vec<Expr>,
+}
+
+/// Whether an anonymous set needs the interval flag (nft decides from its elements).
+fn any_interval<'a>(mut parts: impl Iterator<Item = &'a KeyPart>) -> Result<bool, NftError> {
+    parts.try_fold(false, |acc, p| Ok(acc || !is_single_value(p)?))
 }
 
 /// What earlier statements established (nft's protocol context).
@@ -311,10 +317,7 @@ impl RuleLowering<'_> {
             self.l4 = L4::Some;
         }
         let fields = self.key_fields(key)?;
-        let interval = elems
-            .iter()
-            .flatten()
-            .any(|p| !matches!(p, KeyPart::Value(_)));
+        let interval = any_interval(elems.iter().flatten())?;
         let layout = ElemLayout::new(
             fields.iter().map(|f| f.key_type).collect(),
             interval,
@@ -476,10 +479,7 @@ impl RuleLowering<'_> {
                 if entries.is_empty() {
                     return Err(encode_err("anonymous verdict map", "no elements".into()));
                 }
-                let interval = entries
-                    .iter()
-                    .flat_map(|(k, _)| k)
-                    .any(|p| !matches!(p, KeyPart::Value(_)));
+                let interval = any_interval(entries.iter().flat_map(|(k, _)| k))?;
                 let layout = ElemLayout::new(
                     fields.iter().map(|f| f.key_type).collect(),
                     interval,

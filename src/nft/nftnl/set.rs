@@ -54,6 +54,23 @@ pub fn verdict_code(v: &Verdict) -> (i32, Option<&str>) {
 
 /// The declaration of a named set (`add set` / `add map`).
 pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
+    let data_types = match &set.kind {
+        SetKind::Map(types) => types.as_slice(),
+        _ => &[],
+    };
+    if set
+        .key
+        .iter()
+        .chain(data_types)
+        .any(|t| *t == DataType::Integer)
+    {
+        // `type integer` has no length; nft 1.0.6 wants `typeof` there, which the IR
+        // does not model.
+        return Err(encode_err(
+            &format!("set {}", set.name),
+            "unqualified type integer cannot be declared".into(),
+        ));
+    }
     let key = concat_info(&set.key).map_err(|e| in_set(&set.name, e))?;
     let concat = set.key.len() > 1;
     let mut flags = 0;

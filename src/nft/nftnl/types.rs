@@ -325,7 +325,6 @@ impl Bytes {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.buf[..self.len as usize]
     }
-
 }
 
 impl Default for Bytes {
