@@ -7,11 +7,10 @@
 //! chains with two rules each, and a verdict map `ipv4_addr . inet_proto . inet_service :
 //! goto chain` with M elements.
 
-#[allow(dead_code)]
-#[path = "../tests/nft_kernel/fixtures.rs"]
-mod fixtures;
 #[path = "../tests/lab/mod.rs"]
 mod lab;
+#[path = "../tests/nft_kernel/large.rs"]
+mod large;
 
 use lab::{Lab, Ns};
 use nodeplane::nft::nftnl::NftnlBackend;
@@ -161,7 +160,7 @@ fn ms(d: Duration) -> String {
 fn main() {
     // `cargo bench` also passes `--bench`; only our own flags matter.
     let a = args();
-    let table = fixtures::large_table(a.chains, a.elements);
+    let table = large::large_table(a.chains, a.elements);
     let next = one_more(&table, 1);
     let text = render_full(&table);
     if let Some(path) = a.dump_text {

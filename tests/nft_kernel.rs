@@ -9,13 +9,18 @@
 #[path = "nft_kernel/fixtures.rs"]
 mod fixtures;
 mod lab;
+#[path = "nft_kernel/large.rs"]
+mod large;
 #[path = "nft_kernel/listing.rs"]
 mod listing;
+#[path = "nft_kernel/rich_chains.rs"]
+mod rich_chains;
 #[path = "nft_kernel/wire.rs"]
 mod wire;
 
-use fixtures::{large_table, rich_table, rich_table_changed, v4};
+use fixtures::{rich_table, rich_table_changed, v4};
 use lab::{Lab, Ns};
+use large::large_table;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;

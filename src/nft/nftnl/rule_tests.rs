@@ -1,0 +1,142 @@
+//! Unit tests of statement lowering (no kernel needed).
+
+use super::*;
+use std::net::Ipv4Addr;
+
+fn lower(stmts: Vec<Stmt>) -> LoweredRule {
+    let sets = BTreeMap::new();
+    let mut id = 1;
+    lower_rule(&Rule::new(stmts), &sets, &mut id).unwrap()
+}
+
+#[test]
+fn ip_match_in_inet_gets_one_nfproto_dependency() {
+    let r = lower(vec![
+        Stmt::matches(Field::Ip4Saddr, Value::Ipv4(Ipv4Addr::new(1, 2, 3, 4))),
+        Stmt::matches(Field::Ip4Daddr, Value::Ipv4(Ipv4Addr::new(5, 6, 7, 8))),
+        Stmt::Verdict(Verdict::Drop),
+    ]);
+    assert_eq!(
+        r.exprs,
+        vec![
+            Expr::Meta { key: 15, dreg: 1 },
+            Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: 1,
+                data: vec![2]
+            },
+            Expr::Payload {
+                base: 1,
+                offset: 12,
+                len: 4,
+                dreg: 1
+            },
+            Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: 1,
+                data: vec![1, 2, 3, 4]
+            },
+            Expr::Payload {
+                base: 1,
+                offset: 16,
+                len: 4,
+                dreg: 1
+            },
+            Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: 1,
+                data: vec![5, 6, 7, 8]
+            },
+            Expr::Verdict {
+                code: 0,
+                chain: None
+            },
+        ]
+    );
+}
+
+#[test]
+fn concatenations_use_32_bit_registers() {
+    let r = lower(vec![Stmt::vmap(
+        vec![Field::Ip4Saddr, Field::L4Proto, Field::ThDport],
+        "vm",
+    )]);
+    let regs: Vec<u32> = r
+        .exprs
+        .iter()
+        .filter_map(|e| match e {
+            Expr::Meta { dreg, .. } | Expr::Payload { dreg, .. } => Some(*dreg),
+            _ => None,
+        })
+        .collect();
+    // nfproto dependency, ip saddr, l4proto, th dport.
+    assert_eq!(regs, vec![1, 1, 9, 10]);
+    assert_eq!(kernel_reg(5), 2);
+}
+
+#[test]
+fn ct_state_flags_and_dscp_masks() {
+    let r = lower(vec![Stmt::Match(Match {
+        key: vec![Field::CtState],
+        op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
+    })]);
+    assert!(r.exprs.contains(&Expr::Bitwise {
+        reg: 1,
+        mask: 6u32.to_ne_bytes().to_vec(),
+        xor: vec![0; 4],
+        with_op: false
+    }));
+    let r = lower(vec![Stmt::DscpSet {
+        family: IpFamily::V6,
+        dscp: 10,
+    }]);
+    assert!(r.exprs.contains(&Expr::Bitwise {
+        reg: 1,
+        mask: vec![0xf0, 0x3f],
+        xor: vec![0x02, 0x80],
+        with_op: true
+    }));
+}
+
+#[test]
+fn single_prefix_is_a_shortened_compare() {
+    let r = lower(vec![Stmt::Match(Match {
+        key: vec![Field::Ip4Saddr],
+        op: MatchOp::InAnon(vec![vec![KeyPart::Prefix("10.0.0.0/8".parse().unwrap())]]),
+    })]);
+    assert_eq!(
+        &r.exprs[2..],
+        &[
+            Expr::Payload {
+                base: 1,
+                offset: 12,
+                len: 1,
+                dreg: 1
+            },
+            Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: 1,
+                data: vec![10]
+            }
+        ]
+    );
+}
+
+#[test]
+fn port_nat_needs_a_transport_match() {
+    let nat = Stmt::Nat(Nat {
+        kind: NatKind::Dnat,
+        family: IpFamily::V4,
+        addr: NatAddr::Fixed(IpAddr::V4(Ipv4Addr::new(10, 1, 1, 1)), Some(8080)),
+    });
+    let sets = BTreeMap::new();
+    let mut id = 1;
+    assert!(lower_rule(&Rule::new(vec![nat.clone()]), &sets, &mut id).is_err());
+    let r = lower(vec![Stmt::matches(Field::L4Proto, Value::Proto(6)), nat]);
+    assert!(r.exprs.contains(&Expr::Nat {
+        kind: NFT_NAT_DNAT,
+        family: 2,
+        reg_addr: 1,
+        reg_proto: Some(2)
+    }));
+}
