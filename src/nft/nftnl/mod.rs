@@ -102,13 +102,17 @@ impl NftBackend for NftnlBackend {
         sock.send(&pages)?;
         let errors = read_errors(&sock)?;
         if let Some(first) = errors.first() {
-            return Err(rejected(tx, &batch, first, errors.len()));
+            let err = rejected(tx, &batch, first, errors.len());
+            tracing::warn!(table = %tx.table, errors = errors.len(), "nft batch rejected: {err}");
+            return Err(err);
         }
         self.remember(tx);
-        Ok(ApplyStats {
+        let stats = ApplyStats {
             ops: tx.op_count(),
             messages: batch.msgs.len(),
-        })
+        };
+        tracing::debug!(table = %tx.table, ops = stats.ops, messages = stats.messages, bytes = total, "nft batch applied");
+        Ok(stats)
     }
 }
 
