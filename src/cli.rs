@@ -97,4 +97,14 @@ pub struct Opts {
     /// `nodeplane=debug`). Default: info.
     #[arg(long, global = true, env = "NODEPLANE_LOG_LEVEL", value_name = "LEVEL")]
     pub log_level: Option<String>,
+
+    /// Resolver configuration (resolv.conf syntax) used to resolve EgressFirewall `dnsName`
+    /// rules; names are re-resolved when their shortest TTL expires. Default: /etc/resolv.conf.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_RESOLV_CONF",
+        value_name = "PATH"
+    )]
+    pub resolv_conf: Option<PathBuf>,
 }

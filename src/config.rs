@@ -10,6 +10,7 @@ use std::time::Duration;
 pub const DEFAULT_CLUSTER_CIDR: &str = "10.128.0.0/14";
 pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
+pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -34,6 +35,8 @@ pub struct Config {
     pub service_cidrs: Vec<IpNet>,
     pub resync: Duration,
     pub log_level: String,
+    /// Resolver configuration for EgressFirewall `dnsName` rules.
+    pub resolv_conf: PathBuf,
 }
 
 impl Config {
@@ -47,6 +50,7 @@ impl Config {
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
+            resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
         }
     }
 
@@ -82,6 +86,11 @@ impl Config {
                 .clone()
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
+            resolv_conf: opts
+                .resolv_conf
+                .clone()
+                .or(file.resolv_conf)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_RESOLV_CONF)),
         })
     }
 }
@@ -140,6 +149,7 @@ struct FileConfig {
     service_cidr: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,
+    resolv_conf: Option<PathBuf>,
 }
 
 impl FileConfig {

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod dns;
 pub mod net;
 pub mod nft;
 pub mod plan;

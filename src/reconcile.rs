@@ -3,13 +3,16 @@
 //! retry failures with backoff and resynchronise periodically.
 
 use crate::config::Config;
+use crate::dns::{self, DnsAnswers, DnsService};
 use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{Desired, Memory, ObjectStatus, plan, plan_with};
+use crate::plan::{Desired, Memory, ObjectStatus, firewall, plan, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::manifests;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
@@ -43,6 +46,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     net: B,
     /// Last valid objects, as of the last successful apply.
     memory: Memory,
+    /// Current answers for EgressFirewall dnsName rules (a planner input).
+    dns: DnsAnswers,
 }
 
 impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
@@ -52,7 +57,18 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             engine: Engine::new(nft),
             net,
             memory: Memory::default(),
+            dns: DnsAnswers::default(),
         }
+    }
+
+    /// The DNS names the next plan of `snapshot` needs (remembered objects included).
+    pub fn dns_names(&self, snapshot: &Snapshot) -> BTreeSet<String> {
+        firewall::dns_names(snapshot, &self.memory.firewall)
+    }
+
+    /// Sets the DNS answers the next syncs plan with.
+    pub fn set_dns(&mut self, answers: DnsAnswers) {
+        self.dns = answers;
     }
 
     /// Plans `snapshot` and brings the kernel to it. nftables first, so that rules exist
@@ -63,7 +79,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             net,
             statuses,
             memory,
-        } = plan_with(snapshot, &self.config, &self.memory);
+        } = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
         let nft = self.engine.sync(ruleset)?;
         let changes = self.net.plan(&net)?;
         self.net.apply(&changes)?;
@@ -101,6 +117,14 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         config.node_name,
         snapshot.len()
     );
+    let names = firewall::dns_names(&snapshot, &Default::default());
+    if !names.is_empty() {
+        let names: Vec<String> = names.into_iter().collect();
+        out.push_str(&format!(
+            "# dnsName rules are resolved when applied, not in --dry-run: {}\n",
+            names.join(", ")
+        ));
+    }
     match RtnlBackend::new(NetConfig::default()).and_then(|mut b| b.plan(&desired.net)) {
         Ok(changes) => out.extend(changes.describe().iter().map(|l| format!("# {l}\n"))),
         Err(e) => out.push_str(&format!("# network changes unknown: {e}\n")),
@@ -116,6 +140,11 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
 pub fn once(config: &Config) -> Result<(), ReconcileError> {
     let snapshot = load_snapshot(config)?;
     let mut rec = real_reconciler(config)?;
+    let names = rec.dns_names(&snapshot);
+    match dns::resolve_once(&config.resolv_conf, &names) {
+        Ok(answers) => rec.set_dns(answers),
+        Err(e) => warn!("dnsName rules get no addresses: {e}"),
+    }
     let report = rec.sync(&snapshot)?;
     log_report(&report);
     Ok(())
@@ -186,6 +215,19 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let mut changes =
         crate::source::watch::watch_dir(&dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
     let change_tx = tx.clone();
+    let dns_tx = std::sync::Mutex::new(tx.clone());
+    let lookup: Arc<dyn dns::Lookup> =
+        match dns::HickoryLookup::from_resolv_conf(&config.resolv_conf) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                error!("dnsName rules get no addresses: {e}");
+                Arc::new(dns::Unavailable(e.to_string()))
+            }
+        };
+    // A changed answer wakes the loop like a changed manifest.
+    let resolver = DnsService::spawn(lookup, move || {
+        let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
+    });
     tokio::spawn(async move {
         while changes.recv().await.is_some() {
             if change_tx.send(Event::Changed).is_err() {
@@ -198,7 +240,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         let _ = tx.send(Event::Shutdown);
     });
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker = std::thread::spawn(move || run_loop(config, rx));
+    let worker = std::thread::spawn(move || run_loop(config, rx, resolver));
     tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -224,14 +266,26 @@ async fn wait_for_signal() {
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
-fn run_loop(config: Config, events: mpsc::Receiver<Event>) -> Result<(), ReconcileError> {
+/// How long a sync waits for the first answer of a newly used DNS name.
+const DNS_FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
+
+fn run_loop(
+    config: Config,
+    events: mpsc::Receiver<Event>,
+    resolver: DnsService,
+) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = BACKOFF_MIN;
     loop {
         // Every wake-up (change, retry, resync) re-plans from a fresh snapshot.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
-        match load_snapshot(&config).and_then(|s| rec.sync(&s)) {
+        let synced = load_snapshot(&config).and_then(|s| {
+            let names = rec.dns_names(&s);
+            rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
+            rec.sync(&s)
+        });
+        match synced {
             Ok(report) => {
                 log_report(&report);
                 backoff = BACKOFF_MIN;

@@ -3,9 +3,11 @@
 //! its chains and sets to the base skeleton and reports per-object status.
 
 pub mod base;
+pub mod firewall;
 pub mod qos;
 
 use crate::config::Config;
+use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
@@ -33,6 +35,8 @@ pub struct Desired {
 pub struct Memory {
     /// Per namespace.
     pub qos: BTreeMap<String, crate::api::ValidatedQos>,
+    /// Per namespace.
+    pub firewall: BTreeMap<String, crate::api::ValidatedFirewall>,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -51,14 +55,27 @@ pub fn plan(snapshot: &Snapshot, config: &Config) -> Desired {
 
 /// Plans the node's desired state; `memory` holds the last valid objects (see [`Memory`]).
 pub fn plan_with(snapshot: &Snapshot, config: &Config, memory: &Memory) -> Desired {
+    plan_with_dns(snapshot, config, memory, &DnsAnswers::default())
+}
+
+/// Plans the node's desired state with the current answers for EgressFirewall `dnsName`
+/// rules (resolved outside the planner, see `crate::dns`).
+pub fn plan_with_dns(
+    snapshot: &Snapshot,
+    config: &Config,
+    memory: &Memory,
+    dns: &DnsAnswers,
+) -> Desired {
     let mut ruleset = base::skeleton(config, &all_node_ips(snapshot));
     let mut memory = memory.clone();
+    let fw = firewall::plan(snapshot, config, dns, &memory.firewall, &mut ruleset);
+    memory.firewall = fw.memory;
     let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
     memory.qos = qos.memory;
     Desired {
         ruleset,
         net: NetDesired::default(),
-        statuses: qos.statuses,
+        statuses: fw.statuses.into_iter().chain(qos.statuses).collect(),
         memory,
     }
 }

@@ -1,0 +1,410 @@
+//! EgressFirewall: ordered allow/deny of the traffic this node's pods send out of the cluster.
+//!
+//! Per packet (`filter-forward`, after prerouting DNAT so service traffic is judged by its
+//! real destination):
+//!
+//! 1. `jump fw-dispatch`: established/related traffic returns (a connection is judged by its
+//!    first packet); destinations in the cluster CIDRs (pod-to-pod) and the service CIDRs (a
+//!    ClusterIP nobody DNATed) return; then one verdict-map lookup on the source address,
+//!    `ip saddr vmap @fw-pods-v4` (and v6): each address of a local pod of a namespace with a
+//!    firewall maps to `goto <namespace chain>`.
+//! 2. The namespace chain is four fixed rules: `ip daddr . meta l4proto . th dport vmap
+//!    @<ns>-ports-v4`, then `ip daddr vmap @<ns>-v4` (and v6). The maps hold the object's rules
+//!    compiled into disjoint address intervals ([`compile`]); no match falls through = allowed.
+//! 3. A map element's value is `goto <ns>-r<index>`, a one-rule chain `counter accept|drop`
+//!    whose comment names the rule: per-rule hit counters at O(1) cost.
+//!
+//! So a packet costs the same with 10 rules as with 8000. DNS answers, node addresses and pod
+//! addresses are map elements: their churn is an element update, never a chain rewrite.
+
+pub mod compile;
+
+use super::ObjectStatus;
+use super::base::chains::FILTER_FORWARD;
+use super::base::sets;
+use crate::api::egress_firewall::{Action, Destination, FirewallRule};
+use crate::api::{EgressFirewall, Pod, Protocol, ValidatedFirewall, ValidationError};
+use crate::config::Config;
+use crate::dns::DnsAnswers;
+use crate::nft::ir::*;
+use crate::nft::names::object_name;
+use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use compile::{Compiled, PortKey, Segment};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+/// The chain `filter-forward` jumps to.
+pub const DISPATCH: &str = "fw-dispatch";
+/// Verdict maps from a local pod's address to its namespace's chain.
+pub const PODS_V4: &str = "fw-pods-v4";
+pub const PODS_V6: &str = "fw-pods-v6";
+/// Prefix of the per-namespace chains and maps (`fw-HASH-namespace`).
+const PREFIX: &str = "fw";
+
+/// The names of a namespace's chain, maps and rule chains.
+pub struct Names {
+    pub chain: String,
+}
+
+impl Names {
+    pub fn new(namespace: &str) -> Names {
+        Names {
+            chain: object_name(PREFIX, namespace),
+        }
+    }
+    /// `ip daddr` interval verdict map.
+    pub fn addr_map(&self, family: IpFamily) -> String {
+        format!("{}-{}", self.chain, suffix(family))
+    }
+    /// `ip daddr . meta l4proto . th dport` interval verdict map.
+    pub fn ports_map(&self, family: IpFamily) -> String {
+        format!("{}-ports-{}", self.chain, suffix(family))
+    }
+    /// The counting chain of rule `index`.
+    pub fn rule_chain(&self, index: usize) -> String {
+        format!("{}-r{index}", self.chain)
+    }
+}
+
+/// What the firewall planner hands back besides what it adds to the table.
+pub struct FirewallOutcome {
+    pub statuses: Vec<ObjectStatus>,
+    /// The objects in force per namespace (valid now, or the last valid one).
+    pub memory: BTreeMap<String, ValidatedFirewall>,
+}
+
+/// Adds the EgressFirewall dispatch, namespace chains, maps and rule chains to `table`.
+pub fn plan(
+    snapshot: &Snapshot,
+    config: &Config,
+    dns: &DnsAnswers,
+    memory: &BTreeMap<String, ValidatedFirewall>,
+    table: &mut Table,
+) -> FirewallOutcome {
+    let (in_force, statuses) = objects_in_force(snapshot, memory);
+    let mut dispatch = [
+        Set::new(PODS_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
+        Set::new(PODS_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
+    ];
+    let pods = local_pod_ips(snapshot, config, &in_force);
+    for (ns, fw) in &in_force {
+        let chain = namespace_objects(fw, snapshot, dns, table);
+        for ip in pods.get(ns.as_str()).into_iter().flatten() {
+            let goto = ElemData::Verdict(Verdict::Goto(chain.clone()));
+            dispatch[usize::from(ip.is_ipv6())].insert_mapping(vec![Value::ip(*ip).into()], goto);
+        }
+    }
+    for set in dispatch {
+        table.add_set(set);
+    }
+    table.add_chain(dispatch_chain());
+    table
+        .chains
+        .get_mut(FILTER_FORWARD)
+        .expect("base skeleton has filter-forward")
+        .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
+            DISPATCH.into(),
+        ))]));
+    FirewallOutcome {
+        statuses,
+        memory: in_force,
+    }
+}
+
+/// The DNS names the objects in force (or remembered) refer to: what the resolver must keep
+/// fresh. Sorted, lowercase, one entry per name whatever the number of namespaces using it.
+pub fn dns_names(
+    snapshot: &Snapshot,
+    memory: &BTreeMap<String, ValidatedFirewall>,
+) -> BTreeSet<String> {
+    let (in_force, _) = objects_in_force(snapshot, memory);
+    in_force
+        .values()
+        .flat_map(|fw| &fw.rules)
+        .filter_map(|r| match &r.dest {
+            Destination::Dns(name) => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `fw-dispatch`: exempt established traffic and cluster/service destinations, then one
+/// lookup on the source address per family.
+fn dispatch_chain() -> Chain {
+    let mut c = Chain::regular(DISPATCH);
+    c.push(Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::CtState],
+            op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
+        }),
+        Stmt::Verdict(Verdict::Return),
+    ]));
+    for (field, set) in [
+        (Field::Ip4Daddr, sets::CLUSTER_V4),
+        (Field::Ip4Daddr, sets::SERVICE_V4),
+        (Field::Ip6Daddr, sets::CLUSTER_V6),
+        (Field::Ip6Daddr, sets::SERVICE_V6),
+    ] {
+        c.push(Rule::new(vec![
+            Stmt::in_set(vec![field], set),
+            Stmt::Verdict(Verdict::Return),
+        ]));
+    }
+    c.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], PODS_V4)]));
+    c.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], PODS_V6)]));
+    c
+}
+
+/// Validates every EgressFirewall. A valid `default` object is in force for its namespace;
+/// an invalid one leaves the namespace's last valid object (from `memory`) in force.
+fn objects_in_force(
+    snapshot: &Snapshot,
+    memory: &BTreeMap<String, ValidatedFirewall>,
+) -> (BTreeMap<String, ValidatedFirewall>, Vec<ObjectStatus>) {
+    let mut in_force = BTreeMap::new();
+    let mut statuses = Vec::new();
+    for (key, object) in snapshot.egress_firewalls() {
+        let result = match EgressFirewall::validate(object) {
+            Ok(valid) => {
+                in_force.insert(valid.namespace.clone(), valid);
+                Ok(())
+            }
+            Err(e) => {
+                // Only the `default` object governs a namespace; others are just reported.
+                if key.name == "default"
+                    && let Some(last) = memory.get(&key.namespace)
+                {
+                    in_force.insert(key.namespace.clone(), last.clone());
+                }
+                Err(reason(&e))
+            }
+        };
+        statuses.push(ObjectStatus {
+            kind: Kind::EgressFirewall,
+            key: ObjectKey::new(&key.namespace, &key.name),
+            result,
+        });
+    }
+    (in_force, statuses)
+}
+
+/// The status reason: field path (naming the rule index) and problem.
+fn reason(e: &ValidationError) -> String {
+    format!("{}: {}", e.field, e.reason)
+}
+
+/// Addresses of pods on this node (not host-network, not terminal), per namespace with a
+/// firewall in force.
+fn local_pod_ips<'a>(
+    snapshot: &'a Snapshot,
+    config: &Config,
+    in_force: &BTreeMap<String, ValidatedFirewall>,
+) -> BTreeMap<&'a str, Vec<IpAddr>> {
+    let mut by_ns: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
+    let eligible =
+        |p: &&Arc<Pod>| !snapshot::pod_is_host_network(p) && !snapshot::pod_is_terminal(p);
+    for pod in snapshot.pods_on_node(&config.node_name).filter(eligible) {
+        let Some(ns) = pod.metadata.namespace.as_deref() else {
+            continue;
+        };
+        if in_force.contains_key(ns) {
+            by_ns.entry(ns).or_default().extend(snapshot::pod_ips(pod));
+        }
+    }
+    by_ns
+}
+
+/// Adds a namespace's chain, rule chains and maps; returns the chain name.
+fn namespace_objects(
+    fw: &ValidatedFirewall,
+    snapshot: &Snapshot,
+    dns: &DnsAnswers,
+    table: &mut Table,
+) -> String {
+    let names = Names::new(&fw.namespace);
+    let mut chain = Chain::regular(&names.chain);
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let (daddr, addr_type) = match family {
+            IpFamily::V4 => (Field::Ip4Daddr, DataType::Ipv4Addr),
+            IpFamily::V6 => (Field::Ip6Daddr, DataType::Ipv6Addr),
+        };
+        let rules: Vec<compile::Rule> = fw
+            .rules
+            .iter()
+            .map(|r| compile_input(r, family, snapshot, dns))
+            .collect();
+        let compiled = compile::compile(&rules, max_addr(family));
+        let (ports_map, addr_map) = maps(&names, family, addr_type, &compiled);
+        chain.push(Rule::new(vec![Stmt::vmap(
+            vec![daddr, Field::L4Proto, Field::ThDport],
+            &ports_map.name,
+        )]));
+        chain.push(Rule::new(vec![Stmt::vmap(vec![daddr], &addr_map.name)]));
+        table.add_set(ports_map);
+        table.add_set(addr_map);
+    }
+    for (i, rule) in fw.rules.iter().enumerate() {
+        table.add_chain(rule_chain(&names, &fw.namespace, i, rule));
+    }
+    table.add_chain(chain);
+    names.chain
+}
+
+/// The compiler's view of a rule for one family: its destination as address intervals (DNS
+/// answers and node addresses as single points) and its ports.
+fn compile_input(
+    rule: &FirewallRule,
+    family: IpFamily,
+    snapshot: &Snapshot,
+    dns: &DnsAnswers,
+) -> compile::Rule {
+    let point = |ip: &IpAddr| (family_of(ip) == family).then(|| (num(*ip), num(*ip)));
+    let ranges = match &rule.dest {
+        Destination::Cidr(net) if family_of(&net.addr()) == family => {
+            vec![(num(net.network()), num(net.broadcast()))]
+        }
+        Destination::Cidr(_) => Vec::new(),
+        Destination::Dns(name) => dns.get(name).iter().filter_map(point).collect(),
+        Destination::Nodes(selector) => snapshot
+            .nodes()
+            .values()
+            .filter(|n| selector.matches_meta(&n.metadata))
+            .flat_map(|n| snapshot::node_ips(n))
+            .filter_map(|ip| point(&ip))
+            .collect(),
+    };
+    let ports = rule
+        .ports
+        .iter()
+        .map(|p| PortKey {
+            proto: ip_proto(p.protocol),
+            port: p.port,
+        })
+        .collect();
+    compile::Rule { ranges, ports }
+}
+
+/// The two interval verdict maps of a namespace and family.
+fn maps(names: &Names, family: IpFamily, addr_type: DataType, compiled: &Compiled) -> (Set, Set) {
+    let interval = SetFlags {
+        interval: true,
+        ..Default::default()
+    };
+    let mut ports = Set::new(
+        names.ports_map(family),
+        vec![addr_type, DataType::InetProto, DataType::InetService],
+        SetKind::VerdictMap,
+    )
+    .with_flags(interval);
+    let goto = |s: &Segment| ElemData::Verdict(Verdict::Goto(names.rule_chain(s.rule)));
+    for (p, segments) in &compiled.ports {
+        for s in segments {
+            let key = vec![
+                key_part(family, s),
+                Value::Proto(p.proto).into(),
+                Value::Port(p.port).into(),
+            ];
+            ports.insert_mapping(key, goto(s));
+        }
+    }
+    let mut addrs =
+        Set::new(names.addr_map(family), vec![addr_type], SetKind::VerdictMap).with_flags(interval);
+    for s in &compiled.other {
+        addrs.insert_mapping(vec![key_part(family, s)], goto(s));
+    }
+    (ports, addrs)
+}
+
+/// `<ns>-r<i>`: `counter accept|drop`, commented with the rule.
+fn rule_chain(names: &Names, namespace: &str, index: usize, rule: &FirewallRule) -> Chain {
+    let (verdict, action) = match rule.action {
+        Action::Allow => (Verdict::Accept, "Allow"),
+        Action::Deny => (Verdict::Drop, "Deny"),
+    };
+    let dest = match &rule.dest {
+        Destination::Cidr(net) => net.to_string(),
+        Destination::Dns(name) => format!("dnsName {name}"),
+        Destination::Nodes(sel) => format!("nodeSelector {sel}"),
+    };
+    let ports: Vec<String> = rule.ports.iter().map(|p| p.to_string()).collect();
+    let ports = if ports.is_empty() {
+        String::new()
+    } else {
+        format!(" ports {}", ports.join(","))
+    };
+    let comment = format!("EgressFirewall {namespace} rule {index}: {action} {dest}{ports}");
+    let mut chain = Chain::regular(names.rule_chain(index));
+    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(verdict)]).with_comment(comment));
+    chain
+}
+
+/// A segment as a map key part: a single address, a prefix when it is exactly one, else an
+/// inclusive range.
+fn key_part(family: IpFamily, s: &Segment) -> KeyPart {
+    let ip = |n: u128| match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(n as u32)),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(n)),
+    };
+    if s.start == s.end {
+        return KeyPart::Value(Value::ip(ip(s.start)));
+    }
+    let bits: u8 = match family {
+        IpFamily::V4 => 32,
+        IpFamily::V6 => 128,
+    };
+    // The segment is a prefix when its size is 2^k and its start is aligned to it.
+    let span = s.end - s.start; // size - 1
+    if span.wrapping_add(1) & span == 0 && s.start & span == 0 {
+        let host_bits = (span.count_ones()) as u8;
+        let net = match family {
+            IpFamily::V4 => {
+                Ipv4Net::new(Ipv4Addr::from(s.start as u32), bits - host_bits).map(IpNet::V4)
+            }
+            IpFamily::V6 => Ipv6Net::new(Ipv6Addr::from(s.start), bits - host_bits).map(IpNet::V6),
+        };
+        if let Ok(net) = net {
+            return KeyPart::Prefix(net);
+        }
+    }
+    KeyPart::Range(Value::ip(ip(s.start)), Value::ip(ip(s.end)))
+}
+
+fn num(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn max_addr(family: IpFamily) -> u128 {
+    match family {
+        IpFamily::V4 => u128::from(u32::MAX),
+        IpFamily::V6 => u128::MAX,
+    }
+}
+
+fn ip_proto(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => proto::TCP,
+        Protocol::Udp => proto::UDP,
+        Protocol::Sctp => proto::SCTP,
+    }
+}
+
+fn family_of(ip: &IpAddr) -> IpFamily {
+    if ip.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    }
+}
+
+fn suffix(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "v4",
+        IpFamily::V6 => "v6",
+    }
+}
+
