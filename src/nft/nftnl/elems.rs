@@ -125,7 +125,6 @@ pub struct ElemChunk {
 pub struct ElemChunks {
     pub chunks: Vec<ElemChunk>,
     cur: ElemChunk,
-    scratch: Vec<u8>,
     /// nft numbers the element nests of one command across its messages.
     next_index: usize,
     count: usize,
@@ -140,20 +139,23 @@ impl ElemChunks {
     }
 
     pub fn push(&mut self, e: &ElemSpec) {
-        self.scratch.clear();
-        write_elem(&mut self.scratch, self.next_index, e);
-        if self.cur.list.len() + self.scratch.len() > MAX_ELEM_LIST && !self.cur.srcs.is_empty() {
-            // nft built this element before finding it did not fit, so it moves to the
-            // next message with the next index.
-            self.next_index += 1;
-            let kind = (self.next_index as u16) | NLA_F_NESTED;
-            self.scratch[2..4].copy_from_slice(&kind.to_ne_bytes());
-            self.chunks.push(std::mem::take(&mut self.cur));
-        }
         if self.cur.list.is_empty() {
             self.cur.list.reserve(MAX_ELEM_LIST);
         }
-        self.cur.list.extend_from_slice(&self.scratch);
+        let at = self.cur.list.len();
+        write_elem(&mut self.cur.list, self.next_index, e);
+        if self.cur.list.len() > MAX_ELEM_LIST && !self.cur.srcs.is_empty() {
+            // nft built this element before finding it did not fit, so it moves to the
+            // next message with the next index.
+            let mut next = ElemChunk::default();
+            next.list.reserve(MAX_ELEM_LIST);
+            next.list.extend_from_slice(&self.cur.list[at..]);
+            self.cur.list.truncate(at);
+            self.chunks.push(std::mem::replace(&mut self.cur, next));
+            self.next_index += 1;
+            let kind = (self.next_index as u16) | NLA_F_NESTED;
+            self.cur.list[2..4].copy_from_slice(&kind.to_ne_bytes());
+        }
         self.cur.srcs.push(e.src);
         self.next_index += 1;
         self.count += 1;
@@ -268,6 +270,26 @@ fn part_bounds(part: &KeyPart, t: DataType, be: bool) -> Result<(Bytes, Bytes), 
     }
 }
 
+/// The key of an element of a plain (non-interval) set: values only.
+fn plain_key(layout: &ElemLayout, key: &ElemKey) -> Result<Bytes, NftError> {
+    let concat = key.len() > 1;
+    let mut out = Bytes::new();
+    if key.len() != layout.key.len() {
+        return key_bounds(layout, key).map(|(s, _)| s);
+    }
+    for (part, t) in key.iter().zip(&layout.key) {
+        match part {
+            KeyPart::Value(v) if !matches!(v, Value::IfName(_)) => write_value(v, *t, &mut out)?,
+            // Interface names may be wildcards; prefixes and ranges are errors here.
+            _ => return key_bounds(layout, key).map(|(s, _)| s),
+        }
+        if concat {
+            out.pad4();
+        }
+    }
+    Ok(out)
+}
+
 /// A key part that is one value (not a prefix, range or interface-name wildcard).
 pub fn is_single_value(part: &KeyPart) -> Result<bool, NftError> {
     Ok(match part {
@@ -354,7 +376,11 @@ pub fn encode_elements<'a>(
     let mut out = ElemChunks::new();
     let mut ranges = Vec::new();
     for e in elems {
-        let (start, end) = key_bounds(layout, e.key)?;
+        let (start, end) = if layout.interval {
+            key_bounds(layout, e.key)?
+        } else {
+            (plain_key(layout, e.key)?, Bytes::new())
+        };
         let (data, timeout_ms) = match (mode, e.value) {
             (ElemMode::Delete, _) | (_, None) => (None, None),
             (_, Some(v)) => (
