@@ -408,3 +408,5 @@ fn suffix(family: IpFamily) -> &'static str {
     }
 }
 
+#[cfg(test)]
+mod tests;

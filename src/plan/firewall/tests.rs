@@ -1,0 +1,228 @@
+use super::*;
+use crate::nft::diff::{Op, diff};
+use crate::nft::render::{render_table, rule_text};
+use crate::plan::{Desired, Memory, plan_with_dns};
+use crate::snapshot::SnapshotBuilder;
+use serde_json::json;
+
+const NODE: &str = "worker-1";
+
+fn pod_on(node: &str, ns: &str, name: &str, ips: &[&str]) -> Pod {
+    let pod_ips: Vec<_> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"nodeName": node, "containers": []},
+        "status": {"phase": "Running", "podIP": ips.first(), "podIPs": pod_ips}
+    }))
+    .unwrap()
+}
+
+fn node(name: &str, role: &str, ip: &str) -> crate::api::Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"role": role}},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
+    }))
+    .unwrap()
+}
+
+fn fw(ns: &str, rules: &str) -> EgressFirewall {
+    serde_norway::from_str(&format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {{name: default, namespace: {ns}}}\nspec:\n  egress: {rules}\n"
+    ))
+    .unwrap()
+}
+
+const RULES: &str = "[\
+    {type: Allow, to: {cidrSelector: 203.0.113.0/24}, ports: [{protocol: TCP, port: 443}]}, \
+    {type: Allow, to: {dnsName: api.example.com}}, \
+    {type: Allow, to: {nodeSelector: {matchLabels: {role: infra}}}}, \
+    {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]";
+
+fn snapshot() -> SnapshotBuilder {
+    let mut host_net = pod_on(NODE, "web", "hostnet", &["192.168.50.11"]);
+    host_net.spec.as_mut().unwrap().host_network = Some(true);
+    Snapshot::builder()
+        .with(fw("web", RULES))
+        .with(pod_on(NODE, "web", "a", &["10.128.0.5", "fd01::5"]))
+        .with(pod_on("worker-2", "web", "remote", &["10.128.2.5"]))
+        .with(pod_on(NODE, "other", "b", &["10.128.0.7"]))
+        .with(host_net)
+        .with(node("infra-1", "infra", "192.168.50.21"))
+        .with(node("worker-2", "worker", "192.168.50.12"))
+}
+
+fn answers(ips: &[&str]) -> DnsAnswers {
+    let mut a = DnsAnswers::default();
+    a.insert(
+        "api.example.com",
+        ips.iter().map(|s| s.parse().unwrap()).collect(),
+    );
+    a
+}
+
+fn run(b: SnapshotBuilder, memory: &Memory, dns: &DnsAnswers) -> Desired {
+    plan_with_dns(&b.build(), &Config::for_node(NODE), memory, dns)
+}
+
+fn elements(table: &Table, set: &str) -> Vec<String> {
+    let mut one = table.sets[set].clone();
+    one.name = "x".into();
+    let mut t = Table::new("t");
+    t.add_set(one);
+    let text = render_table(&t);
+    let lines = text.lines().map(str::trim).map(|l| l.trim_end_matches(','));
+    lines
+        .skip_while(|l| !l.starts_with("elements"))
+        .skip(1)
+        .take_while(|l| *l != "}")
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
+    let d = run(snapshot(), &Memory::default(), &answers(&["198.51.100.7"]));
+    let n = Names::new("web");
+    let c = &n.chain;
+    assert_eq!(
+        elements(&d.ruleset, PODS_V4),
+        [format!("10.128.0.5 : goto {c}")],
+        "only local pod-network pods of namespaces with a firewall"
+    );
+    assert_eq!(
+        elements(&d.ruleset, PODS_V6),
+        [format!("fd01::5 : goto {c}")]
+    );
+    let mut v4 = elements(&d.ruleset, &n.addr_map(IpFamily::V4));
+    v4.sort();
+    assert_eq!(
+        v4,
+        [
+            format!("0.0.0.0-192.168.50.20 : goto {c}-r3"),
+            format!("192.168.50.21 : goto {c}-r2"),
+            format!("192.168.50.22-198.51.100.6 : goto {c}-r3"),
+            format!("198.51.100.7 : goto {c}-r1"),
+            format!("198.51.100.8-255.255.255.255 : goto {c}-r3"),
+        ]
+    );
+    assert_eq!(
+        elements(&d.ruleset, &n.ports_map(IpFamily::V4)),
+        [format!("203.0.113.0/24 . tcp . 443 : goto {c}-r0")]
+    );
+    assert!(elements(&d.ruleset, &n.addr_map(IpFamily::V6)).is_empty());
+    let chain: Vec<String> = d.ruleset.chains[c].rules.iter().map(rule_text).collect();
+    assert_eq!(chain.len(), 4);
+    assert_eq!(
+        rule_text(&d.ruleset.chains[&n.rule_chain(3)].rules[0]),
+        "counter drop comment \"EgressFirewall web rule 3: Deny 0.0.0.0/0\""
+    );
+    let dispatch: Vec<String> = d.ruleset.chains[DISPATCH]
+        .rules
+        .iter()
+        .map(rule_text)
+        .collect();
+    assert_eq!(dispatch[0], "ct state established,related return");
+    assert!(dispatch.contains(&"ip daddr @cluster-cidrs-v4 return".to_string()));
+    assert_eq!(d.statuses.len(), 1);
+    assert_eq!(d.statuses[0].result, Ok(()));
+}
+
+#[test]
+fn dns_node_and_pod_changes_are_element_updates_only() {
+    let before = run(snapshot(), &Memory::default(), &answers(&["198.51.100.7"]));
+    let changes = [
+        run(snapshot(), &Memory::default(), &answers(&["198.51.100.9"])),
+        run(
+            snapshot().with(node("worker-2", "infra", "192.168.50.12")),
+            &Memory::default(),
+            &answers(&["198.51.100.7"]),
+        ),
+        run(
+            snapshot().with(pod_on(NODE, "web", "c", &["10.128.0.9"])),
+            &Memory::default(),
+            &answers(&["198.51.100.7"]),
+        ),
+    ];
+    for after in changes {
+        let tx = diff(&before.ruleset, &after.ruleset);
+        assert!(!tx.is_empty());
+        for op in &tx.ops {
+            assert!(
+                matches!(op, Op::AddElements(_) | Op::DeleteElements(_)),
+                "{op:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_invalid_object_keeps_the_remembered_rules_and_names_the_rule() {
+    let first = run(snapshot(), &Memory::default(), &DnsAnswers::default());
+    let bad = "[{type: Deny, to: {cidrSelector: 203.0.113.0/24}}, {type: Allow, to: {cidrSelector: 1.1.1.1/32}}, \
+               {type: Allow, to: {cidrSelector: 1.1.1.2/32}}, {type: Allow, to: {cidrSelector: 10.0.0.0/33}}]";
+    let b = snapshot().with(fw("web", bad)).with(fw("other", "[]"));
+    let d = run(b, &first.memory, &DnsAnswers::default());
+    let web = d.statuses.iter().find(|s| s.key.namespace == "web");
+    assert_eq!(
+        web.unwrap().result,
+        Err("spec.egress[3].to.cidrSelector: invalid CIDR \"10.0.0.0/33\"".into())
+    );
+    assert_eq!(
+        render_table(&d.ruleset)
+            .lines()
+            .filter(|l| l.contains("EgressFirewall web"))
+            .count(),
+        4,
+        "the remembered four rules"
+    );
+    assert_eq!(d.memory.firewall["web"], first.memory.firewall["web"]);
+    assert!(d.memory.firewall.contains_key("other"));
+    // Without a remembered object there is nothing to keep: the namespace is not dispatched.
+    let d = run(
+        snapshot().with(fw("web", bad)),
+        &Memory::default(),
+        &DnsAnswers::default(),
+    );
+    assert!(elements(&d.ruleset, PODS_V4).is_empty());
+}
+
+#[test]
+fn dns_names_are_shared_and_lowercase() {
+    let snap = snapshot()
+        .with(fw(
+            "other",
+            "[{type: Deny, to: {dnsName: API.Example.com.}}, {type: Deny, to: {dnsName: b.example.com}}]",
+        ))
+        .build();
+    let names: Vec<String> = dns_names(&snap, &BTreeMap::new()).into_iter().collect();
+    assert_eq!(names, ["api.example.com", "b.example.com"]);
+}
+
+#[test]
+fn segments_become_prefixes_points_or_ranges() {
+    let seg = |start: u128, end: u128| Segment {
+        start,
+        end,
+        rule: 0,
+    };
+    let v4 = |s: &str| u128::from(u32::from(s.parse::<Ipv4Addr>().unwrap()));
+    let text = |k: KeyPart| match k {
+        KeyPart::Prefix(n) => n.to_string(),
+        KeyPart::Value(v) => format!("{v:?}"),
+        KeyPart::Range(a, b) => format!("{a:?}-{b:?}"),
+    };
+    assert_eq!(
+        text(key_part(IpFamily::V4, &seg(0, u128::from(u32::MAX)))),
+        "0.0.0.0/0"
+    );
+    assert_eq!(
+        text(key_part(
+            IpFamily::V4,
+            &seg(v4("10.0.0.0"), v4("10.0.0.255"))
+        )),
+        "10.0.0.0/24"
+    );
+    assert!(text(key_part(IpFamily::V4, &seg(v4("10.0.0.1"), v4("10.0.0.2")))).contains('-'));
+    assert_eq!(text(key_part(IpFamily::V6, &seg(0, u128::MAX))), "::/0");
+}
