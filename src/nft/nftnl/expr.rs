@@ -93,6 +93,30 @@ pub enum Expr {
     },
 }
 
+impl Expr {
+    /// The kernel's name of the expression (`nft --debug=netlink` shows it too).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
+            Expr::Payload { .. } | Expr::PayloadSet { .. } => "payload",
+            Expr::Ct { .. } => "ct",
+            Expr::Fib { .. } => "fib",
+            Expr::Numgen { .. } => "numgen",
+            Expr::Cmp { .. } => "cmp",
+            Expr::Bitwise { .. } => "bitwise",
+            Expr::Hton { .. } => "byteorder",
+            Expr::Lookup { .. } => "lookup",
+            Expr::DynsetUpdate { .. } => "dynset",
+            Expr::Immediate { .. } | Expr::Verdict { .. } => "immediate",
+            Expr::Counter => "counter",
+            Expr::Log { .. } => "log",
+            Expr::Nat { .. } => "nat",
+            Expr::Masq => "masq",
+            Expr::Reject { .. } => "reject",
+        }
+    }
+}
+
 pub const NFT_CMP_EQ: u32 = 0;
 pub const NFT_CMP_NEQ: u32 = 1;
 pub const NFT_CMP_LTE: u32 = 3;

@@ -628,42 +628,33 @@ mod tests {
             // SAFETY: plain allocation, checked below.
             let e = unsafe { sys::nftnl_set_elem_alloc() };
             assert!(!e.is_null());
-            // SAFETY (all calls below): valid element; integer attributes or C strings
-            // valid for the call.
-            if spec.flags != 0 {
-                unsafe {
-                    sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_FLAGS as u16, spec.flags)
-                };
-            }
-            if let Some(t) = spec.timeout_ms {
-                unsafe { sys::nftnl_set_elem_set_u64(e, sys::NFTNL_SET_ELEM_TIMEOUT as u16, t) };
+            let chain = match &spec.data {
+                Some(DataSpec::Verdict(_, Some(c))) => Some(cstring(c)),
+                _ => None,
+            };
+            // SAFETY: `e` is a live element; integer attributes, and `chain` is a valid C
+            // string for the call (libnftnl copies it).
+            unsafe {
+                if spec.flags != 0 {
+                    sys::nftnl_set_elem_set_u32(e, sys::NFTNL_SET_ELEM_FLAGS as u16, spec.flags);
+                }
+                if let Some(t) = spec.timeout_ms {
+                    sys::nftnl_set_elem_set_u64(e, sys::NFTNL_SET_ELEM_TIMEOUT as u16, t);
+                }
+                if let Some(DataSpec::Verdict(code, _)) = &spec.data {
+                    let verdict = sys::NFTNL_SET_ELEM_VERDICT as u16;
+                    sys::nftnl_set_elem_set_u32(e, verdict, *code as u32);
+                }
+                if let Some(c) = &chain {
+                    sys::nftnl_set_elem_set_str(e, sys::NFTNL_SET_ELEM_CHAIN as u16, c.as_ptr());
+                }
             }
             elem_data(e, sys::NFTNL_SET_ELEM_KEY, spec.key.as_slice());
             if let Some(end) = &spec.key_end {
                 elem_data(e, sys::NFTNL_SET_ELEM_KEY_END, end.as_slice());
             }
-            match &spec.data {
-                None => {}
-                Some(DataSpec::Value(v)) => elem_data(e, sys::NFTNL_SET_ELEM_DATA, v.as_slice()),
-                Some(DataSpec::Verdict(code, chain)) => {
-                    unsafe {
-                        sys::nftnl_set_elem_set_u32(
-                            e,
-                            sys::NFTNL_SET_ELEM_VERDICT as u16,
-                            *code as u32,
-                        )
-                    };
-                    if let Some(c) = chain {
-                        let c = cstring(c);
-                        unsafe {
-                            sys::nftnl_set_elem_set_str(
-                                e,
-                                sys::NFTNL_SET_ELEM_CHAIN as u16,
-                                c.as_ptr(),
-                            )
-                        };
-                    }
-                }
+            if let Some(DataSpec::Value(v)) = &spec.data {
+                elem_data(e, sys::NFTNL_SET_ELEM_DATA, v.as_slice());
             }
             if let Some(u) = spec.udata {
                 elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, u);

@@ -2,15 +2,15 @@
 //! in the kernel) with exactly the messages `nft -f` sends for the text `render.rs` prints.
 //!
 //! Layers, from pure to FFI:
-//! - [`types`], [`udata`]: nft's datatype and field tables, set userdata bytes;
-//! - [`rule`] (with [`expr`]): statements -> kernel expressions (registers, dependencies,
+//! - `types`, `udata`: nft's datatype and field tables, set userdata bytes;
+//! - `rule` (with `expr`): statements -> kernel expressions (registers, dependencies,
 //!   anonymous sets);
-//! - [`set`], [`elems`]: set declarations; elements (intervals, concatenations, data)
-//!   encoded straight into the element-list attributes nft sends;
-//! - [`lower`]: the transaction -> a list of messages, each tagged with its op;
-//! - [`ffi`]: the messages -> libnftnl objects -> an `nftnl::Batch` (all the `unsafe`);
-//! - [`socket`], [`reply`]: one `sendmsg`, then every ack and error read back and mapped
-//!   to the op (and element or expression) that caused it.
+//! - `set`, `elems`: set declarations; elements (intervals, concatenations, data) encoded
+//!   straight into the element-list attributes nft sends;
+//! - `lower`: the transaction -> a list of messages, each tagged with its op;
+//! - `ffi`: the messages -> libnftnl objects -> an `nftnl::Batch` (all the `unsafe`);
+//! - `socket`, `reply`: one `sendmsg`, then every ack and error read back and mapped to the
+//!   op (and element or expression) that caused it.
 
 mod elems;
 mod expr;
@@ -162,8 +162,8 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
         (MsgBody::NewRule { exprs, .. }, Op::AddRule { chain, rule }) => {
             let mut s = format!("add rule inet {t} {chain}: {}", render::rule_text(rule));
             let hit = bytes.and_then(|(m, off)| reply::entry_at(&m, NFTA_RULE_EXPRESSIONS, off));
-            if let Some(e) = hit.and_then(|k| exprs.get(k)) {
-                s.push_str(&format!(" (expression {e:?})"));
+            if let Some((k, e)) = hit.and_then(|k| exprs.get(k).map(|e| (k, e))) {
+                s.push_str(&format!(" (kernel expression {}: {})", k + 1, e.name()));
             }
             s
         }
