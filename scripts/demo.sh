@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Demo of the agent on the bundled example cluster: print the ruleset (no privileges needed),
 # then, as root, check it with nft, apply it, show it and clean it up in a throwaway netns so the
-# host's own firewall is never touched.
+# host's own firewall is never touched; finally show EgressQoS DSCP marking on real packets (a
+# pod netns behind a node netns, an external receiver reporting the DSCP it sees; needs python3).
 #
 #   bash scripts/demo.sh                 # debug build, examples/cluster, node worker-1
 #   PROFILE=release NODE=worker-2 bash scripts/demo.sh
@@ -20,15 +21,21 @@ if [ "$PROFILE" = release ]; then
 else
     cargo build --bin agent
 fi
-AGENT="$(pwd)/${CARGO_TARGET_DIR:-target}/$PROFILE/agent"
+target_dir=${CARGO_TARGET_DIR:-target}
+case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
+AGENT="$target_dir/$PROFILE/agent"
 ARGS=(--manifests "$MANIFESTS" --node-name "$NODE")
 
 step "agent --dry-run ${ARGS[*]}"
 ruleset=$(mktemp)
 ns=""
+qos_dir=""
+qos_ns=()
 cleanup() {
     rm -f "$ruleset" "$ruleset.applied"
     if [ -n "$ns" ]; then ip netns delete "$ns" 2>/dev/null || true; fi
+    if [ -n "$qos_dir" ]; then rm -rf "$qos_dir"; fi
+    for n in "${qos_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 "$AGENT" --dry-run "${ARGS[@]}" | tee "$ruleset"
@@ -69,3 +76,87 @@ if in_ns nft list table inet nodeplane >/dev/null 2>&1; then
     exit 1
 fi
 echo "table inet nodeplane removed"
+
+# --- EgressQoS on the wire -------------------------------------------------------------------
+# A pod netns behind a node netns, an external receiver that prints the DSCP of each datagram
+# it gets. The pod's namespace has one rule: DSCP 46 (EF) to 203.0.113.0/24 only.
+step "EgressQoS: pod -> node -> external receiver"
+command -v python3 >/dev/null || { echo "error: the QoS demo needs python3" >&2; exit 1; }
+q="nodeplane-qos-$$"
+qos_ns=("$q-node" "$q-pod" "$q-ext")
+for n in "${qos_ns[@]}"; do ip netns add "$n"; ip -n "$n" link set lo up; done
+ip netns exec "$q-node" sysctl -qw net.ipv4.ip_forward=1
+ip -n "$q-node" link add veth0 type veth peer name eth0 netns "$q-pod"
+ip -n "$q-node" link add eth0 type veth peer name eth0 netns "$q-ext"
+for n in "$q-node" "$q-pod" "$q-ext"; do ip -n "$n" link set eth0 up; done
+ip -n "$q-node" link set veth0 up
+ip -n "$q-node" addr add 192.168.1.1/24 dev eth0
+ip -n "$q-node" route add 10.128.0.5/32 dev veth0
+ip -n "$q-node" route add 203.0.113.0/24 via 192.168.1.100
+ip -n "$q-node" route add 198.51.100.0/24 via 192.168.1.100
+ip -n "$q-pod" addr add 10.128.0.5/32 dev eth0
+ip -n "$q-pod" route add 192.168.1.1 dev eth0 scope link
+ip -n "$q-pod" route add default via 192.168.1.1 dev eth0
+ip -n "$q-ext" addr add 192.168.1.100/24 dev eth0
+ip -n "$q-ext" addr add 203.0.113.10/32 dev lo
+ip -n "$q-ext" addr add 198.51.100.10/32 dev lo
+ip -n "$q-ext" route add 10.128.0.0/14 via 192.168.1.1
+
+qos_dir=$(mktemp -d)
+cat >"$qos_dir/cluster.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata: {name: sip-0, namespace: voice, labels: {app: sip}}
+spec: {nodeName: demo-node, containers: [{name: sip, image: sip}]}
+status: {phase: Running, podIP: 10.128.0.5, podIPs: [{ip: 10.128.0.5}]}
+---
+apiVersion: k8s.ovn.org/v1
+kind: EgressQoS
+metadata: {name: default, namespace: voice}
+spec:
+  egress:
+  - dscp: 46
+    dstCIDR: 203.0.113.0/24
+YAML
+cat "$qos_dir/cluster.yaml"
+step "agent --once in the node netns"
+ip netns exec "$q-node" "$AGENT" --once --manifests "$qos_dir" --node-name demo-node
+
+# Receiver: one UDP socket per address, reports the TOS byte (IP_RECVTOS) of what arrives.
+cat >"$qos_dir/receiver.py" <<'PY'
+import select, socket, sys
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+socks = []
+for addr in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+    s.bind((addr, 9000))
+    socks.append(s)
+print("ready", flush=True)
+for _ in range(len(socks)):
+    ready, _, _ = select.select(socks, [], [], 5)
+    if not ready:
+        sys.exit("receiver: nothing arrived within 5 s")
+    s = ready[0]
+    _, anc, _, peer = s.recvmsg(64, socket.CMSG_SPACE(1))
+    tos = anc[0][2][0] if anc else 0
+    print(f"  {s.getsockname()[0]:>14} got a datagram from {peer[0]}: TOS 0x{tos:02x} = DSCP {tos >> 2}", flush=True)
+    socks.remove(s)
+PY
+ip netns exec "$q-ext" python3 "$qos_dir/receiver.py" 203.0.113.10 198.51.100.10 >"$qos_dir/recv.log" 2>&1 &
+receiver=$!
+for _ in $(seq 50); do grep -q ready "$qos_dir/recv.log" && break; sleep 0.1; done
+step "pod sends one datagram (TOS 0) to 203.0.113.10 (marked) and one to 198.51.100.10 (not)"
+ip netns exec "$q-pod" python3 -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for dst in ("203.0.113.10", "198.51.100.10"):
+    s.sendto(b"hello", (dst, 9000))'
+wait "$receiver"
+grep -v ready "$qos_dir/recv.log"
+grep -q "203.0.113.10 got .*DSCP 46$" "$qos_dir/recv.log" || { echo "error: no EF mark" >&2; exit 1; }
+grep -q "198.51.100.10 got .*DSCP 0$" "$qos_dir/recv.log" || { echo "error: unexpected mark" >&2; exit 1; }
+step "the QoS part of table inet nodeplane (the rule's counter shows the marked packet)"
+ip netns exec "$q-node" nft list map inet nodeplane qos-pods-v4
+qos_chain=$(ip netns exec "$q-node" nft list map inet nodeplane qos-pods-v4 | grep -o 'qos-[A-Z0-9]*-voice' | head -1)
+ip netns exec "$q-node" nft list chain inet nodeplane "$qos_chain"
