@@ -233,19 +233,41 @@ type Elements = BTreeMap<ElemKey, ElemValue>;
 /// Elements to delete and to add. A changed value (new verdict, new timeout) is a delete
 /// plus an add of the same key, which the kernel applies in order within the batch.
 fn element_delta(have: &Set, want: &Set) -> (Elements, Elements) {
+    use std::cmp::Ordering::*;
     let mut del = Elements::new();
     let mut add = Elements::new();
-    for (k, v) in &have.elements {
-        match want.elements.get(k) {
-            Some(w) if w == v => {}
-            _ => {
+    // Both maps iterate in key order: one merge pass, no lookups (this runs over every
+    // element of every set on each sync, so it must stay linear and cheap).
+    let mut h = have.elements.iter().peekable();
+    let mut w = want.elements.iter().peekable();
+    loop {
+        match (h.peek(), w.peek()) {
+            (None, None) => break,
+            (Some(_), None) => {
+                let (k, v) = h.next().expect("peeked");
                 del.insert(k.clone(), v.clone());
             }
-        }
-    }
-    for (k, v) in &want.elements {
-        if have.elements.get(k) != Some(v) {
-            add.insert(k.clone(), v.clone());
+            (None, Some(_)) => {
+                let (k, v) = w.next().expect("peeked");
+                add.insert(k.clone(), v.clone());
+            }
+            (Some((hk, _)), Some((wk, _))) => match hk.cmp(wk) {
+                Less => {
+                    let (k, v) = h.next().expect("peeked");
+                    del.insert(k.clone(), v.clone());
+                }
+                Greater => {
+                    let (k, v) = w.next().expect("peeked");
+                    add.insert(k.clone(), v.clone());
+                }
+                Equal => {
+                    let ((k, hv), (_, wv)) = (h.next().expect("peeked"), w.next().expect("peeked"));
+                    if hv != wv {
+                        del.insert(k.clone(), hv.clone());
+                        add.insert(k.clone(), wv.clone());
+                    }
+                }
+            },
         }
     }
     (del, add)
