@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Demo of the agent on the bundled example cluster: print the ruleset (no privileges needed),
 # then, as root, check it with nft, apply it, show it and clean it up in a throwaway netns so the
-# host's own firewall is never touched; finally show EgressQoS DSCP marking on real packets (a
-# pod netns behind a node netns, an external receiver reporting the DSCP it sees; needs python3).
+# host's own firewall is never touched; finally show EgressQoS DSCP marking and EgressFirewall
+# allow/deny on real packets (a pod netns behind a node netns, an external host; needs python3).
 #
 #   bash scripts/demo.sh                 # debug build, examples/cluster, node worker-1
 #   PROFILE=release NODE=worker-2 bash scripts/demo.sh
@@ -31,8 +31,12 @@ ruleset=$(mktemp)
 ns=""
 qos_dir=""
 qos_ns=()
+fw_ns=()
+fw_pids=()
 cleanup() {
-    rm -f "$ruleset" "$ruleset.applied"
+    for p in "${fw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for n in "${fw_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
+    rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv"
     if [ -n "$ns" ]; then ip netns delete "$ns" 2>/dev/null || true; fi
     if [ -n "$qos_dir" ]; then rm -rf "$qos_dir"; fi
     for n in "${qos_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
@@ -160,3 +164,58 @@ step "the QoS part of table inet nodeplane (the rule's counter shows the marked 
 ip netns exec "$q-node" nft list map inet nodeplane qos-pods-v4
 qos_chain=$(ip netns exec "$q-node" nft list map inet nodeplane qos-pods-v4 | grep -o 'qos-[A-Z0-9]*-voice' | head -1)
 ip netns exec "$q-node" nft list chain inet nodeplane "$qos_chain"
+
+# --- EgressFirewall on the wire --------------------------------------------------------------
+# The example cluster's backend pod (10.128.0.11 on worker-1) behind a node netns running the
+# agent on examples/cluster as is; an external host with TCP listeners on 203.0.113.10:443,
+# 203.0.113.10:80 and 198.51.100.10:443. The backend firewall allows TCP 443 to 203.0.113.0/24
+# (rule 0) and denies everything else outside the cluster (rule 4).
+step "EgressFirewall: backend pod -> node -> external host"
+f="nodeplane-fw-$$"
+fw_ns=("$f-node" "$f-pod" "$f-ext")
+for n in "${fw_ns[@]}"; do ip netns add "$n"; ip -n "$n" link set lo up; done
+ip netns exec "$f-node" sysctl -qw net.ipv4.ip_forward=1
+ip -n "$f-node" link add veth0 type veth peer name eth0 netns "$f-pod"
+ip -n "$f-node" link add eth0 type veth peer name eth0 netns "$f-ext"
+for n in "$f-node" "$f-pod" "$f-ext"; do ip -n "$n" link set eth0 up; done
+ip -n "$f-node" link set veth0 up
+ip -n "$f-node" addr add 192.168.1.1/24 dev eth0
+ip -n "$f-node" route add 10.128.0.11/32 dev veth0
+ip -n "$f-node" route add 203.0.113.0/24 via 192.168.1.100
+ip -n "$f-node" route add 198.51.100.0/24 via 192.168.1.100
+ip -n "$f-pod" addr add 10.128.0.11/32 dev eth0
+ip -n "$f-pod" route add 192.168.1.1 dev eth0 scope link
+ip -n "$f-pod" route add default via 192.168.1.1 dev eth0
+ip -n "$f-ext" addr add 192.168.1.100/24 dev eth0
+ip -n "$f-ext" addr add 203.0.113.10/32 dev lo
+ip -n "$f-ext" addr add 198.51.100.10/32 dev lo
+ip -n "$f-ext" route add 10.128.0.0/14 via 192.168.1.1
+cat "$MANIFESTS/policy/egress-firewall.yaml"
+# No DNS server in this demo: a resolver that fails at once (dnsName rules match nothing).
+printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$ruleset.resolv"
+step "agent --once in the node netns (node worker-1)"
+ip netns exec "$f-node" "$AGENT" --once "${ARGS[@]}" --resolv-conf "$ruleset.resolv" 2>&1 | grep -v "^$" | sed 's/^/  /'
+ip netns exec "$f-ext" python3 -c '
+import socket, threading
+def serve(addr, port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(16)
+    while True:
+        c, _ = s.accept(); c.sendall(b"hello from %s:%d\n" % (addr.encode(), port)); c.close()
+for a, p in (("203.0.113.10", 443), ("203.0.113.10", 80), ("198.51.100.10", 443)):
+    threading.Thread(target=serve, args=(a, p), daemon=True).start()
+threading.Event().wait()' &
+fw_pids+=($!)
+sleep 0.5
+probe() {
+    if ip netns exec "$f-pod" timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2 && head -1 <&3" >/dev/null 2>&1; then
+        echo "  $1:$2 connected"; return 0
+    fi
+    echo "  $1:$2 blocked"; return 1
+}
+step "backend pod connects"
+probe 203.0.113.10 443 || { echo "error: allowed connection failed" >&2; exit 1; }
+if probe 203.0.113.10 80; then echo "error: port 80 should be denied" >&2; exit 1; fi
+if probe 198.51.100.10 443; then echo "error: 198.51.100.10 should be denied" >&2; exit 1; fi
+step "which rule decided: per-rule counters"
+ip netns exec "$f-node" nft list table inet nodeplane | grep 'EgressFirewall backend' | sed 's/^\s*/  /'
