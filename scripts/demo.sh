@@ -36,7 +36,7 @@ fw_pids=()
 cleanup() {
     for p in "${fw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for n in "${fw_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
-    rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv"
+    rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv" "$ruleset.srv"
     if [ -n "$ns" ]; then ip netns delete "$ns" 2>/dev/null || true; fi
     if [ -n "$qos_dir" ]; then rm -rf "$qos_dir"; fi
     for n in "${qos_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
@@ -197,16 +197,19 @@ step "agent --once in the node netns (node worker-1)"
 ip netns exec "$f-node" "$AGENT" --once "${ARGS[@]}" --resolv-conf "$ruleset.resolv" 2>&1 | grep -v "^$" | sed 's/^/  /'
 ip netns exec "$f-ext" python3 -c '
 import socket, threading
-def serve(addr, port):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, port)); s.listen(16)
-    while True:
-        c, _ = s.accept(); c.sendall(b"hello from %s:%d\n" % (addr.encode(), port)); c.close()
+socks = []
 for a, p in (("203.0.113.10", 443), ("203.0.113.10", 80), ("198.51.100.10", 443)):
-    threading.Thread(target=serve, args=(a, p), daemon=True).start()
-threading.Event().wait()' &
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((a, p)); s.listen(16); socks.append(s)
+def serve(s):
+    while True:
+        c, _ = s.accept(); c.sendall(b"hello\n"); c.close()
+for s in socks:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()' >"$ruleset.srv" 2>&1 &
 fw_pids+=($!)
-sleep 0.5
+for _ in $(seq 100); do grep -q ready "$ruleset.srv" && break; sleep 0.1; done
 probe() {
     if ip netns exec "$f-pod" timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2 && head -1 <&3" >/dev/null 2>&1; then
         echo "  $1:$2 connected"; return 0
