@@ -164,3 +164,20 @@ proptest! {
         prop_assert!(diff(&b, &b).is_empty());
     }
 }
+
+#[test]
+fn owned_full_transaction_equals_borrowed_and_gives_the_table_back() {
+    let t = table(&[("a", 2), ("b", 1)], &[(1, "a"), (2, "b")]);
+    let owned = Transaction::full_owned(t.clone());
+    let borrowed = Transaction::full(&t);
+    let sorted = |tx: &Transaction| {
+        let mut v: Vec<String> = tx.ops.iter().map(|o| format!("{o:?}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(&owned), sorted(&borrowed));
+    assert_eq!(owned.into_table(), t);
+    let mut model = None;
+    apply_to(&mut model, &Transaction::full_owned(t.clone())).unwrap();
+    assert_eq!(model, Some(t));
+}

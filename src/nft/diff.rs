@@ -66,6 +66,53 @@ impl Transaction {
         }
     }
 
+    /// [`Transaction::full`] that takes the table by value: sets and rules move into the ops
+    /// instead of being copied (a full sync of 100k elements must not clone them).
+    /// [`Transaction::into_table`] gives the table back.
+    pub fn full_owned(desired: Table) -> Transaction {
+        let mut ops = vec![Op::AddTable, Op::DeleteTable, Op::AddTable];
+        let mut rules = Vec::new();
+        for (name, chain) in desired.chains {
+            ops.push(Op::AddChain {
+                name: name.clone(),
+                base: chain.base,
+            });
+            rules.extend(chain.rules.into_iter().map(|rule| Op::AddRule {
+                chain: name.clone(),
+                rule,
+            }));
+        }
+        ops.extend(desired.sets.into_values().map(Op::AddSet));
+        ops.extend(rules);
+        Transaction {
+            table: desired.name,
+            ops,
+        }
+    }
+
+    /// The table a full transaction creates, rebuilt by moving its parts out of the ops.
+    /// Meaningful for [`Transaction::full`]/[`Transaction::full_owned`] results only.
+    pub fn into_table(self) -> Table {
+        let mut table = Table::new(self.table);
+        for op in self.ops {
+            match op {
+                Op::AddChain { name, base } => table.add_chain(Chain {
+                    name,
+                    base,
+                    rules: Vec::new(),
+                }),
+                Op::AddRule { chain, rule } => {
+                    if let Some(c) = table.chains.get_mut(&chain) {
+                        c.rules.push(rule);
+                    }
+                }
+                Op::AddSet(set) => table.add_set(set),
+                _ => {}
+            }
+        }
+        table
+    }
+
     /// `delete table`: what `agent cleanup` sends (preceded by `add` so it cannot fail
     /// when the table is already gone).
     pub fn delete(table: &str) -> Transaction {

@@ -99,7 +99,10 @@ impl<B: NftBackend> Engine<B> {
 
     /// Brings the kernel to `desired`. An empty diff sends nothing.
     pub fn sync(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
-        let tx = self.plan(&desired);
+        let Some(current) = &self.current else {
+            return self.replace(desired);
+        };
+        let tx = diff(current, &desired);
         if tx.is_empty() {
             return Ok(ApplyStats::default());
         }
@@ -115,6 +118,15 @@ impl<B: NftBackend> Engine<B> {
                 Err(e)
             }
         }
+    }
+
+    /// Full, atomic replacement; the desired table moves through the transaction and back,
+    /// so even a 100k-element table is never copied.
+    fn replace(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
+        let tx = Transaction::full_owned(desired);
+        let stats = self.backend.apply(&tx)?;
+        self.current = Some(tx.into_table());
+        Ok(stats)
     }
 
     /// Forgets the kernel state so the next sync is a full replacement (periodic resync).
