@@ -19,16 +19,16 @@
 
 pub mod compile;
 
-use super::ObjectStatus;
 use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
+use super::{ObjectStatus, in_force};
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
-use crate::api::{EgressFirewall, Pod, Protocol, ValidatedFirewall, ValidationError};
+use crate::api::{EgressFirewall, Pod, Protocol, ValidatedFirewall};
 use crate::config::Config;
 use crate::dns::DnsAnswers;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
-use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use crate::snapshot::{self, Kind, Snapshot};
 use compile::{Compiled, PortKey, Segment};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, BTreeSet};
@@ -157,42 +157,16 @@ fn dispatch_chain() -> Chain {
     c
 }
 
-/// Validates every EgressFirewall. A valid `default` object is in force for its namespace;
-/// an invalid one leaves the namespace's last valid object (from `memory`) in force.
 fn objects_in_force(
     snapshot: &Snapshot,
     memory: &BTreeMap<String, ValidatedFirewall>,
 ) -> (BTreeMap<String, ValidatedFirewall>, Vec<ObjectStatus>) {
-    let mut in_force = BTreeMap::new();
-    let mut statuses = Vec::new();
-    for (key, object) in snapshot.egress_firewalls() {
-        let result = match EgressFirewall::validate(object) {
-            Ok(valid) => {
-                in_force.insert(valid.namespace.clone(), valid);
-                Ok(())
-            }
-            Err(e) => {
-                // Only the `default` object governs a namespace; others are just reported.
-                if key.name == "default"
-                    && let Some(last) = memory.get(&key.namespace)
-                {
-                    in_force.insert(key.namespace.clone(), last.clone());
-                }
-                Err(reason(&e))
-            }
-        };
-        statuses.push(ObjectStatus {
-            kind: Kind::EgressFirewall,
-            key: ObjectKey::new(&key.namespace, &key.name),
-            result,
-        });
-    }
-    (in_force, statuses)
-}
-
-/// The status reason: field path (naming the rule index) and problem.
-fn reason(e: &ValidationError) -> String {
-    format!("{}: {}", e.field, e.reason)
+    in_force::objects_in_force(
+        Kind::EgressFirewall,
+        snapshot.egress_firewalls(),
+        EgressFirewall::validate,
+        memory,
+    )
 }
 
 /// Addresses of pods on this node (not host-network, not terminal), per namespace with a

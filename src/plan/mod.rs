@@ -4,6 +4,7 @@
 
 pub mod base;
 pub mod firewall;
+pub mod in_force;
 pub mod qos;
 
 use crate::config::Config;

@@ -12,13 +12,13 @@
 //! `dstCIDR` sees the real destination of service traffic) and before srcnat (so the pod's
 //! own source address is matched whatever SNAT/masquerade happens next).
 
-use super::ObjectStatus;
 use super::base::chains::MANGLE_POSTROUTING;
-use crate::api::{EgressQoS, Pod, Protocol, QosRule, ValidatedQos, ValidationError};
+use super::{ObjectStatus, in_force};
+use crate::api::{EgressQoS, Pod, Protocol, QosRule, ValidatedQos};
 use crate::config::Config;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
-use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use crate::snapshot::{self, Kind, Snapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -74,42 +74,16 @@ pub fn plan(
     }
 }
 
-/// Validates every EgressQoS. A valid `default` object is in force for its namespace; an
-/// invalid one leaves the namespace's last valid object (from `memory`) in force.
 fn objects_in_force(
     snapshot: &Snapshot,
     memory: &BTreeMap<String, ValidatedQos>,
 ) -> (BTreeMap<String, ValidatedQos>, Vec<ObjectStatus>) {
-    let mut in_force = BTreeMap::new();
-    let mut statuses = Vec::new();
-    for (key, object) in snapshot.egress_qoses() {
-        let result = match EgressQoS::validate(object) {
-            Ok(valid) => {
-                in_force.insert(valid.namespace.clone(), valid);
-                Ok(())
-            }
-            Err(e) => {
-                // Only the `default` object governs a namespace; others are just reported.
-                if key.name == "default"
-                    && let Some(last) = memory.get(&key.namespace)
-                {
-                    in_force.insert(key.namespace.clone(), last.clone());
-                }
-                Err(reason(&e))
-            }
-        };
-        statuses.push(ObjectStatus {
-            kind: Kind::EgressQoS,
-            key: ObjectKey::new(&key.namespace, &key.name),
-            result,
-        });
-    }
-    (in_force, statuses)
-}
-
-/// The status reason: field path and problem (the status line already names the object).
-fn reason(e: &ValidationError) -> String {
-    format!("{}: {}", e.field, e.reason)
+    in_force::objects_in_force(
+        Kind::EgressQoS,
+        snapshot.egress_qoses(),
+        EgressQoS::validate,
+        memory,
+    )
 }
 
 /// A pod whose traffic may be marked: labels to evaluate selectors, and its IPs.

@@ -2,6 +2,7 @@ use super::*;
 use crate::nft::diff::{Op, diff};
 use crate::nft::render::rule_text;
 use crate::plan::{Desired, Memory, plan_with};
+use crate::snapshot::ObjectKey;
 use serde_json::json;
 
 const NODE: &str = "worker-1";
