@@ -120,21 +120,8 @@ impl EgressFirewall {
     pub fn validate(&self) -> Result<ValidatedFirewall, ValidationError> {
         let ctx = Ctx::namespaced("EgressFirewall", &self.metadata);
         let namespace = ctx.default_named_namespace(&self.metadata)?;
-        let egress = &self.spec.egress;
-        if egress.len() > MAX_EGRESS_FIREWALL_RULES {
-            return Err(ctx.err(
-                "spec.egress",
-                Invalid::TooManyRules {
-                    count: egress.len(),
-                    max: MAX_EGRESS_FIREWALL_RULES,
-                },
-            ));
-        }
-        let rules = egress
-            .iter()
-            .enumerate()
-            .map(|(i, rule)| validate_rule(&ctx, &format!("spec.egress[{i}]"), rule))
-            .collect::<Result<_, _>>()?;
+        let rules =
+            ctx.egress_rules(&self.spec.egress, MAX_EGRESS_FIREWALL_RULES, validate_rule)?;
         Ok(ValidatedFirewall { namespace, rules })
     }
 }

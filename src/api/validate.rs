@@ -102,6 +102,30 @@ impl Ctx {
         }
     }
 
+    /// Validates `spec.egress`: at most `max` rules, each checked by `rule` with its field
+    /// path; the first invalid rule rejects the whole list.
+    pub(crate) fn egress_rules<R, V>(
+        &self,
+        egress: &[R],
+        max: usize,
+        rule: impl Fn(&Ctx, &str, &R) -> Result<V, ValidationError>,
+    ) -> Result<Vec<V>, ValidationError> {
+        if egress.len() > max {
+            return Err(self.err(
+                "spec.egress",
+                Invalid::TooManyRules {
+                    count: egress.len(),
+                    max,
+                },
+            ));
+        }
+        egress
+            .iter()
+            .enumerate()
+            .map(|(i, r)| rule(self, &format!("spec.egress[{i}]"), r))
+            .collect()
+    }
+
     /// Compiles a selector found at `field`, prefixing selector errors with that path.
     pub(crate) fn selector(
         &self,
