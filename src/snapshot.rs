@@ -442,6 +442,16 @@ impl Snapshot {
             .filter_map(move |k| pods.get(k))
     }
 
+    /// Pods on `node` whose traffic the node's dataplane handles: on the pod network (not
+    /// hostNetwork) and not finished (a Succeeded/Failed pod's IP may belong to another pod).
+    pub fn pod_network_pods_on_node<'a>(
+        &'a self,
+        node: &str,
+    ) -> impl Iterator<Item = &'a Arc<Pod>> + 'a {
+        self.pods_on_node(node)
+            .filter(|p| !pod_is_host_network(p) && !pod_is_terminal(p))
+    }
+
     /// EndpointSlices labelled `kubernetes.io/service-name: <name>` in the service's namespace.
     pub fn endpoint_slices_for_service<'a>(
         &'a self,

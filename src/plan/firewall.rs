@@ -23,7 +23,7 @@ use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
 use super::{ObjectStatus, in_force};
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
-use crate::api::{EgressFirewall, Pod, Protocol, ValidatedFirewall};
+use crate::api::{EgressFirewall, Protocol, ValidatedFirewall};
 use crate::config::Config;
 use crate::dns::DnsAnswers;
 use crate::nft::ir::*;
@@ -33,7 +33,6 @@ use compile::{Compiled, PortKey, Segment};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
 /// The chain `filter-forward` jumps to.
 pub const DISPATCH: &str = "fw-dispatch";
@@ -69,11 +68,7 @@ impl Names {
 }
 
 /// What the firewall planner hands back besides what it adds to the table.
-pub struct FirewallOutcome {
-    pub statuses: Vec<ObjectStatus>,
-    /// The objects in force per namespace (valid now, or the last valid one).
-    pub memory: BTreeMap<String, ValidatedFirewall>,
-}
+pub type FirewallOutcome = in_force::Outcome<ValidatedFirewall>;
 
 /// Adds the EgressFirewall dispatch, namespace chains, maps and rule chains to `table`.
 pub fn plan(
@@ -177,9 +172,7 @@ fn local_pod_ips<'a>(
     in_force: &BTreeMap<String, ValidatedFirewall>,
 ) -> BTreeMap<&'a str, Vec<IpAddr>> {
     let mut by_ns: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
-    let eligible =
-        |p: &&Arc<Pod>| !snapshot::pod_is_host_network(p) && !snapshot::pod_is_terminal(p);
-    for pod in snapshot.pods_on_node(&config.node_name).filter(eligible) {
+    for pod in snapshot.pod_network_pods_on_node(&config.node_name) {
         let Some(ns) = pod.metadata.namespace.as_deref() else {
             continue;
         };

@@ -8,6 +8,14 @@ use crate::snapshot::{Kind, ObjectKey};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// What a feature planner hands back besides what it adds to the table.
+pub struct Outcome<V> {
+    pub statuses: Vec<ObjectStatus>,
+    /// The objects in force per namespace: valid now, or the last valid one if the current
+    /// object is invalid. Namespaces without an object are dropped.
+    pub memory: BTreeMap<String, V>,
+}
+
 /// Validates every object and returns the version in force per namespace plus one status
 /// per object. Only the object named `default` governs its namespace.
 pub fn objects_in_force<T, V: Clone>(

@@ -14,7 +14,7 @@
 
 use super::base::chains::MANGLE_POSTROUTING;
 use super::{ObjectStatus, in_force};
-use crate::api::{EgressQoS, Pod, Protocol, QosRule, ValidatedQos};
+use crate::api::{EgressQoS, Protocol, QosRule, ValidatedQos};
 use crate::config::Config;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
@@ -31,12 +31,7 @@ pub const PODS_V6: &str = "qos-pods-v6";
 const PREFIX: &str = "qos";
 
 /// What the QoS planner hands back besides the chains and sets it adds to the table.
-pub struct QosOutcome {
-    pub statuses: Vec<ObjectStatus>,
-    /// The objects in force per namespace: valid now, or the last valid one if the current
-    /// object is invalid. Namespaces without an object are dropped.
-    pub memory: BTreeMap<String, ValidatedQos>,
-}
+pub type QosOutcome = in_force::Outcome<ValidatedQos>;
 
 /// Adds the EgressQoS chains, sets and dispatch rules to `table`.
 pub fn plan(
@@ -101,10 +96,7 @@ fn local_pods<'a>(
     in_force: &BTreeMap<String, ValidatedQos>,
 ) -> BTreeMap<&'a str, Vec<LocalPod<'a>>> {
     let mut by_ns: BTreeMap<&str, Vec<LocalPod>> = BTreeMap::new();
-    let eligible = |p: &&std::sync::Arc<Pod>| {
-        !snapshot::pod_is_host_network(p) && !snapshot::pod_is_terminal(p)
-    };
-    for pod in snapshot.pods_on_node(&config.node_name).filter(eligible) {
+    for pod in snapshot.pod_network_pods_on_node(&config.node_name) {
         let Some(ns) = pod.metadata.namespace.as_deref() else {
             continue;
         };

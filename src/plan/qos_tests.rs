@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Pod;
 use crate::nft::diff::{Op, diff};
 use crate::nft::render::rule_text;
 use crate::plan::{Desired, Memory, plan_with};

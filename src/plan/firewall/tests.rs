@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Pod;
 use crate::nft::diff::{Op, diff};
 use crate::nft::render::{render_table, rule_text};
 use crate::plan::{Desired, Memory, plan_with_dns};
