@@ -1,8 +1,11 @@
 //! The `agent` binary as an operator uses it: dry-run output (unprivileged, accepted by
 //! `nft -c`), option sources (flags, environment, config file), exit codes and messages.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+#[path = "support/nft_check.rs"]
+mod support;
+
+use std::process::{Command, Output};
+use support::nft_check;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_agent");
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cluster");
@@ -54,25 +57,7 @@ fn dry_run_of_the_examples_matches_golden() {
 
 #[test]
 fn dry_run_is_accepted_by_nft_check_in_a_scratch_netns() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "nft -c needs root; run the test suite as root"
-    );
-    let text = dry_run_examples(&[]);
-    let mut child = Command::new("unshare")
-        .args(["--net", "nft", "-c", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare + nft");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "nft -c: {}\n{text}", stderr(&out));
+    nft_check(&dry_run_examples(&[]));
 }
 
 #[test]

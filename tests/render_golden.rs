@@ -2,11 +2,13 @@
 //! accepts the text. Regenerate the golden file with `UPDATE_GOLDEN=1 cargo test --test
 //! render_golden` after an intended change, and review the diff.
 
+#[path = "support/nft_check.rs"]
+mod support;
+
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::process::{Command, Stdio};
+use support::nft_check;
 
 fn v4(s: &str) -> Value {
     Value::Ipv4(s.parse::<Ipv4Addr>().unwrap())
@@ -218,32 +220,6 @@ fn golden(name: &str, actual: &str) {
     let expected = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{path}: {e} (run with UPDATE_GOLDEN=1 to create it)"));
     assert_eq!(actual, expected, "rendering differs from {path}");
-}
-
-/// `nft -c -f -` in a private network namespace: checks with the kernel, changes nothing.
-fn nft_check(text: &str) {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test checks the ruleset with the kernel and needs root"
-    );
-    let mut child = Command::new("unshare")
-        .args(["--net", "nft", "-c", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run unshare + nft (util-linux and nftables must be installed)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -c rejected the text:\n{}\n---\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
