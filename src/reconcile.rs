@@ -10,7 +10,7 @@ use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
 use crate::plan::{Desired, Memory, ObjectStatus, firewall, plan, plan_with_dns};
 use crate::snapshot::Snapshot;
-use crate::source::manifests;
+use crate::source::{kube as kube_source, manifests};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -19,10 +19,10 @@ use tracing::{error, info, warn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("no object source: pass --manifests DIR (the Kubernetes API source is not built yet)")]
-    NoSource,
     #[error("manifests: {0}")]
     Source(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] crate::source::kube::KubeError),
     #[error("nftables: {0}")]
     Nft(#[from] NftError),
     #[error("network: {0}")]
@@ -97,14 +97,48 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
     }
 }
 
-/// Loads the configured manifests directory, logging every skipped document.
+/// Loads the configured source once: the manifests directory, or (without `--manifests`) the
+/// Kubernetes API once every kind has been listed.
 pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
-    let dir = config.manifests.as_ref().ok_or(ReconcileError::NoSource)?;
+    let Some(dir) = config.manifests.as_ref() else {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+        return runtime.block_on(list_kube_once(config));
+    };
     let report = manifests::load_dir(dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
     for p in &report.problems {
         warn!("skipped: {p}");
     }
     Ok(report.snapshot)
+}
+
+async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
+    let client = kube_source::client(config.kubeconfig.as_deref()).await?;
+    let mut source = kube_source::start(client);
+    let synced = source.snapshots.wait_for(Option::is_some).await;
+    let snapshot = synced
+        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
+        .clone();
+    Ok(snapshot.unwrap_or_default())
+}
+
+/// Where the run loop reads its snapshots from.
+enum Snapshots {
+    /// Reloaded from the directory on every wake-up.
+    Manifests,
+    /// The latest snapshot the Kubernetes source published.
+    Kube(tokio::sync::watch::Receiver<Option<Snapshot>>),
+}
+
+impl Snapshots {
+    fn current(&self, config: &Config) -> Result<Snapshot, ReconcileError> {
+        match self {
+            Snapshots::Manifests => load_snapshot(config),
+            Snapshots::Kube(rx) => Ok(rx.borrow().clone().unwrap_or_default()),
+        }
+    }
 }
 
 /// `--dry-run`: the full ruleset plus the address/route/rule changes as `#` lines. Reads the
@@ -206,15 +240,48 @@ enum Event {
     Shutdown,
 }
 
-/// Run mode: sync, then re-sync on every change of the manifests directory, retry failures
+/// Run mode: sync, then re-sync on every change of the source (manifests directory or, without
+/// it, the Kubernetes API once every kind has synced), retry failures
 /// with exponential backoff (1 s .. 60 s), resync fully every `config.resync`, and stop on
 /// SIGTERM/SIGINT leaving the rules in place.
 pub async fn run(config: Config) -> Result<(), ReconcileError> {
-    let dir = config.manifests.clone().ok_or(ReconcileError::NoSource)?;
     let (tx, rx) = mpsc::channel();
-    let mut changes =
-        crate::source::watch::watch_dir(&dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
     let change_tx = tx.clone();
+    let snapshots = match &config.manifests {
+        Some(dir) => {
+            let mut changes = crate::source::watch::watch_dir(dir)
+                .map_err(|e| ReconcileError::Source(e.to_string()))?;
+            tokio::spawn(async move {
+                while changes.recv().await.is_some() {
+                    if change_tx.send(Event::Changed).is_err() {
+                        break;
+                    }
+                }
+            });
+            Snapshots::Manifests
+        }
+        None => {
+            let client = kube_source::client(config.kubeconfig.as_deref()).await?;
+            let source = kube_source::start(client);
+            let mut changes = source.snapshots.clone();
+            // Never program a partial view: the first sync waits for every initial list.
+            info!("waiting for the initial list of every kind");
+            tokio::select! {
+                synced = changes.wait_for(Option::is_some) => {
+                    synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+                }
+                _ = wait_for_signal() => return Ok(()),
+            }
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    if change_tx.send(Event::Changed).is_err() {
+                        break;
+                    }
+                }
+            });
+            Snapshots::Kube(source.snapshots)
+        }
+    };
     let dns_tx = std::sync::Mutex::new(tx.clone());
     let lookup: Arc<dyn dns::Lookup> =
         match dns::HickoryLookup::from_resolv_conf(&config.resolv_conf) {
@@ -229,18 +296,11 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
     });
     tokio::spawn(async move {
-        while changes.recv().await.is_some() {
-            if change_tx.send(Event::Changed).is_err() {
-                break;
-            }
-        }
-    });
-    tokio::spawn(async move {
         wait_for_signal().await;
         let _ = tx.send(Event::Shutdown);
     });
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker = std::thread::spawn(move || run_loop(config, rx, resolver));
+    let worker = std::thread::spawn(move || run_loop(config, rx, resolver, snapshots));
     tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -273,6 +333,7 @@ fn run_loop(
     config: Config,
     events: mpsc::Receiver<Event>,
     resolver: DnsService,
+    snapshots: Snapshots,
 ) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
@@ -280,7 +341,7 @@ fn run_loop(
     loop {
         // Every wake-up (change, retry, resync) re-plans from a fresh snapshot.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
-        let synced = load_snapshot(&config).and_then(|s| {
+        let synced = snapshots.current(&config).and_then(|s| {
             let names = rec.dns_names(&s);
             rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
             rec.sync(&s)

@@ -2,7 +2,9 @@
 //!
 //! - [`manifests`]: a directory of YAML/JSON manifests (multi-document files, `kind: List`),
 //!   with [`watch`] telling when to reload it.
+//! - [`kube`]: the Kubernetes API (one watch per kind, published once all have synced).
 
+pub mod kube;
 pub mod manifests;
 pub mod watch;
 

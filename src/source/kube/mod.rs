@@ -1,0 +1,223 @@
+//! The Kubernetes API source: one watch per [`Kind`] (list, then watch from its
+//! resourceVersion; relist on `410 Gone`; retry with backoff), decoded per object into one
+//! store, published as a [`Snapshot`] only once every kind's first list has completed, and
+//! debounced so that a burst of events becomes one snapshot (one transaction).
+//!
+//! When the API server goes away the store keeps its last view and nothing is published, so
+//! the kernel keeps its rules (fail static); `health` turns `/readyz` degraded meanwhile.
+
+mod client;
+mod decode;
+mod health;
+mod kinds;
+mod prune;
+mod store;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::utils::Backoff;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+pub use client::client;
+pub use decode::{Rejection, decode};
+pub use health::SourceHealth;
+pub use kinds::{api_resource, watch_config};
+pub use store::{Store, Update};
+
+use crate::snapshot::{Kind, Snapshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig {what}: {reason}")]
+    Config { what: String, reason: String },
+    #[error("API client: {0}")]
+    Client(String),
+}
+
+/// Quiet time that ends a burst of events, and the longest a burst can delay a snapshot.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+const MAX_DELAY: Duration = Duration::from_millis(500);
+/// How often the API server is probed for `/readyz`.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A running source. Dropping the receivers stops nothing; the tasks end with the runtime.
+pub struct KubeSource {
+    /// `None` until every kind has synced, then the latest debounced snapshot.
+    pub snapshots: watch::Receiver<Option<Snapshot>>,
+    /// Objects that could not be decoded (for Events); lossy when nobody reads.
+    pub rejections: mpsc::Receiver<Rejection>,
+    pub health: SourceHealth,
+}
+
+/// Starts one watch per kind and the store task. Must be called inside a tokio runtime.
+pub fn start(client: Client) -> KubeSource {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for kind in Kind::ALL {
+        tokio::spawn(watch_kind(client.clone(), *kind, tx.clone()));
+    }
+    let (snap_tx, snapshots) = watch::channel(None);
+    let (rej_tx, rejections) = mpsc::channel(256);
+    let health = SourceHealth::default();
+    health.set_unsynced(Kind::ALL.to_vec());
+    tokio::spawn(store_task(rx, snap_tx, rej_tx, health.clone()));
+    tokio::spawn(probe_api(client, health.clone()));
+    KubeSource {
+        snapshots,
+        rejections,
+        health,
+    }
+}
+
+/// What a kind's watch task reports.
+enum Msg {
+    Update(Update),
+    Rejected(Rejection),
+    Error(Kind, watcher::Error),
+}
+
+async fn watch_kind(client: Client, kind: Kind, tx: mpsc::UnboundedSender<Msg>) {
+    let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
+    let stream = watcher(api, watch_config(kind)).backoff(WatchBackoff::default());
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        let msg = match item {
+            Ok(event) => match to_update(kind, event) {
+                Ok(Some(u)) => Msg::Update(u),
+                Ok(None) => continue,
+                Err(r) => Msg::Rejected(r),
+            },
+            Err(e) => Msg::Error(kind, e),
+        };
+        if tx.send(msg).is_err() {
+            return;
+        }
+    }
+}
+
+fn to_update(
+    kind: Kind,
+    event: watcher::Event<DynamicObject>,
+) -> Result<Option<Update>, Rejection> {
+    Ok(Some(match event {
+        watcher::Event::Init => Update::Init(kind),
+        watcher::Event::InitDone => Update::InitDone(kind),
+        watcher::Event::InitApply(o) => Update::InitApply(decode(kind, o)?),
+        watcher::Event::Apply(o) => Update::Apply(decode(kind, o)?),
+        watcher::Event::Delete(o) => Update::Delete(kind, decode::key_of(kind, &o)),
+    }))
+}
+
+async fn store_task(
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    snapshots: watch::Sender<Option<Snapshot>>,
+    rejections: mpsc::Sender<Rejection>,
+    health: SourceHealth,
+) {
+    let mut store = Store::default();
+    let handle = |msg: Msg, store: &mut Store| -> bool {
+        match msg {
+            Msg::Update(u) => store.apply(u),
+            Msg::Rejected(r) => {
+                // The previous version of the object (if any) stays: a broken update must not
+                // make a namespace fall open.
+                warn!("skipped {r}");
+                let _ = rejections.try_send(r);
+                false
+            }
+            Msg::Error(kind, e) => {
+                if is_not_served(&e) && !store.is_synced(kind) {
+                    warn!(
+                        "{kind} is not served by this API server (CRD not installed?); treating it as empty"
+                    );
+                    store.mark_absent(kind);
+                    return true;
+                }
+                debug!("watch {kind}: {e}");
+                if store.is_synced(kind) {
+                    info!("watch {kind} interrupted, retrying: {e}");
+                } else {
+                    warn!("cannot list {kind}, retrying: {e}");
+                }
+                false
+            }
+        }
+    };
+    loop {
+        let Some(msg) = rx.recv().await else { return };
+        if !handle(msg, &mut store) {
+            continue;
+        }
+        // Coalesce the burst.
+        let first = Instant::now();
+        let mut quiet_until = first + DEBOUNCE;
+        loop {
+            let deadline = quiet_until.min(first + MAX_DELAY);
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(msg)) => {
+                    handle(msg, &mut store);
+                    quiet_until = Instant::now() + DEBOUNCE;
+                }
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        let unsynced = store.unsynced();
+        health.set_unsynced(unsynced.clone());
+        if unsynced.is_empty() {
+            if snapshots.borrow().is_none() {
+                info!("every initial list synced");
+            }
+            snapshots.send_replace(Some(store.snapshot()));
+        } else {
+            debug!(?unsynced, "waiting for initial lists");
+        }
+    }
+}
+
+fn is_not_served(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
+async fn probe_api(client: Client, health: SourceHealth) {
+    loop {
+        let result = client.apiserver_version().await;
+        health.set_api_error(result.err().map(|e| e.to_string()));
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+/// 250 ms doubling to 8 s: a restarted API server is picked up within seconds, a dead one is
+/// not hammered.
+struct WatchBackoff {
+    next: Duration,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(8);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: BACKOFF_MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        Some(d)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = BACKOFF_MIN;
+    }
+}

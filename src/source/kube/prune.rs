@@ -1,0 +1,98 @@
+//! Cached objects keep only what planners read. A pod carries its containers, volumes and
+//! conditions; a node its images; every object its managedFields and last-applied annotation.
+//! In a large cluster that is most of the memory a reflector would hold.
+
+use serde_json::{Map, Value};
+
+use crate::snapshot::Kind;
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Pod spec fields planners read (the rest is replaced by an empty container list, which the
+/// typed Pod requires).
+const POD_SPEC: &[&str] = &["nodeName", "hostNetwork"];
+const POD_STATUS: &[&str] = &["phase", "podIP", "podIPs"];
+const NODE_STATUS: &[&str] = &["addresses"];
+
+/// Strips unused data from a raw object before it is decoded.
+pub fn prune(kind: Kind, value: &mut Value) {
+    let Some(obj) = value.as_object_mut() else {
+        return;
+    };
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(LAST_APPLIED);
+        }
+    }
+    match kind {
+        Kind::Pod => {
+            keep_only(obj, "spec", POD_SPEC);
+            if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("containers".into(), Value::Array(Vec::new()));
+            }
+            keep_only(obj, "status", POD_STATUS);
+        }
+        Kind::Node => {
+            obj.remove("spec");
+            keep_only(obj, "status", NODE_STATUS);
+        }
+        _ => {}
+    }
+}
+
+fn keep_only(obj: &mut Map<String, Value>, field: &str, keep: &[&str]) {
+    if let Some(inner) = obj.get_mut(field).and_then(Value::as_object_mut) {
+        inner.retain(|k, _| keep.contains(&k.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::AnyObject;
+    use serde_json::json;
+
+    #[test]
+    fn pods_keep_what_planners_read() {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "n", "labels": {"app": "x"},
+                "managedFields": [{"manager": "kubelet"}],
+                "annotations": {LAST_APPLIED: "{...}", "keep": "me"}},
+            "spec": {"nodeName": "w1", "hostNetwork": false,
+                "containers": [{"name": "c", "image": "i"}], "volumes": [{"name": "v"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                "conditions": [{"type": "Ready"}]}
+        });
+        prune(Kind::Pod, &mut pod);
+        assert_eq!(
+            pod,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "a", "namespace": "n", "labels": {"app": "x"},
+                    "annotations": {"keep": "me"}},
+                "spec": {"nodeName": "w1", "hostNetwork": false, "containers": []},
+                "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}
+            })
+        );
+        let decoded = AnyObject::deserialize(Kind::Pod, &pod).unwrap();
+        assert_eq!(decoded.meta().name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn nodes_keep_addresses_only() {
+        let mut node = json!({
+            "metadata": {"name": "w1", "labels": {"a": "b"}},
+            "spec": {"podCIDR": "10.0.0.0/24"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
+                "images": [{"names": ["x"], "sizeBytes": 1}]}
+        });
+        prune(Kind::Node, &mut node);
+        assert_eq!(
+            node,
+            json!({"metadata": {"name": "w1", "labels": {"a": "b"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}})
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! HTTP side of the fake API server (hyper 1, HTTP/1.1): list, watch (history replay,
+//! bookmarks, `410 Gone`), status server-side apply, event creation; every write recorded.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
+
+use super::store::{Recorded, Resource, State, WatchEvent, fields_match, labels_match};
+
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Interval between watch bookmarks.
+const BOOKMARK_EVERY: Duration = Duration::from_millis(500);
+
+pub struct Shared {
+    pub state: Mutex<State>,
+    pub events: broadcast::Sender<WatchEvent>,
+    /// Kinds whose list requests wait (to prove nothing is applied before every list).
+    pub held: Mutex<BTreeSet<&'static str>>,
+    pub released: Notify,
+    /// Bumped to end every open watch stream (the API server closing watches).
+    pub watch_generation: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub fn new() -> Shared {
+        Shared {
+            state: Mutex::new(State::default()),
+            events: broadcast::channel(4096).0,
+            held: Mutex::new(BTreeSet::new()),
+            released: Notify::new(),
+            watch_generation: watch::channel(0).0,
+        }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn publish(&self, ev: WatchEvent) {
+        let _ = self.events.send(ev);
+    }
+}
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .expect("response")
+}
+
+fn status(code: u16, reason: &str, message: String) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code})
+}
+
+fn not_found(what: &str) -> Response<Body> {
+    full(
+        StatusCode::NOT_FOUND,
+        status(404, "NotFound", format!("{what} not found")),
+    )
+}
+
+/// What a request path names.
+struct Target {
+    resource: Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] => {
+            (Some(ns.to_string()), [&[*plural][..], tail].concat())
+        }
+        other => (None, other.to_vec()),
+    };
+    let resource = Resource::by_path(group, version, rest.first()?)?;
+    Some(Target {
+        resource,
+        namespace,
+        name: rest.get(1).map(|s| s.to_string()),
+        subresource: rest.get(2).map(|s| s.to_string()),
+    })
+}
+
+fn param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    if path == "/version" {
+        return Ok(full(
+            StatusCode::OK,
+            json!({"major": "1", "minor": "35", "gitVersion": "v1.35.0-fake"}),
+        ));
+    }
+    let method = req.method().clone();
+    if method != Method::GET {
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let bytes = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        return Ok(write(&shared, method, path, query, content_type, body));
+    }
+    let Some(t) = parse_path(&path) else {
+        return Ok(not_found(&path));
+    };
+    if t.name.is_some() {
+        let key = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
+        let obj = shared
+            .state()
+            .objects
+            .get(&t.resource)
+            .and_then(|m| m.get(&key))
+            .cloned();
+        return Ok(match obj {
+            Some(o) => full(StatusCode::OK, o),
+            None => not_found(&format!("{} {}/{}", t.resource.kind, key.0, key.1)),
+        });
+    }
+    if param(&query, "watch").as_deref() == Some("true")
+        || param(&query, "watch").as_deref() == Some("1")
+    {
+        return Ok(watch(shared, t, &query));
+    }
+    Ok(list(&shared, t, &query).await)
+}
+
+async fn list(shared: &Shared, t: Target, query: &str) -> Response<Body> {
+    loop {
+        let notified = shared.released.notified();
+        if !shared.held.lock().unwrap().contains(t.resource.kind) {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+    }
+    let labels = param(query, "labelSelector").unwrap_or_default();
+    let fields = param(query, "fieldSelector").unwrap_or_default();
+    let mut state = shared.state();
+    let items: Vec<Value> = state
+        .objects
+        .get(&t.resource)
+        .into_iter()
+        .flat_map(|m| m.iter())
+        .filter(|((ns, _), _)| t.namespace.as_ref().is_none_or(|want| want == ns))
+        .map(|(_, o)| o)
+        .filter(|o| labels_match(&labels, o) && fields_match(&fields, o))
+        .cloned()
+        .collect();
+    *state.lists.entry(t.resource.kind).or_default() += 1;
+    let rv = state.rv.max(1).to_string();
+    full(
+        StatusCode::OK,
+        json!({"apiVersion": t.resource.api_version(), "kind": format!("{}List", t.resource.kind),
+            "metadata": {"resourceVersion": rv}, "items": items}),
+    )
+}
+
+fn watch_line(ev_type: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": ev_type, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch(shared: Arc<Shared>, t: Target, query: &str) -> Response<Body> {
+    let from: u64 = param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let labels = param(query, "labelSelector").unwrap_or_default();
+    let fields = param(query, "fieldSelector").unwrap_or_default();
+    let bookmarks = param(query, "allowWatchBookmarks").as_deref() == Some("true");
+    let resource = t.resource;
+    let namespace = t.namespace;
+    let matches = move |ev: &WatchEvent| {
+        ev.resource == resource
+            && labels_match(&labels, &ev.object)
+            && fields_match(&fields, &ev.object)
+            && namespace
+                .as_ref()
+                .is_none_or(|n| ev.object["metadata"]["namespace"].as_str() == Some(n))
+    };
+    // Subscribe before reading the history so that nothing falls in between.
+    let mut live = shared.events.subscribe();
+    let mut generation = shared.watch_generation.subscribe();
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (backlog, gone) = {
+        let state = shared.state();
+        if from != 0 && from < state.compacted_below {
+            (Vec::new(), true)
+        } else {
+            let b: Vec<WatchEvent> = state
+                .history
+                .iter()
+                .filter(|e| e.rv > from && matches(e))
+                .cloned()
+                .collect();
+            (b, false)
+        }
+    };
+    let shared2 = shared.clone();
+    tokio::spawn(async move {
+        if gone {
+            let s = status(410, "Expired", format!("too old resource version: {from}"));
+            let _ = tx.send(watch_line("ERROR", &s)).await;
+            return;
+        }
+        let mut last = from;
+        for ev in backlog {
+            last = ev.rv;
+            if tx.send(watch_line(ev.kind, &ev.object)).await.is_err() {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(BOOKMARK_EVERY);
+        loop {
+            tokio::select! {
+                ev = live.recv() => match ev {
+                    Ok(ev) if ev.rv > last && matches(&ev) => {
+                        last = ev.rv;
+                        if tx.send(watch_line(ev.kind, &ev.object)).await.is_err() { return; }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tick.tick(), if bookmarks => {
+                    let rv = shared2.state().rv;
+                    let bm = json!({"kind": resource.kind, "apiVersion": resource.api_version(),
+                        "metadata": {"resourceVersion": rv.to_string()}});
+                    if tx.send(watch_line("BOOKMARK", &bm)).await.is_err() { return; }
+                }
+                _ = generation.changed() => return,
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .expect("response")
+}
+
+fn write(
+    shared: &Shared,
+    method: Method,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+) -> Response<Body> {
+    let recorded = Recorded {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        content_type,
+        body: body.clone(),
+    };
+    shared.state().writes.push(recorded);
+    if path.ends_with("/events") && method == Method::POST {
+        return full(StatusCode::CREATED, body);
+    }
+    let Some(t) = parse_path(&path) else {
+        return not_found(&path);
+    };
+    if method == Method::PATCH && t.subresource.as_deref() == Some("status") {
+        let key = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
+        let manager = param(&query, "fieldManager").unwrap_or_default();
+        let applied =
+            shared
+                .state()
+                .apply_status(t.resource, &key, &manager, body["status"].clone());
+        return match applied {
+            Some(ev) => {
+                let obj = ev.object.clone();
+                shared.publish(ev);
+                full(StatusCode::OK, obj)
+            }
+            None => not_found(&format!("{} {}/{}", t.resource.kind, key.0, key.1)),
+        };
+    }
+    full(
+        StatusCode::METHOD_NOT_ALLOWED,
+        status(405, "MethodNotAllowed", format!("{method} {path}")),
+    )
+}

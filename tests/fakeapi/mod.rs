@@ -1,0 +1,171 @@
+//! A faithful in-process fake of the Kubernetes API server for the kube-mode tests: list with
+//! resourceVersion, label/field selectors, watch streams that replay history from a
+//! resourceVersion with bookmarks, `410 Gone` after compaction, connection drops (stop and
+//! restart on the same address), and a record of every write (status server-side apply,
+//! Events). It serves the ten kinds the agent watches; others are `404`.
+//!
+//! ```text
+//! let listener = node.enter(|| TcpListener::bind("127.0.0.1:0")).unwrap();
+//! let api = FakeApi::start(listener);
+//! api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}}));
+//! let kubeconfig = api.kubeconfig(dir.path());
+//! ```
+#![allow(dead_code)] // each test crate uses a different subset
+
+mod http;
+mod store;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+pub use store::{Recorded, Resource};
+
+pub struct FakeApi {
+    shared: Arc<http::Shared>,
+    runtime: tokio::runtime::Runtime,
+    server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    addr: SocketAddr,
+}
+
+impl FakeApi {
+    /// Serves on `listener` (bind it inside the netns the agent runs in).
+    pub fn start(listener: TcpListener) -> FakeApi {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("fake API runtime");
+        let addr = listener.local_addr().expect("local addr");
+        let api = FakeApi {
+            shared: Arc::new(http::Shared::new()),
+            runtime,
+            server: Mutex::new(None),
+            addr,
+        };
+        api.serve(listener);
+        api
+    }
+
+    fn serve(&self, listener: TcpListener) {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let shared = self.shared.clone();
+        let task = self.runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            // Connections live in this set: aborting the accept task drops them all.
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let shared = shared.clone();
+                connections.spawn(async move {
+                    let service = service_fn(move |req| http::handle(shared.clone(), req));
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        *self.server.lock().unwrap() = Some(task);
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Writes a kubeconfig pointing at this server into `dir`.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\ncurrent-context: fake\nusers:\n- name: agent\n  user:\n    token: fake-token\n",
+            self.addr
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    /// Creates or replaces an object (watchers see ADDED or MODIFIED).
+    pub fn put(&self, obj: Value) {
+        let ev = self.shared.state().put(obj);
+        self.shared.publish(ev);
+    }
+
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) {
+        let ev = self.shared.state().delete(kind, namespace, name);
+        self.shared
+            .publish(ev.unwrap_or_else(|| panic!("no {kind} {namespace}/{name}")));
+    }
+
+    pub fn object(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let r = Resource::by_kind(kind);
+        let key = (namespace.to_string(), name.to_string());
+        self.shared.state().objects.get(&r)?.get(&key).cloned()
+    }
+
+    /// List requests for `kind` wait until [`release_lists`](Self::release_lists).
+    pub fn hold_lists(&self, kind: &'static str) {
+        self.shared.held.lock().unwrap().insert(kind);
+    }
+
+    pub fn release_lists(&self, kind: &str) {
+        self.shared.held.lock().unwrap().remove(kind);
+        self.shared.released.notify_waiters();
+    }
+
+    /// Completed list requests for `kind`.
+    pub fn lists(&self, kind: &str) -> usize {
+        self.shared.state().lists.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Forgets the event history and closes every watch: resuming watches get `410 Gone`.
+    pub fn compact(&self) {
+        self.shared.state().compact();
+        self.drop_watches();
+    }
+
+    /// Ends every open watch stream (clients resume from their last resourceVersion).
+    pub fn drop_watches(&self) {
+        self.shared.watch_generation.send_modify(|g| *g += 1);
+    }
+
+    /// Closes the listener and every connection, as a dying API server would.
+    pub fn stop(&self) {
+        if let Some(task) = self.server.lock().unwrap().take() {
+            task.abort();
+            let _ = self.runtime.block_on(task);
+        }
+        self.drop_watches();
+    }
+
+    /// Serves again (same objects and history) on `listener`, normally bound to
+    /// [`addr`](Self::addr).
+    pub fn restart(&self, listener: TcpListener) {
+        assert_eq!(
+            listener.local_addr().unwrap(),
+            self.addr,
+            "restart on the same address"
+        );
+        self.serve(listener);
+    }
+
+    /// Every write request received so far (PATCH, POST, ...).
+    pub fn writes(&self) -> Vec<Recorded> {
+        self.shared.state().writes.clone()
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        if let Some(task) = self.server.lock().unwrap().take() {
+            task.abort();
+        }
+    }
+}
