@@ -98,6 +98,17 @@ pub struct Opts {
     #[arg(long, global = true, env = "NODEPLANE_LOG_LEVEL", value_name = "LEVEL")]
     pub log_level: Option<String>,
 
+    /// Address of the admin HTTP server (/healthz, /readyz, /metrics, /ruleset) in run mode.
+    /// Loopback by default; use 0.0.0.0:PORT to let Prometheus scrape it. Default:
+    /// 127.0.0.1:9942.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_ADMIN_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
+    pub admin_address: Option<std::net::SocketAddr>,
+
     /// Resolver configuration (resolv.conf syntax) used to resolve EgressFirewall `dnsName`
     /// rules; names are re-resolved when their shortest TTL expires. Default: /etc/resolv.conf.
     #[arg(

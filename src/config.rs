@@ -11,6 +11,7 @@ pub const DEFAULT_CLUSTER_CIDR: &str = "10.128.0.0/14";
 pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
+pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -37,6 +38,8 @@ pub struct Config {
     pub log_level: String,
     /// Resolver configuration for EgressFirewall `dnsName` rules.
     pub resolv_conf: PathBuf,
+    /// Where the admin HTTP server listens in run mode.
+    pub admin_address: std::net::SocketAddr,
 }
 
 impl Config {
@@ -51,6 +54,7 @@ impl Config {
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
+            admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
         }
     }
 
@@ -91,6 +95,10 @@ impl Config {
                 .clone()
                 .or(file.resolv_conf)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_RESOLV_CONF)),
+            admin_address: opts
+                .admin_address
+                .or(file.admin_address)
+                .unwrap_or_else(|| DEFAULT_ADMIN_ADDRESS.parse().expect("valid default")),
         })
     }
 }
@@ -150,6 +158,7 @@ struct FileConfig {
     resync_seconds: Option<u64>,
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
+    admin_address: Option<std::net::SocketAddr>,
 }
 
 impl FileConfig {

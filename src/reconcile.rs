@@ -2,6 +2,7 @@
 //! rtnetlink changes, report per-object status; in run mode repeat on every input change,
 //! retry failures with backoff and resynchronise periodically.
 
+use crate::admin::{self, AdminObserver, AdminState, CountingLookup};
 use crate::config::Config;
 use crate::dns::{self, DnsAnswers, DnsService};
 use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
@@ -10,6 +11,7 @@ use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
 use crate::plan::{Desired, Memory, ObjectStatus, firewall, plan, plan_with_dns};
 use crate::snapshot::Snapshot;
+use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,6 +31,35 @@ pub enum ReconcileError {
     Net(#[from] NetError),
     #[error("{0}")]
     Runtime(String),
+}
+
+impl ReconcileError {
+    /// A short, stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReconcileError::Source(_) => "source",
+            ReconcileError::Kube(_) => "kube",
+            ReconcileError::Nft(_) => "nftables",
+            ReconcileError::Net(_) => "network",
+            ReconcileError::Runtime(_) => "runtime",
+        }
+    }
+}
+
+/// Told about every sync attempt of the run loop: metrics, the admin server, status
+/// write-back. Runs on the reconcile thread, so it must not block for long.
+pub trait SyncObserver: Send {
+    fn observe(&mut self, sync: &SyncOutcome<'_>);
+}
+
+/// One sync attempt as observers see it.
+pub struct SyncOutcome<'a> {
+    /// The snapshot planned (None when the source failed).
+    pub snapshot: Option<&'a Snapshot>,
+    pub result: &'a Result<SyncReport, ReconcileError>,
+    pub duration: Duration,
+    /// The table the kernel holds (None until a first successful apply).
+    pub applied: Option<&'a crate::nft::ir::Table>,
 }
 
 /// What one successful sync did.
@@ -91,6 +122,11 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         })
     }
 
+    /// The table the kernel holds as far as the engine knows.
+    pub fn applied(&self) -> Option<&crate::nft::ir::Table> {
+        self.engine.current()
+    }
+
     /// Forces the next sync to replace the table wholesale (repairs drift).
     pub fn invalidate(&mut self) {
         self.engine.invalidate();
@@ -116,7 +152,7 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
 
 async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-    let mut source = kube_source::start(client);
+    let mut source = kube_source::start(client, Default::default());
     let synced = source.snapshots.wait_for(Option::is_some).await;
     let snapshot = synced
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -209,7 +245,7 @@ fn real_reconciler(
     ))
 }
 
-fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
+pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
     let kind = s.kind.as_str();
     let verdict = match (&s.result, apply_error) {
         (Ok(()), None) => format!("{kind} Rules applied"),
@@ -247,6 +283,18 @@ enum Event {
 pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let (tx, rx) = mpsc::channel();
     let change_tx = tx.clone();
+    // Up before the first list, so that probes see "alive, not ready" while it runs.
+    let source_health = config.manifests.is_none().then(SourceHealth::default);
+    let admin = Arc::new(AdminState::new(source_health.clone()));
+    admin::serve(config.admin_address, admin.clone())
+        .await
+        .map_err(|e| {
+            ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
+        })?;
+    let observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
+        state: admin.clone(),
+        node_name: config.node_name.clone(),
+    })];
     let snapshots = match &config.manifests {
         Some(dir) => {
             let mut changes = crate::source::watch::watch_dir(dir)
@@ -262,7 +310,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         }
         None => {
             let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-            let source = kube_source::start(client);
+            let source = kube_source::start(client, source_health.unwrap_or_default());
             let mut changes = source.snapshots.clone();
             // Never program a partial view: the first sync waits for every initial list.
             info!("waiting for the initial list of every kind");
@@ -291,6 +339,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                 Arc::new(dns::Unavailable(e.to_string()))
             }
         };
+    let lookup = Arc::new(CountingLookup {
+        inner: lookup,
+        metrics: admin.metrics.clone(),
+    });
     // A changed answer wakes the loop like a changed manifest.
     let resolver = DnsService::spawn(lookup, move || {
         let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
@@ -300,7 +352,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         let _ = tx.send(Event::Shutdown);
     });
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker = std::thread::spawn(move || run_loop(config, rx, resolver, snapshots));
+    let worker = std::thread::spawn(move || run_loop(config, rx, resolver, snapshots, observers));
     tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -334,6 +386,7 @@ fn run_loop(
     events: mpsc::Receiver<Event>,
     resolver: DnsService,
     snapshots: Snapshots,
+    mut observers: Vec<Box<dyn SyncObserver>>,
 ) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
@@ -341,11 +394,25 @@ fn run_loop(
     loop {
         // Every wake-up (change, retry, resync) re-plans from a fresh snapshot.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
-        let synced = snapshots.current(&config).and_then(|s| {
-            let names = rec.dns_names(&s);
-            rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
-            rec.sync(&s)
-        });
+        let started = Instant::now();
+        let (snapshot, synced) = match snapshots.current(&config) {
+            Ok(s) => {
+                let names = rec.dns_names(&s);
+                rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
+                let synced = rec.sync(&s);
+                (Some(s), synced)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        let outcome = SyncOutcome {
+            snapshot: snapshot.as_ref(),
+            result: &synced,
+            duration: started.elapsed(),
+            applied: rec.applied(),
+        };
+        for o in &mut observers {
+            o.observe(&outcome);
+        }
         match synced {
             Ok(report) => {
                 log_report(&report);

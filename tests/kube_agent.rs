@@ -6,8 +6,12 @@
 
 mod fakeapi;
 mod lab;
+#[allow(dead_code)] // this test uses a subset of the listing helpers
+#[path = "nft_kernel/listing.rs"]
+mod listing;
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use fakeapi::FakeApi;
@@ -16,6 +20,55 @@ use serde_json::{Value, json};
 
 const NODE: &str = "worker-1";
 const WAIT: Duration = Duration::from_secs(10);
+const ADMIN: &str = "127.0.0.1:9942";
+
+/// GET on the agent's admin server from inside the node netns: (status code, body).
+fn admin_get(ns: &Ns, path: &str) -> Result<(u16, String), String> {
+    ns.enter(|| {
+        let mut s = TcpStream::connect(ADMIN).map_err(|e| format!("connect {ADMIN}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+        let code = text
+            .get(9..12)
+            .and_then(|c| c.parse().ok())
+            .ok_or(text.clone())?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    })
+}
+
+/// A table listing in a canonical order (after incremental updates the kernel lists objects
+/// in creation order, a fresh load in file order).
+fn sorted(listing: Value) -> Vec<String> {
+    let mut items: Vec<String> = listing["nftables"]
+        .as_array()
+        .expect("nftables array")
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    items.sort();
+    items
+}
+
+/// Waits until GET `path` answers `code` with a body containing `needle`.
+#[track_caller]
+fn wait_admin(ns: &Ns, path: &str, code: u16, needle: &str) -> String {
+    eventually(WAIT, || match admin_get(ns, path) {
+        Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
+        other => Err(format!(
+            "GET {path}: want {code} with {needle:?}, got {other:?}"
+        )),
+    })
+}
 
 fn node(name: &str, ip: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
@@ -48,7 +101,7 @@ fn qos(ns: &str, dscp: u8, dst: &str) -> Value {
 }
 
 struct Setup {
-    _lab: Lab,
+    lab: Lab,
     node: Ns,
     api: FakeApi,
     _dir: tempfile::TempDir,
@@ -65,7 +118,7 @@ fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path()).to_str().unwrap().to_string();
     Setup {
-        _lab: lab,
+        lab,
         node,
         api,
         _dir: dir,
@@ -82,6 +135,8 @@ impl Setup {
             NODE,
             "--log-level",
             "info,nodeplane=debug",
+            "--admin-address",
+            ADMIN,
         ])
     }
 
@@ -122,7 +177,7 @@ impl Setup {
 
 #[test]
 fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
-    let s = setup();
+    let mut s = setup();
     s.api.put(node(NODE, "192.168.50.11"));
     s.api.put(namespace("shop"));
     s.api.put(pod("shop", "web-1", "10.128.1.5"));
@@ -135,7 +190,15 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
             .then_some(())
             .ok_or_else(|| "agent has not listed yet".to_string())
     });
-    std::thread::sleep(Duration::from_millis(800));
+    // Alive but not ready, and saying why.
+    wait_admin(
+        &s.node,
+        "/readyz",
+        503,
+        "waiting for the first list of EgressQoS",
+    );
+    wait_admin(&s.node, "/healthz", 200, "ok");
+    std::thread::sleep(Duration::from_millis(500));
     assert!(
         s.table().is_err(),
         "table programmed before every list completed:\n{:?}\n{}",
@@ -195,6 +258,92 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     // namespace object itself is watched and removed without disturbing the rest.
     s.api.put(namespace("other"));
     s.api.delete("Namespace", "", "other");
+
+    // Kinds no planner reads yet still flow through: the objects gauge follows them.
+    let others = [
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": "172.30.0.10", "ports": [{"port": 80}]}}),
+        json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "shop"}}),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-a", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": []}),
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP", "metadata": {"name": "eip"},
+            "spec": {"egressIPs": ["192.168.50.100"], "namespaceSelector": {}}}),
+        json!({"apiVersion": "cloud.network.openshift.io/v1", "kind": "CloudPrivateIPConfig",
+            "metadata": {"name": "192.168.50.100"}, "spec": {"node": NODE}}),
+    ];
+    for obj in &others {
+        s.api.put(obj.clone());
+    }
+    for kind in [
+        "Service",
+        "Endpoints",
+        "EndpointSlice",
+        "EgressIP",
+        "CloudPrivateIPConfig",
+    ] {
+        wait_admin(
+            &s.node,
+            "/metrics",
+            200,
+            &format!("nodeplane_objects{{kind=\"{kind}\"}} 1"),
+        );
+    }
+    // A Service owned by another proxy is not ours (label selector, as kube-proxy).
+    s.api.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "other", "namespace": "shop",
+            "labels": {"service.kubernetes.io/service-proxy-name": "someone-else"}},
+        "spec": {"clusterIP": "172.30.0.11"}}));
+    for obj in &others {
+        let m = &obj["metadata"];
+        s.api.delete(
+            obj["kind"].as_str().unwrap(),
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap(),
+        );
+    }
+    for kind in [
+        "Service",
+        "Endpoints",
+        "EndpointSlice",
+        "EgressIP",
+        "CloudPrivateIPConfig",
+    ] {
+        wait_admin(
+            &s.node,
+            "/metrics",
+            200,
+            &format!("nodeplane_objects{{kind=\"{kind}\"}} 0"),
+        );
+    }
+
+    // Ready; the metrics cover syncs; /ruleset is what the kernel holds.
+    wait_admin(&s.node, "/readyz", 200, "ready");
+    let metrics = wait_admin(&s.node, "/metrics", 200, "nodeplane_objects");
+    for needle in [
+        "nodeplane_sync_duration_seconds_count",
+        "nodeplane_transaction_operations_bucket",
+        "nodeplane_ruleset_rules{feature=\"fw\"}",
+        "nodeplane_ruleset_set_elements{feature=\"node\"} 1",
+        "nodeplane_last_successful_sync_timestamp_seconds",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");
+    }
+    let (code, ruleset) = admin_get(&s.node, "/ruleset").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        ruleset.starts_with("# nodeplane ruleset for node worker-1"),
+        "{ruleset}"
+    );
+    let reference = s.lab.add_host("ref");
+    reference
+        .exec_stdin(&["nft", "-f", "-"], &ruleset)
+        .expect("nft -f accepts /ruleset");
+    assert_eq!(
+        sorted(listing::json(&s.node, "nodeplane")),
+        sorted(listing::json(&reference, "nodeplane"))
+    );
 
     let (status, logs) = agent.stop();
     assert!(status.success(), "agent exit {status:?}:\n{logs}");
@@ -259,10 +408,13 @@ fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
     s.wait_table(&agent, "first apply", |t| t.contains("203.0.113.0/24"));
     let before = s.table().unwrap();
 
+    wait_admin(&s.node, "/readyz", 200, "ready");
+
     s.api.stop();
     // Changes made while the server is unreachable from the agent are invisible to it.
     s.api.put(firewall("shop", "198.51.100.0/24"));
-    std::thread::sleep(Duration::from_secs(2));
+    wait_admin(&s.node, "/readyz", 503, "API server unreachable");
+    wait_admin(&s.node, "/healthz", 200, "ok");
     assert_eq!(
         s.table().unwrap(),
         before,
@@ -272,6 +424,7 @@ fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
     // Back up: the watch resumes from its resourceVersion and sees what it missed.
     s.api.restart(s.rebind());
     s.wait_table(&agent, "resumed", |t| t.contains("198.51.100.0/24"));
+    wait_admin(&s.node, "/readyz", 200, "ready");
 
     // History compacted while the watch is down: resuming gets 410 Gone, the agent relists
     // (and notices the deletion it missed).

@@ -6,9 +6,21 @@ use std::sync::{Arc, Mutex};
 
 use crate::snapshot::Kind;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SourceHealth {
     inner: Arc<Mutex<State>>,
+    /// Bumped whenever the API server answers again after failing: watches waiting in
+    /// backoff retry at once instead of sleeping on.
+    recovered: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for SourceHealth {
+    fn default() -> Self {
+        SourceHealth {
+            inner: Arc::default(),
+            recovered: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -25,7 +37,15 @@ impl SourceHealth {
     }
 
     pub fn set_api_error(&self, error: Option<String>) {
-        self.lock().api_error = error;
+        let was_down = std::mem::replace(&mut self.lock().api_error, error.clone()).is_some();
+        if was_down && error.is_none() {
+            self.recovered.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Changes when the API server recovers (see `set_api_error`).
+    pub fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recovered.subscribe()
     }
 
     /// Ok when synced and reachable, else the reason.

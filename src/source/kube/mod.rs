@@ -18,8 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::utils::Backoff;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -55,15 +54,20 @@ pub struct KubeSource {
     pub health: SourceHealth,
 }
 
-/// Starts one watch per kind and the store task. Must be called inside a tokio runtime.
-pub fn start(client: Client) -> KubeSource {
+/// Starts one watch per kind and the store task, reporting into `health`. Must be called
+/// inside a tokio runtime.
+pub fn start(client: Client, health: SourceHealth) -> KubeSource {
     let (tx, rx) = mpsc::unbounded_channel();
     for kind in Kind::ALL {
-        tokio::spawn(watch_kind(client.clone(), *kind, tx.clone()));
+        tokio::spawn(watch_kind(
+            client.clone(),
+            *kind,
+            tx.clone(),
+            health.clone(),
+        ));
     }
     let (snap_tx, snapshots) = watch::channel(None);
     let (rej_tx, rejections) = mpsc::channel(256);
-    let health = SourceHealth::default();
     health.set_unsynced(Kind::ALL.to_vec());
     tokio::spawn(store_task(rx, snap_tx, rej_tx, health.clone()));
     tokio::spawn(probe_api(client, health.clone()));
@@ -81,18 +85,39 @@ enum Msg {
     Error(Kind, watcher::Error),
 }
 
-async fn watch_kind(client: Client, kind: Kind, tx: mpsc::UnboundedSender<Msg>) {
+async fn watch_kind(
+    client: Client,
+    kind: Kind,
+    tx: mpsc::UnboundedSender<Msg>,
+    health: SourceHealth,
+) {
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
-    let stream = watcher(api, watch_config(kind)).backoff(WatchBackoff::default());
-    let mut stream = std::pin::pin!(stream);
+    let mut stream = std::pin::pin!(watcher(api, watch_config(kind)));
+    let mut backoff = WatchBackoff::default();
+    let mut recovered = health.recoveries();
     while let Some(item) = stream.next().await {
         let msg = match item {
-            Ok(event) => match to_update(kind, event) {
-                Ok(Some(u)) => Msg::Update(u),
-                Ok(None) => continue,
-                Err(r) => Msg::Rejected(r),
-            },
-            Err(e) => Msg::Error(kind, e),
+            Ok(event) => {
+                backoff.reset();
+                match to_update(kind, event) {
+                    Ok(Some(u)) => Msg::Update(u),
+                    Ok(None) => continue,
+                    Err(r) => Msg::Rejected(r),
+                }
+            }
+            Err(e) => {
+                if tx.send(Msg::Error(kind, e)).is_err() {
+                    return;
+                }
+                // Back off, but retry as soon as the API server is known to answer again
+                // (a resumed watch yields no event that would reset the backoff).
+                let delay = backoff.next().unwrap_or(BACKOFF_MAX);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = recovered.changed() => backoff.reset(),
+                }
+                continue;
+            }
         };
         if tx.send(msg).is_err() {
             return;
@@ -192,8 +217,8 @@ async fn probe_api(client: Client, health: SourceHealth) {
     }
 }
 
-/// 250 ms doubling to 8 s: a restarted API server is picked up within seconds, a dead one is
-/// not hammered.
+/// 250 ms doubling to 8 s between retries of one watch: a dead API server is not hammered,
+/// and a recovered one is noticed by the probe, which cuts the wait short.
 struct WatchBackoff {
     next: Duration,
 }
@@ -216,7 +241,7 @@ impl Iterator for WatchBackoff {
     }
 }
 
-impl Backoff for WatchBackoff {
+impl WatchBackoff {
     fn reset(&mut self) {
         self.next = BACKOFF_MIN;
     }

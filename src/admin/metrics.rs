@@ -1,0 +1,235 @@
+//! The agent's Prometheus metrics (prometheus-client), updated by the run loop after every
+//! sync (see [`AdminObserver`](super::AdminObserver)) and by the DNS lookup wrapper.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::dns::{Lookup, LookupFuture};
+use crate::nft::ir::Table;
+use crate::snapshot::{Kind, Snapshot};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureLabel {
+    /// The chain or set name's first `-`-separated word: `fw` (EgressFirewall), `qos`
+    /// (EgressQoS), `nat`/`filter`/`mangle` base chains, `cluster`/`service`/`node` base sets,
+    /// and whatever prefix later features use.
+    pub feature: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    sync_duration: Histogram,
+    transaction_ops: Histogram,
+    rules: Family<FeatureLabel, Gauge>,
+    set_elements: Family<FeatureLabel, Gauge>,
+    apply_errors: Family<ReasonLabel, Counter>,
+    dns_resolutions: Family<ResultLabel, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+    objects: Family<KindLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("nodeplane");
+        let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let transaction_ops = Histogram::new(exponential_buckets(1.0, 4.0, 10));
+        let m = Metrics {
+            sync_duration,
+            transaction_ops,
+            rules: Family::default(),
+            set_elements: Family::default(),
+            apply_errors: Family::default(),
+            dns_resolutions: Family::default(),
+            last_success: Gauge::default(),
+            objects: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "sync_duration_seconds",
+            "Time to plan and apply one sync (nftables and network)",
+            m.sync_duration.clone(),
+        );
+        registry.register(
+            "transaction_operations",
+            "Operations per nftables transaction (0 when nothing changed)",
+            m.transaction_ops.clone(),
+        );
+        registry.register(
+            "ruleset_rules",
+            "Rules in table inet nodeplane per feature",
+            m.rules.clone(),
+        );
+        registry.register(
+            "ruleset_set_elements",
+            "Set and map elements in table inet nodeplane per feature",
+            m.set_elements.clone(),
+        );
+        registry.register(
+            "apply_errors",
+            "Failed syncs by reason (nftables, network, source, kube, runtime)",
+            m.apply_errors.clone(),
+        );
+        registry.register(
+            "dns_resolutions",
+            "EgressFirewall dnsName lookups by result (success, failure)",
+            m.dns_resolutions.clone(),
+        );
+        registry.register(
+            "last_successful_sync_timestamp_seconds",
+            "Unix time of the last successful sync",
+            m.last_success.clone(),
+        );
+        registry.register(
+            "objects",
+            "Objects in the current snapshot per kind",
+            m.objects.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn observe_success(&self, duration: Duration, ops: usize, table: &Table) {
+        self.sync_duration.observe(duration.as_secs_f64());
+        self.transaction_ops.observe(ops as f64);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_success.set(now.as_secs_f64());
+        let (rules, elements) = per_feature(table);
+        self.rules.clear();
+        self.set_elements.clear();
+        for (feature, n) in rules {
+            self.rules.get_or_create(&FeatureLabel { feature }).set(n);
+        }
+        for (feature, n) in elements {
+            self.set_elements
+                .get_or_create(&FeatureLabel { feature })
+                .set(n);
+        }
+    }
+
+    pub fn observe_failure(&self, duration: Duration, reason: &str) {
+        self.sync_duration.observe(duration.as_secs_f64());
+        let label = ReasonLabel {
+            reason: reason.to_string(),
+        };
+        self.apply_errors.get_or_create(&label).inc();
+    }
+
+    pub fn observe_snapshot(&self, snapshot: &Snapshot) {
+        for kind in Kind::ALL {
+            let label = KindLabel {
+                kind: kind.as_str().to_string(),
+            };
+            self.objects
+                .get_or_create(&label)
+                .set(snapshot.count(*kind) as i64);
+        }
+    }
+
+    fn count_dns(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        let label = ResultLabel {
+            result: result.into(),
+        };
+        self.dns_resolutions.get_or_create(&label).inc();
+    }
+}
+
+fn feature_of(name: &str) -> String {
+    name.split('-').next().unwrap_or(name).to_string()
+}
+
+/// Rules and elements per feature, from the names of the chains and sets holding them.
+fn per_feature(table: &Table) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    let mut rules = BTreeMap::new();
+    let mut elements = BTreeMap::new();
+    for chain in table.chains.values() {
+        *rules.entry(feature_of(&chain.name)).or_default() += chain.rules.len() as i64;
+    }
+    for set in table.sets.values() {
+        *elements.entry(feature_of(&set.name)).or_default() += set.elements.len() as i64;
+    }
+    (rules, elements)
+}
+
+/// A [`Lookup`] that counts resolutions.
+pub struct CountingLookup {
+    pub inner: Arc<dyn Lookup>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Lookup for CountingLookup {
+    fn lookup<'a>(&'a self, name: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            let result = self.inner.lookup(name).await;
+            self.metrics.count_dns(result.is_ok());
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_metric() {
+        let m = Metrics::new();
+        let mut table = Table::new("nodeplane");
+        table.add_chain(crate::nft::ir::Chain::regular("fw-x"));
+        m.observe_success(Duration::from_millis(3), 12, &table);
+        m.observe_failure(Duration::from_millis(1), "nftables");
+        m.count_dns(true);
+        m.observe_snapshot(&Snapshot::default());
+        let text = m.encode();
+        for name in [
+            "nodeplane_sync_duration_seconds_bucket",
+            "nodeplane_transaction_operations_sum 12",
+            "nodeplane_ruleset_rules{feature=\"fw\"} 0",
+            "nodeplane_apply_errors_total{reason=\"nftables\"} 1",
+            "nodeplane_dns_resolutions_total{result=\"success\"} 1",
+            "nodeplane_last_successful_sync_timestamp_seconds ",
+            "nodeplane_objects{kind=\"EgressQoS\"} 0",
+        ] {
+            assert!(text.contains(name), "{name} missing:\n{text}");
+        }
+    }
+}

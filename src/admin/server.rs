@@ -1,0 +1,94 @@
+//! The admin HTTP server (hyper 1, HTTP/1.1): `/healthz`, `/readyz`, `/metrics`, `/ruleset`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tracing::{debug, info};
+
+use super::AdminState;
+
+/// Binds `addr` and serves in the background; returns the bound address (port 0 picks one).
+pub async fn serve(addr: SocketAddr, state: Arc<AdminState>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    info!("admin server on http://{local} (/healthz /readyz /metrics /ruleset)");
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    debug!("admin accept: {e}");
+                    continue;
+                }
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| respond(state.clone(), req));
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!("admin connection from {peer}: {e}");
+                }
+            });
+        }
+    });
+    Ok(local)
+}
+
+async fn respond(
+    state: Arc<AdminState>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into()));
+    }
+    Ok(match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => match state.ready() {
+            Ok(()) => text(StatusCode::OK, "ready\n".into()),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("degraded: {reason}\n"),
+            ),
+        },
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, state.metrics.encode());
+            r.headers_mut().insert(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                    .parse()
+                    .expect("valid header"),
+            );
+            r
+        }
+        "/ruleset" => match state.ruleset() {
+            Some(t) => text(StatusCode::OK, t),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "# nothing applied yet\n".into(),
+            ),
+        },
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "try /healthz /readyz /metrics /ruleset\n".into(),
+        ),
+    })
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
