@@ -14,3 +14,4 @@ pub mod plan;
 pub mod reconcile;
 pub mod snapshot;
 pub mod source;
+pub mod status;

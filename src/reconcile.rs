@@ -291,7 +291,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         .map_err(|e| {
             ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
         })?;
-    let observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
+    let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
         state: admin.clone(),
         node_name: config.node_name.clone(),
     })];
@@ -310,7 +310,15 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         }
         None => {
             let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-            let source = kube_source::start(client, source_health.unwrap_or_default());
+            let source = kube_source::start(client.clone(), source_health.unwrap_or_default());
+            let (status, rejections) = crate::status::spawn_writer(client, &config.node_name);
+            observers.push(Box::new(status));
+            let mut rejected = source.rejections;
+            tokio::spawn(async move {
+                while let Some(r) = rejected.recv().await {
+                    rejections.report(&r);
+                }
+            });
             let mut changes = source.snapshots.clone();
             // Never program a partial view: the first sync waits for every initial list.
             info!("waiting for the initial list of every kind");

@@ -444,3 +444,136 @@ fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
     let (status, logs) = agent.stop();
     assert!(status.success(), "agent exit {status:?}:\n{logs}");
 }
+
+fn status_patches(api: &FakeApi, path_end: &str) -> Vec<fakeapi::Recorded> {
+    api.writes()
+        .into_iter()
+        .filter(|w| w.method == "PATCH" && w.path.ends_with(path_end))
+        .collect()
+}
+
+fn events_about(api: &FakeApi, kind: &str, ns: &str, reason: &str) -> Vec<Value> {
+    api.writes()
+        .into_iter()
+        .filter(|w| w.method == "POST" && w.path.ends_with("/events"))
+        .map(|w| w.body)
+        .filter(|b| {
+            b["regarding"]["kind"] == kind
+                && b["regarding"]["namespace"] == ns
+                && b["reason"] == reason
+        })
+        .collect()
+}
+
+#[test]
+fn status_is_server_side_applied_per_node_and_rejections_become_events() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    for ns in ["shop", "team", "bad"] {
+        s.api.put(namespace(ns));
+    }
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    // Another node's agent already reported a failure for this one.
+    let mut team = firewall("team", "198.51.100.0/24");
+    team["status"] = json!({"status": "EgressFirewall Rules not correctly applied: boom",
+        "messages": ["worker-2: EgressFirewall Rules not correctly applied: boom"]});
+    s.api.put(team);
+    s.api.put(qos("shop", 99, "192.0.2.0/24"));
+    s.api.put(
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+        "metadata": {"name": "default", "namespace": "bad"}, "spec": {"egress": 7}}),
+    );
+    let agent = s.spawn();
+    let shop_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressfirewalls/default/status";
+    let shop = eventually(WAIT, || {
+        status_patches(&s.api, shop_path)
+            .pop()
+            .ok_or_else(|| format!("no status patch yet:\n{}", agent.logs()))
+    });
+    assert_eq!(shop.content_type, "application/apply-patch+yaml");
+    assert_eq!(
+        shop.param("fieldManager").as_deref(),
+        Some("nodeplane-worker-1")
+    );
+    assert_eq!(shop.param("force").as_deref(), Some("true"));
+    assert_eq!(
+        shop.body["status"],
+        json!({"status": "EgressFirewall Rules applied",
+            "messages": ["worker-1: EgressFirewall Rules applied"]})
+    );
+
+    // Merged with the other node's entry; the aggregate keeps its failure.
+    let team_path = "/apis/k8s.ovn.org/v1/namespaces/team/egressfirewalls/default/status";
+    let team = eventually(WAIT, || {
+        status_patches(&s.api, team_path)
+            .pop()
+            .ok_or("no team patch".to_string())
+    });
+    assert_eq!(
+        team.body["status"]["status"],
+        "EgressFirewall Rules not correctly applied: boom"
+    );
+    let stored = s.api.object("EgressFirewall", "team", "default").unwrap();
+    assert_eq!(
+        stored["status"]["messages"],
+        json!([
+            "worker-2: EgressFirewall Rules not correctly applied: boom",
+            "worker-1: EgressFirewall Rules applied"
+        ])
+    );
+
+    // An invalid EgressQoS: status says why, and an Event says so on the object.
+    let qos_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressqoses/default/status";
+    let qos_patch = eventually(WAIT, || {
+        status_patches(&s.api, qos_path)
+            .pop()
+            .ok_or("no qos patch".to_string())
+    });
+    let qos_status = qos_patch.body["status"]["status"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        qos_status.starts_with("EgressQoS Rules not correctly applied: spec.egress[0].dscp"),
+        "{qos_status}"
+    );
+    let event = eventually(WAIT, || {
+        events_about(&s.api, "EgressQoS", "shop", "RulesNotApplied")
+            .pop()
+            .ok_or("no event".to_string())
+    });
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["note"], qos_status.as_str());
+    // The undecodable object gets an Event naming the problem.
+    let malformed = eventually(WAIT, || {
+        events_about(&s.api, "EgressFirewall", "bad", "Malformed")
+            .pop()
+            .ok_or("no Malformed event".to_string())
+    });
+    assert!(
+        malformed["note"].as_str().unwrap().contains("invalid type"),
+        "{malformed}"
+    );
+
+    // Steady state: a change elsewhere re-plans but writes no status again.
+    s.wait_table(&agent, "applied", |t| t.contains("203.0.113.0/24"));
+    std::thread::sleep(Duration::from_millis(500));
+    let patches = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "PATCH").count();
+    let events = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "POST").count();
+    let (p0, e0) = (patches(&s.api), events(&s.api));
+    s.api.put(node("worker-2", "192.168.50.12"));
+    s.wait_table(&agent, "node added", |t| t.contains("192.168.50.12"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(patches(&s.api), p0, "status rewritten without a change");
+    assert_eq!(events(&s.api), e0, "event repeated without a new reason");
+    // The fixed object turns to applied.
+    s.api.put(qos("shop", 46, "192.0.2.0/24"));
+    eventually(WAIT, || {
+        let last = status_patches(&s.api, qos_path).pop().unwrap();
+        (last.body["status"]["status"] == "EgressQoS Rules applied")
+            .then_some(())
+            .ok_or(format!("{}", last.body))
+    });
+    agent.stop();
+}

@@ -84,6 +84,10 @@ pub struct EgressFirewallPort {
 pub struct EgressFirewallStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// One `<node>: <status>` entry per node agent, each written by that node's field manager
+    /// (a list-type=set, merged by server-side apply, as OVN-Kubernetes zones do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -62,6 +62,10 @@ pub struct EgressQoSRule {
 pub struct EgressQoSStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// One `<node>: <status>` entry per node agent, each written by that node's field manager
+    /// (a list-type=set, merged by server-side apply, as OVN-Kubernetes zones do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -217,6 +217,10 @@ impl State {
             .status_by_manager
             .entry((resource, key.clone()))
             .or_default();
+        if per_manager.is_empty() {
+            // Entries written before the first apply stay owned by their (update) writer.
+            per_manager.insert("before-apply".into(), obj["status"].clone());
+        }
         per_manager.insert(manager.to_string(), status.clone());
         let mut messages: Vec<Value> = Vec::new();
         for s in per_manager.values() {

@@ -1,0 +1,278 @@
+//! Status write-back for EgressFirewall and EgressQoS, and Kubernetes Events for rejected
+//! input. The run loop's [`StatusObserver`] works out, after every sync, which objects need a
+//! different status (see [`merge`]) and hands the patches to a tokio task that applies them
+//! with server-side apply under the field manager `nodeplane-<node>`, retrying failures; the
+//! reconcile thread never waits on the API server.
+
+pub mod merge;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::reconcile::{SyncObserver, SyncOutcome};
+use crate::snapshot::{AnyObject, Kind, ObjectKey, Snapshot};
+use crate::source::kube::{Rejection, api_resource};
+use merge::StatusPatch;
+
+/// Kinds whose status this agent writes.
+const KINDS: [Kind; 2] = [Kind::EgressFirewall, Kind::EgressQoS];
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Work for the writer task.
+#[derive(Debug)]
+enum Job {
+    Status {
+        kind: Kind,
+        key: ObjectKey,
+        patch: StatusPatch,
+    },
+    Event {
+        object: ObjectReference,
+        reason: &'static str,
+        note: String,
+    },
+}
+
+/// Computes status patches and events on the reconcile thread; [`spawn_writer`] applies them.
+pub struct StatusObserver {
+    node: String,
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Patches handed to the writer and not yet visible in the snapshot.
+    sent: BTreeMap<(Kind, ObjectKey), StatusPatch>,
+    /// The last rejection reported as an Event per object (one Event per new reason).
+    reported: BTreeMap<(Kind, ObjectKey), String>,
+}
+
+/// The field manager of this node's agent.
+pub fn field_manager(node: &str) -> String {
+    format!("nodeplane-{node}")
+}
+
+/// Starts the writer task; returns the observer for the run loop and a sender for decode
+/// rejections (reported as Events).
+pub fn spawn_writer(client: Client, node: &str) -> (StatusObserver, RejectionSink) {
+    let (jobs, rx) = mpsc::unbounded_channel();
+    tokio::spawn(writer(client, node.to_string(), rx));
+    let observer = StatusObserver {
+        node: node.to_string(),
+        jobs: jobs.clone(),
+        sent: BTreeMap::new(),
+        reported: BTreeMap::new(),
+    };
+    (observer, RejectionSink { jobs })
+}
+
+/// Turns objects that could not be decoded into Warning Events on them.
+#[derive(Clone)]
+pub struct RejectionSink {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl RejectionSink {
+    pub fn report(&self, r: &Rejection) {
+        let _ = self.jobs.send(Job::Event {
+            object: reference(r.kind, &r.key, r.uid.clone()),
+            reason: "Malformed",
+            note: format!(
+                "nodeplane cannot decode this object, it is ignored: {}",
+                r.message
+            ),
+        });
+    }
+}
+
+fn reference(kind: Kind, key: &ObjectKey, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(kind.api_version().to_string()),
+        kind: Some(kind.as_str().to_string()),
+        name: Some(key.name.clone()),
+        namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+        uid,
+        ..Default::default()
+    }
+}
+
+/// The object's current `status.status` and `status.messages`.
+fn current_status(obj: &AnyObject) -> (Option<String>, Vec<String>) {
+    let status = match obj {
+        AnyObject::EgressFirewall(o) => o.status.as_ref().map(|s| (&s.status, &s.messages)),
+        AnyObject::EgressQoS(o) => o.status.as_ref().map(|s| (&s.status, &s.messages)),
+        _ => None,
+    };
+    match status {
+        Some((s, m)) => (s.clone(), m.clone().unwrap_or_default()),
+        None => (None, Vec::new()),
+    }
+}
+
+impl StatusObserver {
+    /// The verdict per object: the planner's, or the apply error for all of them.
+    fn verdicts(
+        sync: &SyncOutcome<'_>,
+        snapshot: &Snapshot,
+    ) -> Vec<(Kind, ObjectKey, Option<String>)> {
+        match sync.result {
+            Ok(report) => report
+                .statuses
+                .iter()
+                .filter(|s| KINDS.contains(&s.kind))
+                .map(|s| (s.kind, s.key.clone(), s.result.clone().err()))
+                .collect(),
+            Err(e) => snapshot
+                .objects()
+                .filter(|o| KINDS.contains(&o.kind()))
+                .map(|o| (o.kind(), o.key(), Some(e.to_string())))
+                .collect(),
+        }
+    }
+}
+
+impl SyncObserver for StatusObserver {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        let Some(snapshot) = sync.snapshot else {
+            return;
+        };
+        let mut seen = BTreeSet::new();
+        for (kind, key, failure) in Self::verdicts(sync, snapshot) {
+            let Some(obj) = snapshot.get(kind, &key) else {
+                continue;
+            };
+            let id = (kind, key.clone());
+            seen.insert(id.clone());
+            let (status, messages) = current_status(&obj);
+            let verdict = merge::verdict(kind.as_str(), failure.as_deref());
+            let wanted = merge::desired(
+                kind.as_str(),
+                &self.node,
+                &verdict,
+                status.as_deref(),
+                &messages,
+            );
+            match wanted {
+                None => {
+                    self.sent.remove(&id);
+                }
+                Some(patch) if self.sent.get(&id) != Some(&patch) => {
+                    self.sent.insert(id.clone(), patch.clone());
+                    let _ = self.jobs.send(Job::Status {
+                        kind,
+                        key: key.clone(),
+                        patch,
+                    });
+                }
+                Some(_) => {}
+            }
+            match failure {
+                Some(reason) if self.reported.get(&id) != Some(&reason) => {
+                    self.reported.insert(id, reason.clone());
+                    let _ = self.jobs.send(Job::Event {
+                        object: reference(kind, &key, obj.meta().uid.clone()),
+                        reason: "RulesNotApplied",
+                        note: verdict,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    self.reported.remove(&id);
+                }
+            }
+        }
+        self.sent.retain(|id, _| seen.contains(id));
+        self.reported.retain(|id, _| seen.contains(id));
+    }
+}
+
+async fn writer(client: Client, node: String, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "nodeplane".into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let params = PatchParams::apply(&field_manager(&node)).force();
+    // Latest patch per object: a newer verdict replaces one still waiting for a retry.
+    let mut pending: BTreeMap<(Kind, ObjectKey), StatusPatch> = BTreeMap::new();
+    loop {
+        // With patches waiting for a retry, wake up after RETRY even without new work.
+        let job = if pending.is_empty() {
+            match rx.recv().await {
+                Some(job) => Some(job),
+                None => return,
+            }
+        } else {
+            match tokio::time::timeout(RETRY, rx.recv()).await {
+                Ok(Some(job)) => Some(job),
+                Ok(None) => return,
+                Err(_) => None,
+            }
+        };
+        match job {
+            Some(Job::Status { kind, key, patch }) => {
+                pending.insert((kind, key), patch);
+            }
+            Some(Job::Event {
+                object,
+                reason,
+                note,
+            }) => {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: reason.into(),
+                    note: Some(note),
+                    action: "Apply".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&event, &object).await {
+                    warn!(
+                        "cannot create Event for {:?}/{:?}: {e}",
+                        object.namespace, object.name
+                    );
+                }
+            }
+            None => {}
+        }
+        let mut done = Vec::new();
+        for ((kind, key), patch) in &pending {
+            match apply(&client, *kind, key, patch, &params).await {
+                Ok(()) => {
+                    debug!("{kind} {key}: status {:?}", patch.status);
+                    done.push((*kind, key.clone()));
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => done.push((*kind, key.clone())),
+                Err(e) => warn!("{kind} {key}: cannot write status, retrying: {e}"),
+            }
+        }
+        for id in done {
+            pending.remove(&id);
+        }
+    }
+}
+
+async fn apply(
+    client: &Client,
+    kind: Kind,
+    key: &ObjectKey,
+    patch: &StatusPatch,
+    params: &PatchParams,
+) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let body = json!({
+        "apiVersion": kind.api_version(),
+        "kind": kind.as_str(),
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "status": {"status": patch.status, "messages": [patch.message]},
+    });
+    api.patch_status(&key.name, params, &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}
