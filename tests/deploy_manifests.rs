@@ -139,12 +139,47 @@ fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
         for verb in ["get", "list", "watch"] {
             assert!(grants(group, resource, verb), "{verb} {group}/{resource}");
         }
-        if group.ends_with(".org") || group.starts_with("cloud.") {
-            let status = format!("{resource}/status");
-            assert!(grants(group, &status, "patch"), "patch {group}/{status}");
+    }
+    // Status write-back (server-side apply) for the two kinds whose status the agent owns.
+    for resource in ["egressfirewalls/status", "egressqoses/status"] {
+        assert!(grants("k8s.ovn.org", resource, "patch"), "patch {resource}");
+    }
+    assert!(grants("events.k8s.io", "events", "create"));
+    // Least privilege: reads, those status patches and events, nothing else.
+    for rule in role.rules.iter().flatten() {
+        for resource in rule.resources.iter().flatten() {
+            for verb in &rule.verbs {
+                let allowed = match resource.as_str() {
+                    "egressfirewalls/status" | "egressqoses/status" => verb == "patch",
+                    "events" => verb == "create" || verb == "patch",
+                    _ => ["get", "list", "watch"].contains(&verb.as_str()),
+                };
+                assert!(allowed, "{verb} {resource} is more than the agent needs");
+            }
         }
     }
-    assert!(grants("", "events", "create"));
+}
+
+#[test]
+fn daemonset_probes_the_admin_server() {
+    let ds: DaemonSet = load("deploy/daemonset.yaml");
+    let c = ds.spec.unwrap().template.spec.unwrap().containers[0].clone();
+    let default_admin: std::net::SocketAddr =
+        nodeplane::config::DEFAULT_ADMIN_ADDRESS.parse().unwrap();
+    for (probe, path) in [
+        (c.liveness_probe, "/healthz"),
+        (c.readiness_probe, "/readyz"),
+    ] {
+        let get = probe.expect("probe").http_get.expect("httpGet");
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(get.host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+                default_admin.port().into()
+            )
+        );
+    }
 }
 
 #[test]

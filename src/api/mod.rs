@@ -3,6 +3,7 @@
 //! without re-parsing strings. Core types come from k8s-openapi and are re-exported here.
 
 pub mod cloud_private_ip_config;
+pub mod crds;
 pub mod egress_firewall;
 pub mod egress_ip;
 pub mod egress_qos;
