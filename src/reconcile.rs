@@ -9,7 +9,7 @@ use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{Desired, Memory, ObjectStatus, firewall, plan, plan_with_dns};
+use crate::plan::{Desired, Memory, ObjectStatus, egress_ip, firewall, plan, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
@@ -106,13 +106,18 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
     /// before an address starts attracting traffic; removal order is handled per backend.
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
         let Desired {
-            ruleset,
+            mut ruleset,
             net,
-            statuses,
+            mut statuses,
             memory,
         } = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
-        let nft = self.engine.sync(ruleset)?;
+        // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         let changes = self.net.plan(&net)?;
+        for r in &changes.refused {
+            warn!("address {}: {}", r.addr, r.reason);
+            egress_ip::address_refused(snapshot, &mut ruleset, &mut statuses, r.addr, &r.reason);
+        }
+        let nft = self.engine.sync(ruleset)?;
         self.net.apply(&changes)?;
         self.memory = memory;
         Ok(SyncReport {
@@ -196,7 +201,16 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         ));
     }
     match RtnlBackend::new(NetConfig::default()).and_then(|mut b| b.plan(&desired.net)) {
-        Ok(changes) => out.extend(changes.describe().iter().map(|l| format!("# {l}\n"))),
+        Ok(changes) => {
+            out.extend(changes.describe().iter().map(|l| format!("# {l}\n")));
+            // Shown, not applied to the ruleset: the printed table stays the same on any host.
+            for r in &changes.refused {
+                out.push_str(&format!(
+                    "# address {} cannot be placed on this host: {}\n",
+                    r.addr, r.reason
+                ));
+            }
+        }
         Err(e) => out.push_str(&format!("# network changes unknown: {e}\n")),
     }
     for status in &desired.statuses {

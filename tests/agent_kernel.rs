@@ -37,6 +37,8 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let reference = lab.add_host("ref");
+    // worker-1's node subnet, so that the example's egress IP has an interface to go on.
+    lab.add_addr(&node, "lo", "192.168.50.11/24");
     node.exec_stdin(&["nft", "-f", "-"], FOREIGN)
         .expect("foreign tables");
     let foreign_before = foreign_listing(&node);
@@ -71,7 +73,16 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     );
     assert_eq!(foreign_listing(&node), foreign_before);
 
+    assert!(
+        node.run(&["ip", "addr", "show", "dev", "lo"])
+            .contains("192.168.50.100/32")
+    );
     node.run_agent(&["cleanup"]).expect("cleanup");
+    assert!(
+        !node
+            .run(&["ip", "addr", "show", "dev", "lo"])
+            .contains("192.168.50.100")
+    );
     let all = node.nft(&["list", "tables"]).unwrap();
     assert!(
         !all.contains("nodeplane"),

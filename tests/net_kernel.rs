@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use nodeplane::net::{
-    AddressSpec, Family, NetBackend, NetConfig, NetDesired, NetError, NextHop, RouteSpec,
+    AddressSpec, Family, NetBackend, NetConfig, NetDesired, NextHop, Refusal, RouteSpec,
     RtnlBackend, RuleSpec,
 };
 use serde_json::Value;
@@ -317,19 +317,21 @@ fn addresses_land_by_longest_prefix_with_marker_and_spare_foreign_ones() {
         addresses: [host("10.10.5.50")].into(),
         ..Default::default()
     };
-    let err = b.plan(&own).unwrap_err();
-    assert!(matches!(err, NetError::OwnAddress { .. }), "{err}");
+    let refused = b.plan(&own).unwrap().refused;
     assert_eq!(
-        err.to_string(),
-        "address 10.10.5.50: it is one of the node's own addresses (on n1)"
+        refused,
+        vec![Refusal {
+            addr: ip("10.10.5.50"),
+            reason: "it is one of the node's own addresses (on n1)".into()
+        }]
     );
     let nowhere = NetDesired {
         addresses: [host("172.16.0.1")].into(),
         ..Default::default()
     };
     assert_eq!(
-        b.plan(&nowhere).unwrap_err().to_string(),
-        "address 172.16.0.1: no interface subnet contains it"
+        b.plan(&nowhere).unwrap().refused[0].reason,
+        "no interface subnet contains it"
     );
 
     // Dropping one address from the desired state removes only it.
@@ -360,6 +362,7 @@ fn nexthop(via: &str, dev: Option<&str>, weight: u8) -> NextHop {
         via: Some(ip(via)),
         dev: dev.map(str::to_string),
         weight,
+        onlink: false,
     }
 }
 

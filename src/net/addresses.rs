@@ -93,7 +93,19 @@ pub(crate) fn plan(
                 reason: "desired twice with different prefix lengths".into(),
             });
         }
-        let link = choose_interface(state, spec, cfg)?;
+        let link = match choose_interface(state, spec, cfg) {
+            Ok(link) => link,
+            Err(e @ (NetError::NoSubnet { .. } | NetError::OwnAddress { .. })) => {
+                let text = e.to_string();
+                let prefix = format!("address {}: ", spec.addr);
+                changes.refused.push(super::Refusal {
+                    addr: spec.addr,
+                    reason: text.strip_prefix(&prefix).unwrap_or(&text).to_string(),
+                });
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         want.insert(AddressChange {
             spec: *spec,
             dev: link.name.clone(),

@@ -1,5 +1,7 @@
 //! Neighbour announcements for addresses the agent adds: gratuitous ARP (IPv4) and unsolicited
-//! neighbour advertisements (IPv6), sent as raw Ethernet frames through an `AF_PACKET` socket.
+//! neighbour advertisements (IPv6), sent as raw Ethernet frames through `AF_PACKET` channels.
+//! (The kernel sends neither when an address is added; `ndisc_notify` covers link events, not a
+//! `nodad` address add.)
 //!
 //! The socket is opened by the caller's thread, so it lives in the caller's network namespace;
 //! the first round goes out at once, the repeats from a short-lived background thread so that
@@ -7,9 +9,10 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use pnet_datalink::{Channel, DataLinkSender, MacAddr, NetworkInterface};
 
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -102,63 +105,64 @@ fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// A send-only `AF_PACKET` raw socket (protocol 0: it receives nothing).
-pub struct PacketSocket(OwnedFd);
+/// Where frames go out: one `AF_PACKET` transmit channel per interface, opened through
+/// `pnet_datalink` (which keeps the socket FFI out of this crate). Receiving is not used; the
+/// channel's receive side is dropped at once and promiscuous mode is off.
+pub struct PacketSender {
+    channels: Vec<(u32, Box<dyn DataLinkSender>)>,
+}
 
-impl PacketSocket {
-    /// Needs `CAP_NET_RAW` in the caller's network namespace.
-    pub fn open() -> io::Result<PacketSocket> {
-        // SAFETY: socket(2) takes no pointers; the result is checked before use.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
+impl PacketSender {
+    /// Opens a channel on every interface of `list`. Needs `CAP_NET_RAW` in the caller's
+    /// network namespace.
+    pub fn open(list: &[Announcement]) -> io::Result<PacketSender> {
+        let mut channels: Vec<(u32, Box<dyn DataLinkSender>)> = Vec::new();
+        for a in list {
+            if channels.iter().any(|(i, _)| *i == a.ifindex) {
+                continue;
+            }
+            let iface = NetworkInterface {
+                name: a.dev.clone(),
+                description: String::new(),
+                index: a.ifindex,
+                mac: Some(MacAddr::from(a.mac)),
+                ips: Vec::new(),
+                flags: 0,
+            };
+            let config = pnet_datalink::Config {
+                promiscuous: false,
+                ..Default::default()
+            };
+            match pnet_datalink::channel(&iface, config)? {
+                Channel::Ethernet(tx, _rx) => channels.push((a.ifindex, tx)),
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("{}: not an Ethernet channel", a.dev),
+                    ));
+                }
+            }
         }
-        // SAFETY: `fd` is a freshly created descriptor that nothing else owns or closes.
-        Ok(PacketSocket(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(PacketSender { channels })
     }
 
-    /// Sends a full Ethernet frame out of interface `ifindex`.
-    pub fn send(&self, ifindex: u32, dst: [u8; 6], ethertype: u16, frame: &[u8]) -> io::Result<()> {
-        let mut sll_addr = [0u8; 8];
-        sll_addr[..6].copy_from_slice(&dst);
-        let addr = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: ethertype.to_be(),
-            sll_ifindex: i32::try_from(ifindex)
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "ifindex too large"))?,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 6,
-            sll_addr,
-        };
-        // SAFETY: `frame` and `addr` are valid for the lengths passed and outlive the call;
-        // the descriptor is owned by `self` and open.
-        let sent = unsafe {
-            libc::sendto(
-                self.0.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&raw const addr).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        match sent {
-            n if n < 0 => Err(io::Error::last_os_error()),
-            n if n as usize != frame.len() => Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!("short send: {n} of {} bytes", frame.len()),
-            )),
-            _ => Ok(()),
-        }
+    /// Sends a full Ethernet frame out of interface `ifindex` (opened by [`Self::open`]).
+    pub fn send(&mut self, ifindex: u32, frame: &[u8]) -> io::Result<()> {
+        let (_, tx) = self
+            .channels
+            .iter_mut()
+            .find(|(i, _)| *i == ifindex)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no channel"))?;
+        tx.send_to(frame, None)
+            .unwrap_or_else(|| Err(io::Error::other("frame not sent")))
     }
 }
 
-fn send_round(sock: &PacketSocket, list: &[Announcement]) -> Vec<(String, io::Error)> {
+fn send_round(sock: &mut PacketSender, list: &[Announcement]) -> Vec<(String, io::Error)> {
     let mut failures = Vec::new();
     for a in list {
-        let (dst, ethertype, frame) = a.frame();
-        if let Err(e) = sock.send(a.ifindex, dst, ethertype, &frame) {
+        let (_, _, frame) = a.frame();
+        if let Err(e) = sock.send(a.ifindex, &frame) {
             failures.push((format!("announce {} on {}", a.addr, a.dev), e));
         }
     }
@@ -181,8 +185,8 @@ pub fn announce(list: Vec<Announcement>, count: u32, interval: Duration) -> io::
     if list.is_empty() || count == 0 {
         return Ok(Announced::default());
     }
-    let sock = PacketSocket::open()?;
-    let failures = send_round(&sock, &list);
+    let mut sock = PacketSender::open(&list)?;
+    let failures = send_round(&mut sock, &list);
     if count == 1 {
         return Ok(Announced {
             failures,
@@ -194,7 +198,7 @@ pub fn announce(list: Vec<Announcement>, count: u32, interval: Duration) -> io::
         .spawn(move || {
             for _ in 1..count {
                 std::thread::sleep(interval);
-                for (what, e) in send_round(&sock, &list) {
+                for (what, e) in send_round(&mut sock, &list) {
                     tracing::warn!("{what}: {e}");
                 }
             }

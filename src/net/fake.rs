@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::links::{OwnedLink, TunnelChanges};
 use super::{
     KernelAddress, KernelLink, KernelRoute, KernelRule, KernelState, NetBackend, NetChanges,
     NetConfig, NetDesired, NetError, RouteSpec, RuleSpec, routes, rules,
@@ -201,6 +202,74 @@ impl FakeNetBackend {
     }
 }
 
+/// Creates the tunnel link (replacing an owned one of the same name) and adds its entries.
+fn apply_tunnel_adds(state: &mut KernelState, t: &TunnelChanges) -> Result<(), NetError> {
+    if let Some(spec) = &t.create {
+        if t.delete.contains(&spec.name) {
+            remove_link(state, &spec.name);
+        }
+        if state.link_by_name(&spec.name).is_some() {
+            return Err(kernel_err(
+                format!("link {}", spec.name),
+                "add",
+                libc::EEXIST,
+            ));
+        }
+        let index = state.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
+        state.links.push(KernelLink {
+            index,
+            name: spec.name.clone(),
+            mac: Some(spec.mac),
+        });
+        state.owned_links.push(OwnedLink {
+            index,
+            name: spec.name.clone(),
+            vxlan: Some((spec.vni, spec.port, Some(spec.local))),
+            mac: Some(spec.mac),
+        });
+    }
+    for f in &t.fdb_add {
+        if state.link_by_name(&f.dev).is_none() {
+            return Err(NetError::NoDevice {
+                object: "fdb entry".into(),
+                dev: f.dev.clone(),
+            });
+        }
+        state
+            .fdb
+            .retain(|k| !(k.dev == f.dev && k.mac == f.mac && k.dst == f.dst));
+        state.fdb.push(f.clone());
+    }
+    for n in &t.neigh_add {
+        state
+            .neighbours
+            .retain(|k| !(k.dev == n.dev && k.ip == n.ip));
+        state.neighbours.push(n.clone());
+    }
+    Ok(())
+}
+
+fn apply_tunnel_dels(state: &mut KernelState, t: &TunnelChanges) {
+    state.fdb.retain(|k| !t.fdb_del.contains(k));
+    state.neighbours.retain(|k| !t.neigh_del.contains(k));
+    for name in &t.delete {
+        if t.create.as_ref().is_none_or(|c| &c.name != name) {
+            remove_link(state, name);
+        }
+    }
+}
+
+fn remove_link(state: &mut KernelState, name: &str) {
+    let dev = Some(name.to_string());
+    state.links.retain(|l| l.name != name);
+    state.owned_links.retain(|l| l.name != name);
+    state.fdb.retain(|k| k.dev != name);
+    state.neighbours.retain(|k| k.dev != name);
+    state
+        .routes
+        .retain(|r| !r.spec.nexthops.iter().any(|h| h.dev == dev));
+}
+
 impl NetBackend for FakeNetBackend {
     fn plan(&mut self, desired: &NetDesired) -> Result<NetChanges, NetError> {
         self.state.plan(desired, &self.config)
@@ -220,8 +289,10 @@ impl NetBackend for FakeNetBackend {
         }
         let mut next = self.state.clone();
         let announced = self.apply_addresses_add(&mut next, changes)?;
+        apply_tunnel_adds(&mut next, &changes.tunnel)?;
         self.apply_routes(&mut next, changes)?;
         self.apply_rules(&mut next, changes)?;
+        apply_tunnel_dels(&mut next, &changes.tunnel);
         next.addresses.retain(|k| {
             k.proto != changes.protocol
                 || !changes.addresses_del.iter().any(|a| {
@@ -281,11 +352,13 @@ mod tests {
                         via: Some("192.168.50.1".parse().unwrap()),
                         dev: Some("eth1".into()),
                         weight: 2,
+                        onlink: false,
                     },
                     NextHop {
                         via: Some("192.168.50.2".parse().unwrap()),
                         dev: Some("eth1".into()),
                         weight: 1,
+                        onlink: false,
                     },
                 ],
             }]
@@ -298,6 +371,7 @@ mod tests {
                 family: Family::V4,
             }]
             .into(),
+            tunnel: None,
         }
     }
 
@@ -402,13 +476,19 @@ mod tests {
             addresses: BTreeSet::from([host("192.168.50.10")]),
             ..Default::default()
         };
+        let refused = |b: &mut FakeNetBackend, d: &NetDesired| {
+            let changes = b.plan(d).unwrap();
+            assert!(changes.addresses_add.is_empty());
+            let r = &changes.refused[0];
+            format!("address {}: {}", r.addr, r.reason)
+        };
         assert_eq!(
-            b.plan(&d).unwrap_err().to_string(),
+            refused(&mut b, &d),
             "address 192.168.50.10: it is one of the node's own addresses (on eth1)"
         );
         d.addresses = BTreeSet::from([host("10.1.2.3")]);
         assert_eq!(
-            b.plan(&d).unwrap_err().to_string(),
+            refused(&mut b, &d),
             "address 10.1.2.3: no interface subnet contains it"
         );
     }

@@ -20,6 +20,7 @@
 pub mod addresses;
 pub mod announce;
 pub mod fake;
+pub mod links;
 pub mod routes;
 pub mod rtnl;
 pub mod rules;
@@ -105,6 +106,9 @@ pub struct NextHop {
     pub dev: Option<String>,
     /// Multipath weight, 1-255 (ignored, and normalised to 1, for single-path routes).
     pub weight: u8,
+    /// `onlink`: the gateway is on `dev` even though no subnet of `dev` contains it (the
+    /// agent's tunnel device has no addresses).
+    pub onlink: bool,
 }
 
 impl NextHop {
@@ -113,6 +117,7 @@ impl NextHop {
             via: Some(gw),
             dev: None,
             weight: 1,
+            onlink: false,
         }
     }
 
@@ -121,6 +126,7 @@ impl NextHop {
             via: None,
             dev: Some(dev.to_string()),
             weight: 1,
+            onlink: false,
         }
     }
 }
@@ -162,7 +168,36 @@ pub struct NetDesired {
     pub addresses: BTreeSet<AddressSpec>,
     pub routes: BTreeSet<RouteSpec>,
     pub rules: BTreeSet<RuleSpec>,
+    /// The agent's tunnel device (EgressIP steering), if any.
+    pub tunnel: Option<TunnelSpec>,
 }
+
+/// A VXLAN device the agent creates and owns (marked with the alias [`LINK_ALIAS`]), with
+/// static forwarding (FDB) and neighbour entries towards its peers: no learning, no flooding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelSpec {
+    /// Interface name (`np-` prefix).
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    /// This node's underlay address (source of the outer packets; its family is the
+    /// underlay's).
+    pub local: IpAddr,
+    pub mac: [u8; 6],
+    pub peers: BTreeSet<TunnelPeer>,
+}
+
+/// A remote end: frames to `mac` go to `underlay`; `gateways` resolve to `mac` on the tunnel.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TunnelPeer {
+    pub underlay: IpAddr,
+    pub mac: [u8; 6],
+    pub gateways: Vec<IpAddr>,
+}
+
+/// The alias (`IFLA_IFALIAS`) that marks links the agent created; only such links are ever
+/// changed or deleted.
+pub const LINK_ALIAS: &str = "nodeplane";
 
 /// An address together with the interface it goes on (or comes off).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -186,6 +221,18 @@ pub struct NetChanges {
     pub routes_del: Vec<RouteSpec>,
     pub rules_add: Vec<RuleSpec>,
     pub rules_del: Vec<RuleSpec>,
+    /// Tunnel device, forwarding and neighbour entries (see [`links`]).
+    pub tunnel: links::TunnelChanges,
+    /// Desired addresses that cannot be placed (no interface subnet contains them, or they
+    /// are the node's own): left out, so that the rest still applies.
+    pub refused: Vec<Refusal>,
+}
+
+/// A desired address the backend left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub addr: IpAddr,
+    pub reason: String,
 }
 
 impl Default for NetChanges {
@@ -205,6 +252,8 @@ impl NetChanges {
             routes_del: Vec::new(),
             rules_add: Vec::new(),
             rules_del: Vec::new(),
+            tunnel: links::TunnelChanges::default(),
+            refused: Vec::new(),
         }
     }
 
@@ -221,6 +270,7 @@ impl NetChanges {
             + self.routes_del.len()
             + self.rules_add.len()
             + self.rules_del.len()
+            + self.tunnel.len()
     }
 
     /// `ip`-like lines in apply order, e.g.
@@ -228,6 +278,7 @@ impl NetChanges {
     pub fn describe(&self) -> Vec<String> {
         let p = self.protocol;
         let mut out = Vec::with_capacity(self.len());
+        out.extend(self.tunnel.describe_adds());
         out.extend(
             self.addresses_add
                 .iter()
@@ -255,6 +306,7 @@ impl NetChanges {
                 .iter()
                 .map(|a| addresses::describe("del", a, p)),
         );
+        out.extend(self.tunnel.describe_dels());
         out
     }
 }
@@ -322,7 +374,7 @@ impl NetConfig {
 /// Errors of the net module; each names the object it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    #[error("address {addr}: no interface subnet contains it")]
+    #[error("address {addr}: {}", NO_SUBNET)]
     NoSubnet { addr: IpAddr },
     #[error("address {addr}: it is one of the node's own addresses (on {dev})")]
     OwnAddress { addr: IpAddr, dev: String },
@@ -346,6 +398,8 @@ pub enum NetError {
     #[error("net config: {reason}")]
     Config { reason: String },
 }
+
+const NO_SUBNET: &str = "no interface subnet contains it";
 
 /// The agent's view of one side-effecting network backend.
 ///

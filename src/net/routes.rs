@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteNextHop, RouteProtocol,
-    RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteNextHop,
+    RouteNextHopFlags, RouteProtocol, RouteScope, RouteType,
 };
 
 use super::{KernelLink, proto_name};
@@ -93,6 +93,7 @@ fn satisfied_by(want: &RouteSpec, have: &RouteSpec) -> bool {
     ordered.sort_by_key(|nh| nh.dev.is_none());
     ordered.into_iter().all(|w| {
         let pos = free.iter().position(|h| {
+            // `onlink` is how a gateway is accepted, not a property to converge on.
             h.via == w.via && h.weight == w.weight && (w.dev.is_none() || h.dev == w.dev)
         });
         pos.map(|i| free.swap_remove(i)).is_some()
@@ -148,6 +149,9 @@ fn nexthop_text(nh: &NextHop) -> String {
     }
     if let Some(dev) = &nh.dev {
         s.push_str(&format!(" dev {dev}"));
+    }
+    if nh.onlink {
+        s.push_str(" onlink");
     }
     s
 }
@@ -240,6 +244,9 @@ pub(crate) fn add_message(
                 let index = ifindex(route, &only.dev, links)?;
                 msg.attributes.push(RouteAttribute::Oif(index));
             }
+            if only.onlink {
+                msg.header.flags |= RouteFlags::Onlink;
+            }
         }
         many => {
             let mut hops = Vec::with_capacity(many.len());
@@ -247,6 +254,9 @@ pub(crate) fn add_message(
                 let mut hop = RouteNextHop::default();
                 hop.hops = nh.weight.saturating_sub(1);
                 hop.interface_index = ifindex(route, &nh.dev, links)?;
+                if nh.onlink {
+                    hop.flags |= RouteNextHopFlags::Onlink;
+                }
                 if let Some(via) = nh.via {
                     hop.attributes
                         .push(RouteAttribute::Gateway(route_address(via)));
@@ -293,6 +303,7 @@ pub(crate) fn parse(msg: &RouteMessage, state: &KernelState) -> Option<KernelRou
         via: None,
         dev: None,
         weight: 1,
+        onlink: msg.header.flags.contains(RouteFlags::Onlink),
     };
     let mut multipath = None;
     for attr in &msg.attributes {
@@ -326,6 +337,7 @@ pub(crate) fn parse(msg: &RouteMessage, state: &KernelState) -> Option<KernelRou
                 }),
                 dev: (h.interface_index != 0).then(|| state.link_name(h.interface_index)),
                 weight: h.hops.saturating_add(1),
+                onlink: h.flags.contains(RouteNextHopFlags::Onlink),
             })
             .collect(),
     };
@@ -353,6 +365,7 @@ mod tests {
                     via: Some(via.parse().unwrap()),
                     dev: dev.map(str::to_string),
                     weight: *weight,
+                    onlink: false,
                 })
                 .collect(),
         }

@@ -20,16 +20,18 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkLayerType, LinkMessage};
+use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::rule::RuleMessage;
 use rtnetlink::Handle;
 use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
-    NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_EXCL, NLM_F_REPLACE,
+    NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
 };
 use tokio::sync::mpsc;
 
 use super::announce::{self, Announcement};
+use super::links::{self, OwnedLink, ParsedNeigh, TunnelChanges};
 use super::state::{KernelLink, KernelState};
 use super::{NetBackend, NetChanges, NetConfig, NetDesired, NetError, addresses, routes, rules};
 
@@ -41,7 +43,7 @@ type Reply<T> = std_mpsc::SyncSender<T>;
 
 enum Job {
     Read(Reply<Result<KernelState, NetError>>),
-    Apply(NetChanges, Reply<ApplyOutcome>),
+    Apply(Box<NetChanges>, Reply<ApplyOutcome>),
 }
 
 struct ApplyOutcome {
@@ -127,7 +129,7 @@ impl NetBackend for RtnlBackend {
             return Ok(());
         }
         let (tx, rx) = std_mpsc::sync_channel(1);
-        self.send(Job::Apply(changes.clone(), tx))?;
+        self.send(Job::Apply(Box::new(changes.clone()), tx))?;
         let outcome = rx.recv().map_err(|_| worker_gone())?;
         if outcome.announcer.is_some() {
             // A previous announcer keeps running detached; it ends after a few intervals.
@@ -245,21 +247,53 @@ async fn dump(
 }
 
 async fn read_links(handle: &Handle) -> Result<Vec<KernelLink>, NetError> {
+    Ok(read_all_links(handle).await?.0)
+}
+
+/// Every link, and the ones carrying the agent's alias.
+async fn read_all_links(handle: &Handle) -> Result<(Vec<KernelLink>, Vec<OwnedLink>), NetError> {
     let replies = dump(
         handle,
         "links",
         RouteNetlinkMessage::GetLink(LinkMessage::default()),
     )
     .await?;
-    let mut links: Vec<KernelLink> = replies
-        .into_iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
-            _ => None,
-        })
-        .collect();
+    let mut links = Vec::new();
+    let mut owned = Vec::new();
+    for m in replies {
+        if let RouteNetlinkMessage::NewLink(l) = m {
+            links.push(parse_link(&l));
+            owned.extend(links::parse_owned(&l));
+        }
+    }
     links.sort_by_key(|l| l.index);
-    Ok(links)
+    owned.sort_by_key(|l| l.index);
+    Ok((links, owned))
+}
+
+/// FDB and neighbour entries on the agent's links.
+async fn read_entries(handle: &Handle, state: &mut KernelState) -> Result<(), NetError> {
+    if state.owned_links.is_empty() {
+        return Ok(());
+    }
+    for family in [
+        AddressFamily::Bridge,
+        AddressFamily::Inet,
+        AddressFamily::Inet6,
+    ] {
+        let mut req = NeighbourMessage::default();
+        req.header.family = family;
+        for m in dump(handle, "neighbours", RouteNetlinkMessage::GetNeighbour(req)).await? {
+            if let RouteNetlinkMessage::NewNeighbour(n) = m {
+                match links::parse_neigh(&n, state) {
+                    Some(ParsedNeigh::Fdb(f)) => state.fdb.push(f),
+                    Some(ParsedNeigh::Neigh(e)) => state.neighbours.push(e),
+                    None => {}
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn parse_link(msg: &LinkMessage) -> KernelLink {
@@ -282,10 +316,13 @@ fn parse_link(msg: &LinkMessage) -> KernelLink {
 }
 
 async fn read_state(handle: &Handle, cfg: &NetConfig) -> Result<KernelState, NetError> {
+    let (links, owned_links) = read_all_links(handle).await?;
     let mut state = KernelState {
-        links: read_links(handle).await?,
+        links,
+        owned_links,
         ..Default::default()
     };
+    read_entries(handle, &mut state).await?;
     let get_addr = RouteNetlinkMessage::GetAddress(AddressMessage::default());
     for m in dump(handle, "addresses", get_addr).await? {
         if let RouteNetlinkMessage::NewAddress(a) = m {
@@ -365,7 +402,11 @@ async fn apply(handle: &Handle, cfg: &NetConfig, changes: &NetChanges) -> ApplyO
     let result = add_addresses(handle, changes, &links, &mut added).await;
     let announcer = announce_added(&added, &links, cfg);
     let result = match result {
-        Ok(()) => apply_rest(handle, changes, &links).await,
+        Ok(()) => tunnel_adds(handle, &changes.tunnel).await,
+        Err(e) => Err(e),
+    };
+    let result = match result {
+        Ok(links) => apply_rest(handle, changes, &links).await,
         Err(e) => Err(e),
     };
     ApplyOutcome { result, announcer }
@@ -434,6 +475,7 @@ async fn apply_rest(
         let req = RouteNetlinkMessage::DelRoute(routes::del_message(r, proto));
         execute(handle, format!("route {r}"), "del", req, 0, &[libc::ESRCH]).await?;
     }
+    tunnel_dels(handle, &changes.tunnel, links).await?;
     for a in &changes.addresses_del {
         let object = format!("address {}", a.spec.addr);
         // An interface that vanished took its addresses with it.
@@ -486,4 +528,106 @@ fn announce_added(
             None
         }
     }
+}
+
+/// Creates the tunnel device (first deleting an owned one of the same name it replaces),
+/// marks it, brings it up, sets its sysctls and adds its entries. Returns the links as they
+/// are afterwards (routes over the new device need its index).
+async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLink>, NetError> {
+    if let Some(spec) = &t.create {
+        let object = format!("link {}", spec.name);
+        if t.delete.contains(&spec.name) {
+            let links = read_links(handle).await?;
+            if let Ok(index) = link_index(&links, object.clone(), &spec.name) {
+                let req = RouteNetlinkMessage::DelLink(links::delete_message(index));
+                execute(handle, object.clone(), "del", req, 0, &[libc::ENODEV]).await?;
+            }
+        }
+        let req = RouteNetlinkMessage::NewLink(links::create_message(spec));
+        execute(handle, object.clone(), "add", req, ADD, &[]).await?;
+        let links = read_links(handle).await?;
+        let index = link_index(&links, object.clone(), &spec.name)?;
+        let req = RouteNetlinkMessage::SetLink(links::up_message(index));
+        execute(handle, object.clone(), "set up", req, 0, &[]).await?;
+        tunnel_sysctls(&spec.name)?;
+    }
+    let links = read_links(handle).await?;
+    for f in &t.fdb_add {
+        let object = format!("fdb {} dev {}", links::mac_text(&f.mac), f.dev);
+        let index = link_index(&links, object.clone(), &f.dev)?;
+        let req = RouteNetlinkMessage::NewNeighbour(links::fdb_message(f, index));
+        execute(
+            handle,
+            object,
+            "append",
+            req,
+            NLM_F_CREATE | NLM_F_APPEND,
+            &[libc::EEXIST],
+        )
+        .await?;
+    }
+    for n in &t.neigh_add {
+        let object = format!("neighbour {} dev {}", n.ip, n.dev);
+        let index = link_index(&links, object.clone(), &n.dev)?;
+        let req = RouteNetlinkMessage::NewNeighbour(links::neigh_message(n, index));
+        execute(handle, object, "replace", req, REPLACE, &[]).await?;
+    }
+    Ok(links)
+}
+
+/// Decapsulated packets arrive on the tunnel with a pod source that the main table routes
+/// elsewhere, and the tunnel has no IPv4 address: the kernel's reverse-path check rejects
+/// such packets in both strict (1) and loose (2) mode, so the device gets 0. The kernel uses
+/// max(all, device): with `all` above 0 the check still applies, which is logged.
+fn tunnel_sysctls(dev: &str) -> Result<(), NetError> {
+    let path = format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter");
+    std::fs::write(&path, "0").map_err(|source| NetError::Kernel {
+        object: format!("link {dev}"),
+        op: "set rp_filter",
+        source,
+    })?;
+    let all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter");
+    if all.as_deref().map(str::trim).is_ok_and(|v| v != "0") {
+        tracing::warn!(
+            "link {dev}: net.ipv4.conf.all.rp_filter is not 0, so traffic steered here from \
+             other nodes is dropped by the reverse-path check; set it to 0 (per-interface \
+             values still apply to the other interfaces)"
+        );
+    }
+    Ok(())
+}
+
+async fn tunnel_dels(
+    handle: &Handle,
+    t: &TunnelChanges,
+    links: &[KernelLink],
+) -> Result<(), NetError> {
+    for n in &t.neigh_del {
+        let object = format!("neighbour {} dev {}", n.ip, n.dev);
+        let Ok(index) = link_index(links, object.clone(), &n.dev) else {
+            continue;
+        };
+        let req = RouteNetlinkMessage::DelNeighbour(links::neigh_message(n, index));
+        execute(handle, object, "del", req, 0, &[libc::ENOENT]).await?;
+    }
+    for f in &t.fdb_del {
+        let object = format!("fdb {} dev {}", links::mac_text(&f.mac), f.dev);
+        let Ok(index) = link_index(links, object.clone(), &f.dev) else {
+            continue;
+        };
+        let req = RouteNetlinkMessage::DelNeighbour(links::fdb_message(f, index));
+        execute(handle, object, "del", req, 0, &[libc::ENOENT]).await?;
+    }
+    for name in &t.delete {
+        if t.create.as_ref().is_some_and(|c| &c.name == name) {
+            continue; // replaced before the create
+        }
+        let object = format!("link {name}");
+        let Ok(index) = link_index(links, object.clone(), name) else {
+            continue;
+        };
+        let req = RouteNetlinkMessage::DelLink(links::delete_message(index));
+        execute(handle, object, "del", req, 0, &[libc::ENODEV]).await?;
+    }
+    Ok(())
 }

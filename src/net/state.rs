@@ -3,7 +3,8 @@
 use std::net::IpAddr;
 
 use super::{
-    NetChanges, NetConfig, NetDesired, NetError, RouteSpec, RuleSpec, addresses, routes, rules,
+    NetChanges, NetConfig, NetDesired, NetError, RouteSpec, RuleSpec, addresses, links, routes,
+    rules,
 };
 
 /// A network interface.
@@ -46,6 +47,10 @@ pub struct KernelState {
     pub addresses: Vec<KernelAddress>,
     pub routes: Vec<KernelRoute>,
     pub rules: Vec<KernelRule>,
+    /// Links carrying the agent's alias, and the permanent entries on them.
+    pub owned_links: Vec<links::OwnedLink>,
+    pub fdb: Vec<links::FdbEntry>,
+    pub neighbours: Vec<links::NeighEntry>,
 }
 
 impl KernelState {
@@ -70,6 +75,7 @@ impl KernelState {
         addresses::plan(self, &desired.addresses, cfg, &mut changes)?;
         routes::plan(self, &desired.routes, cfg, &mut changes)?;
         rules::plan(self, &desired.rules, cfg, &mut changes)?;
+        links::plan(self, desired.tunnel.as_ref(), &mut changes.tunnel)?;
         Ok(changes)
     }
 

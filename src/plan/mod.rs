@@ -3,6 +3,7 @@
 //! its chains and sets to the base skeleton and reports per-object status.
 
 pub mod base;
+pub mod egress_ip;
 pub mod firewall;
 pub mod in_force;
 pub mod qos;
@@ -73,10 +74,17 @@ pub fn plan_with_dns(
     memory.firewall = fw.memory;
     let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
     memory.qos = qos.memory;
+    let mut net = NetDesired::default();
+    let eip = egress_ip::plan(snapshot, config, &mut ruleset, &mut net);
     Desired {
         ruleset,
-        net: NetDesired::default(),
-        statuses: fw.statuses.into_iter().chain(qos.statuses).collect(),
+        net,
+        statuses: fw
+            .statuses
+            .into_iter()
+            .chain(qos.statuses)
+            .chain(eip)
+            .collect(),
         memory,
     }
 }

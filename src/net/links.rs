@@ -1,0 +1,472 @@
+//! The agent's tunnel device (VXLAN) and its static forwarding (FDB) and neighbour entries:
+//! diff and netlink messages.
+//!
+//! The device is the agent's when it carries the alias [`LINK_ALIAS`]; everything on it
+//! (FDB and neighbour entries) is then the agent's too. A device with the tunnel's name but
+//! without the alias is never touched: planning fails with an error naming it.
+//!
+//! No learning and no flooding: each peer has one permanent FDB entry (its MAC -> its
+//! underlay address) and permanent neighbour entries (its gateways -> its MAC), so nothing is
+//! resolved at packet time and no frame goes to a node it is not for.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+
+use super::{KernelState, LINK_ALIAS, NetError, TunnelSpec};
+
+/// A link the agent created (alias [`LINK_ALIAS`]), as read from the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedLink {
+    pub index: u32,
+    pub name: String,
+    /// `(vni, port, local)` when it is a VXLAN device.
+    pub vxlan: Option<(u32, u16, Option<IpAddr>)>,
+    pub mac: Option<[u8; 6]>,
+}
+
+/// A permanent FDB entry on an owned link: frames to `mac` go to `dst`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FdbEntry {
+    pub dev: String,
+    pub mac: [u8; 6],
+    pub dst: IpAddr,
+}
+
+/// A permanent neighbour entry on an owned link.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NeighEntry {
+    pub dev: String,
+    pub ip: IpAddr,
+    pub mac: [u8; 6],
+}
+
+/// What changes on the tunnel side. Applied: `create`, then the adds (before routes are added,
+/// so routes over the tunnel find their device), deletes, and `delete` last (after the routes
+/// over it are gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunnelChanges {
+    pub create: Option<TunnelSpec>,
+    pub fdb_add: Vec<FdbEntry>,
+    pub neigh_add: Vec<NeighEntry>,
+    pub fdb_del: Vec<FdbEntry>,
+    pub neigh_del: Vec<NeighEntry>,
+    /// Owned links to delete (their entries and routes go with them).
+    pub delete: Vec<String>,
+}
+
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl TunnelChanges {
+    pub fn len(&self) -> usize {
+        usize::from(self.create.is_some())
+            + self.fdb_add.len()
+            + self.neigh_add.len()
+            + self.fdb_del.len()
+            + self.neigh_del.len()
+            + self.delete.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `link add np-eip type vxlan id 7100 dstport 4789 local 192.168.50.11 address ...`,
+    /// `fdb append ...`, `neigh replace ...`.
+    pub fn describe_adds(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.create {
+            out.push(format!(
+                "link add {} type vxlan id {} dstport {} local {} address {} nolearning alias {LINK_ALIAS}",
+                t.name,
+                t.vni,
+                t.port,
+                t.local,
+                mac_text(&t.mac)
+            ));
+        }
+        for f in &self.fdb_add {
+            out.push(format!(
+                "fdb append {} dev {} dst {} permanent",
+                mac_text(&f.mac),
+                f.dev,
+                f.dst
+            ));
+        }
+        for n in &self.neigh_add {
+            out.push(format!(
+                "neigh replace {} lladdr {} dev {} nud permanent",
+                n.ip,
+                mac_text(&n.mac),
+                n.dev
+            ));
+        }
+        out
+    }
+
+    pub fn describe_dels(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &self.neigh_del {
+            out.push(format!("neigh del {} dev {}", n.ip, n.dev));
+        }
+        for f in &self.fdb_del {
+            out.push(format!(
+                "fdb del {} dev {} dst {}",
+                mac_text(&f.mac),
+                f.dev,
+                f.dst
+            ));
+        }
+        for name in &self.delete {
+            out.push(format!("link del {name}"));
+        }
+        out
+    }
+}
+
+fn wanted_entries(t: &TunnelSpec) -> (BTreeSet<FdbEntry>, BTreeSet<NeighEntry>) {
+    let mut fdb = BTreeSet::new();
+    let mut neigh = BTreeSet::new();
+    for p in &t.peers {
+        fdb.insert(FdbEntry {
+            dev: t.name.clone(),
+            mac: p.mac,
+            dst: p.underlay,
+        });
+        for g in &p.gateways {
+            neigh.insert(NeighEntry {
+                dev: t.name.clone(),
+                ip: *g,
+                mac: p.mac,
+            });
+        }
+    }
+    (fdb, neigh)
+}
+
+fn matches(link: &OwnedLink, t: &TunnelSpec) -> bool {
+    link.name == t.name
+        && link.mac == Some(t.mac)
+        && link.vxlan == Some((t.vni, t.port, Some(t.local)))
+}
+
+/// The changes that bring the owned links to `desired`. Pure.
+pub(crate) fn plan(
+    state: &KernelState,
+    desired: Option<&TunnelSpec>,
+    changes: &mut TunnelChanges,
+) -> Result<(), NetError> {
+    let mut kept = None;
+    for link in &state.owned_links {
+        match desired {
+            Some(t) if kept.is_none() && matches(link, t) => kept = Some(link),
+            _ => changes.delete.push(link.name.clone()),
+        }
+    }
+    let Some(t) = desired else { return Ok(()) };
+    let (fdb, neigh) = wanted_entries(t);
+    match kept {
+        None => {
+            let foreign = state.link_by_name(&t.name).is_some()
+                && !state.owned_links.iter().any(|l| l.name == t.name);
+            if foreign {
+                return Err(NetError::Invalid {
+                    object: format!("link {}", t.name),
+                    reason: format!(
+                        "exists and was not created by the agent (no alias {LINK_ALIAS}); \
+                         not touching it"
+                    ),
+                });
+            }
+            changes.create = Some(t.clone());
+            changes.fdb_add.extend(fdb);
+            changes.neigh_add.extend(neigh);
+        }
+        Some(link) => {
+            let have_fdb: BTreeSet<FdbEntry> = state
+                .fdb
+                .iter()
+                .filter(|f| f.dev == link.name)
+                .cloned()
+                .collect();
+            let have_neigh: BTreeSet<NeighEntry> = state
+                .neighbours
+                .iter()
+                .filter(|n| n.dev == link.name)
+                .cloned()
+                .collect();
+            changes.fdb_add.extend(fdb.difference(&have_fdb).cloned());
+            changes.fdb_del.extend(have_fdb.difference(&fdb).cloned());
+            changes
+                .neigh_add
+                .extend(neigh.difference(&have_neigh).cloned());
+            // A changed MAC for the same gateway is a replace, not a delete.
+            changes.neigh_del.extend(
+                have_neigh
+                    .difference(&neigh)
+                    .filter(|h| !neigh.iter().any(|w| w.ip == h.ip))
+                    .cloned(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `RTM_NEWLINK` creating the VXLAN device (down; [`up_message`] brings it up).
+pub(crate) fn create_message(t: &TunnelSpec) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(t.name.clone()));
+    msg.attributes.push(LinkAttribute::Address(t.mac.to_vec()));
+    let local = match t.local {
+        IpAddr::V4(a) => InfoVxlan::Local(a),
+        IpAddr::V6(a) => InfoVxlan::Local6(a),
+    };
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Vxlan),
+        LinkInfo::Data(InfoData::Vxlan(vec![
+            InfoVxlan::Id(t.vni),
+            InfoVxlan::Port(t.port),
+            local,
+            InfoVxlan::Learning(false),
+        ])),
+    ]));
+    msg
+}
+
+/// `RTM_NEWLINK` (set) marking the device as ours and bringing it up.
+pub(crate) fn up_message(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.header.flags = LinkFlags::Up;
+    msg.header.change_mask = LinkFlags::Up;
+    msg.attributes
+        .push(LinkAttribute::IfAlias(LINK_ALIAS.to_string()));
+    msg
+}
+
+pub(crate) fn delete_message(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg
+}
+
+fn neigh_address(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(a) => NeighbourAddress::Inet(a),
+        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+    }
+}
+
+/// `RTM_NEWNEIGH`/`RTM_DELNEIGH` for an FDB entry (family bridge, `self`, permanent).
+pub(crate) fn fdb_message(f: &FdbEntry, index: u32) -> NeighbourMessage {
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = AddressFamily::Bridge;
+    msg.header.ifindex = index;
+    msg.header.state = NeighbourState::Permanent;
+    msg.header.flags = NeighbourFlags::Own;
+    msg.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(f.mac.to_vec()));
+    msg.attributes
+        .push(NeighbourAttribute::Destination(neigh_address(f.dst)));
+    msg
+}
+
+/// `RTM_NEWNEIGH`/`RTM_DELNEIGH` for a permanent neighbour entry.
+pub(crate) fn neigh_message(n: &NeighEntry, index: u32) -> NeighbourMessage {
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = match n.ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    msg.header.ifindex = index;
+    msg.header.state = NeighbourState::Permanent;
+    msg.attributes
+        .push(NeighbourAttribute::Destination(neigh_address(n.ip)));
+    msg.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(n.mac.to_vec()));
+    msg
+}
+
+/// An owned link from the kernel's `RTM_NEWLINK`; `None` for links without our alias.
+pub(crate) fn parse_owned(msg: &LinkMessage) -> Option<OwnedLink> {
+    let mut alias = None;
+    let mut name = None;
+    let mut mac = None;
+    let mut vxlan = None;
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfAlias(a) => alias = Some(a.as_str()),
+            LinkAttribute::IfName(n) => name = Some(n.clone()),
+            LinkAttribute::Address(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
+            LinkAttribute::LinkInfo(infos) => vxlan = parse_vxlan(infos),
+            _ => {}
+        }
+    }
+    (alias == Some(LINK_ALIAS)).then(|| OwnedLink {
+        index: msg.header.index,
+        name: name.unwrap_or_else(|| format!("if{}", msg.header.index)),
+        vxlan,
+        mac,
+    })
+}
+
+fn parse_vxlan(infos: &[LinkInfo]) -> Option<(u32, u16, Option<IpAddr>)> {
+    let data = infos.iter().find_map(|i| match i {
+        LinkInfo::Data(InfoData::Vxlan(d)) => Some(d),
+        _ => None,
+    })?;
+    let (mut vni, mut port, mut local) = (0, 0, None);
+    for d in data {
+        match d {
+            InfoVxlan::Id(v) => vni = *v,
+            InfoVxlan::Port(p) => port = *p,
+            InfoVxlan::Local(a) => local = Some(IpAddr::V4(*a)),
+            InfoVxlan::Local6(a) => local = Some(IpAddr::V6(*a)),
+            _ => {}
+        }
+    }
+    Some((vni, port, local))
+}
+
+/// A permanent FDB or neighbour entry on an owned link (`None` for anything else).
+pub(crate) enum ParsedNeigh {
+    Fdb(FdbEntry),
+    Neigh(NeighEntry),
+}
+
+pub(crate) fn parse_neigh(msg: &NeighbourMessage, state: &KernelState) -> Option<ParsedNeigh> {
+    let link = state
+        .owned_links
+        .iter()
+        .find(|l| l.index == msg.header.ifindex)?;
+    if msg.header.state != NeighbourState::Permanent {
+        return None;
+    }
+    let mut ip = None;
+    let mut mac = None;
+    for attr in &msg.attributes {
+        match attr {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some((*a).into()),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => ip = Some((*a).into()),
+            NeighbourAttribute::LinkLayerAddress(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
+            _ => {}
+        }
+    }
+    let (ip, mac) = (ip?, mac?);
+    let dev = link.name.clone();
+    Some(if msg.header.family == AddressFamily::Bridge {
+        ParsedNeigh::Fdb(FdbEntry { dev, mac, dst: ip })
+    } else {
+        ParsedNeigh::Neigh(NeighEntry { dev, ip, mac })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::{KernelLink, TunnelPeer};
+
+    fn spec(peers: &[(&str, u8)]) -> TunnelSpec {
+        TunnelSpec {
+            name: "np-eip".into(),
+            vni: 7100,
+            port: 4789,
+            local: "192.168.50.11".parse().unwrap(),
+            mac: [0x0a, 0x6e, 192, 168, 50, 11],
+            peers: peers
+                .iter()
+                .map(|(ip, last)| TunnelPeer {
+                    underlay: ip.parse().unwrap(),
+                    mac: [0x0a, 0x6e, 192, 168, 50, *last],
+                    gateways: vec![ip.parse().unwrap()],
+                })
+                .collect(),
+        }
+    }
+
+    fn owned_state(t: &TunnelSpec) -> KernelState {
+        KernelState {
+            links: vec![KernelLink {
+                index: 9,
+                name: t.name.clone(),
+                mac: Some(t.mac),
+            }],
+            owned_links: vec![OwnedLink {
+                index: 9,
+                name: t.name.clone(),
+                vxlan: Some((t.vni, t.port, Some(t.local))),
+                mac: Some(t.mac),
+            }],
+            fdb: wanted_entries(t).0.into_iter().collect(),
+            neighbours: wanted_entries(t).1.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn create_then_converge_then_peer_change_is_entries_only() {
+        let t = spec(&[("192.168.50.12", 12)]);
+        let mut c = TunnelChanges::default();
+        plan(&KernelState::default(), Some(&t), &mut c).unwrap();
+        assert_eq!(c.create.as_ref(), Some(&t));
+        assert_eq!(c.len(), 3, "link, one fdb and one neighbour entry");
+
+        let st = owned_state(&t);
+        let mut c = TunnelChanges::default();
+        plan(&st, Some(&t), &mut c).unwrap();
+        assert!(c.is_empty(), "{c:?}");
+
+        let t2 = spec(&[("192.168.50.13", 13)]);
+        let mut c = TunnelChanges::default();
+        plan(&st, Some(&t2), &mut c).unwrap();
+        assert_eq!(c.create, None);
+        assert_eq!(
+            c.describe_adds(),
+            vec![
+                "fdb append 0a:6e:c0:a8:32:0d dev np-eip dst 192.168.50.13 permanent",
+                "neigh replace 192.168.50.13 lladdr 0a:6e:c0:a8:32:0d dev np-eip nud permanent",
+            ]
+        );
+        assert_eq!(
+            c.describe_dels(),
+            vec![
+                "neigh del 192.168.50.12 dev np-eip",
+                "fdb del 0a:6e:c0:a8:32:0c dev np-eip dst 192.168.50.12",
+            ]
+        );
+
+        let mut c = TunnelChanges::default();
+        plan(&st, None, &mut c).unwrap();
+        assert_eq!(c.delete, vec!["np-eip".to_string()]);
+    }
+
+    #[test]
+    fn a_foreign_link_with_our_name_is_refused() {
+        let t = spec(&[]);
+        let st = KernelState {
+            links: vec![KernelLink {
+                index: 4,
+                name: "np-eip".into(),
+                mac: None,
+            }],
+            ..Default::default()
+        };
+        let err = plan(&st, Some(&t), &mut TunnelChanges::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("link np-eip: exists and was not created")
+        );
+    }
+}

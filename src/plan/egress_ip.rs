@@ -1,0 +1,586 @@
+//! EgressIP: a fixed source address for the traffic that selected pods send out of the
+//! cluster, hosted by the node(s) that `status.items` names.
+//!
+//! On a node that hosts an IP of an EgressIP:
+//! - the IP is in [`NetDesired::addresses`] (the net backend puts it on the interface whose
+//!   subnet contains it and announces it);
+//! - `eip-postrouting` SNATs traffic of **every** pod the object selects (local pods, and
+//!   pods of other nodes whose traffic arrives through the tunnel) to it, through the map
+//!   `eip-snat-v4/v6` keyed on the pod address: pod churn is an element update.
+//!
+//! On a node whose local pods are selected by an EgressIP hosted elsewhere:
+//! - `eip-prerouting` (filter, after service DNAT) marks their packets to destinations outside
+//!   the cluster through the verdict map `eip-steer-v4/v6` (one lookup per packet);
+//! - an `ip rule fwmark` sends marked packets to a routing table holding a multipath default
+//!   route over the tunnel device `np-eip` to the hosting nodes (one table per set of hosting
+//!   nodes, so EgressIPs hosted by the same nodes share it);
+//! - the same `eip-snat` map maps the pod to its own address: that identity SNAT at priority
+//!   srcnat-10 binds the connection's source before a CNI's masquerade (srcnat) can run, so
+//!   the hosting node receives the pod's address (the first NAT chain that binds wins).
+//!
+//! Destinations in the cluster, service and node sets are never SNATed nor steered.
+
+use super::ObjectStatus;
+use super::base::sets;
+use crate::api::{EgressIP, ValidatedEgressIp};
+use crate::config::Config;
+use crate::net::TunnelSpec;
+use crate::net::{AddressSpec, Family, NetDesired, NextHop, RouteSpec, RuleSpec, TunnelPeer};
+use crate::nft::ir::*;
+use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use ipnet::IpNet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+/// SNAT maps: pod address -> source address (the egress IP, or the pod's own for steered
+/// traffic).
+pub const SNAT_V4: &str = "eip-snat-v4";
+pub const SNAT_V6: &str = "eip-snat-v6";
+/// Verdict maps: local pod address -> `jump eip-steer-<n>` (marks the packet).
+pub const STEER_V4: &str = "eip-steer-v4";
+pub const STEER_V6: &str = "eip-steer-v6";
+/// nat postrouting at srcnat - 10: before a CNI's masquerade at srcnat.
+pub const POSTROUTING: &str = "eip-postrouting";
+pub const POSTROUTING_PRIORITY: i32 = priority::SRCNAT - 10;
+/// filter prerouting at dstnat + 10: sees service traffic after DNAT; the routing decision
+/// that follows all prerouting hooks uses the mark.
+pub const PREROUTING: &str = "eip-prerouting";
+pub const PREROUTING_PRIORITY: i32 = priority::DSTNAT + 10;
+
+/// filter postrouting after NAT: packets routed into the tunnel lose the steering mark, since
+/// the VXLAN driver routes the outer packet with the inner packet's mark (the `ip rule` would
+/// send it back into the tunnel).
+pub const TUNNEL_OUT: &str = "eip-tunnel-out";
+pub const TUNNEL_OUT_PRIORITY: i32 = priority::SRCNAT + 10;
+
+/// The tunnel device: VXLAN (the only encapsulation every kernel we target has built in;
+/// IPIP/GRE/GENEVE may be missing), our own UDP port and VNI.
+pub const TUNNEL_DEV: &str = "np-eip";
+pub const TUNNEL_VNI: u32 = 7100;
+pub const TUNNEL_PORT: u16 = 4789;
+/// Tunnel MACs are `0a:6e` + 4 bytes of the node's underlay address: locally administered,
+/// unicast, and computable by every node from the Node objects alone.
+const MAC_PREFIX: [u8; 2] = [0x0a, 0x6e];
+
+/// Packet mark bits the agent uses for steering (`meta mark`), one value per set of hosting
+/// nodes: `(n + 1) << 16`.
+pub const MARK_MASK: u32 = 0x00ff_0000;
+/// Steering tables `STEER_TABLE_BASE + n` and the priority of their `ip rule`s.
+pub const STEER_TABLE_BASE: u32 = 7100;
+pub const STEER_RULE_PRIORITY: u32 = 7100;
+const MAX_GROUPS: usize = 255;
+
+/// An EgressIP as planned: the validated object plus what this planner found wrong with it.
+struct Entry {
+    key: String,
+    valid: ValidatedEgressIp,
+    problems: Vec<String>,
+    /// Usable `(ip, node)` assignments.
+    hosted: Vec<(IpAddr, String)>,
+}
+
+/// A selected pod address and where the pod runs.
+struct Claim {
+    entry: usize,
+    node: String,
+}
+
+/// Adds the EgressIP chains and maps to `table` and the addresses, routes, rules and tunnel
+/// to `net`; returns one status per EgressIP.
+pub fn plan(
+    snapshot: &Snapshot,
+    config: &Config,
+    table: &mut Table,
+    net: &mut NetDesired,
+) -> Vec<ObjectStatus> {
+    if snapshot.egress_ips().is_empty() {
+        return Vec::new();
+    }
+    let mut statuses = Vec::new();
+    let mut entries = validate_all(snapshot, &mut statuses);
+    check_addresses(snapshot, &mut entries);
+    let claims = claim_pods(snapshot, &mut entries);
+    let node = config.node_name.as_str();
+
+    let mut snat = [
+        map(SNAT_V4, DataType::Ipv4Addr),
+        map(SNAT_V6, DataType::Ipv6Addr),
+    ];
+    let mut steer = [
+        Set::new(STEER_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
+        Set::new(STEER_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
+    ];
+    let mut groups: BTreeMap<Vec<String>, BTreeSet<Family>> = BTreeMap::new();
+    let mut steered: Vec<(IpAddr, Vec<String>)> = Vec::new();
+    for (ip, claim) in &claims {
+        let e = &entries[claim.entry];
+        let fam = Family::of(ip);
+        let hosts: Vec<&(IpAddr, String)> = e
+            .hosted
+            .iter()
+            .filter(|(h, _)| Family::of(h) == fam)
+            .collect();
+        if let Some((egress, _)) = hosts.iter().find(|(_, n)| n == node) {
+            snat[idx(ip)].insert_mapping(key(*ip), data(*egress));
+        } else if claim.node == node && !hosts.is_empty() {
+            let nodes: Vec<String> = hosts.iter().map(|(_, n)| n.clone()).collect();
+            groups.entry(nodes.clone()).or_default().insert(fam);
+            steered.push((*ip, nodes));
+        }
+    }
+    for e in entries.iter_mut() {
+        if e.hosted.is_empty() {
+            e.problems.push(
+                "status.items: no node hosts any of its egress IPs yet; the selected pods' \
+                 traffic leaves as without EgressIP"
+                    .into(),
+            );
+        }
+    }
+    let groups: Vec<(Vec<String>, BTreeSet<Family>)> =
+        groups.into_iter().take(MAX_GROUPS).collect();
+    let tunnel = tunnel_spec(snapshot, node, &entries, &groups);
+    for (n, (nodes, families)) in groups.iter().enumerate() {
+        let Some(tunnel) = &tunnel else { break };
+        let chain = steer_chain(table, n);
+        for (ip, g) in steered.iter().filter(|(_, g)| g == nodes) {
+            let _ = g;
+            steer[idx(ip)]
+                .insert_mapping(key(*ip), ElemData::Verdict(Verdict::Jump(chain.clone())));
+            // Identity SNAT: the pod keeps its address through any later masquerade.
+            snat[idx(ip)].insert_mapping(key(*ip), data(*ip));
+        }
+        steer_routing(snapshot, tunnel, n, nodes, families, net);
+    }
+    for e in &entries {
+        for (ip, n) in &e.hosted {
+            if n == node {
+                net.addresses.insert(AddressSpec::host(*ip));
+            }
+        }
+    }
+    net.tunnel = tunnel;
+    add_base_chains(table);
+    for set in snat.into_iter().chain(steer) {
+        table.add_set(set);
+    }
+    for e in entries {
+        let result = if e.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(e.problems.join("; "))
+        };
+        statuses.push(ObjectStatus {
+            kind: Kind::EgressIP,
+            key: ObjectKey::cluster(e.key),
+            result,
+        });
+    }
+    statuses.sort_by(|a, b| a.key.cmp(&b.key));
+    statuses
+}
+
+fn map(name: &str, t: DataType) -> Set {
+    Set::new(name, vec![t], SetKind::Map(vec![t]))
+}
+
+fn idx(ip: &IpAddr) -> usize {
+    usize::from(ip.is_ipv6())
+}
+
+fn key(ip: IpAddr) -> ElemKey {
+    vec![Value::ip(ip).into()]
+}
+
+fn data(ip: IpAddr) -> ElemData {
+    ElemData::Values(vec![Value::ip(ip)])
+}
+
+/// Valid objects in creation order (then name): the first one wins a contested pod or IP.
+fn validate_all(snapshot: &Snapshot, statuses: &mut Vec<ObjectStatus>) -> Vec<Entry> {
+    let mut objects: Vec<&Arc<EgressIP>> = snapshot.egress_ips().values().collect();
+    objects.sort_by(|a, b| {
+        let ts = |o: &EgressIP| o.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (ts(a).is_none(), ts(a), &a.metadata.name).cmp(&(ts(b).is_none(), ts(b), &b.metadata.name))
+    });
+    let mut entries = Vec::new();
+    for (name, object) in snapshot.egress_ips() {
+        if let Err(e) = object.validate() {
+            statuses.push(ObjectStatus {
+                kind: Kind::EgressIP,
+                key: ObjectKey::cluster(name),
+                result: Err(format!("{}: {}", e.field, e.reason)),
+            });
+        }
+    }
+    for object in objects {
+        if let Ok(valid) = object.validate() {
+            entries.push(Entry {
+                key: valid.name.clone(),
+                valid,
+                problems: Vec::new(),
+                hosted: Vec::new(),
+            });
+        }
+    }
+    entries
+}
+
+/// Drops (and reports) IPs that are a node's own address or that an earlier EgressIP already
+/// has, and a second IP of the same family assigned to one node.
+fn check_addresses(snapshot: &Snapshot, entries: &mut [Entry]) {
+    let mut node_of: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for (name, node) in snapshot.nodes() {
+        for ip in snapshot::node_ips(node) {
+            node_of.entry(ip).or_insert(name);
+        }
+    }
+    let mut owner: BTreeMap<IpAddr, String> = BTreeMap::new();
+    for e in entries.iter_mut() {
+        let mut usable = BTreeSet::new();
+        for (i, ip) in e.valid.ips.iter().enumerate() {
+            let field = format!("spec.egressIPs[{i}]");
+            if let Some(n) = node_of.get(ip) {
+                e.problems
+                    .push(format!("{field}: {ip} is an address of node {n}"));
+            } else if let Some(first) = owner.get(ip) {
+                e.problems.push(format!(
+                    "{field}: {ip} is also requested by EgressIP {first}, created earlier, which wins"
+                ));
+            } else {
+                owner.insert(*ip, e.key.clone());
+                usable.insert(*ip);
+            }
+        }
+        let mut taken: BTreeSet<(String, bool)> = BTreeSet::new();
+        for ip in &e.valid.ips {
+            let Some(node) = e.valid.assignments.get(ip) else {
+                continue;
+            };
+            if !usable.contains(ip) {
+                continue;
+            }
+            if taken.insert((node.clone(), ip.is_ipv6())) {
+                e.hosted.push((*ip, node.clone()));
+            } else {
+                e.problems.push(format!(
+                    "status.items: {ip} is assigned to node {node}, which already hosts another \
+                     IP of this EgressIP of the same family; it is not used"
+                ));
+            }
+        }
+    }
+}
+
+/// Pod address -> the first EgressIP (creation order) that selects the pod. Later objects
+/// selecting the same pod are reported.
+fn claim_pods(snapshot: &Snapshot, entries: &mut [Entry]) -> BTreeMap<IpAddr, Claim> {
+    let mut claims: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+    let mut pod_owner: BTreeMap<ObjectKey, usize> = BTreeMap::new();
+    for i in 0..entries.len() {
+        let mut conflicts: Vec<String> = Vec::new();
+        for (ns_name, ns) in snapshot.namespaces() {
+            if !entries[i]
+                .valid
+                .namespace_selector
+                .matches_meta(&ns.metadata)
+            {
+                continue;
+            }
+            for pod in snapshot.pods_in_namespace(ns_name) {
+                let selected = entries[i].valid.pod_selector.matches_meta(&pod.metadata)
+                    && !snapshot::pod_is_host_network(pod)
+                    && !snapshot::pod_is_terminal(pod);
+                let Some(node) = snapshot::pod_node_name(pod).filter(|_| selected) else {
+                    continue;
+                };
+                let pod_key = ObjectKey::of(Kind::Pod, &pod.metadata);
+                if let Some(first) = pod_owner.get(&pod_key) {
+                    conflicts.push(format!("{pod_key} (EgressIP {})", entries[*first].key));
+                    continue;
+                }
+                pod_owner.insert(pod_key, i);
+                for ip in snapshot::pod_ips(pod) {
+                    claims.entry(ip).or_insert(Claim {
+                        entry: i,
+                        node: node.to_string(),
+                    });
+                }
+            }
+        }
+        if let Some(first) = conflicts.first() {
+            let more = conflicts.len() - 1;
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            entries[i].problems.push(format!(
+                "spec.podSelector: pod {first}{more} already selected by an EgressIP created \
+                 earlier, which wins"
+            ));
+        }
+    }
+    claims
+}
+
+/// This node's underlay address: its first InternalIP (IPv4 preferred).
+fn underlay(snapshot: &Snapshot, node: &str) -> Option<IpAddr> {
+    let ips = snapshot::node_internal_ips(snapshot.node(node)?);
+    ips.iter().find(|ip| ip.is_ipv4()).or(ips.first()).copied()
+}
+
+/// The tunnel MAC every node computes for `underlay`.
+pub fn tunnel_mac(underlay: IpAddr) -> [u8; 6] {
+    let tail: [u8; 4] = match underlay {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    [
+        MAC_PREFIX[0],
+        MAC_PREFIX[1],
+        tail[0],
+        tail[1],
+        tail[2],
+        tail[3],
+    ]
+}
+
+/// IPv6 gateway on the tunnel for a peer: a link-local address derived from its MAC (only a
+/// neighbour-table key: nobody owns it).
+pub fn tunnel_gateway6(mac: [u8; 6]) -> Ipv6Addr {
+    let seg = |a: u8, b: u8| u16::from_be_bytes([a, b]);
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        0,
+        seg(mac[0], mac[1]),
+        seg(mac[2], mac[3]),
+        seg(mac[4], mac[5]),
+    )
+}
+
+/// IPv4 gateway on the tunnel for a peer: its first IPv4 node address (onlink).
+fn gateway4(snapshot: &Snapshot, node: &str) -> Option<IpAddr> {
+    let n = snapshot.node(node)?;
+    let internal = snapshot::node_internal_ips(n);
+    let all = snapshot::node_ips(n);
+    internal.into_iter().chain(all).find(IpAddr::is_ipv4)
+}
+
+/// The tunnel exists on every node while some EgressIP IP is hosted somewhere (hosting nodes
+/// receive on it, others send on it); peers are the hosting nodes this node steers to.
+fn tunnel_spec(
+    snapshot: &Snapshot,
+    node: &str,
+    entries: &[Entry],
+    groups: &[(Vec<String>, BTreeSet<Family>)],
+) -> Option<TunnelSpec> {
+    if entries.iter().all(|e| e.hosted.is_empty()) {
+        return None;
+    }
+    let local = underlay(snapshot, node)?;
+    let mut peers = BTreeSet::new();
+    let names: BTreeSet<&String> = groups.iter().flat_map(|(n, _)| n).collect();
+    for name in names {
+        let Some(addr) = underlay(snapshot, name).filter(|a| a.is_ipv4() == local.is_ipv4()) else {
+            continue;
+        };
+        let mac = tunnel_mac(addr);
+        let mut gateways: Vec<IpAddr> = gateway4(snapshot, name).into_iter().collect();
+        gateways.push(tunnel_gateway6(mac).into());
+        peers.insert(TunnelPeer {
+            underlay: addr,
+            mac,
+            gateways,
+        });
+    }
+    Some(TunnelSpec {
+        name: TUNNEL_DEV.into(),
+        vni: TUNNEL_VNI,
+        port: TUNNEL_PORT,
+        local,
+        mac: tunnel_mac(local),
+        peers,
+    })
+}
+
+/// Group `n`'s chain: packets to destinations outside the cluster get the group's mark.
+fn steer_chain(table: &mut Table, n: usize) -> String {
+    let name = format!("eip-steer-{n}");
+    let mut chain = Chain::regular(&name);
+    for rule in leaves_cluster() {
+        chain.push(rule);
+    }
+    chain.push(Rule::new(vec![
+        Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local)),
+        Stmt::Verdict(Verdict::Return),
+    ]));
+    chain.push(Rule::new(vec![Stmt::MarkSet(mark(n)), Stmt::Counter]));
+    table.add_chain(chain);
+    name
+}
+
+pub fn mark(n: usize) -> u32 {
+    ((n as u32) + 1) << 16
+}
+
+/// `return` for destinations in the cluster, service and node sets.
+fn leaves_cluster() -> Vec<Rule> {
+    let v4 = [sets::CLUSTER_V4, sets::SERVICE_V4, sets::NODE_IPS_V4];
+    let v6 = [sets::CLUSTER_V6, sets::SERVICE_V6, sets::NODE_IPS_V6];
+    let ret = |field: Field, set: &str| {
+        Rule::new(vec![
+            Stmt::in_set(vec![field], set),
+            Stmt::Verdict(Verdict::Return),
+        ])
+    };
+    v4.iter()
+        .map(|s| ret(Field::Ip4Daddr, s))
+        .chain(v6.iter().map(|s| ret(Field::Ip6Daddr, s)))
+        .collect()
+}
+
+/// The rule and multipath default route(s) of steering group `n`.
+fn steer_routing(
+    snapshot: &Snapshot,
+    tunnel: &TunnelSpec,
+    n: usize,
+    nodes: &[String],
+    families: &BTreeSet<Family>,
+    net: &mut NetDesired,
+) {
+    let table = STEER_TABLE_BASE + n as u32;
+    for family in families {
+        let mut nexthops = Vec::new();
+        for name in nodes {
+            let Some(addr) = underlay(snapshot, name) else {
+                continue;
+            };
+            let peer = tunnel.peers.iter().find(|p| p.underlay == addr);
+            let Some(peer) = peer else { continue };
+            let via = peer
+                .gateways
+                .iter()
+                .find(|g| Family::of(g) == *family)
+                .copied();
+            if let Some(via) = via {
+                nexthops.push(NextHop {
+                    via: Some(via),
+                    dev: Some(tunnel.name.clone()),
+                    weight: 1,
+                    onlink: via.is_ipv4(),
+                });
+            }
+        }
+        if nexthops.is_empty() {
+            continue;
+        }
+        let dst: IpNet = match family {
+            Family::V4 => "0.0.0.0/0".parse().expect("valid"),
+            Family::V6 => "::/0".parse().expect("valid"),
+        };
+        net.routes.insert(RouteSpec {
+            table,
+            dst,
+            nexthops,
+        });
+        net.rules.insert(RuleSpec {
+            priority: STEER_RULE_PRIORITY,
+            fwmark: Some((mark(n), MARK_MASK)),
+            from: None,
+            table,
+            family: *family,
+        });
+    }
+}
+
+fn add_base_chains(table: &mut Table) {
+    let base = |kind, hook, priority| BaseChain {
+        kind,
+        hook,
+        priority,
+        policy: Policy::Accept,
+    };
+    let mut pre = Chain::base(
+        PREROUTING,
+        base(ChainType::Filter, Hook::Prerouting, PREROUTING_PRIORITY),
+    );
+    pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], STEER_V4)]));
+    pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], STEER_V6)]));
+    table.add_chain(pre);
+    let mut post = Chain::base(
+        POSTROUTING,
+        base(ChainType::Nat, Hook::Postrouting, POSTROUTING_PRIORITY),
+    );
+    for rule in leaves_cluster() {
+        post.push(rule);
+    }
+    for (family, field, set) in [
+        (IpFamily::V4, Field::Ip4Saddr, SNAT_V4),
+        (IpFamily::V6, Field::Ip6Saddr, SNAT_V6),
+    ] {
+        post.push(Rule::new(vec![Stmt::Nat(Nat {
+            kind: NatKind::Snat,
+            family,
+            addr: NatAddr::Map {
+                key: vec![field],
+                map: set.into(),
+            },
+        })]));
+    }
+    table.add_chain(post);
+    let mut out = Chain::base(
+        TUNNEL_OUT,
+        base(ChainType::Filter, Hook::Postrouting, TUNNEL_OUT_PRIORITY),
+    );
+    out.push(Rule::new(vec![
+        Stmt::matches(Field::OifName, Value::IfName(TUNNEL_DEV.into())),
+        Stmt::MarkSet(0),
+    ]));
+    table.add_chain(out);
+}
+
+/// Attributes an address the net backend could not place (no interface subnet contains it,
+/// or it is the node's own) to the EgressIP that asked for it, and removes the SNAT elements
+/// that would send traffic from an address the node does not hold.
+pub fn address_refused(
+    snapshot: &Snapshot,
+    table: &mut Table,
+    statuses: &mut [ObjectStatus],
+    ip: IpAddr,
+    reason: &str,
+) {
+    for set in [SNAT_V4, SNAT_V6] {
+        if let Some(s) = table.sets.get_mut(set) {
+            s.elements.retain(|_, v| v.data != Some(data(ip)));
+        }
+    }
+    for (name, object) in snapshot.egress_ips() {
+        let Ok(valid) = object.validate() else {
+            continue;
+        };
+        let Some(i) = valid.ips.iter().position(|x| *x == ip) else {
+            continue;
+        };
+        let msg = format!("spec.egressIPs[{i}]: {ip}: {reason}");
+        for s in statuses.iter_mut() {
+            if s.kind == Kind::EgressIP && s.key.name == *name {
+                s.result = match &s.result {
+                    Ok(()) => Err(msg.clone()),
+                    Err(e) => Err(format!("{e}; {msg}")),
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "egress_ip_tests.rs"]
+mod tests;
