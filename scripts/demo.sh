@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Demo of the agent on the bundled example cluster: print the ruleset (no privileges needed),
 # then, as root, check it with nft, apply it, show it and clean it up in a throwaway netns so the
-# host's own firewall is never touched; finally show EgressQoS DSCP marking and EgressFirewall
-# allow/deny on real packets (a pod netns behind a node netns, an external host; needs python3).
+# host's own firewall is never touched; finally show EgressQoS DSCP marking, EgressFirewall
+# allow/deny and EgressIP (two nodes on one bridge, the egress IP as the source an external
+# host sees) on real packets (pod netns behind node netns, an external host; needs python3).
 #
 #   bash scripts/demo.sh                 # debug build, examples/cluster, node worker-1
 #   PROFILE=release NODE=worker-2 bash scripts/demo.sh
@@ -33,7 +34,9 @@ qos_dir=""
 qos_ns=()
 fw_ns=()
 fw_pids=()
+eip_ns=()
 cleanup() {
+    for n in "${eip_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
     for p in "${fw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for n in "${fw_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
     rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv" "$ruleset.srv"
@@ -222,3 +225,79 @@ if probe 203.0.113.10 80; then echo "error: port 80 should be denied" >&2; exit 
 if probe 198.51.100.10 443; then echo "error: 198.51.100.10 should be denied" >&2; exit 1; fi
 step "which rule decided: per-rule counters"
 ip netns exec "$f-node" nft list table inet nodeplane | grep 'EgressFirewall backend' | sed 's/^\s*/  /'
+
+# --- EgressIP on the wire --------------------------------------------------------------------
+# worker-1 and worker-2 of the example cluster on one bridge (192.168.50.0/24) with the backend
+# api pods behind them (10.128.0.11 on worker-1, 10.128.2.11 on worker-2) and an external host
+# (192.168.50.1, owning 203.0.113.10). The example EgressIP gives the backend api pods the source
+# 192.168.50.100, hosted by worker-1: worker-1 holds it and SNATs; worker-2 steers its pod's
+# traffic to worker-1 through the np-eip VXLAN tunnel.
+step "EgressIP: backend api pods on worker-1 and worker-2 -> external host"
+e="nodeplane-eip-$$"
+eip_ns=("$e-seg" "$e-w1" "$e-w2" "$e-pod1" "$e-pod2" "$e-ext")
+for n in "${eip_ns[@]}"; do ip netns add "$n"; ip -n "$n" link set lo up; done
+ip -n "$e-seg" link add br0 type bridge
+ip -n "$e-seg" link set br0 up
+plug() { # netns, address/len, port name
+    ip -n "$1" link add eth0 type veth peer name "$3" netns "$e-seg"
+    ip -n "$e-seg" link set "$3" master br0 up
+    ip -n "$1" link set eth0 up
+    ip -n "$1" addr add "$2" dev eth0
+}
+plug "$e-w1" 192.168.50.11/24 p1
+plug "$e-w2" 192.168.50.12/24 p2
+plug "$e-ext" 192.168.50.1/24 p3
+ip -n "$e-ext" addr add 203.0.113.10/32 dev lo
+pod() { # node netns, pod netns, pod ip, node ip
+    ip netns exec "$1" sysctl -qw net.ipv4.ip_forward=1
+    ip -n "$1" link add veth0 type veth peer name eth0 netns "$2"
+    ip -n "$1" link set veth0 up
+    ip -n "$2" link set eth0 up
+    ip -n "$1" route add "$3/32" dev veth0
+    ip -n "$1" route add 203.0.113.0/24 via 192.168.50.1
+    ip -n "$2" addr add "$3/32" dev eth0
+    ip -n "$2" route add "$4" dev eth0 scope link
+    ip -n "$2" route add default via "$4" dev eth0
+}
+pod "$e-w1" "$e-pod1" 10.128.0.11 192.168.50.11
+pod "$e-w2" "$e-pod2" 10.128.2.11 192.168.50.12
+ip -n "$e-w1" route add 10.128.2.0/23 via 192.168.50.12
+ip -n "$e-w2" route add 10.128.0.0/23 via 192.168.50.11
+cat "$MANIFESTS/policy/egress-ip.yaml" | sed -n '1,20p'
+for w in 1 2; do
+    step "agent --once on worker-$w"
+    ip netns exec "$e-w$w" "$AGENT" --once --manifests "$MANIFESTS" --node-name "worker-$w" \
+        --resolv-conf "$ruleset.resolv" 2>&1 | grep -i "egress\|sync done" | sed 's/^/  /'
+done
+# The external server answers every connection with the source address it saw.
+ip netns exec "$e-ext" python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("203.0.113.10", 443)); s.listen(16); print("ready", flush=True)
+while True:
+    c, peer = s.accept(); c.sendall(peer[0].encode() + b"\n"); c.close()' >"$ruleset.srv" 2>&1 &
+fw_pids+=($!)
+for _ in $(seq 100); do grep -q ready "$ruleset.srv" && break; sleep 0.1; done
+step "each pod connects to 203.0.113.10:443; the external host reports the source it saw"
+for p in 1 2; do
+    seen=$(ip netns exec "$e-pod$p" timeout 3 bash -c 'exec 3<>/dev/tcp/203.0.113.10/443 && head -1 <&3')
+    echo "  pod on worker-$p: external host saw $seen"
+    [ "$seen" = 192.168.50.100 ] || { echo "error: expected the egress IP 192.168.50.100" >&2; exit 1; }
+done
+step "worker-1 holds the egress IP and SNATs through a map keyed on the pod address"
+ip -n "$e-w1" -o addr show dev eth0 | sed 's/^/  /'
+ip netns exec "$e-w1" nft list map inet nodeplane eip-snat-v4 | sed 's/^/  /'
+step "worker-2 steers: mark -> ip rule -> table 7100 -> np-eip (VXLAN) -> worker-1"
+ip netns exec "$e-w2" nft list map inet nodeplane eip-steer-v4 | sed 's/^/  /'
+ip -n "$e-w2" rule show priority 7100 | sed 's/^/  /'
+ip -n "$e-w2" route show table 7100 | sed 's/^/  /'
+step "external host's neighbour entry for the egress IP (worker-1's MAC)"
+ip -n "$e-ext" neigh show 192.168.50.100 | sed 's/^/  /'
+ip -n "$e-w1" link show eth0 | sed -n 2p | sed 's/^/  worker-1 /'
+for w in 1 2; do
+    ip netns exec "$e-w$w" "$AGENT" cleanup --node-name "worker-$w" 2>/dev/null
+done
+step "agent cleanup on both nodes: no egress IP, no tunnel, no rules left"
+ip -n "$e-w1" -o addr show | grep -c 192.168.50.100 | sed 's/^/  egress IP addresses on worker-1: /' || true
+ip -n "$e-w2" link show np-eip 2>/dev/null && { echo "error: np-eip left" >&2; exit 1; }
+echo "  np-eip removed"

@@ -387,3 +387,42 @@ fn egress_ip_snat_steering_announcement_move_delete_and_cleanup() {
         assert!(n.nft(&["list", "table", "inet", "nodeplane"]).is_err());
     }
 }
+
+#[test]
+fn several_hosting_nodes_each_flow_leaves_through_one_of_them() {
+    let t = topo();
+    let eip2 = "192.168.50.201";
+    t.write_file(
+        "eip.yaml",
+        &egress_ip_doc(
+            "backend",
+            &[EIP4, eip2],
+            &[(EIP4, "node-1"), (eip2, "node-3")],
+        ),
+    );
+    // Hash flows by ports too (the default hashes addresses only, so one pod talking to one
+    // host would always take the same path): an operator's choice, not the agent's.
+    t.nodes[1].sysctl("net.ipv4.fib_multipath_hash_policy", "1");
+    let _agents = t.spawn_agents();
+    eventually_source(&t.api1, false, EIP4, CONVERGE * 2);
+    eventually(CONVERGE, || {
+        has_addr(&t.nodes[2], eip2)
+            .then_some(())
+            .ok_or("node-3 has no egress IP yet".to_string())
+    });
+    let allowed: [IpAddr; 2] = [EIP4.parse().unwrap(), eip2.parse().unwrap()];
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let src = eventually(CONVERGE, || source_seen(&t.api2, false));
+        assert!(allowed.contains(&src), "api2 left as {src}");
+        seen.insert(src);
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 2, "40 flows all took one path: {seen:?}");
+    // The hosting node's own pod uses the local egress IP.
+    for _ in 0..5 {
+        assert_eq!(source_seen(&t.api1, false).unwrap().to_string(), EIP4);
+    }
+}
