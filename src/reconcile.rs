@@ -79,6 +79,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     memory: Memory,
     /// Current answers for EgressFirewall dnsName rules (a planner input).
     dns: DnsAnswers,
+    /// Delete conntrack entries of removed UDP service backends (off for fake backends).
+    conntrack_cleanup: bool,
 }
 
 impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
@@ -89,7 +91,19 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             net,
             memory: Memory::default(),
             dns: DnsAnswers::default(),
+            conntrack_cleanup: false,
         }
+    }
+
+    /// Deletes conntrack entries of removed UDP service backends after each apply.
+    pub fn with_conntrack_cleanup(mut self) -> Self {
+        self.conntrack_cleanup = true;
+        self
+    }
+
+    /// The planner's memory as of the last successful sync.
+    pub fn memory(&self) -> &Memory {
+        &self.memory
     }
 
     /// The DNS names the next plan of `snapshot` needs (remembered objects included).
@@ -110,6 +124,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             net,
             mut statuses,
             memory,
+            stale_udp,
         } = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         let changes = self.net.plan(&net)?;
@@ -118,6 +133,12 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             egress_ip::address_refused(snapshot, &mut ruleset, &mut statuses, r.addr, &r.reason);
         }
         let nft = self.engine.sync(ruleset)?;
+        // After the new rules are in: a deleted flow's next packet picks a live backend.
+        if self.conntrack_cleanup
+            && let Err(e) = crate::conntrack::delete_udp_flows_to(&stale_udp)
+        {
+            warn!("conntrack: stale UDP service flows not deleted: {e}");
+        }
         self.net.apply(&changes)?;
         self.memory = memory;
         Ok(SyncReport {
@@ -256,7 +277,8 @@ fn real_reconciler(
         config.clone(),
         NftnlBackend::new(),
         RtnlBackend::new(NetConfig::default())?,
-    ))
+    )
+    .with_conntrack_cleanup())
 }
 
 pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
@@ -373,8 +395,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         wait_for_signal().await;
         let _ = tx.send(Event::Shutdown);
     });
+    let health = crate::healthcheck::HealthServer::new(tokio::runtime::Handle::current());
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker = std::thread::spawn(move || run_loop(config, rx, resolver, snapshots, observers));
+    let worker =
+        std::thread::spawn(move || run_loop(config, rx, resolver, snapshots, observers, health));
     tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -409,6 +433,7 @@ fn run_loop(
     resolver: DnsService,
     snapshots: Snapshots,
     mut observers: Vec<Box<dyn SyncObserver>>,
+    mut health: crate::healthcheck::HealthServer,
 ) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
@@ -438,6 +463,7 @@ fn run_loop(
         match synced {
             Ok(report) => {
                 log_report(&report);
+                health.update(rec.memory().services.health().clone().into_iter().collect());
                 backoff = BACKOFF_MIN;
             }
             Err(e) => {

@@ -4,6 +4,7 @@
 
 use super::ir::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// One nftables operation inside a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +59,9 @@ impl Transaction {
     /// The full replacement of the table: used when the kernel state is unknown (start-up,
     /// resync). Still one atomic batch, so packets see the old table or the new one.
     pub fn full(desired: &Table) -> Transaction {
+        if !desired.parts.is_empty() {
+            return Transaction::full_owned(desired.flatten());
+        }
         let mut ops = vec![Op::AddTable, Op::DeleteTable, Op::AddTable];
         push_creation(&mut ops, desired.chains.values(), desired.sets.values());
         Transaction {
@@ -70,6 +74,11 @@ impl Transaction {
     /// instead of being copied (a full sync of 100k elements must not clone them).
     /// [`Transaction::into_table`] gives the table back.
     pub fn full_owned(desired: Table) -> Transaction {
+        let desired = if desired.parts.is_empty() {
+            desired
+        } else {
+            desired.flatten()
+        };
         let mut ops = vec![Op::AddTable, Op::DeleteTable, Op::AddTable];
         let mut rules = Vec::new();
         for (name, chain) in desired.chains {
@@ -155,138 +164,283 @@ fn push_rules(ops: &mut Vec<Op>, chain: &Chain) {
 
 /// The minimal transaction from `current` (what the kernel holds) to `desired`.
 /// `diff(x, x)` is empty.
+///
+/// Top-level chains and sets are compared one by one; parts ([`Table::parts`]) that are
+/// pointer-equal are skipped without looking inside, so the cost is the number of parts
+/// plus the size of what changed. Changed parts are compared chain by chain, set by set and
+/// element by element, exactly like the top level.
 pub fn diff(current: &Table, desired: &Table) -> Transaction {
-    let sets = classify_sets(current, desired);
-    // A chain is rewritten when its rules change, or when a set it uses is recreated
-    // (the kernel will not delete a set that a rule still references).
-    let chain_uses_recreated = |c: &Chain| {
-        c.rules
-            .iter()
-            .flat_map(|r| r.stmts.iter())
-            .flat_map(|s| s.set_refs())
-            .any(|name| sets.recreated.contains(name))
-    };
-
-    let mut new_chains = Vec::new();
-    let mut rewritten = Vec::new();
-    let mut removed_chains = Vec::new();
-    for (name, want) in &desired.chains {
-        match current.chains.get(name) {
-            None => new_chains.push(want),
-            Some(have) if have.base != want.base => {
-                removed_chains.push(name.clone());
-                new_chains.push(want);
+    let mut d = Delta::default();
+    d.sets(&current.sets, &desired.sets);
+    d.chains(&current.chains, &desired.chains);
+    let mut changed_parts = Vec::new();
+    for change in current.parts.diff(&desired.parts) {
+        use imbl::ordmap::DiffItem::*;
+        let (old, new) = match change {
+            Add(_, new) => (None, Some(new)),
+            Remove(_, old) => (Some(old), None),
+            Update { old, new } => {
+                if Arc::ptr_eq(old.1, new.1) {
+                    continue;
+                }
+                (Some(old.1), Some(new.1))
             }
-            Some(have) if have.rules != want.rules || chain_uses_recreated(want) => {
-                rewritten.push(want)
-            }
-            Some(_) => {}
-        }
+        };
+        changed_parts.push((old, new));
     }
-    for name in current.chains.keys() {
-        if !desired.chains.contains_key(name) {
-            removed_chains.push(name.clone());
-        }
+    let empty = Part::default();
+    for (old, new) in &changed_parts {
+        let (old, new) = (old.map_or(&empty, |p| &**p), new.map_or(&empty, |p| &**p));
+        d.sets(&old.sets, &new.sets);
+        d.chains(&old.chains, &new.chains);
+        d.contributions(old, new);
     }
-
-    let mut ops = Vec::new();
-    // 1. Empty every chain that changes or goes, so nothing references what is deleted.
-    for name in rewritten
-        .iter()
-        .map(|c| &c.name)
-        .chain(removed_chains.iter())
-    {
-        ops.push(Op::FlushChain(name.clone()));
-    }
-    // 2. Element removals first: a vmap element may point at a chain about to go.
-    ops.extend(sets.element_removals);
-    // 3. Sets before chains: set elements may reference chains, not the other way round.
-    for name in sets.removed.iter().chain(sets.recreated.iter()) {
-        ops.push(Op::DeleteSet(name.clone()));
-    }
-    for name in &removed_chains {
-        ops.push(Op::DeleteChain(name.clone()));
-    }
-    // 4. New chains, new sets (with elements), then rules.
-    for c in &new_chains {
-        ops.push(Op::AddChain {
-            name: c.name.clone(),
-            base: c.base,
-        });
-    }
-    for name in sets.added.iter().chain(sets.recreated.iter()) {
-        ops.push(Op::AddSet(desired.sets[name].clone()));
-    }
-    for c in new_chains.iter().chain(rewritten.iter()) {
-        push_rules(&mut ops, c);
-    }
-    // 5. Element additions last: they may point at chains created above.
-    ops.extend(sets.element_additions);
-
-    Transaction {
-        table: desired.name.clone(),
-        ops,
-    }
+    d.finish(current, desired)
 }
 
-struct SetChanges {
-    added: BTreeSet<String>,
-    removed: BTreeSet<String>,
+/// What changes, collected over the top level and the changed parts before ops are ordered.
+#[derive(Default)]
+struct Delta<'a> {
+    new_chains: BTreeMap<&'a str, &'a Chain>,
+    rewritten: BTreeMap<&'a str, &'a Chain>,
+    /// Name -> the base it had (a name both removed and new with the same base moved).
+    removed_chains: BTreeMap<String, Option<BaseChain>>,
+    rebased: BTreeSet<String>,
+    added_sets: BTreeMap<&'a str, &'a Set>,
+    removed_sets: BTreeSet<String>,
     /// Declaration changed: delete and create again.
-    recreated: BTreeSet<String>,
-    element_removals: Vec<Op>,
-    element_additions: Vec<Op>,
+    recreated: BTreeMap<&'a str, &'a Set>,
+    /// Per set: elements to delete and to add, and the set they belong to (for parts'
+    /// contributions to top-level sets, looked up at the end).
+    element_removals: BTreeMap<String, (Option<&'a Set>, Elements)>,
+    element_additions: BTreeMap<String, (Option<&'a Set>, Elements)>,
 }
 
-fn classify_sets(current: &Table, desired: &Table) -> SetChanges {
-    let mut ch = SetChanges {
-        added: BTreeSet::new(),
-        removed: BTreeSet::new(),
-        recreated: BTreeSet::new(),
-        element_removals: Vec::new(),
-        element_additions: Vec::new(),
-    };
-    for (name, want) in &desired.sets {
-        match current.sets.get(name) {
-            None => {
-                ch.added.insert(name.clone());
-            }
-            Some(have) if !have.same_declaration(want) => {
-                ch.recreated.insert(name.clone());
-            }
-            Some(have) => {
-                let (del, add) = element_delta(have, want);
-                if !del.is_empty() {
-                    ch.element_removals
-                        .push(Op::DeleteElements(with_elements(want, del)));
+impl<'a> Delta<'a> {
+    fn chains(&mut self, have: &'a BTreeMap<String, Chain>, want: &'a BTreeMap<String, Chain>) {
+        for (name, w) in want {
+            match have.get(name) {
+                None => {
+                    self.new_chains.insert(name, w);
                 }
-                if !add.is_empty() {
-                    ch.element_additions
-                        .push(Op::AddElements(with_elements(want, add)));
+                Some(h) if h.base != w.base => {
+                    self.removed_chains.insert(name.clone(), h.base);
+                    self.rebased.insert(name.clone());
+                    self.new_chains.insert(name, w);
                 }
+                Some(h) if h.rules != w.rules => {
+                    self.rewritten.insert(name, w);
+                }
+                Some(_) => {}
+            }
+        }
+        for (name, h) in have {
+            if !want.contains_key(name) {
+                self.removed_chains.insert(name.clone(), h.base);
             }
         }
     }
-    for name in current.sets.keys() {
-        if !desired.sets.contains_key(name) {
-            ch.removed.insert(name.clone());
+
+    fn sets(&mut self, have: &'a BTreeMap<String, Set>, want: &'a BTreeMap<String, Set>) {
+        for (name, w) in want {
+            match have.get(name) {
+                None => {
+                    self.added_sets.insert(name, w);
+                }
+                Some(h) if !h.same_declaration(w) => {
+                    self.recreated.insert(name, w);
+                }
+                Some(h) => self.elements(name, Some(w), &h.elements, &w.elements),
+            }
+        }
+        for name in have.keys() {
+            if !want.contains_key(name) {
+                self.removed_sets.insert(name.clone());
+            }
         }
     }
-    ch
+
+    fn elements(&mut self, set: &str, decl: Option<&'a Set>, have: &Elements, want: &Elements) {
+        let (del, add) = element_delta(have, want);
+        for (map, elements) in [
+            (&mut self.element_removals, del),
+            (&mut self.element_additions, add),
+        ] {
+            if !elements.is_empty() {
+                let entry = map
+                    .entry(set.to_string())
+                    .or_insert((decl, Elements::new()));
+                entry.0 = entry.0.or(decl);
+                entry.1.extend(elements);
+            }
+        }
+    }
+
+    /// Elements a changed part puts in top-level sets.
+    fn contributions(&mut self, old: &Part, new: &Part) {
+        let none = Elements::new();
+        for (set, want) in &new.elements {
+            self.elements(set, None, old.elements.get(set).unwrap_or(&none), want);
+        }
+        for (set, have) in &old.elements {
+            if !new.elements.contains_key(set) {
+                self.elements(set, None, have, &none);
+            }
+        }
+    }
+
+    fn finish(mut self, current: &'a Table, desired: &'a Table) -> Transaction {
+        // A name that leaves one place and appears in another (top level <-> part, part <->
+        // part) is the same kernel object: rewrite it instead of deleting it.
+        let moved: Vec<String> = self
+            .removed_chains
+            .iter()
+            .filter(|(n, base)| {
+                !self.rebased.contains(*n)
+                    && self
+                        .new_chains
+                        .get(n.as_str())
+                        .is_some_and(|c| c.base == **base)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in moved {
+            self.removed_chains.remove(&name);
+            let (k, c) = self.new_chains.remove_entry(name.as_str()).expect("moved");
+            self.rewritten.insert(k, c);
+        }
+        let moved: Vec<String> = self
+            .removed_sets
+            .iter()
+            .filter(|n| self.added_sets.contains_key(n.as_str()))
+            .cloned()
+            .collect();
+        for name in moved {
+            self.removed_sets.remove(&name);
+            let (k, s) = self.added_sets.remove_entry(name.as_str()).expect("moved");
+            self.recreated.insert(k, s);
+        }
+        // Recreated sets (rare): every chain using one is rewritten (the kernel will not
+        // delete a set that a rule references), and parts' elements go in with it.
+        let mut recreated_sets: Vec<Set> = Vec::new();
+        if !self.recreated.is_empty() {
+            for c in all_chains(desired) {
+                let uses = c
+                    .rules
+                    .iter()
+                    .flat_map(|r| r.stmts.iter())
+                    .flat_map(|s| s.set_refs())
+                    .any(|name| self.recreated.contains_key(name));
+                if uses && !self.new_chains.contains_key(c.name.as_str()) {
+                    self.rewritten.insert(&c.name, c);
+                }
+            }
+            for (name, set) in &self.recreated {
+                let mut full = (*set).clone();
+                for part in desired.parts.values() {
+                    if let Some(e) = part.elements.get(*name) {
+                        full.elements
+                            .extend(e.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    }
+                }
+                self.element_removals.remove(*name);
+                self.element_additions.remove(*name);
+                recreated_sets.push(full);
+            }
+        }
+        let set_decl = |name: &str, known: Option<&Set>| -> Option<Set> {
+            known
+                .or_else(|| desired.sets.get(name))
+                .or_else(|| current.sets.get(name))
+                .map(Set::clone_declaration)
+        };
+
+        let mut ops = Vec::new();
+        // 1. Empty every chain that changes or goes, so nothing references what is deleted.
+        for name in self.rewritten.keys().map(|n| n.to_string()) {
+            ops.push(Op::FlushChain(name));
+        }
+        for name in self.removed_chains.keys() {
+            ops.push(Op::FlushChain(name.clone()));
+        }
+        // 2. Element removals first: a vmap element may point at a chain about to go.
+        for (name, (known, elements)) in self.element_removals {
+            // Elements of a set that goes away go with it.
+            if self.removed_sets.contains(&name) {
+                continue;
+            }
+            if let Some(decl) = set_decl(&name, known) {
+                ops.push(Op::DeleteElements(Set { elements, ..decl }));
+            }
+        }
+        // 3. Sets before chains: set elements may reference chains, not the other way round.
+        for name in self
+            .removed_sets
+            .iter()
+            .map(String::as_str)
+            .chain(recreated_sets.iter().map(|s| s.name.as_str()))
+        {
+            ops.push(Op::DeleteSet(name.to_string()));
+        }
+        for name in self.removed_chains.keys() {
+            ops.push(Op::DeleteChain(name.clone()));
+        }
+        // 4. New chains, new sets (with elements), then rules.
+        for c in self.new_chains.values() {
+            ops.push(Op::AddChain {
+                name: c.name.clone(),
+                base: c.base,
+            });
+        }
+        for s in self.added_sets.values() {
+            let mut s = (*s).clone();
+            // A new top-level set gets the elements parts put in it.
+            if desired.sets.contains_key(&s.name) {
+                for part in desired.parts.values() {
+                    if let Some(e) = part.elements.get(&s.name) {
+                        s.elements
+                            .extend(e.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    }
+                }
+                self.element_additions.remove(&s.name);
+            }
+            ops.push(Op::AddSet(s));
+        }
+        ops.extend(recreated_sets.into_iter().map(Op::AddSet));
+        for c in self.new_chains.values().chain(self.rewritten.values()) {
+            push_rules(&mut ops, c);
+        }
+        // 5. Element additions last: they may point at chains created above.
+        for (name, (known, elements)) in self.element_additions {
+            if let Some(decl) = set_decl(&name, known) {
+                ops.push(Op::AddElements(Set { elements, ..decl }));
+            }
+        }
+        Transaction {
+            table: desired.name.clone(),
+            ops,
+        }
+    }
+}
+
+fn all_chains(t: &Table) -> impl Iterator<Item = &Chain> {
+    t.chains
+        .values()
+        .chain(t.parts.values().flat_map(|p| p.chains.values()))
 }
 
 type Elements = BTreeMap<ElemKey, ElemValue>;
 
 /// Elements to delete and to add. A changed value (new verdict, new timeout) is a delete
 /// plus an add of the same key, which the kernel applies in order within the batch.
-fn element_delta(have: &Set, want: &Set) -> (Elements, Elements) {
+fn element_delta(have: &Elements, want: &Elements) -> (Elements, Elements) {
     use std::cmp::Ordering::*;
     let mut del = Elements::new();
     let mut add = Elements::new();
     // Both maps iterate in key order: one merge pass, no lookups (this runs over every
     // element of every set on each sync, so it must stay linear and cheap).
-    let mut h = have.elements.iter().peekable();
-    let mut w = want.elements.iter().peekable();
+    let mut h = have.iter().peekable();
+    let mut w = want.iter().peekable();
     loop {
         match (h.peek(), w.peek()) {
             (None, None) => break,
@@ -318,13 +472,6 @@ fn element_delta(have: &Set, want: &Set) -> (Elements, Elements) {
         }
     }
     (del, add)
-}
-
-fn with_elements(decl: &Set, elements: Elements) -> Set {
-    Set {
-        elements,
-        ..decl.clone_declaration()
-    }
 }
 
 impl Set {

@@ -122,7 +122,14 @@ impl<B: NftBackend> Engine<B> {
 
     /// Full, atomic replacement; the desired table moves through the transaction and back,
     /// so even a 100k-element table is never copied.
+    /// A table with parts is written flattened but kept structured, so the next diff can
+    /// skip unchanged parts by pointer.
     fn replace(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
+        if !desired.parts.is_empty() {
+            let stats = self.backend.apply(&Transaction::full(&desired))?;
+            self.current = Some(desired);
+            return Ok(stats);
+        }
         let tx = Transaction::full_owned(desired);
         let stats = self.backend.apply(&tx)?;
         self.current = Some(tx.into_table());

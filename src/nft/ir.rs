@@ -8,16 +8,74 @@
 use ipnet::IpNet;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// The only table the agent owns (family `inet`).
 pub const TABLE_NAME: &str = "nodeplane";
 
 /// A whole `table inet <name>`; containers are sorted so output is deterministic.
+///
+/// Large features plan into [`Part`]s instead of the top-level maps: one part per object
+/// (e.g. per Service), shared by `Arc` between successive plans. `diff` skips parts that
+/// are pointer-equal, so an update costs what changed, not the size of the table.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Table {
     pub name: String,
     pub chains: BTreeMap<String, Chain>,
     pub sets: BTreeMap<String, Set>,
+    /// Independently planned pieces, by a key unique in the table (e.g. `svc/ns/name`).
+    /// A persistent map: cloning it is O(1), so a planner can keep last plan's parts and
+    /// replace only the changed ones.
+    pub parts: Parts,
+}
+
+/// See [`Table::parts`].
+pub type Parts = imbl::OrdMap<String, Arc<Part>>;
+
+/// An object's share of the table: chains and sets it owns (names unique in the table) and
+/// elements it adds to the table's top-level sets and maps (keys unique across parts: the
+/// planner guarantees it, as it guarantees unique chain names).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Part {
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, Set>,
+    /// Top-level set name -> elements this part puts in it.
+    pub elements: BTreeMap<String, BTreeMap<ElemKey, ElemValue>>,
+}
+
+impl Part {
+    pub fn add_chain(&mut self, chain: Chain) {
+        self.chains.insert(chain.name.clone(), chain);
+    }
+
+    pub fn add_set(&mut self, set: Set) {
+        self.sets.insert(set.name.clone(), set);
+    }
+
+    /// Adds `key : data` to the top-level map `set`.
+    pub fn add_mapping(&mut self, set: &str, key: ElemKey, data: ElemData) {
+        self.elements.entry(set.to_string()).or_default().insert(
+            key,
+            ElemValue {
+                data: Some(data),
+                timeout: None,
+            },
+        );
+    }
+
+    /// Adds `key` to the top-level set `set`.
+    pub fn add_element(&mut self, set: &str, key: ElemKey) {
+        self.elements
+            .entry(set.to_string())
+            .or_default()
+            .insert(key, ElemValue::default());
+    }
+
+    fn object_count(&self) -> usize {
+        self.chains.values().map(|c| c.rules.len()).sum::<usize>()
+            + self.sets.values().map(|s| s.elements.len()).sum::<usize>()
+            + self.elements.values().map(BTreeMap::len).sum::<usize>()
+    }
 }
 
 impl Table {
@@ -42,6 +100,31 @@ impl Table {
     pub fn object_count(&self) -> usize {
         self.chains.values().map(|c| c.rules.len()).sum::<usize>()
             + self.sets.values().map(|s| s.elements.len()).sum::<usize>()
+            + self.parts.values().map(|p| p.object_count()).sum::<usize>()
+    }
+
+    /// The same table with every part merged into the top-level maps: what the kernel holds.
+    /// Used where the whole table is written anyway (full sync, rendering).
+    pub fn flatten(&self) -> Table {
+        let mut t = Table {
+            name: self.name.clone(),
+            chains: self.chains.clone(),
+            sets: self.sets.clone(),
+            parts: Parts::new(),
+        };
+        for part in self.parts.values() {
+            t.chains
+                .extend(part.chains.iter().map(|(k, v)| (k.clone(), v.clone())));
+            t.sets
+                .extend(part.sets.iter().map(|(k, v)| (k.clone(), v.clone())));
+            for (set, elements) in &part.elements {
+                if let Some(s) = t.sets.get_mut(set) {
+                    s.elements
+                        .extend(elements.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+            }
+        }
+        t
     }
 }
 
@@ -171,6 +254,8 @@ pub enum Field {
     CtMark,
     /// `fib daddr type` (match with an [`Value::AddrType`]).
     FibDaddrType,
+    /// `fib saddr type`: `local` for packets the node itself sends.
+    FibSaddrType,
     /// `numgen random mod N`: a random number in 0..N, for load balancing.
     NumgenRandom(u32),
 }
@@ -187,7 +272,7 @@ impl Field {
             Field::Mark | Field::CtMark => DataType::Mark,
             Field::IifName | Field::OifName => DataType::IfName,
             Field::CtState => DataType::CtState,
-            Field::FibDaddrType => DataType::AddrType,
+            Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::NumgenRandom(_) => DataType::Integer,
         }
     }
@@ -410,7 +495,8 @@ pub enum MatchOp {
     NotInSet(String),
     /// `key { a, b, c }`: an anonymous constant set.
     InAnon(Vec<ElemKey>),
-    /// `ct state established,related`: any of the bits is set.
+    /// `ct state established,related`: any of the bits is set (`meta mark & BITS != 0` for
+    /// other fields).
     AnyFlag(u32),
 }
 
@@ -482,6 +568,10 @@ pub enum Stmt {
     },
     /// `meta mark set N`.
     MarkSet(u32),
+    /// `meta mark set meta mark or BITS`: sets bits, keeps the others.
+    MarkOr(u32),
+    /// `meta mark set meta mark and MASK`: clears the bits not in MASK.
+    MarkAnd(u32),
     /// `update @set { key }`: add or refresh a dynamic set element from the packet.
     SetUpdate {
         set: String,

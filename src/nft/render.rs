@@ -16,6 +16,9 @@ pub fn render_full(table: &Table) -> String {
 
 /// The table as one block, the way `nft list table` shows it.
 pub fn render_table(table: &Table) -> String {
+    if !table.parts.is_empty() {
+        return render_table(&table.flatten());
+    }
     let mut out = String::new();
     let _ = writeln!(out, "table inet {} {{", table.name);
     for set in table.sets.values() {
@@ -237,6 +240,8 @@ fn stmt(s: &Stmt) -> String {
         Stmt::Masquerade => "masquerade".into(),
         Stmt::DscpSet { family, dscp } => format!("{} dscp set {dscp}", family_kw(*family)),
         Stmt::MarkSet(m) => format!("meta mark set {m:#010x}"),
+        Stmt::MarkOr(m) => format!("meta mark set meta mark or {m:#010x}"),
+        Stmt::MarkAnd(m) => format!("meta mark set meta mark and {m:#010x}"),
         Stmt::SetUpdate { set, key } => format!("update @{set} {{ {} }}", fields(key)),
         Stmt::Reject(r) => match r {
             Reject::PortUnreachable => "reject".into(),
@@ -258,7 +263,10 @@ fn match_text(m: &Match) -> String {
             let items: Vec<String> = elems.iter().map(elem_key).collect();
             format!("{key} {{ {} }}", items.join(", "))
         }
-        MatchOp::AnyFlag(bits) => format!("{key} {}", ct_state_names(*bits)),
+        MatchOp::AnyFlag(bits) if m.key == [Field::CtState] => {
+            format!("{key} {}", ct_state_names(*bits))
+        }
+        MatchOp::AnyFlag(bits) => format!("{key} & {bits:#010x} != 0"),
     }
 }
 
@@ -337,6 +345,7 @@ pub fn field(f: Field) -> String {
         Field::CtState => "ct state".into(),
         Field::CtMark => "ct mark".into(),
         Field::FibDaddrType => "fib daddr type".into(),
+        Field::FibSaddrType => "fib saddr type".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
     }
 }

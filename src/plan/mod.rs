@@ -7,6 +7,7 @@ pub mod egress_ip;
 pub mod firewall;
 pub mod in_force;
 pub mod qos;
+pub mod services;
 
 use crate::config::Config;
 use crate::dns::DnsAnswers;
@@ -27,6 +28,8 @@ pub struct Desired {
     pub statuses: Vec<ObjectStatus>,
     /// What to remember for the next plan once this one is applied.
     pub memory: Memory,
+    /// UDP service backends that went away: their conntrack entries are to be deleted.
+    pub stale_udp: Vec<(IpAddr, u16)>,
 }
 
 /// The last valid form of each custom resource, carried from one plan to the next by the
@@ -39,6 +42,8 @@ pub struct Memory {
     pub qos: BTreeMap<String, crate::api::ValidatedQos>,
     /// Per namespace.
     pub firewall: BTreeMap<String, crate::api::ValidatedFirewall>,
+    /// The last plan of every Service (re-used while its inputs are pointer-equal).
+    pub services: services::Memo,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -70,6 +75,9 @@ pub fn plan_with_dns(
 ) -> Desired {
     let mut ruleset = base::skeleton(config, &all_node_ips(snapshot));
     let mut memory = memory.clone();
+    // Services first: their nat-postrouting masquerade jump precedes other SNAT.
+    let svc = services::plan(snapshot, config, &memory.services, &mut ruleset);
+    memory.services = svc.memo;
     let fw = firewall::plan(snapshot, config, dns, &memory.firewall, &mut ruleset);
     memory.firewall = fw.memory;
     let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
@@ -84,8 +92,10 @@ pub fn plan_with_dns(
             .into_iter()
             .chain(qos.statuses)
             .chain(eip)
+            .chain(svc.statuses)
             .collect(),
         memory,
+        stale_udp: svc.stale_udp,
     }
 }
 

@@ -320,6 +320,20 @@ pub fn forward(t: &mut Table) {
         },
     ]));
     log.push(Rule::new(vec![Stmt::MarkSet(0x20)]));
+    // Services: mark bits set/cleared/tested, and `fib saddr type local`.
+    log.push(Rule::new(vec![Stmt::MarkOr(0x4000)]));
+    log.push(Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::Mark],
+            op: MatchOp::AnyFlag(0x4000),
+        }),
+        Stmt::MarkAnd(!0x4000),
+        verdict(Verdict::Accept),
+    ]));
+    log.push(Rule::new(vec![
+        Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local)),
+        verdict(Verdict::Return),
+    ]));
     t.add_chain(log);
 
     let mut input = Chain::base(

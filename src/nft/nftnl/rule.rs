@@ -121,6 +121,14 @@ impl RuleLowering<'_> {
                 });
                 Ok(())
             }
+            Stmt::MarkOr(bits) => {
+                self.mark_bitwise(!bits, *bits);
+                Ok(())
+            }
+            Stmt::MarkAnd(mask) => {
+                self.mark_bitwise(*mask, 0);
+                Ok(())
+            }
             Stmt::SetUpdate { set, key } => {
                 let fields = self.key_fields(key)?;
                 let sreg = self.load_key(&fields, false);
@@ -201,6 +209,26 @@ impl RuleLowering<'_> {
         });
     }
 
+    /// `meta mark set meta mark and MASK xor XOR` (nft's lowering of `or` / `and`; nft
+    /// names the boolean op explicitly in statements, unlike in matches).
+    fn mark_bitwise(&mut self, mask: u32, xor: u32) {
+        let reg = kernel_reg(NFT_REG_1);
+        self.push(Expr::Meta {
+            key: super::types::NFT_META_MARK,
+            dreg: reg,
+        });
+        self.push(Expr::Bitwise {
+            reg,
+            mask: mask.to_ne_bytes().to_vec(),
+            xor: xor.to_ne_bytes().to_vec(),
+            with_op: true,
+        });
+        self.push(Expr::MetaSet {
+            key: super::types::NFT_META_MARK,
+            sreg: reg,
+        });
+    }
+
     /// Loads a (possibly concatenated) key from slot 1 on; `interval` adds the byte swap
     /// host-order integers need for interval lookups. Returns the kernel register.
     fn load_key(&mut self, fields: &[FieldInfo], interval: bool) -> u32 {
@@ -240,11 +268,13 @@ impl RuleLowering<'_> {
                 let len = fields[0].len;
                 let mut mask = vec![0; len];
                 mask.copy_from_slice(&bits.to_ne_bytes()[..len]);
+                // `ct state a,b` is a flag match; `meta mark & X != 0` an explicit binop,
+                // for which nft names the boolean op.
                 self.push(Expr::Bitwise {
                     reg,
                     mask,
                     xor: vec![0; len],
-                    with_op: false,
+                    with_op: *f != Field::CtState,
                 });
                 self.push(Expr::Cmp {
                     op: NFT_CMP_NEQ,

@@ -112,6 +112,7 @@ pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_MARK: u32 = 3;
+pub const NFTA_FIB_F_SADDR: u32 = 1;
 pub const NFTA_FIB_F_DADDR: u32 = 1 << 1;
 pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 pub const NFT_NG_RANDOM: u32 = 1;
@@ -190,6 +191,14 @@ pub fn field_info(f: Field) -> FieldInfo {
         Field::FibDaddrType => info(
             Load::Fib {
                 flags: NFTA_FIB_F_DADDR,
+                result: NFT_FIB_RESULT_ADDRTYPE,
+            },
+            4,
+            Host,
+        ),
+        Field::FibSaddrType => info(
+            Load::Fib {
+                flags: NFTA_FIB_F_SADDR,
                 result: NFT_FIB_RESULT_ADDRTYPE,
             },
             4,

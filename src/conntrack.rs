@@ -1,0 +1,162 @@
+//! Deletes the UDP conntrack entries of service backends that went away (ctnetlink over a
+//! netlink socket, in process). Without this a UDP client that keeps its source port keeps
+//! being sent to the dead backend for as long as it sends (each packet refreshes the entry).
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use std::collections::BTreeSet;
+use std::io;
+use std::net::IpAddr;
+
+/// Deletes UDP entries whose reply comes from one of `backends` (address, port), i.e. flows
+/// that were DNATed to them. Returns how many entries were deleted.
+pub fn delete_udp_flows_to(backends: &[(IpAddr, u16)]) -> io::Result<usize> {
+    if backends.is_empty() {
+        return Ok(0);
+    }
+    let wanted: BTreeSet<(IpAddr, u16)> = backends.iter().copied().collect();
+    let mut sock = Socket::new(NETLINK_NETFILTER)?;
+    sock.bind_auto()?;
+    sock.connect(&SocketAddr::new(0, 0))?;
+    let mut deleted = 0;
+    for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
+        let doomed: Vec<Vec<Tuple>> = dump(&sock, family)?
+            .into_iter()
+            .filter(|(orig, reply)| {
+                udp_source(reply).is_some_and(|src| wanted.contains(&src))
+                    && udp_source(orig) != udp_source(reply)
+            })
+            .map(|(orig, _)| orig)
+            .collect();
+        for orig in doomed {
+            match request(
+                &sock,
+                family,
+                ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(orig)]),
+                NLM_F_REQUEST | NLM_F_ACK,
+            ) {
+                Ok(_) => deleted += 1,
+                // Gone meanwhile (expired, or deleted by someone else): fine.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The UDP source (address, port) of a tuple.
+fn udp_source(tuple: &[Tuple]) -> Option<(IpAddr, u16)> {
+    let mut ip = None;
+    let (mut udp, mut port) = (false, None);
+    for t in tuple {
+        match t {
+            Tuple::Ip(ips) => {
+                for i in ips {
+                    if let IPTuple::SourceAddress(a) = i {
+                        ip = Some(*a);
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::Protocol(Protocol::Udp) => udp = true,
+                        ProtoTuple::SourcePort(sp) => port = Some(*sp),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((ip?, port.filter(|_| udp)?))
+}
+
+type Tuples = (Vec<Tuple>, Vec<Tuple>);
+
+/// Every entry of one family as (original, reply) tuples.
+fn dump(sock: &Socket, family: NetfilterProtoFamily) -> io::Result<Vec<Tuples>> {
+    let replies = request(
+        sock,
+        family,
+        ConntrackMessage::Get(vec![]),
+        NLM_F_REQUEST | NLM_F_DUMP,
+    )?;
+    Ok(replies
+        .into_iter()
+        .filter_map(|m| {
+            let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner else {
+                return None;
+            };
+            let (mut orig, mut reply) = (None, None);
+            for a in attrs {
+                match a {
+                    ConntrackAttribute::CtaTupleOrig(t) => orig = Some(t),
+                    ConntrackAttribute::CtaTupleReply(t) => reply = Some(t),
+                    _ => {}
+                }
+            }
+            Some((orig?, reply?))
+        })
+        .collect())
+}
+
+/// Sends one request and collects the replies until DONE (dump) or the ACK.
+fn request(
+    sock: &Socket,
+    family: NetfilterProtoFamily,
+    msg: ConntrackMessage,
+    flags: u16,
+) -> io::Result<Vec<NetfilterMessage>> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = 1;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family, 0, 0),
+            msg,
+        )),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    sock.send(&buf, 0)?;
+    let mut out = Vec::new();
+    loop {
+        let (data, _) = sock.recv_from_full()?;
+        let mut offset = 0;
+        while offset < data.len() {
+            let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&data[offset..])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let len = msg.header.length as usize;
+            if len == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "empty netlink message",
+                ));
+            }
+            offset += len.next_multiple_of(4);
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => {
+                    return match e.code {
+                        None => Ok(out),
+                        Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
+                    };
+                }
+                NetlinkPayload::InnerMessage(m) => out.push(m),
+                _ => {}
+            }
+        }
+    }
+}

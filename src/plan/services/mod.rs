@@ -1,0 +1,420 @@
+//! Services: ClusterIP, NodePort, externalIPs and LoadBalancer IPs load-balanced in
+//! nftables, in the spirit of kube-proxy's nftables mode but cheaper to update.
+//!
+//! Per packet (first packet of a connection; conntrack does the rest):
+//!
+//! 1. `nat-prerouting` / `nat-output` jump to `svc-dispatch`: one verdict-map lookup on
+//!    `ip daddr . meta l4proto . th dport` (`svc-dispatch-v4`/`-v6`) sends a ClusterIP to
+//!    the service port's cluster chain and an external IP or LB IP to its external chain;
+//!    for local destinations (`fib daddr type local`) one lookup on
+//!    `meta nfproto . meta l4proto . th dport` (`svc-nodeports`) does the same for NodePorts.
+//! 2. The entry chain decides masquerading (mark bit 0x4000) and the traffic policy, then
+//!    `goto` a load-balancing chain: session affinity (`ip saddr @<affinity set>`), then
+//!    `numgen random mod N vmap { 0 : goto <endpoint>, ... }`.
+//! 3. The endpoint chain DNATs (and masquerades hairpin traffic, and records the client
+//!    for affinity). `nat-postrouting` masquerades marked packets.
+//! 4. New connections that were not DNATed meet `svc-check` in the filter hooks: known
+//!    external frontends without endpoints and allocated ClusterIPs (wrong port, no
+//!    endpoints) are rejected; the rest of the service CIDRs is dropped.
+//!
+//! Each Service is planned into its own [`Part`] and memoized by the `Arc`s of its inputs
+//! (Service, slices, Endpoints); see [`Memo`]. An endpoint change re-plans one service and
+//! the diff touches only that service's chains and map elements.
+
+pub mod chains;
+pub mod model;
+pub mod names;
+
+use super::ObjectStatus;
+use super::base::chains as base_chains;
+use super::base::sets as base_sets;
+use crate::api::{EndpointSlice, Service};
+use crate::config::Config;
+use crate::nft::ir::*;
+use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use model::Sources;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// What was planned for one service, kept to re-use it while its inputs are the same.
+#[derive(Debug, Clone)]
+struct Entry {
+    part: Option<Arc<Part>>,
+    /// UDP backends (address, port): removed ones get their conntrack entries deleted.
+    udp: Vec<(IpAddr, u16)>,
+    health: Option<(u16, usize)>,
+    error: Option<String>,
+}
+
+/// The services planner's memory: the last plan of every service, keyed `svc/ns/name`.
+/// Persistent maps, so carrying it from plan to plan is O(1) and an update O(change).
+#[derive(Debug, Clone, Default)]
+pub struct Memo {
+    /// The snapshot the entries were planned from (to find what changed by pointer).
+    snapshot: Option<Snapshot>,
+    node: String,
+    entries: imbl::OrdMap<String, Arc<Entry>>,
+    parts: Parts,
+    errors: imbl::OrdMap<String, ObjectStatus>,
+    health: imbl::OrdMap<u16, (String, usize)>,
+}
+
+impl Memo {
+    /// healthCheckNodePort -> (service, local endpoints) of eTP=Local services.
+    pub fn health(&self) -> &imbl::OrdMap<u16, (String, usize)> {
+        &self.health
+    }
+
+    /// Every UDP backend currently in use (for a full conntrack sweep).
+    pub fn udp_backends(&self) -> BTreeSet<(IpAddr, u16)> {
+        self.entries
+            .values()
+            .flat_map(|e| e.udp.iter().copied())
+            .collect()
+    }
+}
+
+/// What the services planner hands back besides what it adds to the table.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub statuses: Vec<ObjectStatus>,
+    pub memo: Memo,
+    /// UDP backends that stopped being used since the last plan (flows to them must go).
+    pub stale_udp: Vec<(IpAddr, u16)>,
+}
+
+fn part_key(k: &ObjectKey) -> String {
+    format!("svc/{}/{}", k.namespace, k.name)
+}
+
+/// Adds the services objects to `table`, re-planning only services whose inputs changed.
+pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
+    static_objects(table);
+    let mut memo = memo.clone();
+    let changed: BTreeSet<ObjectKey> = match &memo.snapshot {
+        Some(prev) if memo.node == config.node_name => changed_services(prev, snapshot),
+        _ => {
+            memo = Memo::default();
+            snapshot.services().keys().cloned().collect()
+        }
+    };
+    memo.node = config.node_name.clone();
+    let mut stale_udp = Vec::new();
+    for key in &changed {
+        let pk = part_key(key);
+        let old = memo.entries.get(&pk).cloned();
+        let new = snapshot
+            .services()
+            .get(key)
+            .map(|svc| Arc::new(plan_service(snapshot, config, key, svc)));
+        if let Some(old) = &old {
+            let keep: BTreeSet<_> = new.iter().flat_map(|e| e.udp.iter()).collect();
+            stale_udp.extend(old.udp.iter().filter(|b| !keep.contains(b)).copied());
+            if let Some((port, _)) = old.health {
+                memo.health.remove(&port);
+            }
+        }
+        memo.errors.remove(&pk);
+        memo.parts.remove(&pk);
+        memo.entries.remove(&pk);
+        if let Some(e) = new {
+            if let Some(p) = &e.part {
+                memo.parts.insert(pk.clone(), p.clone());
+            }
+            if let Some(h) = e.health {
+                memo.health.insert(h.0, (key.to_string(), h.1));
+            }
+            if let Some(err) = &e.error {
+                memo.errors.insert(
+                    pk.clone(),
+                    ObjectStatus {
+                        kind: Kind::Service,
+                        key: key.clone(),
+                        result: Err(err.clone()),
+                    },
+                );
+            }
+            memo.entries.insert(pk, e);
+        }
+    }
+    memo.snapshot = Some(snapshot.clone());
+    for (k, p) in memo.parts.iter() {
+        // Only this feature uses parts today; others would merge theirs the same way.
+        if table.parts.is_empty() {
+            table.parts = memo.parts.clone();
+            break;
+        }
+        table.parts.insert(k.clone(), p.clone());
+    }
+    Outcome {
+        statuses: memo.errors.values().cloned().collect(),
+        memo,
+        stale_udp,
+    }
+}
+
+/// Services whose Service, EndpointSlices or Endpoints differ (by pointer) between two
+/// snapshots: merge walks over the sorted maps, no lookups.
+fn changed_services(prev: &Snapshot, cur: &Snapshot) -> BTreeSet<ObjectKey> {
+    let mut out = BTreeSet::new();
+    if prev.ptr_eq(cur) {
+        return out;
+    }
+    changed_keys(prev.services(), cur.services(), |k, _| {
+        out.insert(k.clone());
+    });
+    changed_keys(prev.endpoints(), cur.endpoints(), |k, _| {
+        out.insert(k.clone());
+    });
+    changed_keys(prev.endpoint_slices(), cur.endpoint_slices(), |k, s| {
+        if let Some(svc) = snapshot::labels(&s.metadata).get(snapshot::SERVICE_NAME_LABEL) {
+            out.insert(ObjectKey::new(k.namespace.clone(), svc.clone()));
+        }
+    });
+    out
+}
+
+/// Calls `f` for every key added, removed or replaced (with each version of the object).
+fn changed_keys<T>(
+    a: &BTreeMap<ObjectKey, Arc<T>>,
+    b: &BTreeMap<ObjectKey, Arc<T>>,
+    mut f: impl FnMut(&ObjectKey, &T),
+) {
+    use std::cmp::Ordering::*;
+    let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
+    loop {
+        match (x.peek(), y.peek()) {
+            (None, None) => break,
+            (Some((k, v)), None) => {
+                f(k, v);
+                x.next();
+            }
+            (None, Some((k, v))) => {
+                f(k, v);
+                y.next();
+            }
+            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                Less => {
+                    f(ka, va);
+                    x.next();
+                }
+                Greater => {
+                    f(kb, vb);
+                    y.next();
+                }
+                Equal => {
+                    if !Arc::ptr_eq(va, vb) {
+                        f(ka, va);
+                        f(kb, vb);
+                    }
+                    x.next();
+                    y.next();
+                }
+            },
+        }
+    }
+}
+
+fn plan_service(
+    snapshot: &Snapshot,
+    config: &Config,
+    key: &ObjectKey,
+    svc: &Arc<Service>,
+) -> Entry {
+    let slices: Vec<Arc<EndpointSlice>> = snapshot
+        .endpoint_slices_for_service(&key.namespace, &key.name)
+        .cloned()
+        .collect();
+    let endpoints = if slices.is_empty() {
+        snapshot
+            .endpoints_for_service(&key.namespace, &key.name)
+            .cloned()
+    } else {
+        None
+    };
+    let mut entry = Entry {
+        part: None,
+        udp: Vec::new(),
+        health: None,
+        error: None,
+    };
+    let model = match model::parse(svc) {
+        Ok(Some(m)) => m,
+        Ok(None) => return entry,
+        Err(e) => {
+            entry.error = Some(e);
+            return entry;
+        }
+    };
+    let sources = if slices.is_empty() {
+        Sources::Endpoints(endpoints.as_deref())
+    } else {
+        Sources::Slices(&slices)
+    };
+    let mut ports = Vec::new();
+    let mut local_count = BTreeSet::new();
+    for fam in model.families() {
+        for p in &model.ports {
+            let (all, local) = model::backends(&sources, p, fam, &config.node_name);
+            if p.proto == proto::UDP {
+                entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
+            }
+            local_count.extend(local.iter().map(|b| b.ip));
+            ports.push(chains::PortBackends {
+                port: p,
+                family: fam,
+                all,
+                local,
+            });
+        }
+    }
+    entry.udp.sort();
+    entry.udp.dedup();
+    entry.health = model.health_check_node_port.map(|p| (p, local_count.len()));
+    let part = chains::service_part(&key.to_string(), &model, &ports);
+    entry.part = Some(Arc::new(part));
+    entry
+}
+
+/// The fixed chains and maps every service shares, and the jumps from the base chains.
+fn static_objects(t: &mut Table) {
+    let verdict_map = |name: &str, key: Vec<DataType>| Set::new(name, key, SetKind::VerdictMap);
+    for fam in [IpFamily::V4, IpFamily::V6] {
+        let addr = match fam {
+            IpFamily::V4 => DataType::Ipv4Addr,
+            IpFamily::V6 => DataType::Ipv6Addr,
+        };
+        let frontend = vec![addr, DataType::InetProto, DataType::InetService];
+        t.add_set(verdict_map(names::dispatch(fam), frontend.clone()));
+        t.add_set(verdict_map(names::no_endpoints(fam), frontend));
+        t.add_set(Set::new(names::cluster_ips(fam), vec![addr], SetKind::Set));
+    }
+    let nodeport = vec![
+        DataType::NfProto,
+        DataType::InetProto,
+        DataType::InetService,
+    ];
+    t.add_set(verdict_map(names::NODEPORTS, nodeport.clone()));
+    t.add_set(verdict_map(names::NOEP_NODEPORTS, nodeport.clone()));
+
+    let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
+    let nodeport_key = vec![Field::NfProto, Field::L4Proto, Field::ThDport];
+    let local_dst = Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local));
+
+    let mut d = Chain::regular(names::DISPATCH);
+    d.push(Rule::new(vec![Stmt::vmap(
+        frontend_key(Field::Ip4Daddr),
+        names::dispatch(IpFamily::V4),
+    )]));
+    d.push(Rule::new(vec![Stmt::vmap(
+        frontend_key(Field::Ip6Daddr),
+        names::dispatch(IpFamily::V6),
+    )]));
+    // NodePorts are not offered on loopback addresses.
+    d.push(Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::Ip4Daddr],
+            op: MatchOp::InAnon(vec![vec![KeyPart::Prefix(
+                "127.0.0.0/8".parse().expect("valid"),
+            )]]),
+        }),
+        Stmt::Verdict(Verdict::Return),
+    ]));
+    d.push(Rule::new(vec![
+        Stmt::matches(Field::Ip6Daddr, Value::Ipv6(std::net::Ipv6Addr::LOCALHOST)),
+        Stmt::Verdict(Verdict::Return),
+    ]));
+    d.push(Rule::new(vec![
+        local_dst.clone(),
+        Stmt::vmap(nodeport_key.clone(), names::NODEPORTS),
+    ]));
+    t.add_chain(d);
+
+    let mut mark = Chain::regular(names::MARK_MASQ);
+    mark.push(Rule::new(vec![Stmt::MarkOr(names::MASQ_BIT)]));
+    t.add_chain(mark);
+
+    let mut masq = Chain::regular(names::MASQ);
+    masq.push(Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::Mark],
+            op: MatchOp::AnyFlag(names::MASQ_BIT),
+        }),
+        Stmt::MarkAnd(!names::MASQ_BIT),
+        Stmt::Masquerade,
+    ]));
+    t.add_chain(masq);
+
+    let mut reject = Chain::regular(names::REJECT);
+    reject.push(Rule::new(vec![
+        Stmt::matches(Field::L4Proto, Value::Proto(proto::TCP)),
+        Stmt::Reject(Reject::TcpReset),
+    ]));
+    reject.push(Rule::new(vec![Stmt::Reject(Reject::PortUnreachable)]));
+    t.add_chain(reject);
+
+    let mut check = Chain::regular(names::CHECK);
+    for (f, fam) in [
+        (Field::Ip4Daddr, IpFamily::V4),
+        (Field::Ip6Daddr, IpFamily::V6),
+    ] {
+        check.push(Rule::new(vec![Stmt::vmap(
+            frontend_key(f),
+            names::no_endpoints(fam),
+        )]));
+    }
+    check.push(Rule::new(vec![
+        local_dst,
+        Stmt::vmap(nodeport_key, names::NOEP_NODEPORTS),
+    ]));
+    for (f, fam, cidrs) in [
+        (Field::Ip4Daddr, IpFamily::V4, base_sets::SERVICE_V4),
+        (Field::Ip6Daddr, IpFamily::V6, base_sets::SERVICE_V6),
+    ] {
+        check.push(Rule::new(vec![
+            Stmt::in_set(vec![f], names::cluster_ips(fam)),
+            Stmt::Verdict(Verdict::Goto(names::REJECT.into())),
+        ]));
+        check.push(Rule::new(vec![
+            Stmt::in_set(vec![f], cidrs),
+            Stmt::Verdict(Verdict::Drop),
+        ]));
+    }
+    t.add_chain(check);
+    let new_conn = Stmt::Match(Match {
+        key: vec![Field::CtState],
+        op: MatchOp::AnyFlag(ct_state::NEW),
+    });
+    for (name, hook) in [
+        ("svc-filter-input", Hook::Input),
+        ("svc-filter-forward", Hook::Forward),
+        ("svc-filter-output", Hook::Output),
+    ] {
+        let mut c = Chain::base(
+            name,
+            BaseChain {
+                kind: ChainType::Filter,
+                hook,
+                // Before the filter-priority chains (EgressFirewall), like kube-proxy.
+                priority: priority::FILTER - 10,
+                policy: Policy::Accept,
+            },
+        );
+        c.push(Rule::new(vec![
+            new_conn.clone(),
+            Stmt::Verdict(Verdict::Jump(names::CHECK.into())),
+        ]));
+        t.add_chain(c);
+    }
+    for (base, target) in [
+        (base_chains::NAT_PREROUTING, names::DISPATCH),
+        (base_chains::NAT_OUTPUT, names::DISPATCH),
+        (base_chains::NAT_POSTROUTING, names::MASQ),
+    ] {
+        t.chains
+            .get_mut(base)
+            .expect("base skeleton has the nat chains")
+            .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(target.into()))]));
+    }
+}
