@@ -3,7 +3,7 @@
 # then, as root, check it with nft, apply it, show it and clean it up in a throwaway netns so the
 # host's own firewall is never touched; finally show EgressQoS DSCP marking, EgressFirewall
 # allow/deny and EgressIP (two nodes on one bridge, the egress IP as the source an external
-# host sees) on real packets (pod netns behind node netns, an external host; needs python3).
+# host sees) and Services (a ClusterIP and a NodePort answered by several backends) on real packets (pod netns behind node netns, an external host; needs python3).
 #
 #   bash scripts/demo.sh                 # debug build, examples/cluster, node worker-1
 #   PROFILE=release NODE=worker-2 bash scripts/demo.sh
@@ -35,11 +35,13 @@ qos_ns=()
 fw_ns=()
 fw_pids=()
 eip_ns=()
+svc_ns=()
 cleanup() {
     for n in "${eip_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
+    for n in "${svc_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
     for p in "${fw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for n in "${fw_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
-    rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv" "$ruleset.srv"
+    rm -f "$ruleset" "$ruleset.applied" "$ruleset.resolv" "$ruleset".srv*
     if [ -n "$ns" ]; then ip netns delete "$ns" 2>/dev/null || true; fi
     if [ -n "$qos_dir" ]; then rm -rf "$qos_dir"; fi
     for n in "${qos_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
@@ -301,3 +303,53 @@ step "agent cleanup on both nodes: no egress IP, no tunnel, no rules left"
 ip -n "$e-w1" -o addr show | grep -c 192.168.50.100 | sed 's/^/  egress IP addresses on worker-1: /' || true
 ip -n "$e-w2" link show np-eip 2>/dev/null && { echo "error: np-eip left" >&2; exit 1; }
 echo "  np-eip removed"
+
+# --- Services on the wire --------------------------------------------------------------------
+# examples/services on worker-1: three web backends (10.128.0.21-23, HTTP-ish on 8080) and a
+# client pod (10.128.0.5) behind a node netns; an external host (192.168.1.100). The client
+# connects to the ClusterIP 172.30.0.10:80 and the external host to the NodePort 30080; every
+# backend answers with its name.
+step "Services: client pod and external host -> node -> three backends"
+s="nodeplane-svc-$$"
+svc_pods=(c 21 22 23)
+svc_ns+=("$s-node" "$s-ext")
+for n in node ext; do ip netns add "$s-$n"; ip -n "$s-$n" link set lo up; done
+ip netns exec "$s-node" sysctl -qw net.ipv4.ip_forward=1
+ip -n "$s-node" link add eth0 type veth peer name eth0 netns "$s-ext"
+ip -n "$s-node" link set eth0 up; ip -n "$s-ext" link set eth0 up
+ip -n "$s-node" addr add 192.168.1.1/24 dev eth0
+ip -n "$s-ext" addr add 192.168.1.100/24 dev eth0
+ip -n "$s-ext" route add 172.30.0.0/16 via 192.168.1.1
+ip -n "$s-node" route add default via 192.168.1.100
+for p in "${svc_pods[@]}"; do
+    ip="10.128.0.$p"; [ "$p" = c ] && ip=10.128.0.5
+    svc_ns+=("$s-$p")
+    ip netns add "$s-$p"; ip -n "$s-$p" link set lo up
+    ip -n "$s-node" link add "v$p" type veth peer name eth0 netns "$s-$p"
+    ip -n "$s-node" link set "v$p" up; ip -n "$s-$p" link set eth0 up
+    ip -n "$s-$p" addr add "$ip/32" dev eth0
+    ip -n "$s-$p" route add 192.168.1.1 dev eth0 scope link
+    ip -n "$s-$p" route add default via 192.168.1.1 dev eth0
+    ip -n "$s-node" route add "$ip/32" dev "v$p"
+    [ "$p" = c ] && continue
+    ip netns exec "$s-$p" python3 -c '
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(64); print("ready", flush=True)
+while True:
+    c, _ = s.accept(); c.sendall(sys.argv[1].encode() + b"\n"); c.close()' "backend-$p" >"$ruleset.srv$p" 2>&1 &
+    fw_pids+=($!)
+done
+for p in 21 22 23; do for _ in $(seq 100); do grep -q ready "$ruleset.srv$p" && break; sleep 0.1; done; done
+ip netns exec "$s-node" "$AGENT" --once --manifests examples/services --node-name worker-1 \
+    --resolv-conf "$ruleset.resolv" 2>&1 | grep -i "sync done" | sed 's/^/  /'
+ask() { ip netns exec "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/$3 && head -1 <&3"; }
+step "client pod -> ClusterIP 172.30.0.10:80, 12 connections"
+answers=$(for _ in $(seq 12); do ask "$s-c" 172.30.0.10 80; done | sort | uniq -c)
+echo "$answers" | sed 's/^ */  /'
+[ "$(echo "$answers" | wc -l)" -ge 2 ] || { echo "error: expected several backends" >&2; exit 1; }
+step "external host -> NodePort 192.168.1.1:30080, 12 connections"
+for _ in $(seq 12); do ask "$s-ext" 192.168.1.1 30080; done | sort | uniq -c | sed 's/^ */  /'
+step "the dispatch map and one service's load-balancing chain"
+ip netns exec "$s-node" nft list map inet nodeplane svc-dispatch-v4 | sed 's/^/  /'
+ip netns exec "$s-node" nft list table inet nodeplane | grep -A3 'chain sva-.*demo_web' | sed 's/^/  /'

@@ -30,6 +30,11 @@ impl AgentProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The agent's process id (for /proc readings such as its resident memory).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// None while running, else its exit status.
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().expect("wait on agent")

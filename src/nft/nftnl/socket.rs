@@ -13,8 +13,11 @@ const SOL_NETLINK: libc::c_int = 270;
 const NETLINK_CAP_ACK: libc::c_int = 10;
 const NETLINK_EXT_ACK: libc::c_int = 11;
 
+#[derive(Debug)]
 pub struct NlSocket {
     fd: OwnedFd,
+    send_bytes: usize,
+    recv_bytes: usize,
 }
 
 impl NlSocket {
@@ -33,12 +36,21 @@ impl NlSocket {
         let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
         setsockopt(&fd, sockopt::SndBufForce, &clamp(send_bytes))?;
         setsockopt(&fd, sockopt::RcvBufForce, &clamp(recv_bytes))?;
-        let s = NlSocket { fd };
+        let s = NlSocket {
+            fd,
+            send_bytes,
+            recv_bytes,
+        };
         // Errors carry only the failing message's header (not its up to 64 KiB payload)
         // plus extended-ack attributes: the kernel's message and the failing attribute.
         s.set_int(NETLINK_CAP_ACK, 1)?;
         s.set_int(NETLINK_EXT_ACK, 1)?;
         Ok(s)
+    }
+
+    /// True if this socket's buffers hold a batch of `send_bytes` and its replies.
+    pub fn fits(&self, send_bytes: usize, recv_bytes: usize) -> bool {
+        send_bytes <= self.send_bytes && recv_bytes <= self.recv_bytes
     }
 
     fn set_int(&self, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {

@@ -1,0 +1,390 @@
+//! Services costs, printed (no timing assertions).
+//!
+//! `cargo bench --bench services` (root: builds network namespaces); under `cargo test` a
+//! smoke-sized run. Options after `--`: `--services N` (default 10000), `--endpoints N`
+//! (default 10), `--changes N` one-endpoint changes timed (default 50), `--conns N`
+//! connections per latency round (default 2000).
+//!
+//! 1. Cold apply of N services x E endpoints from empty (plan + netlink apply), and the same
+//!    services in kube-proxy's nftables layout through `nft -f` (the ratio is printed).
+//! 2. One endpoint change (snapshot delta, plan, diff, apply), at N and at N/10 services.
+//! 3. Connection latency from a pod to a ClusterIP with 10 and with N services installed,
+//!    and to the backend directly.
+//! 4. Resident memory of the agent (`agent` in run mode) holding N x E.
+
+#[path = "../tests/lab/mod.rs"]
+mod lab;
+
+use lab::{Lab, Ns};
+use nodeplane::api::{EndpointSlice, Service};
+use nodeplane::config::Config;
+use nodeplane::nft::Engine;
+use nodeplane::nft::nftnl::NftnlBackend;
+use nodeplane::plan::{Desired, plan};
+use nodeplane::snapshot::Snapshot;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-1";
+
+struct Args {
+    services: usize,
+    endpoints: usize,
+    changes: usize,
+    conns: usize,
+}
+
+fn args() -> Args {
+    let argv: Vec<String> = std::env::args().collect();
+    let full = argv.iter().any(|a| a == "--bench");
+    let mut a = if full {
+        Args {
+            services: 10_000,
+            endpoints: 10,
+            changes: 50,
+            conns: 2000,
+        }
+    } else {
+        Args {
+            services: 200,
+            endpoints: 3,
+            changes: 5,
+            conns: 50,
+        }
+    };
+    for w in argv.windows(2) {
+        let n = || {
+            w[1].parse()
+                .unwrap_or_else(|_| panic!("{} needs a number", w[0]))
+        };
+        match w[0].as_str() {
+            "--services" => a.services = n(),
+            "--endpoints" => a.endpoints = n(),
+            "--changes" => a.changes = n(),
+            "--conns" => a.conns = n(),
+            _ => {}
+        }
+    }
+    a
+}
+
+fn cluster_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 30, 0, 10)) + i as u32)
+}
+
+/// Endpoint `j` of service `i` (distinct addresses in 10.128.0.0/14); `gen` shifts them.
+fn endpoint_ip(i: usize, j: usize, generation: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 0)) + (i * 16 + j + generation) as u32)
+}
+
+fn service_doc(i: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\n\
+         spec: {{clusterIP: '{ip}', clusterIPs: ['{ip}'], ports: [{{name: http, port: 80, protocol: TCP}}]}}\n",
+        ip = cluster_ip(i)
+    )
+}
+
+fn slice_doc(i: usize, ips: &[Ipv4Addr]) -> String {
+    let eps: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{{addresses: ['{ip}'], nodeName: node-2, conditions: {{ready: true}}}}"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: svc{i}-abc, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+fn endpoints_of(i: usize, e: usize, generation: usize) -> Vec<Ipv4Addr> {
+    (0..e).map(|j| endpoint_ip(i, j, generation)).collect()
+}
+
+/// A synthetic cluster: `n` services with `e` endpoints each (one slice per service).
+/// Service 0 may be given real backend addresses (`first`).
+fn cluster(n: usize, e: usize, first: Option<&[Ipv4Addr]>) -> Snapshot {
+    let mut b = Snapshot::builder();
+    for i in 0..n {
+        let svc: Service = serde_norway::from_str(&service_doc(i)).unwrap();
+        let ips = match (i, first) {
+            (0, Some(f)) => f.to_vec(),
+            _ => endpoints_of(i, e, 0),
+        };
+        let slice: EndpointSlice = serde_norway::from_str(&slice_doc(i, &ips)).unwrap();
+        b.insert(svc);
+        b.insert(slice);
+    }
+    b.build()
+}
+
+/// The same services as kube-proxy's nftables mode lays them out (its chain, map and rule
+/// shapes: a service chain per port with masquerade check and numgen vmap, an endpoint
+/// chain per endpoint, the service-ips verdict map), for `nft -f`.
+fn kube_proxy_text(n: usize, e: usize) -> String {
+    let mut t = String::from("table ip kube-proxy {\n");
+    t.push_str("\tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t\telements = {\n");
+    for i in 0..n {
+        let sep = if i + 1 == n { "" } else { "," };
+        let _ = writeln!(
+            t,
+            "\t\t\t{} . tcp . 80 : goto service-{i}-bench/svc{i}/tcp/http{sep}",
+            cluster_ip(i)
+        );
+    }
+    t.push_str("\t\t}\n\t}\n\tset cluster-ips {\n\t\ttype ipv4_addr\n\t\telements = {\n");
+    for i in 0..n {
+        let sep = if i + 1 == n { "" } else { "," };
+        let _ = writeln!(t, "\t\t\t{}{sep}", cluster_ip(i));
+    }
+    t.push_str("\t\t}\n\t}\n");
+    t.push_str("\tchain mark-for-masquerade {\n\t\tmeta mark set meta mark or 0x4000\n\t}\n");
+    t.push_str(
+        "\tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips\n\t}\n",
+    );
+    t.push_str("\tchain nat-prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}\n");
+    for i in 0..n {
+        let ips = endpoints_of(i, e, 0);
+        let arms: Vec<String> = (0..e)
+            .map(|j| {
+                format!(
+                    "{j} : goto endpoint-{i}-{j}-bench/svc{i}/tcp/http__{}/8080",
+                    ips[j]
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            t,
+            "\tchain service-{i}-bench/svc{i}/tcp/http {{\n\t\tip daddr {} tcp dport 80 ip saddr != 10.128.0.0/14 jump mark-for-masquerade\n\t\tnumgen random mod {e} vmap {{ {} }}\n\t}}",
+            cluster_ip(i),
+            arms.join(", ")
+        );
+        for (j, ip) in ips.iter().enumerate() {
+            let _ = writeln!(
+                t,
+                "\tchain endpoint-{i}-{j}-bench/svc{i}/tcp/http__{ip}/8080 {{\n\t\tip saddr {ip} jump mark-for-masquerade\n\t\tmeta l4proto tcp dnat to {ip}:8080\n\t}}"
+            );
+        }
+    }
+    t.push_str("}\n");
+    t
+}
+
+fn nft_stdin(text: &str) -> Duration {
+    let start = Instant::now();
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nft");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("wait for nft");
+    assert!(
+        out.status.success(),
+        "nft -f: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    start.elapsed()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Cold apply, kube-proxy layout, and one-endpoint changes at `n` services.
+fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
+    let mut lab = Lab::new();
+    let ours = lab.add_host("ours");
+    let snap = cluster(n, e, None);
+    let cfg = Config::for_node(NODE);
+    println!("{n} services x {e} endpoints:");
+    let (cold_plan, cold_apply, objects, one) = ours.enter(|| {
+        let mut engine = Engine::new(NftnlBackend::new());
+        let t = Instant::now();
+        let Desired {
+            ruleset, memory, ..
+        } = plan(&snap, &cfg);
+        let cold_plan = t.elapsed();
+        let objects = ruleset.object_count();
+        let t = Instant::now();
+        engine.sync(ruleset).expect("cold apply");
+        let cold_apply = t.elapsed();
+        // One endpoint of one service replaced, `changes` times on different services.
+        let (mut memory, mut snap) = (memory, snap.clone());
+        let mut one = Vec::new();
+        for k in 0..changes {
+            let i = (k * 7919) % n;
+            let mut ips = endpoints_of(i, e, 0);
+            ips[0] = endpoint_ip(i, e + 1, k);
+            let slice: EndpointSlice = serde_norway::from_str(&slice_doc(i, &ips)).unwrap();
+            let t0 = Instant::now();
+            let mut b = snap.to_builder();
+            b.insert(slice);
+            snap = b.build();
+            let t1 = Instant::now();
+            let d = nodeplane::plan::plan_with(&snap, &cfg, &memory);
+            let t2 = Instant::now();
+            // The diff alone (sync computes it again), to tell it from the kernel's share.
+            let ops = engine.plan(&d.ruleset).op_count();
+            let t_diff = t2.elapsed();
+            let t3 = Instant::now();
+            engine.sync(d.ruleset).expect("one change");
+            let t4 = Instant::now();
+            memory = d.memory;
+            one.push((t1 - t0, t2 - t1, t4 - t3, ops, t_diff));
+        }
+        (cold_plan, cold_apply, objects, one)
+    });
+    println!(
+        "  cold apply: {:.0} ms (plan {:.0} ms + apply {:.0} ms), {objects} rules + elements",
+        ms(cold_plan + cold_apply),
+        ms(cold_plan),
+        ms(cold_apply)
+    );
+    if compare_kube_proxy {
+        let theirs = lab.add_host("kp");
+        let text = kube_proxy_text(n, e);
+        let kp = theirs.enter(|| nft_stdin(&text));
+        println!(
+            "  kube-proxy layout via nft -f: {:.0} ms ({:.1}x our cold apply)",
+            ms(kp),
+            kp.as_secs_f64() / (cold_plan + cold_apply).as_secs_f64()
+        );
+    }
+    if !one.is_empty() {
+        let snapshot = median(one.iter().map(|o| o.0).collect());
+        let planned = median(one.iter().map(|o| o.1).collect());
+        let applied = median(one.iter().map(|o| o.2).collect());
+        let diffed = median(one.iter().map(|o| o.4).collect());
+        let total = median(one.iter().map(|o| o.1 + o.2).collect());
+        let ops = one.iter().map(|o| o.3).max().unwrap_or(0);
+        println!(
+            "  one endpoint change (median of {}): {:.2} ms = plan {:.2} ms + diff and apply {:.2} ms \
+             (diff alone {:.2} ms), <= {ops} kernel ops (snapshot rebuild, not ours: {:.2} ms)",
+            one.len(),
+            ms(total),
+            ms(planned),
+            ms(applied),
+            ms(diffed),
+            ms(snapshot)
+        );
+    }
+}
+
+/// `n` sequential TCP connections (connect, read, close) from inside `ns`; per connection.
+fn connect_loop(ns: &Ns, dst: &str, n: usize) -> Duration {
+    let dst: std::net::SocketAddr = dst.parse().unwrap();
+    ns.enter(move || {
+        let start = Instant::now();
+        for _ in 0..n {
+            let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(1)).expect("connect");
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).expect("reply");
+        }
+        start.elapsed() / n as u32
+    })
+}
+
+/// Connection setup from a pod to a ClusterIP with 10 and with `n` services installed.
+fn latency(n: usize, e: usize, conns: usize) {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let client = lab.add_pod(&node, "client", &["10.128.0.5"]);
+    let backend = lab.add_pod(&node, "backend", &["10.128.0.6"]);
+    let listener = backend
+        .ns
+        .enter(|| std::net::TcpListener::bind("0.0.0.0:8080").unwrap());
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            let _ = c.write_all(b"x");
+        }
+    });
+    client.ns.sysctl("net.ipv4.tcp_tw_reuse", "1");
+    let cfg = Config::for_node(NODE);
+    let real = [Ipv4Addr::new(10, 128, 0, 6)];
+    let mut engine = node.enter(|| Engine::new(NftnlBackend::new()));
+    let mut results = Vec::new();
+    for count in [10, n] {
+        let snap = cluster(count, e, Some(&real));
+        let d = plan(&snap, &cfg);
+        node.enter(|| {
+            engine.invalidate();
+            engine.sync(d.ruleset).expect("apply")
+        });
+        connect_loop(&client.ns, "172.30.0.10:80", conns / 10 + 1); // warm-up
+        results.push((count, connect_loop(&client.ns, "172.30.0.10:80", conns)));
+    }
+    let direct = connect_loop(&client.ns, "10.128.0.6:8080", conns);
+    println!("connection setup, {conns} connections each:");
+    let base = results[0].1;
+    for (count, t) in &results {
+        println!(
+            "  ClusterIP with {count:>6} services: {:6.1} us/conn ({:+.1}% vs 10)",
+            t.as_secs_f64() * 1e6,
+            (t.as_secs_f64() / base.as_secs_f64() - 1.0) * 100.0
+        );
+    }
+    println!(
+        "  backend directly:               {:6.1} us/conn",
+        direct.as_secs_f64() * 1e6
+    );
+}
+
+/// Resident memory of the agent in run mode holding `n` x `e` from a manifests directory.
+fn agent_rss(n: usize, e: usize) {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&service_doc(i));
+        text.push_str("---\n");
+        text.push_str(&slice_doc(i, &endpoints_of(i, e, 0)));
+        text.push_str("---\n");
+    }
+    std::fs::write(dir.path().join("services.yaml"), text).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let agent = node.spawn_agent(&["--manifests", d, "--node-name", NODE]);
+    let start = Instant::now();
+    lab::eventually(Duration::from_secs(300), || {
+        if agent.logs().contains("sync done") {
+            Ok(())
+        } else {
+            Err(agent.logs())
+        }
+    });
+    let synced = start.elapsed();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: ?")
+        .to_string();
+    println!(
+        "agent in run mode, {n} x {e} from manifests: first sync after {:.1} s, {rss}",
+        synced.as_secs_f64()
+    );
+}
+
+fn main() {
+    let a = args();
+    apply_cost(a.services, a.endpoints, a.changes, true);
+    apply_cost((a.services / 10).max(1), a.endpoints, a.changes, false);
+    latency(a.services, a.endpoints, a.conns);
+    agent_rss(a.services, a.endpoints);
+}
