@@ -127,8 +127,9 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             stale_udp,
         } = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
-        let changes = self.net.plan(&net)?;
-        for r in &changes.refused {
+        // A network planning error still lets the nftables side (other features) apply.
+        let planned = self.net.plan(&net);
+        for r in planned.iter().flat_map(|c| &c.refused) {
             warn!("address {}: {}", r.addr, r.reason);
             egress_ip::address_refused(snapshot, &mut ruleset, &mut statuses, r.addr, &r.reason);
         }
@@ -139,6 +140,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         {
             warn!("conntrack: stale UDP service flows not deleted: {e}");
         }
+        let changes = planned?;
         self.net.apply(&changes)?;
         self.memory = memory;
         Ok(SyncReport {
@@ -492,5 +494,83 @@ fn run_loop(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::{FakeNetBackend, NetConfig};
+    use crate::nft::FakeBackend;
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status: {addresses: [{type: InternalIP, address: 192.168.50.11}]}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: a, labels: {team: a}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: a}
+spec: {nodeName: n1, containers: []}
+status: {phase: Running, podIP: 10.128.0.5}
+---
+apiVersion: k8s.ovn.org/v1
+kind: EgressQoS
+metadata: {name: default, namespace: a}
+spec: {egress: [{dscp: 46}]}
+---
+apiVersion: k8s.ovn.org/v1
+kind: EgressIP
+metadata: {name: e}
+spec: {egressIPs: [192.168.99.9], namespaceSelector: {matchLabels: {team: a}}}
+status: {items: [{egressIP: 192.168.99.9, node: n1}]}
+"#;
+
+    fn snapshot() -> Snapshot {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("c.yaml"), CLUSTER).unwrap();
+        manifests::load_dir(dir.path()).unwrap().snapshot
+    }
+
+    fn node() -> FakeNetBackend {
+        FakeNetBackend::new(NetConfig::default())
+            .with_link("eth0")
+            .with_address("eth0", "192.168.50.11/24")
+    }
+
+    #[test]
+    fn an_unplaceable_egress_ip_is_reported_and_gets_no_snat() {
+        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
+        let report = rec.sync(&snapshot()).unwrap();
+        let eip = report.statuses.iter().find(|s| s.key.name == "e").unwrap();
+        assert_eq!(
+            eip.result,
+            Err("spec.egressIPs[0]: 192.168.99.9: no interface subnet contains it".into())
+        );
+        let table = rec.engine.current().unwrap();
+        assert!(table.sets["eip-snat-v4"].elements.is_empty());
+        assert!(
+            table.sets["qos-pods-v4"].elements.len() == 1,
+            "QoS still applied"
+        );
+    }
+
+    #[test]
+    fn a_network_planning_error_still_applies_nftables() {
+        // Someone else's interface with the tunnel's name: the net side refuses to touch it.
+        let net = node().with_link("np-eip");
+        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), net);
+        let err = rec.sync(&snapshot()).unwrap_err().to_string();
+        assert!(
+            err.contains("link np-eip: exists and was not created by the agent"),
+            "{err}"
+        );
+        let table = rec.engine.current().expect("nftables applied");
+        assert_eq!(table.sets["qos-pods-v4"].elements.len(), 1);
     }
 }
