@@ -422,7 +422,12 @@ fn steer_chain(table: &mut Table, n: usize) -> String {
         Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local)),
         Stmt::Verdict(Verdict::Return),
     ]));
-    chain.push(Rule::new(vec![Stmt::MarkSet(mark(n)), Stmt::Counter]));
+    // Only our bits change: other components' marks (e.g. service masquerade) survive.
+    chain.push(Rule::new(vec![
+        Stmt::MarkAnd(!MARK_MASK),
+        Stmt::MarkOr(mark(n)),
+        Stmt::Counter,
+    ]));
     table.add_chain(chain);
     name
 }
@@ -542,7 +547,7 @@ fn add_base_chains(table: &mut Table) {
     );
     out.push(Rule::new(vec![
         Stmt::matches(Field::OifName, Value::IfName(TUNNEL_DEV.into())),
-        Stmt::MarkSet(0),
+        Stmt::MarkAnd(!MARK_MASK),
     ]));
     table.add_chain(out);
 }
