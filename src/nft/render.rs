@@ -187,6 +187,11 @@ fn element(key: &ElemKey, value: &ElemValue) -> String {
     s
 }
 
+/// An element key as nft prints it (`172.30.0.10 . tcp . 80`), for messages.
+pub fn elem_key_text(key: &ElemKey) -> String {
+    elem_key(key)
+}
+
 fn elem_key(key: &ElemKey) -> String {
     key.iter().map(key_part).collect::<Vec<_>>().join(" . ")
 }

@@ -57,6 +57,9 @@ pub struct Memo {
     entries: imbl::OrdMap<String, Arc<Entry>>,
     parts: Parts,
     errors: imbl::OrdMap<String, ObjectStatus>,
+    /// Which service put each element into a shared map: two services claiming the same
+    /// frontend (say one externalIP and port) would otherwise fight over one element.
+    claims: imbl::OrdMap<(String, ElemKey), String>,
     health: imbl::OrdMap<u16, (String, usize)>,
 }
 
@@ -101,42 +104,55 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
     };
     memo.node = config.node_name.clone();
     let mut stale_udp = Vec::new();
+    let mut planned = Vec::new();
+    // First every changed service lets go of what it had, then the new plans claim: two
+    // services swapping a frontend in one update both succeed.
     for key in &changed {
         let pk = part_key(key);
-        let old = memo.entries.get(&pk).cloned();
         let new = snapshot
             .services()
             .get(key)
-            .map(|svc| Arc::new(plan_service(snapshot, config, key, svc)));
-        if let Some(old) = &old {
+            .map(|svc| plan_service(snapshot, config, key, svc));
+        if let Some(old) = memo.entries.remove(&pk) {
             let keep: BTreeSet<_> = new.iter().flat_map(|e| e.udp.iter()).collect();
             stale_udp.extend(old.udp.iter().filter(|b| !keep.contains(b)).copied());
             if let Some((port, _)) = old.health {
                 memo.health.remove(&port);
             }
+            for (set, elements) in old.part.iter().flat_map(|p| &p.elements) {
+                for k in elements.keys() {
+                    let claim = (set.clone(), k.clone());
+                    if memo.claims.get(&claim) == Some(&pk) {
+                        memo.claims.remove(&claim);
+                    }
+                }
+            }
         }
         memo.errors.remove(&pk);
         memo.parts.remove(&pk);
-        memo.entries.remove(&pk);
         if let Some(e) = new {
-            if let Some(p) = &e.part {
-                memo.parts.insert(pk.clone(), p.clone());
-            }
-            if let Some(h) = e.health {
-                memo.health.insert(h.0, (key.to_string(), h.1));
-            }
-            if let Some(err) = &e.error {
-                memo.errors.insert(
-                    pk.clone(),
-                    ObjectStatus {
-                        kind: Kind::Service,
-                        key: key.clone(),
-                        result: Err(err.clone()),
-                    },
-                );
-            }
-            memo.entries.insert(pk, e);
+            planned.push((key, pk, e));
         }
+    }
+    for (key, pk, mut e) in planned {
+        if let Some(part) = e.part.as_mut() {
+            claim(&mut memo.claims, &pk, Arc::make_mut(part), &mut e.error);
+            memo.parts.insert(pk.clone(), part.clone());
+        }
+        if let Some(h) = e.health {
+            memo.health.insert(h.0, (key.to_string(), h.1));
+        }
+        if let Some(err) = &e.error {
+            memo.errors.insert(
+                pk.clone(),
+                ObjectStatus {
+                    kind: Kind::Service,
+                    key: key.clone(),
+                    result: Err(err.clone()),
+                },
+            );
+        }
+        memo.entries.insert(pk, Arc::new(e));
     }
     memo.snapshot = Some(snapshot.clone());
     for (k, p) in memo.parts.iter() {
@@ -151,6 +167,39 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
         statuses: memo.errors.values().cloned().collect(),
         memo,
         stale_udp,
+    }
+}
+
+/// Claims the part's shared-map elements for `owner`; an element another service holds is
+/// left out of the part and named in `error`.
+fn claim(
+    claims: &mut imbl::OrdMap<(String, ElemKey), String>,
+    owner: &str,
+    part: &mut Part,
+    error: &mut Option<String>,
+) {
+    for (set, elements) in part.elements.iter_mut() {
+        elements.retain(|k, _| {
+            let c = (set.clone(), k.clone());
+            match claims.get(&c) {
+                Some(other) if other != owner => {
+                    let what = crate::nft::render::elem_key_text(k);
+                    let msg = format!(
+                        "{what} in {set} is already used by {}",
+                        other.trim_start_matches("svc/")
+                    );
+                    *error = Some(match error.take() {
+                        Some(e) => format!("{e}; {msg}"),
+                        None => msg,
+                    });
+                    false
+                }
+                _ => {
+                    claims.insert(c, owner.to_string());
+                    true
+                }
+            }
+        });
     }
 }
 
@@ -418,3 +467,6 @@ fn static_objects(t: &mut Table) {
             .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(target.into()))]));
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,123 @@
+use crate::config::Config;
+use crate::nft::render::render_full;
+use crate::plan::{Memory, plan, plan_with};
+use crate::snapshot::{Kind, Snapshot, SnapshotBuilder};
+
+fn svc(name: &str, ip: &str, extra: &str) -> crate::api::Service {
+    serde_norway::from_str(&format!(
+        "metadata: {{name: {name}, namespace: ns}}\n\
+         spec: {{clusterIP: '{ip}', ports: [{{name: http, port: 80, protocol: TCP}}]{extra}}}\n"
+    ))
+    .unwrap()
+}
+
+fn slice(service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
+    let eps: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{{addresses: ['{ip}'], nodeName: n1}}"))
+        .collect();
+    serde_norway::from_str(&format!(
+        "metadata: {{name: {service}-x, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{}]\n",
+        eps.join(", ")
+    ))
+    .unwrap()
+}
+
+fn base() -> SnapshotBuilder {
+    Snapshot::builder()
+        .with(svc("a", "172.30.0.1", ""))
+        .with(slice("a", &["10.128.0.1", "10.128.0.2"]))
+        .with(svc("b", "172.30.0.2", ", sessionAffinity: ClientIP"))
+        .with(slice("b", &["10.128.0.3"]))
+}
+
+#[test]
+fn incremental_plan_equals_a_fresh_plan() {
+    let cfg = Config::for_node("n1");
+    let first = plan(&base().build(), &cfg);
+    // One endpoint replaced, one service added, one removed.
+    let mut b = base().build().to_builder();
+    b.insert(slice("a", &["10.128.0.1", "10.128.0.9"]));
+    b.insert(svc("c", "172.30.0.3", ""));
+    b.insert(slice("c", &["10.128.0.4"]));
+    b.remove(Kind::Service, &crate::snapshot::ObjectKey::new("ns", "b"));
+    let snap = b.build();
+    let incremental = plan_with(&snap, &cfg, &first.memory);
+    let fresh = plan(&snap, &cfg);
+    assert_eq!(
+        render_full(&incremental.ruleset),
+        render_full(&fresh.ruleset)
+    );
+    // Unchanged services keep their part by pointer; the changed one gets a new one.
+    let unchanged = plan_with(&snap, &cfg, &incremental.memory);
+    for (k, p) in incremental.ruleset.parts.iter() {
+        assert!(
+            std::sync::Arc::ptr_eq(p, &unchanged.ruleset.parts[k]),
+            "{k}"
+        );
+    }
+    assert!(!std::sync::Arc::ptr_eq(
+        &first.ruleset.parts["svc/ns/a"],
+        &incremental.ruleset.parts["svc/ns/a"]
+    ));
+}
+
+#[test]
+fn removed_udp_backend_is_reported_stale() {
+    let cfg = Config::for_node("n1");
+    let udp = |ips: &[&str]| -> crate::api::EndpointSlice {
+        let mut s = slice("u", ips);
+        s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        s
+    };
+    let mut s = svc("u", "172.30.0.5", "");
+    s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+    let one = Snapshot::builder()
+        .with(s.clone())
+        .with(udp(&["10.128.0.1", "10.128.0.2"]))
+        .build();
+    let first = plan(&one, &cfg);
+    assert!(first.stale_udp.is_empty());
+    let mut b = one.to_builder();
+    b.insert(udp(&["10.128.0.2"]));
+    let second = plan_with(&b.build(), &cfg, &first.memory);
+    assert_eq!(
+        second.stale_udp,
+        vec![("10.128.0.1".parse().unwrap(), 8080)]
+    );
+}
+
+#[test]
+fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
+    let cfg = Config::for_node("n1");
+    let snap = base()
+        .with(svc("bad", "not-an-ip", ""))
+        .with(svc("x1", "172.30.0.7", ", externalIPs: ['198.51.100.7']"))
+        .with(slice("x1", &["10.128.0.5"]))
+        .with(svc("x2", "172.30.0.8", ", externalIPs: ['198.51.100.7']"))
+        .with(slice("x2", &["10.128.0.6"]))
+        .build();
+    let d = plan_with(&snap, &cfg, &Memory::default());
+    let errors: Vec<String> = d
+        .statuses
+        .iter()
+        .filter_map(|s| s.result.clone().err().map(|e| format!("{}: {e}", s.key)))
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].contains("ns/bad: spec.clusterIPs[0]: invalid IP"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1]
+            .contains("ns/x2: 198.51.100.7 . tcp . 80 in svc-dispatch-v4 is already used by ns/x1"),
+        "{errors:?}"
+    );
+    let text = render_full(&d.ruleset);
+    assert!(
+        text.contains("172.30.0.1 . tcp . 80"),
+        "others still planned"
+    );
+    assert_eq!(text.matches("198.51.100.7 . tcp . 80").count(), 1);
+}
