@@ -12,7 +12,9 @@
 //!   with `IFA_F_NODAD` so they are usable (and announceable) at once;
 //! - routes: `RTPROT` = [`NODEPLANE_PROTO`] **and** a table inside [`NetConfig::route_tables`];
 //! - rules: `FRA_PROTOCOL` = [`NODEPLANE_PROTO`] **and** a priority inside
-//!   [`NetConfig::rule_priorities`].
+//!   [`NetConfig::rule_priorities`];
+//! - links (the EgressIP tunnel): the alias (`IFLA_IFALIAS`) [`LINK_ALIAS`]; the FDB and
+//!   neighbour entries on such a link are the agent's too (see [`links`]).
 //!
 //! An address the agent adds is put on the interface whose (non-agent) subnet contains it with
 //! the longest prefix; ties go to the interface name that sorts first.
