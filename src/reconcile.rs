@@ -178,14 +178,23 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
     Ok(report.snapshot)
 }
 
+/// How long `--once` and `--dry-run` wait for every kind's list.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
 async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-    let mut source = kube_source::start(client, Default::default());
-    let synced = source.snapshots.wait_for(Option::is_some).await;
-    let snapshot = synced
-        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
-        .clone();
-    Ok(snapshot.unwrap_or_default())
+    let health = SourceHealth::default();
+    let mut source = kube_source::start(client, health.clone());
+    let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
+    match synced.await {
+        Ok(Ok(snapshot)) => Ok(snapshot.clone().unwrap_or_default()),
+        Ok(Err(e)) => Err(ReconcileError::Runtime(e.to_string())),
+        Err(_) => Err(ReconcileError::Runtime(format!(
+            "no complete view of the cluster after {}s: {}",
+            LIST_TIMEOUT.as_secs(),
+            health.check().err().unwrap_or_default()
+        ))),
+    }
 }
 
 /// Where the run loop reads its snapshots from.

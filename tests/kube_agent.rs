@@ -352,7 +352,7 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
 
 #[test]
 fn malformed_object_is_reported_and_the_rest_applies() {
-    let s = setup();
+    let mut s = setup();
     s.api.put(node(NODE, "192.168.50.11"));
     s.api.put(namespace("shop"));
     s.api.put(namespace("bad"));
@@ -374,6 +374,26 @@ fn malformed_object_is_reported_and_the_rest_applies() {
     s.wait_table(&agent, "update after the bad object", |t| {
         t.contains("198.51.100.0/24")
     });
+    // --dry-run lists the same API once and prints what the agent applied.
+    let printed = s
+        .node
+        .run_agent(&[
+            "--dry-run",
+            "--kubeconfig",
+            &s.kubeconfig,
+            "--node-name",
+            NODE,
+        ])
+        .expect("--dry-run against the API");
+    let reference = s.lab.add_host("ref");
+    reference
+        .exec_stdin(&["nft", "-f", "-"], &printed)
+        .expect("nft -f accepts the dry-run text");
+    assert_eq!(
+        sorted(listing::json(&s.node, "nodeplane")),
+        sorted(listing::json(&reference, "nodeplane")),
+        "--dry-run differs from the running agent's table:\n{printed}"
+    );
     // A broken update of a good object keeps its last decodable version in force.
     s.api.put(
         json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
