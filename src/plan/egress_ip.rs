@@ -22,6 +22,7 @@
 
 use super::ObjectStatus;
 use super::base::sets;
+use super::in_force::Outcome;
 use crate::api::{EgressIP, ValidatedEgressIp};
 use crate::config::Config;
 use crate::net::TunnelSpec;
@@ -91,14 +92,18 @@ struct Claim {
 pub fn plan(
     snapshot: &Snapshot,
     config: &Config,
+    memory: &BTreeMap<String, ValidatedEgressIp>,
     table: &mut Table,
     net: &mut NetDesired,
-) -> Vec<ObjectStatus> {
-    if snapshot.egress_ips().is_empty() {
-        return Vec::new();
-    }
+) -> Outcome<ValidatedEgressIp> {
     let mut statuses = Vec::new();
-    let mut entries = validate_all(snapshot, &mut statuses);
+    if snapshot.egress_ips().is_empty() {
+        return Outcome {
+            statuses,
+            memory: BTreeMap::new(),
+        };
+    }
+    let mut entries = validate_all(snapshot, memory, &mut statuses);
     check_addresses(snapshot, &mut entries);
     let claims = claim_pods(snapshot, &mut entries);
     let node = config.node_name.as_str();
@@ -165,6 +170,10 @@ pub fn plan(
     for set in snat.into_iter().chain(steer) {
         table.add_set(set);
     }
+    let in_force = entries
+        .iter()
+        .map(|e| (e.key.clone(), e.valid.clone()))
+        .collect();
     for e in entries {
         let result = if e.problems.is_empty() {
             Ok(())
@@ -178,7 +187,10 @@ pub fn plan(
         });
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    statuses
+    Outcome {
+        statuses,
+        memory: in_force,
+    }
 }
 
 fn map(name: &str, t: DataType) -> Set {
@@ -198,31 +210,45 @@ fn data(ip: IpAddr) -> ElemData {
 }
 
 /// Valid objects in creation order (then name): the first one wins a contested pod or IP.
-fn validate_all(snapshot: &Snapshot, statuses: &mut Vec<ObjectStatus>) -> Vec<Entry> {
+fn validate_all(
+    snapshot: &Snapshot,
+    memory: &BTreeMap<String, ValidatedEgressIp>,
+    statuses: &mut Vec<ObjectStatus>,
+) -> Vec<Entry> {
     let mut objects: Vec<&Arc<EgressIP>> = snapshot.egress_ips().values().collect();
     objects.sort_by(|a, b| {
         let ts = |o: &EgressIP| o.metadata.creation_timestamp.as_ref().map(|t| t.0);
         (ts(a).is_none(), ts(a), &a.metadata.name).cmp(&(ts(b).is_none(), ts(b), &b.metadata.name))
     });
     let mut entries = Vec::new();
-    for (name, object) in snapshot.egress_ips() {
-        if let Err(e) = object.validate() {
-            statuses.push(ObjectStatus {
-                kind: Kind::EgressIP,
-                key: ObjectKey::cluster(name),
-                result: Err(format!("{}: {}", e.field, e.reason)),
-            });
-        }
-    }
     for object in objects {
-        if let Ok(valid) = object.validate() {
-            entries.push(Entry {
-                key: valid.name.clone(),
-                valid,
-                problems: Vec::new(),
-                hosted: Vec::new(),
-            });
-        }
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let (valid, problems) = match object.validate() {
+            Ok(valid) => (valid, Vec::new()),
+            Err(e) => {
+                let err = format!("{}: {}", e.field, e.reason);
+                // An invalid edit keeps the last valid version in force, like the other
+                // features: a typo does not silently take the pods' egress IP away.
+                let Some(last) = memory.get(&name) else {
+                    statuses.push(ObjectStatus {
+                        kind: Kind::EgressIP,
+                        key: ObjectKey::cluster(name),
+                        result: Err(err),
+                    });
+                    continue;
+                };
+                (
+                    last.clone(),
+                    vec![format!("{err} (the last valid version stays in force)")],
+                )
+            }
+        };
+        entries.push(Entry {
+            key: name,
+            valid,
+            problems,
+            hosted: Vec::new(),
+        });
     }
     entries
 }

@@ -340,3 +340,25 @@ fn tunnel_addresses_are_derived_from_the_underlay() {
     assert_eq!(mac, [0x0a, 0x6e, 192, 168, 50, 11]);
     assert_eq!(tunnel_gateway6(mac).to_string(), "fe80::a6e:c0a8:320b");
 }
+
+#[test]
+fn an_invalid_edit_keeps_the_last_valid_version_in_force() {
+    let hosts = [("192.168.50.200", "worker-1")];
+    let cfg = Config::for_node("worker-1");
+    let good = crate::plan::plan(&cluster(&hosts).build(), &cfg);
+    assert!(good.memory.egress_ip.contains_key("backend"));
+    let mut broken = egress_ip("backend", None, &["192.168.50.300"], &hosts);
+    broken.metadata.name = Some("backend".into());
+    let snap = cluster(&hosts).with(broken).build();
+    let d = crate::plan::plan_with(&snap, &cfg, &good.memory);
+    assert_eq!(elements(&d, SNAT_V4), elements(&good, SNAT_V4));
+    assert_eq!(d.net.addresses, good.net.addresses);
+    let err = eip_status(&d, "backend").unwrap_err();
+    assert!(
+        err.starts_with("spec.egressIPs[0]: invalid IP address \"192.168.50.300\" (the last valid"),
+        "{err}"
+    );
+    // Without memory (a fresh agent) nothing is planned for it.
+    let fresh = on("worker-1", &snap);
+    assert!(elements(&fresh, SNAT_V4).is_empty());
+}

@@ -44,6 +44,8 @@ pub struct Memory {
     pub firewall: BTreeMap<String, crate::api::ValidatedFirewall>,
     /// The last plan of every Service (re-used while its inputs are pointer-equal).
     pub services: services::Memo,
+    /// Per EgressIP name.
+    pub egress_ip: BTreeMap<String, crate::api::ValidatedEgressIp>,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -83,7 +85,8 @@ pub fn plan_with_dns(
     let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
     memory.qos = qos.memory;
     let mut net = NetDesired::default();
-    let eip = egress_ip::plan(snapshot, config, &mut ruleset, &mut net);
+    let eip = egress_ip::plan(snapshot, config, &memory.egress_ip, &mut ruleset, &mut net);
+    memory.egress_ip = eip.memory;
     Desired {
         ruleset,
         net,
@@ -91,7 +94,7 @@ pub fn plan_with_dns(
             .statuses
             .into_iter()
             .chain(qos.statuses)
-            .chain(eip)
+            .chain(eip.statuses)
             .chain(svc.statuses)
             .collect(),
         memory,
