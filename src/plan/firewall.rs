@@ -33,6 +33,7 @@ use compile::{Compiled, PortKey, Segment};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// The chain `filter-forward` jumps to.
 pub const DISPATCH: &str = "fw-dispatch";
@@ -67,32 +68,57 @@ impl Names {
     }
 }
 
-/// What the firewall planner hands back besides what it adds to the table.
-pub type FirewallOutcome = in_force::Outcome<ValidatedFirewall>;
+/// What the firewall planner carries from one plan to the next (see [`super::Memory`]).
+#[derive(Debug, Clone, Default)]
+pub struct FirewallMemory {
+    /// The object in force per namespace.
+    pub in_force: BTreeMap<String, Arc<ValidatedFirewall>>,
+    pub checks: in_force::Checks<EgressFirewall, ValidatedFirewall>,
+    /// Each namespace's part with the inputs it was built from: a namespace whose inputs did
+    /// not change keeps its part (the same `Arc`, which the diff skips).
+    built: BTreeMap<String, Built>,
+}
 
-/// Adds the EgressFirewall dispatch, namespace chains, maps and rule chains to `table`.
+#[derive(Debug, Clone)]
+struct Built {
+    inputs: Inputs,
+    part: Arc<Part>,
+}
+
+/// Everything a namespace's part is computed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inputs {
+    firewall: Arc<ValidatedFirewall>,
+    /// The addresses of the `dnsName` and `nodeSelector` rules, by rule index.
+    resolved: Vec<(usize, Vec<IpAddr>)>,
+    /// The namespace's local pod addresses (the dispatch elements).
+    pods: Vec<IpAddr>,
+}
+
+/// What the planner hands back besides the dispatch and the parts it adds to the table.
+pub struct FirewallOutcome {
+    pub statuses: Vec<ObjectStatus>,
+    pub memory: FirewallMemory,
+}
+
+/// Adds the EgressFirewall dispatch to `table` and one part (`fw/<namespace>`) per namespace
+/// with a firewall in force; a namespace whose inputs are unchanged reuses its part (the
+/// same `Arc`, which the diff skips without looking inside).
 pub fn plan(
     snapshot: &Snapshot,
     config: &Config,
     dns: &DnsAnswers,
-    memory: &BTreeMap<String, ValidatedFirewall>,
+    memory: &FirewallMemory,
     table: &mut Table,
 ) -> FirewallOutcome {
-    let (in_force, statuses) = objects_in_force(snapshot, memory);
-    let mut dispatch = [
-        Set::new(PODS_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
-        Set::new(PODS_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
-    ];
-    let pods = local_pod_ips(snapshot, config, &in_force);
-    for (ns, fw) in &in_force {
-        let chain = namespace_objects(fw, snapshot, dns, table);
-        for ip in pods.get(ns.as_str()).into_iter().flatten() {
-            let goto = ElemData::Verdict(Verdict::Goto(chain.clone()));
-            dispatch[usize::from(ip.is_ipv6())].insert_mapping(vec![Value::ip(*ip).into()], goto);
-        }
-    }
-    for set in dispatch {
-        table.add_set(set);
+    let outcome = objects_in_force(snapshot, memory);
+    for name in [PODS_V4, PODS_V6] {
+        let key = if name == PODS_V4 {
+            DataType::Ipv4Addr
+        } else {
+            DataType::Ipv6Addr
+        };
+        table.add_set(Set::new(name, vec![key], SetKind::VerdictMap));
     }
     table.add_chain(dispatch_chain());
     table
@@ -102,20 +128,36 @@ pub fn plan(
         .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
             DISPATCH.into(),
         ))]));
+    let mut pods = local_pod_ips(snapshot, config, &outcome.memory);
+    let mut built = BTreeMap::new();
+    for (ns, fw) in &outcome.memory {
+        let inputs = Inputs {
+            firewall: fw.clone(),
+            resolved: resolve(fw, snapshot, dns),
+            pods: pods.remove(ns.as_str()).unwrap_or_default(),
+        };
+        let part = match memory.built.get(ns) {
+            Some(b) if b.inputs == inputs => b.part.clone(),
+            _ => Arc::new(namespace_part(&inputs)),
+        };
+        table.parts.insert(format!("{PREFIX}/{ns}"), part.clone());
+        built.insert(ns.clone(), Built { inputs, part });
+    }
     FirewallOutcome {
-        statuses,
-        memory: in_force,
+        statuses: outcome.statuses,
+        memory: FirewallMemory {
+            in_force: outcome.memory,
+            checks: outcome.checks,
+            built,
+        },
     }
 }
 
 /// The DNS names the objects in force (or remembered) refer to: what the resolver must keep
 /// fresh. Sorted, lowercase, one entry per name whatever the number of namespaces using it.
-pub fn dns_names(
-    snapshot: &Snapshot,
-    memory: &BTreeMap<String, ValidatedFirewall>,
-) -> BTreeSet<String> {
-    let (in_force, _) = objects_in_force(snapshot, memory);
-    in_force
+pub fn dns_names(snapshot: &Snapshot, memory: &FirewallMemory) -> BTreeSet<String> {
+    objects_in_force(snapshot, memory)
+        .memory
         .values()
         .flat_map(|fw| &fw.rules)
         .filter_map(|r| match &r.dest {
@@ -154,13 +196,14 @@ fn dispatch_chain() -> Chain {
 
 fn objects_in_force(
     snapshot: &Snapshot,
-    memory: &BTreeMap<String, ValidatedFirewall>,
-) -> (BTreeMap<String, ValidatedFirewall>, Vec<ObjectStatus>) {
+    memory: &FirewallMemory,
+) -> in_force::Outcome<EgressFirewall, ValidatedFirewall> {
     in_force::objects_in_force(
         Kind::EgressFirewall,
         snapshot.egress_firewalls(),
         EgressFirewall::validate,
-        memory,
+        &memory.in_force,
+        &memory.checks,
     )
 }
 
@@ -169,7 +212,7 @@ fn objects_in_force(
 fn local_pod_ips<'a>(
     snapshot: &'a Snapshot,
     config: &Config,
-    in_force: &BTreeMap<String, ValidatedFirewall>,
+    in_force: &BTreeMap<String, Arc<ValidatedFirewall>>,
 ) -> BTreeMap<&'a str, Vec<IpAddr>> {
     let mut by_ns: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     for pod in snapshot.pod_network_pods_on_node(&config.node_name) {
@@ -183,24 +226,28 @@ fn local_pod_ips<'a>(
     by_ns
 }
 
-/// Adds a namespace's chain, rule chains and maps; returns the chain name.
-fn namespace_objects(
-    fw: &ValidatedFirewall,
-    snapshot: &Snapshot,
-    dns: &DnsAnswers,
-    table: &mut Table,
-) -> String {
+/// A namespace's chain, rule chains and maps, and the dispatch elements of its pods.
+fn namespace_part(inputs: &Inputs) -> Part {
+    let fw = &inputs.firewall;
     let names = Names::new(&fw.namespace);
+    let mut f = Part::default();
     let mut chain = Chain::regular(&names.chain);
     for family in [IpFamily::V4, IpFamily::V6] {
         let (daddr, addr_type) = match family {
             IpFamily::V4 => (Field::Ip4Daddr, DataType::Ipv4Addr),
             IpFamily::V6 => (Field::Ip6Daddr, DataType::Ipv6Addr),
         };
+        let mut resolved = inputs.resolved.iter().peekable();
         let rules: Vec<compile::Rule> = fw
             .rules
             .iter()
-            .map(|r| compile_input(r, family, snapshot, dns))
+            .enumerate()
+            .map(|(i, r)| {
+                let addrs = resolved
+                    .next_if(|(at, _)| *at == i)
+                    .map(|(_, a)| a.as_slice());
+                compile_input(r, family, addrs.unwrap_or_default())
+            })
             .collect();
         let compiled = compile::compile(&rules, max_addr(family));
         let (ports_map, addr_map) = maps(&names, family, addr_type, &compiled);
@@ -209,37 +256,57 @@ fn namespace_objects(
             &ports_map.name,
         )]));
         chain.push(Rule::new(vec![Stmt::vmap(vec![daddr], &addr_map.name)]));
-        table.add_set(ports_map);
-        table.add_set(addr_map);
+        f.add_set(ports_map);
+        f.add_set(addr_map);
     }
     for (i, rule) in fw.rules.iter().enumerate() {
-        table.add_chain(rule_chain(&names, &fw.namespace, i, rule));
+        f.add_chain(rule_chain(&names, &fw.namespace, i, rule));
     }
-    table.add_chain(chain);
-    names.chain
+    for ip in &inputs.pods {
+        let map = if ip.is_ipv6() { PODS_V6 } else { PODS_V4 };
+        let goto = ElemData::Verdict(Verdict::Goto(names.chain.clone()));
+        f.add_mapping(map, vec![Value::ip(*ip).into()], goto);
+    }
+    f.add_chain(chain);
+    f
 }
 
-/// The compiler's view of a rule for one family: its destination as address intervals (DNS
-/// answers and node addresses as single points) and its ports.
-fn compile_input(
-    rule: &FirewallRule,
-    family: IpFamily,
+/// The current addresses of each `dnsName` (DNS answers) and `nodeSelector` (the matching
+/// Nodes' InternalIP/ExternalIP) rule, by rule index.
+fn resolve(
+    fw: &ValidatedFirewall,
     snapshot: &Snapshot,
     dns: &DnsAnswers,
-) -> compile::Rule {
-    let point = |ip: &IpAddr| (family_of(ip) == family).then(|| (num(*ip), num(*ip)));
+) -> Vec<(usize, Vec<IpAddr>)> {
+    let mut out = Vec::new();
+    for (i, rule) in fw.rules.iter().enumerate() {
+        let addrs = match &rule.dest {
+            Destination::Cidr(_) => continue,
+            Destination::Dns(name) => dns.get(name).to_vec(),
+            Destination::Nodes(selector) => snapshot
+                .nodes()
+                .values()
+                .filter(|n| selector.matches_meta(&n.metadata))
+                .flat_map(|n| snapshot::node_ips(n))
+                .collect(),
+        };
+        out.push((i, addrs));
+    }
+    out
+}
+
+/// The compiler's view of a rule for one family: its destination as address intervals
+/// (`resolved`: the addresses of a DNS or node rule, as single points) and its ports.
+fn compile_input(rule: &FirewallRule, family: IpFamily, resolved: &[IpAddr]) -> compile::Rule {
     let ranges = match &rule.dest {
         Destination::Cidr(net) if family_of(&net.addr()) == family => {
             vec![(num(net.network()), num(net.broadcast()))]
         }
         Destination::Cidr(_) => Vec::new(),
-        Destination::Dns(name) => dns.get(name).iter().filter_map(point).collect(),
-        Destination::Nodes(selector) => snapshot
-            .nodes()
-            .values()
-            .filter(|n| selector.matches_meta(&n.metadata))
-            .flat_map(|n| snapshot::node_ips(n))
-            .filter_map(|ip| point(&ip))
+        Destination::Dns(_) | Destination::Nodes(_) => resolved
+            .iter()
+            .filter(|ip| family_of(ip) == family)
+            .map(|ip| (num(*ip), num(*ip)))
             .collect(),
     };
     let ports = rule

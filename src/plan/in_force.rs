@@ -9,27 +9,59 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What a feature planner hands back besides what it adds to the table.
-pub struct Outcome<V> {
+pub struct Outcome<T, V> {
     pub statuses: Vec<ObjectStatus>,
     /// The objects in force per namespace: valid now, or the last valid one if the current
     /// object is invalid. Namespaces without an object are dropped.
-    pub memory: BTreeMap<String, V>,
+    pub memory: BTreeMap<String, Arc<V>>,
+    /// This plan's validation results, for the next plan to reuse.
+    pub checks: Checks<T, V>,
 }
 
-/// Validates every object and returns the version in force per namespace plus one status
-/// per object. Only the object named `default` governs its namespace.
-pub fn objects_in_force<T, V: Clone>(
+/// The validation result of one object, kept with the object it was computed from.
+#[derive(Debug)]
+pub struct Check<T, V> {
+    object: Arc<T>,
+    result: Result<Arc<V>, ValidationError>,
+}
+
+impl<T, V> Clone for Check<T, V> {
+    fn clone(&self) -> Self {
+        Check {
+            object: self.object.clone(),
+            result: self.result.clone(),
+        }
+    }
+}
+
+/// Validation results per object: an unchanged object (the same `Arc`, or an equal one) is not
+/// validated again, so a plan of N unchanged objects costs N comparisons, not N validations.
+pub type Checks<T, V> = BTreeMap<ObjectKey, Check<T, V>>;
+
+/// Validates every object (reusing `checks` for unchanged ones) and returns the version in
+/// force per namespace plus one status per object. Only the object named `default` governs
+/// its namespace.
+pub fn objects_in_force<T: PartialEq, V>(
     kind: Kind,
     objects: &BTreeMap<ObjectKey, Arc<T>>,
     validate: impl Fn(&T) -> Result<V, ValidationError>,
-    memory: &BTreeMap<String, V>,
-) -> (BTreeMap<String, V>, Vec<ObjectStatus>) {
+    memory: &BTreeMap<String, Arc<V>>,
+    checks: &Checks<T, V>,
+) -> Outcome<T, V> {
     let mut in_force = BTreeMap::new();
     let mut statuses = Vec::new();
+    let mut next_checks = Checks::new();
     for (key, object) in objects {
-        let result = match validate(object) {
+        let check = match checks.get(key) {
+            Some(c) if Arc::ptr_eq(&c.object, object) || *c.object == **object => c.clone(),
+            _ => Check {
+                object: object.clone(),
+                result: validate(object).map(Arc::new),
+            },
+        };
+        let result = match &check.result {
             Ok(valid) => {
-                in_force.insert(key.namespace.clone(), valid);
+                in_force.insert(key.namespace.clone(), valid.clone());
                 Ok(())
             }
             Err(e) => {
@@ -47,6 +79,11 @@ pub fn objects_in_force<T, V: Clone>(
             key: ObjectKey::new(&key.namespace, &key.name),
             result,
         });
+        next_checks.insert(key.clone(), check);
     }
-    (in_force, statuses)
+    Outcome {
+        statuses,
+        memory: in_force,
+        checks: next_checks,
+    }
 }

@@ -14,7 +14,6 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy
@@ -36,12 +35,14 @@ pub struct Desired {
 /// reconciler (updated only after a successful apply). When an object turns invalid, its
 /// feature plans from this copy instead, so a typo never makes a namespace fall open; the
 /// copy is still planned against the current pods, nodes and DNS answers.
+///
+/// It also carries what makes planning O(change): validation results (`in_force::Checks`,
+/// kept with the object they came from) and each object's table part with the inputs it was
+/// built from; unchanged inputs give back the same `Arc<Part>`, which the diff skips.
 #[derive(Debug, Clone, Default)]
 pub struct Memory {
-    /// Per namespace.
-    pub qos: BTreeMap<String, crate::api::ValidatedQos>,
-    /// Per namespace.
-    pub firewall: BTreeMap<String, crate::api::ValidatedFirewall>,
+    pub qos: qos::QosMemory,
+    pub firewall: firewall::FirewallMemory,
     /// The last plan of every Service (re-used while its inputs are pointer-equal).
     pub services: services::Memo,
     /// Per EgressIP name.
@@ -83,7 +84,10 @@ pub fn plan_with_dns(
     let fw = firewall::plan(snapshot, config, dns, &memory.firewall, &mut ruleset);
     memory.firewall = fw.memory;
     let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
-    memory.qos = qos.memory;
+    memory.qos = qos::QosMemory {
+        in_force: qos.memory,
+        checks: qos.checks,
+    };
     let mut net = NetDesired::default();
     let eip = egress_ip::plan(snapshot, config, &memory.egress_ip, &mut ruleset, &mut net);
     memory.egress_ip = eip.memory;

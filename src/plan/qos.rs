@@ -13,7 +13,7 @@
 //! own source address is matched whatever SNAT/masquerade happens next).
 
 use super::base::chains::MANGLE_POSTROUTING;
-use super::{ObjectStatus, in_force};
+use super::in_force;
 use crate::api::{EgressQoS, Protocol, QosRule, ValidatedQos};
 use crate::config::Config;
 use crate::nft::ir::*;
@@ -21,6 +21,7 @@ use crate::nft::names::object_name;
 use crate::snapshot::{self, Kind, Snapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Verdict maps from a local pod's address to its namespace's QoS chain.
 pub const PODS_V4: &str = "qos-pods-v4";
@@ -31,22 +32,37 @@ pub const PODS_V6: &str = "qos-pods-v6";
 const PREFIX: &str = "qos";
 
 /// What the QoS planner hands back besides the chains and sets it adds to the table.
-pub type QosOutcome = in_force::Outcome<ValidatedQos>;
+pub type QosOutcome = in_force::Outcome<EgressQoS, ValidatedQos>;
+
+/// What the QoS planner carries from one plan to the next (see [`super::Memory`]).
+#[derive(Debug, Clone, Default)]
+pub struct QosMemory {
+    /// The object in force per namespace.
+    pub in_force: BTreeMap<String, Arc<ValidatedQos>>,
+    pub checks: in_force::Checks<EgressQoS, ValidatedQos>,
+}
 
 /// Adds the EgressQoS chains, sets and dispatch rules to `table`.
 pub fn plan(
     snapshot: &Snapshot,
     config: &Config,
-    memory: &BTreeMap<String, ValidatedQos>,
+    memory: &QosMemory,
     table: &mut Table,
 ) -> QosOutcome {
-    let (in_force, statuses) = objects_in_force(snapshot, memory);
-    let pods = local_pods(snapshot, config, &in_force);
+    let outcome = in_force::objects_in_force(
+        Kind::EgressQoS,
+        snapshot.egress_qoses(),
+        EgressQoS::validate,
+        &memory.in_force,
+        &memory.checks,
+    );
+    let in_force = &outcome.memory;
+    let pods = local_pods(snapshot, config, in_force);
     let mut dispatch = [
         Set::new(PODS_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
         Set::new(PODS_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
     ];
-    for (ns, qos) in &in_force {
+    for (ns, qos) in in_force {
         let ns_pods = pods.get(ns.as_str()).map(Vec::as_slice).unwrap_or_default();
         let chain = namespace_chain(qos, ns_pods, table);
         for ip in ns_pods.iter().flat_map(|p| &p.ips) {
@@ -63,22 +79,7 @@ pub fn plan(
     for set in dispatch {
         table.add_set(set);
     }
-    QosOutcome {
-        statuses,
-        memory: in_force,
-    }
-}
-
-fn objects_in_force(
-    snapshot: &Snapshot,
-    memory: &BTreeMap<String, ValidatedQos>,
-) -> (BTreeMap<String, ValidatedQos>, Vec<ObjectStatus>) {
-    in_force::objects_in_force(
-        Kind::EgressQoS,
-        snapshot.egress_qoses(),
-        EgressQoS::validate,
-        memory,
-    )
+    outcome
 }
 
 /// A pod whose traffic may be marked: labels to evaluate selectors, and its IPs.
@@ -93,7 +94,7 @@ struct LocalPod<'a> {
 fn local_pods<'a>(
     snapshot: &'a Snapshot,
     config: &Config,
-    in_force: &BTreeMap<String, ValidatedQos>,
+    in_force: &BTreeMap<String, Arc<ValidatedQos>>,
 ) -> BTreeMap<&'a str, Vec<LocalPod<'a>>> {
     let mut by_ns: BTreeMap<&str, Vec<LocalPod>> = BTreeMap::new();
     for pod in snapshot.pod_network_pods_on_node(&config.node_name) {

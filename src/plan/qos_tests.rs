@@ -138,14 +138,14 @@ fn chain_holds_the_rules_in_order_per_family() {
     );
     assert_eq!(d.statuses.len(), 1);
     assert_eq!(d.statuses[0].result, Ok(()));
-    assert_eq!(d.memory.qos["voice"].rules.len(), 4);
+    assert_eq!(d.memory.qos.in_force["voice"].rules.len(), 4);
 }
 
 #[test]
 fn namespace_without_egress_qos_gets_nothing() {
     let d = run(voice_snapshot(), &Memory::default());
-    let qos_chains: Vec<_> = d
-        .ruleset
+    let table = &d.ruleset;
+    let qos_chains: Vec<_> = table
         .chains
         .keys()
         .filter(|c| c.starts_with("qos-"))
@@ -162,7 +162,7 @@ fn namespace_without_egress_qos_gets_nothing() {
         &Memory::default(),
     );
     assert!(empty.ruleset.sets[PODS_V4].elements.is_empty());
-    assert!(empty.statuses.is_empty() && empty.memory.qos.is_empty());
+    assert!(empty.statuses.is_empty() && empty.memory.qos.in_force.is_empty());
 }
 
 #[test]
@@ -202,7 +202,10 @@ fn invalid_update_keeps_the_last_valid_rules_of_that_namespace_only() {
         rules(&second.ruleset, &voice),
         rules(&first.ruleset, &voice)
     );
-    assert_eq!(second.memory.qos["voice"], first.memory.qos["voice"]);
+    assert_eq!(
+        second.memory.qos.in_force["voice"],
+        first.memory.qos.in_force["voice"]
+    );
     let other = rules(&second.ruleset, &object_name("qos", "other"));
     assert!(other[0].contains("ip dscp set 20"), "{other:?}");
     let voice_status = second
@@ -226,7 +229,7 @@ fn invalid_update_keeps_the_last_valid_rules_of_that_namespace_only() {
         &Memory::default(),
     );
     assert!(!fresh.ruleset.chains.contains_key(&voice));
-    assert!(fresh.memory.qos.is_empty());
+    assert!(fresh.memory.qos.in_force.is_empty());
     assert!(fresh.statuses[0].result.is_err());
 
     // Deleting the object removes its rules and forgets it.
@@ -234,7 +237,7 @@ fn invalid_update_keeps_the_last_valid_rules_of_that_namespace_only() {
     b.remove(Kind::EgressQoS, &ObjectKey::new("voice", "default"));
     let gone = run(b, &second.memory);
     assert!(!gone.ruleset.chains.contains_key(&voice));
-    assert!(!gone.memory.qos.contains_key("voice"));
+    assert!(!gone.memory.qos.in_force.contains_key("voice"));
 }
 
 #[test]
@@ -261,7 +264,7 @@ fn an_object_not_named_default_is_reported_and_ignored() {
             ),
         ]
     );
-    assert_eq!(d.memory.qos["voice"].rules[0].dscp, 46);
+    assert_eq!(d.memory.qos.in_force["voice"].rules[0].dscp, 46);
 }
 
 #[test]
@@ -269,7 +272,8 @@ fn the_ruleset_is_deterministic_and_every_name_is_a_safe_identifier() {
     let a = run(voice_snapshot(), &Memory::default());
     let b = run(voice_snapshot(), &Memory::default());
     assert_eq!(a.ruleset, b.ruleset);
-    let names = a.ruleset.chains.keys().chain(a.ruleset.sets.keys());
+    let table = &a.ruleset;
+    let names = table.chains.keys().chain(table.sets.keys());
     for n in names {
         assert!(crate::nft::names::is_valid_identifier(n), "{n}");
     }

@@ -87,15 +87,15 @@ fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
     let n = Names::new("web");
     let c = &n.chain;
     assert_eq!(
-        elements(&d.ruleset, PODS_V4),
+        elements(&d.ruleset.flatten(), PODS_V4),
         [format!("10.128.0.5 : goto {c}")],
         "only local pod-network pods of namespaces with a firewall"
     );
     assert_eq!(
-        elements(&d.ruleset, PODS_V6),
+        elements(&d.ruleset.flatten(), PODS_V6),
         [format!("fd01::5 : goto {c}")]
     );
-    let mut v4 = elements(&d.ruleset, &n.addr_map(IpFamily::V4));
+    let mut v4 = elements(&d.ruleset.flatten(), &n.addr_map(IpFamily::V4));
     v4.sort();
     assert_eq!(
         v4,
@@ -108,17 +108,21 @@ fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
         ]
     );
     assert_eq!(
-        elements(&d.ruleset, &n.ports_map(IpFamily::V4)),
+        elements(&d.ruleset.flatten(), &n.ports_map(IpFamily::V4)),
         [format!("203.0.113.0/24 . tcp . 443 : goto {c}-r0")]
     );
-    assert!(elements(&d.ruleset, &n.addr_map(IpFamily::V6)).is_empty());
-    let chain: Vec<String> = d.ruleset.chains[c].rules.iter().map(rule_text).collect();
+    assert!(elements(&d.ruleset.flatten(), &n.addr_map(IpFamily::V6)).is_empty());
+    let chain: Vec<String> = d.ruleset.flatten().chains[c]
+        .rules
+        .iter()
+        .map(rule_text)
+        .collect();
     assert_eq!(chain.len(), 4);
     assert_eq!(
-        rule_text(&d.ruleset.chains[&n.rule_chain(3)].rules[0]),
+        rule_text(&d.ruleset.flatten().chains[&n.rule_chain(3)].rules[0]),
         "counter drop comment \"EgressFirewall web rule 3: Deny 0.0.0.0/0\""
     );
-    let dispatch: Vec<String> = d.ruleset.chains[DISPATCH]
+    let dispatch: Vec<String> = d.ruleset.flatten().chains[DISPATCH]
         .rules
         .iter()
         .map(rule_text)
@@ -146,7 +150,7 @@ fn dns_node_and_pod_changes_are_element_updates_only() {
         ),
     ];
     for after in changes {
-        let tx = diff(&before.ruleset, &after.ruleset);
+        let tx = diff(&before.ruleset.flatten(), &after.ruleset.flatten());
         assert!(!tx.is_empty());
         for op in &tx.ops {
             assert!(
@@ -170,22 +174,25 @@ fn an_invalid_object_keeps_the_remembered_rules_and_names_the_rule() {
         Err("spec.egress[3].to.cidrSelector: invalid CIDR \"10.0.0.0/33\"".into())
     );
     assert_eq!(
-        render_table(&d.ruleset)
+        render_table(&d.ruleset.flatten())
             .lines()
             .filter(|l| l.contains("EgressFirewall web"))
             .count(),
         4,
         "the remembered four rules"
     );
-    assert_eq!(d.memory.firewall["web"], first.memory.firewall["web"]);
-    assert!(d.memory.firewall.contains_key("other"));
+    assert_eq!(
+        d.memory.firewall.in_force["web"],
+        first.memory.firewall.in_force["web"]
+    );
+    assert!(d.memory.firewall.in_force.contains_key("other"));
     // Without a remembered object there is nothing to keep: the namespace is not dispatched.
     let d = run(
         snapshot().with(fw("web", bad)),
         &Memory::default(),
         &DnsAnswers::default(),
     );
-    assert!(elements(&d.ruleset, PODS_V4).is_empty());
+    assert!(elements(&d.ruleset.flatten(), PODS_V4).is_empty());
 }
 
 #[test]
@@ -196,7 +203,7 @@ fn dns_names_are_shared_and_lowercase() {
             "[{type: Deny, to: {dnsName: API.Example.com.}}, {type: Deny, to: {dnsName: b.example.com}}]",
         ))
         .build();
-    let names: Vec<String> = dns_names(&snap, &BTreeMap::new()).into_iter().collect();
+    let names: Vec<String> = dns_names(&snap, &Default::default()).into_iter().collect();
     assert_eq!(names, ["api.example.com", "b.example.com"]);
 }
 
@@ -226,4 +233,38 @@ fn segments_become_prefixes_points_or_ranges() {
     );
     assert!(text(key_part(IpFamily::V4, &seg(v4("10.0.0.1"), v4("10.0.0.2")))).contains('-'));
     assert_eq!(text(key_part(IpFamily::V6, &seg(0, u128::MAX))), "::/0");
+}
+
+/// Replanning with the previous memory reuses every part whose inputs did not change
+/// (the same `Arc`, which the diff skips), and rebuilds exactly the ones that did.
+#[test]
+fn unchanged_namespaces_keep_their_part() {
+    let base = || snapshot().with(fw("other", "[{type: Deny, to: {cidrSelector: 0.0.0.0/0}}]"));
+    let dns = answers(&["198.51.100.7"]);
+    let first = run(base(), &Memory::default(), &dns);
+    let same =
+        |d: &Desired, key: &str| Arc::ptr_eq(&d.ruleset.parts[key], &first.ruleset.parts[key]);
+    let again = run(base(), &first.memory, &dns);
+    assert!(same(&again, "fw/web") && same(&again, "fw/other"));
+
+    // A new pod in `other`: only that namespace's part changes, by one element.
+    let more_pods = run(
+        base().with(pod_on(NODE, "other", "c", &["10.128.0.8"])),
+        &first.memory,
+        &dns,
+    );
+    assert!(same(&more_pods, "fw/web") && !same(&more_pods, "fw/other"));
+    let tx = diff(&first.ruleset, &more_pods.ruleset);
+    assert_eq!(tx.op_count(), 1, "{tx:?}");
+
+    // A new DNS answer: only the namespace with the dnsName rule changes.
+    let new_answer = run(base(), &first.memory, &answers(&["198.51.100.8"]));
+    assert!(!same(&new_answer, "fw/web") && same(&new_answer, "fw/other"));
+    // A relabelled node: the nodeSelector rule follows.
+    let relabelled = run(
+        base().with(node("worker-2", "infra", "192.168.50.12")),
+        &first.memory,
+        &dns,
+    );
+    assert!(!same(&relabelled, "fw/web") && same(&relabelled, "fw/other"));
 }
