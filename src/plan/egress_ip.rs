@@ -22,7 +22,6 @@
 
 use super::ObjectStatus;
 use super::base::sets;
-use super::in_force::Outcome;
 use crate::api::{EgressIP, ValidatedEgressIp};
 use crate::config::Config;
 use crate::net::TunnelSpec;
@@ -87,6 +86,13 @@ struct Claim {
     node: String,
 }
 
+/// What the EgressIP planner hands back besides what it adds to the table and `net`.
+pub struct EgressIpOutcome {
+    pub statuses: Vec<ObjectStatus>,
+    /// The version in force per EgressIP (the last valid one when the current is invalid).
+    pub memory: BTreeMap<String, ValidatedEgressIp>,
+}
+
 /// Adds the EgressIP chains and maps to `table` and the addresses, routes, rules and tunnel
 /// to `net`; returns one status per EgressIP.
 pub fn plan(
@@ -95,10 +101,10 @@ pub fn plan(
     memory: &BTreeMap<String, ValidatedEgressIp>,
     table: &mut Table,
     net: &mut NetDesired,
-) -> Outcome<ValidatedEgressIp> {
+) -> EgressIpOutcome {
     let mut statuses = Vec::new();
     if snapshot.egress_ips().is_empty() {
-        return Outcome {
+        return EgressIpOutcome {
             statuses,
             memory: BTreeMap::new(),
         };
@@ -187,7 +193,7 @@ pub fn plan(
         });
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    Outcome {
+    EgressIpOutcome {
         statuses,
         memory: in_force,
     }

@@ -14,6 +14,7 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy
