@@ -259,10 +259,44 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     s.api.put(namespace("other"));
     s.api.delete("Namespace", "", "other");
 
-    // Kinds no planner reads yet still flow through: the objects gauge follows them.
+    // Service with EndpointSlice: create, update, delete reach the kernel.
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
+            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
+    let slice = |ip: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-a", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]})
+    };
+    s.api.put(service.clone());
+    s.api.put(slice("10.128.1.5"));
+    s.wait_table(&agent, "service created", |t| {
+        t.contains("172.30.0.10") && t.contains("10.128.1.5:8080")
+    });
+    s.api.put(slice("10.128.1.9"));
+    s.wait_table(&agent, "endpoint slice updated", |t| {
+        t.contains("10.128.1.9:8080") && !t.contains("10.128.1.5:8080")
+    });
+    // Endpoints are used for a service without slices.
+    s.api.delete("EndpointSlice", "shop", "web-a");
+    s.api.put(json!({"apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "subsets": [{"addresses": [{"ip": "10.128.1.8"}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]}]}));
+    s.wait_table(&agent, "endpoints used without slices", |t| {
+        t.contains("10.128.1.8:8080") && !t.contains("10.128.1.9:8080")
+    });
+    s.api.delete("Endpoints", "shop", "web");
+    s.api.delete("Service", "shop", "web");
+    s.wait_table(&agent, "service deleted", |t| !t.contains("172.30.0.10"));
+
+    // Every kind flows through the watch: the objects gauge follows them.
     let others = [
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
-            "spec": {"clusterIP": "172.30.0.10", "ports": [{"port": 80}]}}),
+        service,
         json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "shop"}}),
         json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": "web-a", "namespace": "shop",
