@@ -294,6 +294,52 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     s.api.delete("Service", "shop", "web");
     s.wait_table(&agent, "service deleted", |t| !t.contains("172.30.0.10"));
 
+    // EgressIP hosted on this node: the address lands on the interface whose subnet holds
+    // it, and the selected pod is SNATed to it; moving and deleting follow.
+    let upstream = s.lab.add_host("upstream");
+    let uplink = s.lab.link(
+        &s.node,
+        &["192.168.50.11/24"],
+        &upstream,
+        &["192.168.50.1/24"],
+    );
+    let egress_ip = |ip: &str| {
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
+            "metadata": {"name": "eip-shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"egressIPs": [ip],
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"app": "web"}}},
+            "status": {"items": [{"node": NODE, "egressIP": ip}]}})
+    };
+    let addresses = || {
+        s.node
+            .exec(&["ip", "-4", "addr", "show", "dev", &uplink.a_iface])
+            .unwrap()
+    };
+    s.api.put(egress_ip("192.168.50.100"));
+    s.wait_table(&agent, "egress IP created", |t| {
+        t.contains("10.128.1.5 : 192.168.50.100")
+    });
+    assert!(addresses().contains("192.168.50.100/32"), "{}", addresses());
+    s.api.put(egress_ip("192.168.50.101"));
+    s.wait_table(&agent, "egress IP updated", |t| {
+        t.contains("10.128.1.5 : 192.168.50.101") && !t.contains("192.168.50.100")
+    });
+    eventually(WAIT, || {
+        let a = addresses();
+        (a.contains("192.168.50.101/32") && !a.contains("192.168.50.100"))
+            .then_some(())
+            .ok_or(a)
+    });
+    s.api.delete("EgressIP", "", "eip-shop");
+    s.wait_table(&agent, "egress IP deleted", |t| {
+        !t.contains("192.168.50.101")
+    });
+    eventually(WAIT, || {
+        let a = addresses();
+        (!a.contains("192.168.50.101")).then_some(()).ok_or(a)
+    });
+
     // Every kind flows through the watch: the objects gauge follows them.
     let others = [
         service,
