@@ -44,13 +44,7 @@ fn topo() -> Topo {
     let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
     let a2 = lab.add_pod(&node, "a2", &["10.128.0.6", "fd01::6"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
-    let ext = lab.add_host("ext");
-    lab.link(
-        &node,
-        &["192.168.1.1/24", "fd00:1::1/64"],
-        &ext,
-        &["192.168.1.100/24", "fd00:1::100/64"],
-    );
+    let ext = lab.add_uplink_host(&node, "ext");
     for addr in [H10, H20] {
         lab.add_addr(&ext, "lo", &format!("{addr}/32"));
     }
@@ -59,8 +53,6 @@ fn topo() -> Topo {
     }
     lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
     lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
-    lab.add_route(&ext, "10.128.0.0/14", "192.168.1.1");
-    lab.add_route(&ext, "fd01::/48", "fd00:1::1");
     let mut servers = Vec::new();
     for host in [H10, H20, &format!("[{H10_6}]"), &format!("[{H20_6}]")] {
         for port in [80, 443] {

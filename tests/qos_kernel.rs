@@ -42,13 +42,7 @@ fn topo() -> Topo {
     let voip = lab.add_pod(&node, "voip", &["10.128.0.5", "fd01::5"]);
     let web = lab.add_pod(&node, "web", &["10.128.0.6", "fd01::6"]);
     let plain = lab.add_pod(&node, "plain", &["10.128.0.7", "fd01::7"]);
-    let ext = lab.add_host("ext");
-    lab.link(
-        &node,
-        &["192.168.1.1/24", "fd00:1::1/64"],
-        &ext,
-        &["192.168.1.100/24", "fd00:1::100/64"],
-    );
+    let ext = lab.add_uplink_host(&node, "ext");
     for addr in [
         "203.0.113.10/32",
         "198.51.100.10/32",
@@ -60,8 +54,6 @@ fn topo() -> Topo {
     lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
     lab.add_route(&node, "198.51.100.0/24", "192.168.1.100");
     lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
-    lab.add_route(&ext, "10.128.0.0/14", "192.168.1.1");
-    lab.add_route(&ext, "fd01::/48", "fd00:1::1");
     // One server per address: a wildcard-bound UDP socket would answer from the address of
     // the route back (192.168.1.100), which the pod's connected socket does not accept.
     let servers = [

@@ -43,17 +43,12 @@ fn topo() -> Topo {
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.11", "fd01::11"]);
     let b2 = lab.add_pod(&node, "b2", &["10.128.0.12", "fd01::12"]);
     let b3 = lab.add_pod(&node, "b3", &["10.128.0.13", "fd01::13"]);
-    let ext = lab.add_host("ext");
+    let ext = lab.add_uplink_host(&node, "ext");
     let ext2 = lab.add_host("ext2");
-    lab.link(
-        &node,
-        &["192.168.1.1/24", "fd00:1::1/64"],
-        &ext,
-        &["192.168.1.100/24", "fd00:1::100/64"],
-    );
     lab.link(&node, &["192.168.2.1/24"], &ext2, &["192.168.2.100/24"]);
+    lab.add_route(&ext2, "10.128.0.0/14", "192.168.2.1");
     for (host, gw) in [(&ext, "192.168.1.1"), (&ext2, "192.168.2.1")] {
-        for net in ["10.128.0.0/14", "172.30.0.0/16", "203.0.113.0/24"] {
+        for net in ["172.30.0.0/16", "203.0.113.0/24"] {
             lab.add_route(host, net, gw);
         }
     }

@@ -200,6 +200,22 @@ impl Lab {
         Link { a_iface, b_iface }
     }
 
+    /// An external host `role` on a point-to-point uplink of `node`: node 192.168.1.1/24 and
+    /// fd00:1::1/64, host .100 and ::100, with the host's routes to the pod networks
+    /// (10.128.0.0/14, fd01::/48) via the node. The one-node topology of the kernel tests.
+    pub fn add_uplink_host(&mut self, node: &Ns, role: &str) -> Ns {
+        let host = self.add_host(role);
+        self.link(
+            node,
+            &["192.168.1.1/24", "fd00:1::1/64"],
+            &host,
+            &["192.168.1.100/24", "fd00:1::100/64"],
+        );
+        self.add_route(&host, "10.128.0.0/14", "192.168.1.1");
+        self.add_route(&host, "fd01::/48", "fd00:1::1");
+        host
+    }
+
     /// `ip route add DEST via VIA` in `ns` (family from the addresses).
     pub fn add_route(&self, ns: &Ns, dest: &str, via: &str) {
         ns.run(&["ip", "route", "add", dest, "via", via]);
