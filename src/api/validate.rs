@@ -164,6 +164,15 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// The IP protocol number (IANA): what `meta l4proto` matches.
+    pub fn ip_number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
     /// Case-insensitive, as OVN-Kubernetes accepts `tcp` as well as `TCP`.
     pub fn parse(s: &str) -> Option<Protocol> {
         match s.to_ascii_uppercase().as_str() {

@@ -227,6 +227,16 @@ pub enum IpFamily {
     V6,
 }
 
+impl IpFamily {
+    pub fn of(ip: IpAddr) -> IpFamily {
+        if ip.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
+    }
+}
+
 /// A packet field that can be loaded and matched, or used as (part of) a lookup key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Field {

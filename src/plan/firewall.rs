@@ -23,7 +23,7 @@ use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
 use super::{ObjectStatus, in_force};
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
-use crate::api::{EgressFirewall, Protocol, ValidatedFirewall};
+use crate::api::{EgressFirewall, ValidatedFirewall};
 use crate::config::Config;
 use crate::dns::DnsAnswers;
 use crate::nft::ir::*;
@@ -299,13 +299,13 @@ fn resolve(
 /// (`resolved`: the addresses of a DNS or node rule, as single points) and its ports.
 fn compile_input(rule: &FirewallRule, family: IpFamily, resolved: &[IpAddr]) -> compile::Rule {
     let ranges = match &rule.dest {
-        Destination::Cidr(net) if family_of(&net.addr()) == family => {
+        Destination::Cidr(net) if IpFamily::of(net.addr()) == family => {
             vec![(num(net.network()), num(net.broadcast()))]
         }
         Destination::Cidr(_) => Vec::new(),
         Destination::Dns(_) | Destination::Nodes(_) => resolved
             .iter()
-            .filter(|ip| family_of(ip) == family)
+            .filter(|ip| IpFamily::of(**ip) == family)
             .map(|ip| (num(*ip), num(*ip)))
             .collect(),
     };
@@ -313,7 +313,7 @@ fn compile_input(rule: &FirewallRule, family: IpFamily, resolved: &[IpAddr]) -> 
         .ports
         .iter()
         .map(|p| PortKey {
-            proto: ip_proto(p.protocol),
+            proto: p.protocol.ip_number(),
             port: p.port,
         })
         .collect();
@@ -416,22 +416,6 @@ fn max_addr(family: IpFamily) -> u128 {
     match family {
         IpFamily::V4 => u128::from(u32::MAX),
         IpFamily::V6 => u128::MAX,
-    }
-}
-
-fn ip_proto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => proto::TCP,
-        Protocol::Udp => proto::UDP,
-        Protocol::Sctp => proto::SCTP,
-    }
-}
-
-fn family_of(ip: &IpAddr) -> IpFamily {
-    if ip.is_ipv4() {
-        IpFamily::V4
-    } else {
-        IpFamily::V6
     }
 }
 

@@ -14,7 +14,7 @@
 
 use super::base::chains::MANGLE_POSTROUTING;
 use super::in_force;
-use crate::api::{EgressQoS, Protocol, QosRule, ValidatedQos};
+use crate::api::{EgressQoS, QosRule, ValidatedQos};
 use crate::config::Config;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
@@ -118,7 +118,7 @@ fn namespace_chain(qos: &ValidatedQos, pods: &[LocalPod], table: &mut Table) -> 
     let mut chain = Chain::regular(&name);
     for (i, rule) in qos.rules.iter().enumerate() {
         for family in [IpFamily::V4, IpFamily::V6] {
-            if rule.dst.is_some_and(|d| family_of(&d.addr()) != family) {
+            if rule.dst.is_some_and(|d| IpFamily::of(d.addr()) != family) {
                 continue;
             }
             let pod_set = (!rule.pods.is_everything()).then(|| {
@@ -144,7 +144,7 @@ fn namespace_chain(qos: &ValidatedQos, pods: &[LocalPod], table: &mut Table) -> 
 fn rule_pod_set(name: &str, rule: &QosRule, pods: &[LocalPod], family: IpFamily) -> Set {
     let mut set = Set::new(name, vec![addr_type(family)], SetKind::Set);
     for pod in pods.iter().filter(|p| rule.pods.matches(p.labels)) {
-        for ip in pod.ips.iter().filter(|ip| family_of(ip) == family) {
+        for ip in pod.ips.iter().filter(|ip| IpFamily::of(**ip) == family) {
             set.insert(vec![Value::ip(*ip).into()]);
         }
     }
@@ -178,7 +178,7 @@ fn rule_stmts(rule: &QosRule, family: IpFamily, pod_set: Option<String>) -> Vec<
             .ports
             .iter()
             .map(|p| {
-                let proto = Value::Proto(ip_proto(p.protocol));
+                let proto = Value::Proto(p.protocol.ip_number());
                 vec![proto.into(), Value::Port(p.port).into()]
             })
             .collect();
@@ -198,24 +198,8 @@ fn rule_stmts(rule: &QosRule, family: IpFamily, pod_set: Option<String>) -> Vec<
     stmts
 }
 
-fn ip_proto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => proto::TCP,
-        Protocol::Udp => proto::UDP,
-        Protocol::Sctp => proto::SCTP,
-    }
-}
-
-fn family_of(ip: &IpAddr) -> IpFamily {
-    if ip.is_ipv4() {
-        IpFamily::V4
-    } else {
-        IpFamily::V6
-    }
-}
-
 fn family_index(ip: &IpAddr) -> usize {
-    match family_of(ip) {
+    match IpFamily::of(*ip) {
         IpFamily::V4 => 0,
         IpFamily::V6 => 1,
     }

@@ -2,7 +2,7 @@
 //! for external traffic, load-balancing chains over all and over node-local endpoints, one
 //! DNAT chain per endpoint, and the elements it adds to the shared dispatch maps.
 
-use super::model::{Backend, Model, Port, family};
+use super::model::{Backend, Model, Port};
 use super::names;
 use crate::nft::ir::*;
 use crate::plan::base::sets as base_sets;
@@ -85,7 +85,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         // No endpoint at all: not dispatched; the filter check rejects it.
         None => None,
     };
-    for ip in m.cluster_ips.iter().filter(|ip| family(**ip) == fam) {
+    for ip in m.cluster_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         part.add_element(
             names::cluster_ips(fam),
             vec![KeyPart::Value(Value::ip(*ip))],
@@ -101,7 +101,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         .iter()
         .chain(&m.lb_ips)
         .copied()
-        .filter(|ip| family(*ip) == fam)
+        .filter(|ip| IpFamily::of(*ip) == fam)
         .collect();
     let node_port = p.node_port;
     if externals.is_empty() && node_port.is_none() {
@@ -146,7 +146,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
     }
     part.add_chain(x);
     let ext = Verdict::Goto(n.external.clone());
-    for ip in m.external_ips.iter().filter(|ip| family(**ip) == fam) {
+    for ip in m.external_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         part.add_mapping(
             dispatch,
             frontend_key(*ip, p),
@@ -156,7 +156,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
     let ranges: Vec<ElemKey> = m
         .lb_source_ranges
         .iter()
-        .filter(|r| family(r.addr()) == fam)
+        .filter(|r| IpFamily::of(r.addr()) == fam)
         .map(|r| vec![KeyPart::Prefix(*r)])
         .collect();
     let lb_target = if m.lb_source_ranges.is_empty() {
@@ -177,7 +177,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         part.add_chain(f);
         Verdict::Goto(n.source_filter.clone())
     };
-    for ip in m.lb_ips.iter().filter(|ip| family(**ip) == fam) {
+    for ip in m.lb_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         if !m.external_ips.contains(ip) {
             part.add_mapping(
                 dispatch,

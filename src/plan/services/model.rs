@@ -57,19 +57,11 @@ impl Model {
             .iter()
             .chain(&self.external_ips)
             .chain(&self.lb_ips)
-            .map(|ip| family(*ip))
+            .map(|ip| IpFamily::of(*ip))
             .collect();
         fams.sort();
         fams.dedup();
         fams
-    }
-}
-
-pub fn family(ip: IpAddr) -> IpFamily {
-    if ip.is_ipv4() {
-        IpFamily::V4
-    } else {
-        IpFamily::V6
     }
 }
 
@@ -259,7 +251,7 @@ pub fn backends(
                     let local = e.node_name.as_deref() == Some(node);
                     for a in &e.addresses {
                         if let Ok(ip) = a.parse::<IpAddr>()
-                            && family(ip) == fam
+                            && IpFamily::of(ip) == fam
                         {
                             cands.push(Candidate {
                                 backend: Backend {
@@ -291,7 +283,7 @@ pub fn backends(
                 };
                 for a in subset.addresses.iter().flatten() {
                     if let Ok(ip) = a.ip.parse::<IpAddr>()
-                        && family(ip) == fam
+                        && IpFamily::of(ip) == fam
                     {
                         cands.push(Candidate {
                             backend: Backend {
