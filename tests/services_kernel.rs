@@ -79,10 +79,7 @@ fn topo() -> Topo {
 
 impl Topo {
     fn write_file(&self, name: &str, text: &str) {
-        // Write then rename, so a watching agent never reads half a file.
-        let tmp = self.dir.path().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(tmp, self.dir.path().join(name)).unwrap();
+        lab::write_manifest(self.dir.path(), name, text);
     }
 
     fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {

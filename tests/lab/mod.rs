@@ -28,6 +28,14 @@ pub use traffic::{Outcome, Reply, Server};
 /// A sensible default timeout for probes that are expected to succeed.
 pub const SECOND: Duration = Duration::from_secs(1);
 
+/// Writes the manifest `name` into `dir` by write-then-rename, so an agent watching the
+/// directory never reads half a file.
+pub fn write_manifest(dir: &std::path::Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
+}
+
 /// True if a netns with this name exists (for cleanup assertions).
 pub fn netns_exists(name: &str) -> bool {
     netns::exists(name)
