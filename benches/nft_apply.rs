@@ -16,9 +16,7 @@ use lab::{Lab, Ns};
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;
-use std::io::Write;
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Args {
@@ -58,24 +56,7 @@ fn args() -> Args {
 /// `nft -f -` run from a thread that joined the netns (the child inherits it), so no
 /// `ip netns exec` overhead is measured.
 fn nft_stdin(text: &str) {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nft");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write to nft");
-    let out = child.wait_with_output().expect("wait for nft");
-    assert!(
-        out.status.success(),
-        "nft -f failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    lab::run_cmd(&["nft", "-f", "-"], Some(text)).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Times of one run, in the order of the printed columns.

@@ -25,7 +25,6 @@ use nodeplane::snapshot::Snapshot;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
@@ -176,24 +175,7 @@ fn kube_proxy_text(n: usize, e: usize) -> String {
 
 fn nft_stdin(text: &str) -> Duration {
     let start = Instant::now();
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nft");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("wait for nft");
-    assert!(
-        out.status.success(),
-        "nft -f: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    lab::run_cmd(&["nft", "-f", "-"], Some(text)).unwrap_or_else(|e| panic!("{e}"));
     start.elapsed()
 }
 

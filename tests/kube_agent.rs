@@ -356,20 +356,14 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     for obj in &others {
         s.api.put(obj.clone());
     }
-    for kind in [
-        "Service",
-        "Endpoints",
-        "EndpointSlice",
-        "EgressIP",
-        "CloudPrivateIPConfig",
-    ] {
-        wait_admin(
-            &s.node,
-            "/metrics",
-            200,
-            &format!("nodeplane_objects{{kind=\"{kind}\"}} 1"),
-        );
-    }
+    let objects_gauge_reads = |count: usize| {
+        for obj in &others {
+            let kind = obj["kind"].as_str().unwrap();
+            let line = format!("nodeplane_objects{{kind=\"{kind}\"}} {count}");
+            wait_admin(&s.node, "/metrics", 200, &line);
+        }
+    };
+    objects_gauge_reads(1);
     // A Service owned by another proxy is not ours (label selector, as kube-proxy).
     s.api.put(json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "other", "namespace": "shop",
@@ -383,20 +377,7 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
             m["name"].as_str().unwrap(),
         );
     }
-    for kind in [
-        "Service",
-        "Endpoints",
-        "EndpointSlice",
-        "EgressIP",
-        "CloudPrivateIPConfig",
-    ] {
-        wait_admin(
-            &s.node,
-            "/metrics",
-            200,
-            &format!("nodeplane_objects{{kind=\"{kind}\"}} 0"),
-        );
-    }
+    objects_gauge_reads(0);
 
     // Ready; the metrics cover syncs; /ruleset is what the kernel holds.
     wait_admin(&s.node, "/readyz", 200, "ready");

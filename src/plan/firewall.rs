@@ -112,12 +112,7 @@ pub fn plan(
     table: &mut Table,
 ) -> FirewallOutcome {
     let outcome = objects_in_force(snapshot, memory);
-    for name in [PODS_V4, PODS_V6] {
-        let key = if name == PODS_V4 {
-            DataType::Ipv4Addr
-        } else {
-            DataType::Ipv6Addr
-        };
+    for (name, key) in [(PODS_V4, DataType::Ipv4Addr), (PODS_V6, DataType::Ipv6Addr)] {
         table.add_set(Set::new(name, vec![key], SetKind::VerdictMap));
     }
     table.add_chain(dispatch_chain());

@@ -21,7 +21,7 @@ mod traffic;
 use std::time::{Duration, Instant};
 
 pub use agent::{AgentProcess, agent_bin};
-pub use netns::{CmdError, Ns};
+pub use netns::{CmdError, Ns, run_cmd};
 pub use topology::{Lab, Link, POD_GW4, POD_GW6, Pod, Segment};
 pub use traffic::{Outcome, Reply, Server};
 

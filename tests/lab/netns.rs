@@ -78,7 +78,7 @@ impl fmt::Debug for CmdError {
 impl std::error::Error for CmdError {}
 
 /// Runs `argv` with optional stdin; Ok(stdout) on exit 0.
-pub(crate) fn run_cmd(argv: &[&str], stdin: Option<&str>) -> Result<String, CmdError> {
+pub fn run_cmd(argv: &[&str], stdin: Option<&str>) -> Result<String, CmdError> {
     let cmd_text = argv.join(" ");
     let fail = |status, stdout: &[u8], stderr: String| CmdError {
         cmd: cmd_text.clone(),
