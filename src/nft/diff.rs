@@ -483,6 +483,7 @@ impl Set {
             kind: self.kind.clone(),
             flags: self.flags,
             timeout: self.timeout,
+            typeof_decl: self.typeof_decl.clone(),
             elements: BTreeMap::new(),
         }
     }

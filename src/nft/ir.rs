@@ -443,7 +443,17 @@ pub struct Set {
     pub flags: SetFlags,
     /// Default element timeout in seconds.
     pub timeout: Option<u32>,
+    /// Declared with `typeof` expressions rather than datatypes (`key` and `kind` still
+    /// hold the datatypes): needed where a key part, like numgen, has no sized datatype.
+    pub typeof_decl: Option<TypeofDecl>,
     pub elements: BTreeMap<ElemKey, ElemValue>,
+}
+
+/// `typeof KEY : DATA` of a set or data map (empty `data` for a plain set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeofDecl {
+    pub key: Vec<Field>,
+    pub data: Vec<Field>,
 }
 
 impl Set {
@@ -454,8 +464,18 @@ impl Set {
             kind,
             flags: SetFlags::default(),
             timeout: None,
+            typeof_decl: None,
             elements: BTreeMap::new(),
         }
+    }
+
+    /// A data map declared as `typeof KEY : DATA` (e.g. a key ending in `numgen random mod
+    /// 1`, whose elements are keyed by the bucket number).
+    pub fn typeof_map(name: impl Into<String>, key: Vec<Field>, data: Vec<Field>) -> Self {
+        let types = |fields: &[Field]| fields.iter().map(|f| f.data_type()).collect();
+        let mut set = Set::new(name, types(&key), SetKind::Map(types(&data)));
+        set.typeof_decl = Some(TypeofDecl { key, data });
+        set
     }
 
     pub fn with_flags(mut self, flags: SetFlags) -> Self {
@@ -475,6 +495,7 @@ impl Set {
             && self.kind == other.kind
             && self.flags == other.flags
             && self.timeout == other.timeout
+            && self.typeof_decl == other.typeof_decl
     }
 
     pub fn insert(&mut self, key: ElemKey) {

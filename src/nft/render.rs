@@ -118,13 +118,17 @@ fn render_set_block(out: &mut String, set: &Set) {
 
 /// `type ...; flags ...; timeout ...;` with a caller-chosen separator after each part.
 fn set_declaration(set: &Set, sep: &str) -> String {
-    let mut s = format!("type {}", concat_types(&set.key));
-    match &set.kind {
-        SetKind::Set => {}
-        SetKind::Map(data) => {
+    let mut s = match &set.typeof_decl {
+        Some(t) if t.data.is_empty() => format!("typeof {}", fields(&t.key)),
+        Some(t) => format!("typeof {} : {}", fields(&t.key), fields(&t.data)),
+        None => format!("type {}", concat_types(&set.key)),
+    };
+    match (&set.kind, &set.typeof_decl) {
+        (_, Some(_)) | (SetKind::Set, None) => {}
+        (SetKind::Map(data), None) => {
             let _ = write!(s, " : {}", concat_types(data));
         }
-        SetKind::VerdictMap => s.push_str(" : verdict"),
+        (SetKind::VerdictMap, None) => s.push_str(" : verdict"),
     }
     s.push_str(sep);
     let mut flags = Vec::new();

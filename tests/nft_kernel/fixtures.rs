@@ -211,6 +211,62 @@ fn sets(t: &mut Table) {
     );
     t.add_set(egress);
 
+    // Load-balancing data maps keyed by frontend and numgen bucket (typeof declarations).
+    let lb_key = |daddr| {
+        vec![
+            daddr,
+            Field::L4Proto,
+            Field::ThDport,
+            Field::NumgenRandom(1),
+        ]
+    };
+    let mut lb4 = Set::typeof_map(
+        "backends4",
+        lb_key(Field::Ip4Daddr),
+        vec![Field::Ip4Daddr, Field::ThDport],
+    );
+    for (i, ep) in ["10.244.1.5", "10.244.2.5"].iter().enumerate() {
+        lb4.insert_mapping(
+            vec![
+                v4("172.30.0.20").into(),
+                Value::Proto(proto::TCP).into(),
+                Value::Port(80).into(),
+                Value::Integer(i as u32).into(),
+            ],
+            ElemData::Values(vec![v4(ep), Value::Port(8080)]),
+        );
+    }
+    t.add_set(lb4);
+    let mut lb6 = Set::typeof_map(
+        "backends6",
+        lb_key(Field::Ip6Daddr),
+        vec![Field::Ip6Daddr, Field::ThDport],
+    );
+    lb6.insert_mapping(
+        vec![
+            v6("fd00:30::20").into(),
+            Value::Proto(proto::UDP).into(),
+            Value::Port(53).into(),
+            Value::Integer(0).into(),
+        ],
+        ElemData::Values(vec![v6("fd00:10:244:1::5"), Value::Port(5353)]),
+    );
+    t.add_set(lb6);
+    let mut np4 = Set::typeof_map(
+        "np-backends4",
+        vec![Field::L4Proto, Field::ThDport, Field::NumgenRandom(1)],
+        vec![Field::Ip4Daddr, Field::ThDport],
+    );
+    np4.insert_mapping(
+        vec![
+            Value::Proto(proto::TCP).into(),
+            Value::Port(30080).into(),
+            Value::Integer(0).into(),
+        ],
+        ElemData::Values(vec![v4("10.244.1.5"), Value::Port(8080)]),
+    );
+    t.add_set(np4);
+
     let mut marks_map = Set::new("mark-vmap", vec![DataType::Mark], SetKind::VerdictMap);
     marks_map.insert_mapping(
         vec![Value::Mark(1).into()],

@@ -373,6 +373,32 @@ pub fn nat(t: &mut Table) {
         vec![Field::Ip4Daddr, Field::L4Proto, Field::ThDport],
         "services",
     )]));
+    for (daddr, family, map, n) in [
+        (Field::Ip4Daddr, IpFamily::V4, "backends4", 2),
+        (Field::Ip6Daddr, IpFamily::V6, "backends6", 1),
+    ] {
+        pre.push(Rule::new(vec![Stmt::Nat(Nat {
+            kind: NatKind::Dnat,
+            family,
+            addr: NatAddr::Map {
+                key: vec![
+                    daddr,
+                    Field::L4Proto,
+                    Field::ThDport,
+                    Field::NumgenRandom(n),
+                ],
+                map: map.into(),
+            },
+        })]));
+    }
+    pre.push(Rule::new(vec![Stmt::Nat(Nat {
+        kind: NatKind::Dnat,
+        family: IpFamily::V4,
+        addr: NatAddr::Map {
+            key: vec![Field::L4Proto, Field::ThDport, Field::NumgenRandom(3)],
+            map: "np-backends4".into(),
+        },
+    })]));
     t.add_chain(pre);
 
     let mut out = Chain::base(

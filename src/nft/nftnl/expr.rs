@@ -85,6 +85,9 @@ pub enum Expr {
         family: u32,
         reg_addr: u32,
         reg_proto: Option<u32>,
+        /// `NF_NAT_RANGE_*` flags sent explicitly (nft sends PROTO_SPECIFIED for a fixed
+        /// port only; the kernel infers it from the proto register anyway).
+        flags: u32,
     },
     Masq,
     Reject {

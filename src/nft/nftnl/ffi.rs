@@ -285,18 +285,19 @@ fn build_expr(e: &Expr) -> ExprObj {
             family,
             reg_addr,
             reg_proto,
+            flags,
         } => {
-            let e = ExprObj::new(c"nat")
+            let mut e = ExprObj::new(c"nat")
                 .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
                 .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
                 .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
-            match reg_proto {
-                Some(r) => e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r).u32(
-                    sys::NFTNL_EXPR_NAT_FLAGS,
-                    super::expr::NF_NAT_RANGE_PROTO_SPECIFIED,
-                ),
-                None => e,
+            if let Some(r) = reg_proto {
+                e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r);
             }
+            if *flags != 0 {
+                e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
+            }
+            e
         }
         Expr::Masq => ExprObj::new(c"masq"),
         Expr::Reject { kind, code } => ExprObj::new(c"reject")

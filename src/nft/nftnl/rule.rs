@@ -555,6 +555,7 @@ impl RuleLowering<'_> {
         let family = u32::from(nfproto(nat.family));
         let reg_addr = kernel_reg(NFT_REG_1);
         let mut reg_proto = None;
+        let mut flags = 0;
         match &nat.addr {
             NatAddr::Fixed(addr, port) => {
                 let data = match (addr, nat.family) {
@@ -587,21 +588,32 @@ impl RuleLowering<'_> {
                         data: port.to_be_bytes().to_vec(),
                     });
                     reg_proto = Some(reg);
+                    flags = NF_NAT_RANGE_PROTO_SPECIFIED;
                 }
             }
             NatAddr::Map { key, map } => {
                 let fields = self.key_fields(key)?;
                 let known = self.sets.get(map);
                 if let Some(SetKind::Map(data)) = known.map(|s| &s.kind) {
-                    let want = match nat.family {
-                        IpFamily::V4 => DataType::Ipv4Addr,
-                        IpFamily::V6 => DataType::Ipv6Addr,
+                    let (want, slots) = match nat.family {
+                        IpFamily::V4 => (DataType::Ipv4Addr, 1),
+                        IpFamily::V6 => (DataType::Ipv6Addr, 4),
                     };
-                    if data.as_slice() != [want] {
-                        return Err(encode_err(
-                            &format!("nat map @{map}"),
-                            "map data must be one address of the nat family".into(),
-                        ));
+                    match data.as_slice() {
+                        [a] if *a == want => {}
+                        // `addr . port` data: the port lands in the 32-bit register right
+                        // after the address.
+                        [a, DataType::InetService] if *a == want => {
+                            reg_proto = Some(kernel_reg(NFT_REG_1 + slots));
+                        }
+                        _ => {
+                            return Err(encode_err(
+                                &format!("nat map @{map}"),
+                                "map data must be an address of the nat family, \
+                                 optionally with a port"
+                                    .into(),
+                            ));
+                        }
                     }
                 }
                 let interval = known.is_some_and(|s| s.interval);
@@ -620,6 +632,7 @@ impl RuleLowering<'_> {
             family,
             reg_addr,
             reg_proto,
+            flags,
         });
         Ok(())
     }

@@ -137,6 +137,7 @@ fn port_nat_needs_a_transport_match() {
         kind: NFT_NAT_DNAT,
         family: 2,
         reg_addr: 1,
-        reg_proto: Some(2)
+        reg_proto: Some(2),
+        flags: NF_NAT_RANGE_PROTO_SPECIFIED,
     }));
 }

@@ -1,6 +1,8 @@
 //! Set and map declarations (flags, key/data types, userdata) as nft 1.0.6 sends them.
 
-use super::types::{ByteOrder, FieldInfo, concat_info, concat_typeof, encode_err, type_info};
+use super::types::{
+    ByteOrder, FieldInfo, concat_info, concat_typeof, encode_err, key_typeof, type_info,
+};
 use super::udata::{self, Udata};
 use crate::nft::engine::NftError;
 use crate::nft::ir::{DataType, Set, SetKind, Verdict};
@@ -58,17 +60,17 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
         SetKind::Map(types) => types.as_slice(),
         _ => &[],
     };
-    if set
-        .key
-        .iter()
-        .chain(data_types)
-        .any(|t| *t == DataType::Integer)
+    if set.typeof_decl.is_none()
+        && set
+            .key
+            .iter()
+            .chain(data_types)
+            .any(|t| *t == DataType::Integer)
     {
-        // `type integer` has no length; nft 1.0.6 wants `typeof` there, which the IR
-        // does not model.
+        // `type integer` has no length; nft 1.0.6 wants `typeof` there.
         return Err(encode_err(
             &format!("set {}", set.name),
-            "unqualified type integer cannot be declared".into(),
+            "unqualified type integer cannot be declared (use typeof)".into(),
         ));
     }
     let key = concat_info(&set.key).map_err(|e| in_set(&set.name, e))?;
@@ -102,13 +104,20 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
             Some((d.id, d.len as u32))
         }
     };
-    if concat {
-        u.nest(udata::SET_KEY_TYPEOF, concat_typeof);
-    }
-    if let SetKind::Map(types) = &set.kind
-        && types.len() > 1
-    {
-        u.nest(udata::SET_DATA_TYPEOF, concat_typeof);
+    if let Some(decl) = &set.typeof_decl {
+        u.nest(udata::SET_KEY_TYPEOF, |u| key_typeof(&decl.key, u));
+        if !decl.data.is_empty() {
+            u.nest(udata::SET_DATA_TYPEOF, |u| key_typeof(&decl.data, u));
+        }
+    } else {
+        if concat {
+            u.nest(udata::SET_KEY_TYPEOF, concat_typeof);
+        }
+        if let SetKind::Map(types) = &set.kind
+            && types.len() > 1
+        {
+            u.nest(udata::SET_DATA_TYPEOF, concat_typeof);
+        }
     }
     if data.is_some() {
         u.put_u32(udata::SET_DATA_INTERVAL, 0);
