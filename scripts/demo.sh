@@ -225,8 +225,10 @@ step "backend pod connects"
 probe 203.0.113.10 443 || { echo "error: allowed connection failed" >&2; exit 1; }
 if probe 203.0.113.10 80; then echo "error: port 80 should be denied" >&2; exit 1; fi
 if probe 198.51.100.10 443; then echo "error: 198.51.100.10 should be denied" >&2; exit 1; fi
-step "which rule decided: per-rule counters"
-ip netns exec "$f-node" nft list table inet nodeplane | grep 'EgressFirewall backend' | sed 's/^\s*/  /'
+step "which rule decided: the EgressFirewall map elements that counted packets (comment = rule)"
+ip netns exec "$f-node" nft list table inet nodeplane \
+    | grep -oE '[^,{=]+ counter packets [1-9][0-9]* bytes [0-9]+ comment "[^"]*" : [a-z]+' \
+    | sed -E 's/^\s+/  /'
 
 # --- EgressIP on the wire --------------------------------------------------------------------
 # worker-1 and worker-2 of the example cluster on one bridge (192.168.50.0/24) with the backend

@@ -176,17 +176,60 @@ fn chain(ns: &str) -> String {
     object_name("fw", ns)
 }
 
-/// Packets counted by rule `index` of namespace `ns` (its counting chain).
-fn rule_packets(node: &Ns, ns: &str, index: usize) -> u64 {
-    let name = format!("{}-r{index}", chain(ns));
+/// One element of a namespace's rule maps as `nft -j list` shows it.
+#[derive(Debug)]
+struct Counted {
+    comment: String,
+    verdict: String,
+    packets: u64,
+}
+
+/// Every element of the interval maps of namespace `ns` with its comment (the rule it was
+/// compiled from), verdict and packet counter.
+fn counted_elements(node: &Ns, ns: &str) -> Vec<Counted> {
     let out = node
-        .nft(&["list", "chain", "inet", "nodeplane", &name])
-        .unwrap_or_else(|e| panic!("list chain {name}: {e}"));
-    let mut words = out.split_whitespace().skip_while(|w| *w != "packets");
-    words
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no counter in {out}"))
+        .nft(&["-j", "list", "table", "inet", "nodeplane"])
+        .expect("list table");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j output is JSON");
+    let prefix = format!("{}-", chain(ns));
+    let mut found = Vec::new();
+    let maps = v["nftables"].as_array().expect("nftables array").iter();
+    for map in maps.filter_map(|i| i.get("map")) {
+        if !map["name"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&prefix)
+        {
+            continue;
+        }
+        for pair in map["elem"].as_array().into_iter().flatten() {
+            let (elem, verdict) = (&pair[0]["elem"], &pair[1]);
+            let verdict = verdict.as_object().and_then(|o| o.keys().next().cloned());
+            found.push(Counted {
+                comment: elem["comment"].as_str().unwrap_or_default().to_string(),
+                verdict: verdict.unwrap_or_else(|| panic!("verdict in {pair}")),
+                packets: elem["counter"]["packets"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("no counter in {pair}")),
+            });
+        }
+    }
+    found
+}
+
+/// Packets counted by the elements compiled from rule `index` of namespace `ns`.
+fn rule_packets(node: &Ns, ns: &str, index: usize) -> u64 {
+    let tag = format!("rule {index}: ");
+    let elements = counted_elements(node, ns);
+    let mine: Vec<&Counted> = elements
+        .iter()
+        .filter(|e| e.comment.starts_with(&tag))
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "no element of rule {index} in {elements:?}"
+    );
+    mine.iter().map(|e| e.packets).sum()
 }
 
 /// Handles of every rule of the table: equal before and after = no chain was rewritten.
@@ -235,9 +278,35 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
     // Pod-to-pod inside the cluster CIDR is never filtered.
     assert!(tcp_ok(&t.a1, "10.128.0.6:8080"));
     assert!(tcp_ok(&t.a1, "[fd01::6]:8080"));
-    // Each rule's counter shows its hits.
+    // Each rule's elements count its hits, and their comments and verdicts name the rule.
     assert!(rule_packets(&t.node, "alpha", 0) >= 4);
     assert!(rule_packets(&t.node, "alpha", 1) >= 2);
+    let elements = counted_elements(&t.node, "alpha");
+    for e in &elements {
+        let want = if e.comment == format!("rule 0: Allow {H10}/32") {
+            "accept"
+        } else {
+            assert_eq!(e.comment, "rule 1: Deny 0.0.0.0/0", "{elements:?}");
+            "drop"
+        };
+        assert_eq!(e.verdict, want, "{e:?}");
+    }
+    // One denied connection counts on the deny rule's element only, one allowed connection
+    // on the allow rule's only (the first packet decides; the rest of the connection
+    // returns at `ct state established`).
+    let counts = |t: &Topo| {
+        (
+            rule_packets(&t.node, "alpha", 0),
+            rule_packets(&t.node, "alpha", 1),
+        )
+    };
+    let (allowed, denied) = counts(&t);
+    // Under 200 ms the probe sends exactly one datagram (it resends every 200 ms).
+    let one_datagram = Duration::from_millis(150);
+    assert!(!t.a1.ns.udp_exchange(v4(H20, 443), one_datagram).is_reply());
+    assert_eq!(counts(&t), (allowed, denied + 1), "one denied UDP datagram");
+    assert!(tcp_ok(&t.a1, &v4(H10, 80)));
+    assert_eq!(counts(&t), (allowed + 1, denied + 1), "one allowed SYN");
 }
 
 #[test]
@@ -331,12 +400,19 @@ fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
     assert!(!tcp_ok(&t.a1, &v4(H20, 80)), "previous rules still block");
     assert!(tcp_ok(&t.a1, &v4(H10, 80)), "and still allow");
 
-    // Fixing the object applies it.
+    // Fixing the object applies it, by map elements only (no rule is added or removed:
+    // each rule is elements that map to accept/drop, not a chain).
+    let before = rule_handles(&t.node);
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: {H20}/32}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
     ));
     wait_for(10, (true, false), reach);
     assert!(!tcp_ok(&t.a1, &v4(H10, 80)));
+    assert_eq!(
+        rule_handles(&t.node),
+        before,
+        "a rule change rewrote a chain"
+    );
     let (status, logs) = agent.stop();
     assert!(status.success(), "{status}:\n{logs}");
     assert!(

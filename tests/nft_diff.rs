@@ -81,6 +81,48 @@ fn changed_verdict_is_delete_then_add_of_that_element() {
     assert_eq!(after(&a, &tx), b);
 }
 
+/// A counted interval map with one commented element.
+fn counted(comment: &str, v: Verdict) -> Table {
+    let mut t = table(&[("a", 1)], &[]);
+    let mut m =
+        Set::new("rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap).with_flags(SetFlags {
+            interval: true,
+            counter: true,
+            ..Default::default()
+        });
+    m.insert_commented_mapping(
+        vec![KeyPart::Prefix("10.0.0.0/8".parse().unwrap())],
+        ElemData::Verdict(v),
+        comment.into(),
+    );
+    t.add_set(m);
+    t
+}
+
+#[test]
+fn changed_element_comment_is_delete_then_add_and_counter_flag_recreates_the_map() {
+    let a = counted("rule 0: Deny 10.0.0.0/8", Verdict::Drop);
+    assert!(diff(&a, &a.clone()).is_empty());
+    // The kernel keeps an existing element's userdata on a plain add: the comment only
+    // changes through a delete and an add of the key.
+    let b = counted("rule 1: Deny 10.0.0.0/8", Verdict::Drop);
+    let tx = diff(&a, &b);
+    assert_eq!(tx.op_count(), 2, "{tx:#?}");
+    assert!(matches!(&tx.ops[0], Op::DeleteElements(_)));
+    assert!(matches!(&tx.ops[1], Op::AddElements(s) if s.flags.counter));
+    assert_eq!(after(&a, &tx), b);
+    // Counters are a declaration property: dropping them recreates the map.
+    let mut c = b.clone();
+    c.sets.get_mut("rules").unwrap().flags.counter = false;
+    let tx = diff(&b, &c);
+    assert!(
+        tx.ops
+            .iter()
+            .any(|op| matches!(op, Op::DeleteSet(n) if n == "rules"))
+    );
+    assert_eq!(after(&b, &tx), c);
+}
+
 #[test]
 fn only_the_changed_chain_is_rewritten() {
     let a = table(&[("a", 2), ("b", 1)], &[(1, "a")]);

@@ -66,6 +66,20 @@ fn rich_table() -> Table {
     );
     t.add_set(svc);
 
+    // Per-element counters and comments (EgressFirewall's rule maps).
+    let mut rules =
+        Set::new("fw-rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap).with_flags(SetFlags {
+            interval: true,
+            counter: true,
+            ..Default::default()
+        });
+    rules.insert_commented_mapping(
+        vec![KeyPart::Prefix("0.0.0.0/0".parse().unwrap())],
+        ElemData::Verdict(Verdict::Drop),
+        "rule 1: Deny 0.0.0.0/0 \"x\"; y".into(),
+    );
+    t.add_set(rules);
+
     let mut snat = Set::new(
         "snat-v6",
         vec![DataType::Ipv6Addr],
@@ -236,6 +250,14 @@ fn transaction_rendering_is_accepted_by_nft() {
     next.chains.remove("ep-2");
     next.chains.get_mut("svc-a").unwrap().rules.truncate(1);
     next.sets.get_mut("cidrs").unwrap().elements.clear();
+    next.sets
+        .get_mut("fw-rules")
+        .unwrap()
+        .insert_commented_mapping(
+            vec![KeyPart::Prefix("0.0.0.0/0".parse().unwrap())],
+            ElemData::Verdict(Verdict::Drop),
+            "rule 2: Deny 0.0.0.0/0".into(),
+        );
     let tx = diff(&t, &next);
     let text = format!("{}{}", render_full(&t), render_transaction(&tx));
     golden("rich-diff.nft", &render_transaction(&tx));
@@ -247,4 +269,8 @@ fn user_strings_cannot_inject_syntax() {
     let text = render_full(&rich_table());
     // The comment's quote and semicolon were neutralised, so the rule stays one statement.
     assert!(text.contains("comment \"ns _evil__ drop\""), "{text}");
+    assert!(
+        text.contains("comment \"rule 1: Deny 0.0.0.0/0 _x__ y\" : drop"),
+        "{text}"
+    );
 }

@@ -58,7 +58,7 @@ impl Part {
             key,
             ElemValue {
                 data: Some(data),
-                timeout: None,
+                ..Default::default()
             },
         );
     }
@@ -413,6 +413,10 @@ pub struct ElemValue {
     pub data: Option<ElemData>,
     /// Per-element timeout in seconds (sets with the timeout flag).
     pub timeout: Option<u32>,
+    /// Shown by `nft list` next to the element (and its counter, in a `counter` set): says
+    /// which object the element came from. Shared (`Arc`) because one rule's comment is
+    /// on every element compiled from it.
+    pub comment: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -432,6 +436,9 @@ pub struct SetFlags {
     pub timeout: bool,
     /// Rules may add elements from the packet path (`update @set { ... }`).
     pub dynamic: bool,
+    /// `counter` in the declaration: every element carries its own packet/byte counter,
+    /// listed by `nft list set|map` (a set expression, not a kernel set flag).
+    pub counter: bool,
 }
 
 /// A named set or map. Elements live here so that an update is an element diff.
@@ -507,7 +514,19 @@ impl Set {
             key,
             ElemValue {
                 data: Some(data),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// `key comment "..." : data`.
+    pub fn insert_commented_mapping(&mut self, key: ElemKey, data: ElemData, comment: Arc<str>) {
+        self.elements.insert(
+            key,
+            ElemValue {
+                data: Some(data),
                 timeout: None,
+                comment: Some(comment),
             },
         );
     }

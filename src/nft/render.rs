@@ -147,6 +147,9 @@ fn set_declaration(set: &Set, sep: &str) -> String {
     if let Some(t) = set.timeout {
         let _ = write!(s, "timeout {t}s{sep}");
     }
+    if set.flags.counter {
+        let _ = write!(s, "counter{sep}");
+    }
     s
 }
 
@@ -178,6 +181,9 @@ fn element(key: &ElemKey, value: &ElemValue) -> String {
     let mut s = elem_key(key);
     if let Some(t) = value.timeout {
         let _ = write!(s, " timeout {t}s");
+    }
+    if let Some(c) = &value.comment {
+        let _ = write!(s, " comment {}", quoted(c));
     }
     match &value.data {
         None => {}
@@ -405,21 +411,29 @@ pub fn quoted(s: &str) -> String {
 /// The exact text stored for a comment/prefix: shared with the netlink encoder so the
 /// kernel holds the same bytes whichever path wrote them.
 pub fn sanitize_text(s: &str) -> String {
-    const MAX: usize = 127;
-    let mut out: String = s
-        .chars()
-        .map(|c| match c {
+    let mut out = Vec::with_capacity(s.len().min(SANITIZED_MAX));
+    sanitize_into(s, &mut out);
+    String::from_utf8(out).expect("whole characters of a str")
+}
+
+/// Longest text [`sanitize_text`] keeps, in bytes (nft's comment limit minus its NUL).
+pub const SANITIZED_MAX: usize = 127;
+
+/// [`sanitize_text`] appended to `out` without allocating (the element encoder writes
+/// comments straight into the batch).
+pub fn sanitize_into(s: &str, out: &mut Vec<u8>) {
+    let mut len = 0;
+    for c in s.chars() {
+        let c = match c {
             '"' | '\\' | '\n' | '\r' | '\t' | ';' | '#' => '_',
             c if c.is_control() => '_',
             c => c,
-        })
-        .collect();
-    if out.len() > MAX {
-        let mut cut = MAX;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
+        };
+        if len + c.len_utf8() > SANITIZED_MAX {
+            break;
         }
-        out.truncate(cut);
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+        len += c.len_utf8();
     }
-    out
 }

@@ -11,11 +11,16 @@
 //! 2. The namespace chain is four fixed rules: `ip daddr . meta l4proto . th dport vmap
 //!    @<ns>-ports-v4`, then `ip daddr vmap @<ns>-v4` (and v6). The maps hold the object's rules
 //!    compiled into disjoint address intervals ([`compile`]); no match falls through = allowed.
-//! 3. A map element's value is `goto <ns>-r<index>`, a one-rule chain `counter accept|drop`
-//!    whose comment names the rule: per-rule hit counters at O(1) cost.
+//! 3. A map element's value is the rule's verdict itself, `accept` or `drop`. The maps are
+//!    declared with `counter`, so every element counts its packets and bytes, and each element's
+//!    comment names the rule it was compiled from (`rule 3: Deny 0.0.0.0/0 ports tcp/80`):
+//!    `nft list map` shows which rule decided. No chain per rule: a batch that adds a chain
+//!    or a `goto` element makes nf_tables re-validate every chain reachable from the base
+//!    chains at commit, while `accept`/`drop` elements commit in O(1) of the table.
 //!
-//! So a packet costs the same with 10 rules as with 8000. DNS answers, node addresses and pod
-//! addresses are map elements: their churn is an element update, never a chain rewrite.
+//! So a packet costs the same with 10 rules as with 8000. DNS answers, node addresses, rule
+//! changes and pod addresses are map elements: their churn is an element update, never a
+//! chain rewrite.
 
 pub mod compile;
 
@@ -43,7 +48,7 @@ pub const PODS_V6: &str = "fw-pods-v6";
 /// Prefix of the per-namespace chains and maps (`fw-HASH-namespace`).
 const PREFIX: &str = "fw";
 
-/// The names of a namespace's chain, maps and rule chains.
+/// The names of a namespace's chain and maps.
 pub struct Names {
     pub chain: String,
 }
@@ -61,10 +66,6 @@ impl Names {
     /// `ip daddr . meta l4proto . th dport` interval verdict map.
     pub fn ports_map(&self, family: IpFamily) -> String {
         format!("{}-ports-{}", self.chain, suffix(family))
-    }
-    /// The counting chain of rule `index`.
-    pub fn rule_chain(&self, index: usize) -> String {
-        format!("{}-r{index}", self.chain)
     }
 }
 
@@ -221,10 +222,11 @@ fn local_pod_ips<'a>(
     by_ns
 }
 
-/// A namespace's chain, rule chains and maps, and the dispatch elements of its pods.
+/// A namespace's chain and maps, and the dispatch elements of its pods.
 fn namespace_part(inputs: &Inputs) -> Part {
     let fw = &inputs.firewall;
     let names = Names::new(&fw.namespace);
+    let verdicts: Vec<RuleVerdict> = fw.rules.iter().enumerate().map(rule_verdict).collect();
     let mut f = Part::default();
     let mut chain = Chain::regular(&names.chain);
     for family in [IpFamily::V4, IpFamily::V6] {
@@ -245,7 +247,7 @@ fn namespace_part(inputs: &Inputs) -> Part {
             })
             .collect();
         let compiled = compile::compile(&rules, max_addr(family));
-        let (ports_map, addr_map) = maps(&names, family, addr_type, &compiled);
+        let (ports_map, addr_map) = maps(&names, family, addr_type, &compiled, &verdicts);
         chain.push(Rule::new(vec![Stmt::vmap(
             vec![daddr, Field::L4Proto, Field::ThDport],
             &ports_map.name,
@@ -253,9 +255,6 @@ fn namespace_part(inputs: &Inputs) -> Part {
         chain.push(Rule::new(vec![Stmt::vmap(vec![daddr], &addr_map.name)]));
         f.add_set(ports_map);
         f.add_set(addr_map);
-    }
-    for (i, rule) in fw.rules.iter().enumerate() {
-        f.add_chain(rule_chain(&names, &fw.namespace, i, rule));
     }
     for ip in &inputs.pods {
         let map = if ip.is_ipv6() { PODS_V6 } else { PODS_V4 };
@@ -315,10 +314,17 @@ fn compile_input(rule: &FirewallRule, family: IpFamily, resolved: &[IpAddr]) -> 
     compile::Rule { ranges, ports }
 }
 
-/// The two interval verdict maps of a namespace and family.
-fn maps(names: &Names, family: IpFamily, addr_type: DataType, compiled: &Compiled) -> (Set, Set) {
+/// The two interval verdict maps of a namespace and family; every element counts its hits.
+fn maps(
+    names: &Names,
+    family: IpFamily,
+    addr_type: DataType,
+    compiled: &Compiled,
+    verdicts: &[RuleVerdict],
+) -> (Set, Set) {
     let interval = SetFlags {
         interval: true,
+        counter: true,
         ..Default::default()
     };
     let mut ports = Set::new(
@@ -327,7 +333,11 @@ fn maps(names: &Names, family: IpFamily, addr_type: DataType, compiled: &Compile
         SetKind::VerdictMap,
     )
     .with_flags(interval);
-    let goto = |s: &Segment| ElemData::Verdict(Verdict::Goto(names.rule_chain(s.rule)));
+    let insert = |set: &mut Set, key: ElemKey, s: &Segment| {
+        let v = &verdicts[s.rule];
+        let data = ElemData::Verdict(v.verdict.clone());
+        set.insert_commented_mapping(key, data, v.comment.clone());
+    };
     for (p, segments) in &compiled.ports {
         for s in segments {
             let key = vec![
@@ -335,19 +345,25 @@ fn maps(names: &Names, family: IpFamily, addr_type: DataType, compiled: &Compile
                 Value::Proto(p.proto).into(),
                 Value::Port(p.port).into(),
             ];
-            ports.insert_mapping(key, goto(s));
+            insert(&mut ports, key, s);
         }
     }
     let mut addrs =
         Set::new(names.addr_map(family), vec![addr_type], SetKind::VerdictMap).with_flags(interval);
     for s in &compiled.other {
-        addrs.insert_mapping(vec![key_part(family, s)], goto(s));
+        insert(&mut addrs, vec![key_part(family, s)], s);
     }
     (ports, addrs)
 }
 
-/// `<ns>-r<i>`: `counter accept|drop`, commented with the rule.
-fn rule_chain(names: &Names, namespace: &str, index: usize, rule: &FirewallRule) -> Chain {
+/// What the elements compiled from one rule map to.
+struct RuleVerdict {
+    verdict: Verdict,
+    /// `rule 3: Deny 0.0.0.0/0 ports tcp/80`, shared by all the rule's elements.
+    comment: Arc<str>,
+}
+
+fn rule_verdict((index, rule): (usize, &FirewallRule)) -> RuleVerdict {
     let (verdict, action) = match rule.action {
         Action::Allow => (Verdict::Accept, "Allow"),
         Action::Deny => (Verdict::Drop, "Deny"),
@@ -363,10 +379,10 @@ fn rule_chain(names: &Names, namespace: &str, index: usize, rule: &FirewallRule)
     } else {
         format!(" ports {}", ports.join(","))
     };
-    let comment = format!("EgressFirewall {namespace} rule {index}: {action} {dest}{ports}");
-    let mut chain = Chain::regular(names.rule_chain(index));
-    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(verdict)]).with_comment(comment));
-    chain
+    RuleVerdict {
+        verdict,
+        comment: format!("rule {index}: {action} {dest}{ports}").into(),
+    }
 }
 
 /// A segment as a map key part: a single address, a prefix when it is exactly one, else an

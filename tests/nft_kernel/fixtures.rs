@@ -50,7 +50,18 @@ pub const INTERVAL: SetFlags = SetFlags {
     interval: true,
     timeout: false,
     dynamic: false,
+    counter: false,
 };
+
+/// Interval map whose elements carry counters (EgressFirewall's rule maps).
+pub const COUNTED_INTERVAL: SetFlags = SetFlags {
+    counter: true,
+    ..INTERVAL
+};
+
+pub fn comment(s: &str) -> std::sync::Arc<str> {
+    s.into()
+}
 
 fn sets(t: &mut Table) {
     let mut cidrs = Set::new("cidrs4", vec![DataType::Ipv4Addr], SetKind::Set).with_flags(INTERVAL);
@@ -169,14 +180,71 @@ fn sets(t: &mut Table) {
     }
     t.add_set(svc);
 
-    let mut cvm =
-        Set::new("cidr-vmap", vec![DataType::Ipv4Addr], SetKind::VerdictMap).with_flags(INTERVAL);
-    cvm.insert_mapping(vec![net("10.0.0.0/8")], ElemData::Verdict(Verdict::Accept));
+    // Counters on every element, comments on some: one on an open-ended interval (userdata
+    // with both the comment and the open flag), one that must be sanitized, one at the cap.
+    let mut cvm = Set::new("cidr-vmap", vec![DataType::Ipv4Addr], SetKind::VerdictMap)
+        .with_flags(COUNTED_INTERVAL);
+    cvm.insert_commented_mapping(
+        vec![net("10.0.0.0/8")],
+        ElemData::Verdict(Verdict::Accept),
+        comment("rule 0: Allow 10.0.0.0/8"),
+    );
     cvm.insert_mapping(
         vec![net("192.168.0.0/16")],
         ElemData::Verdict(jump("fw-log")),
     );
+    cvm.insert_commented_mapping(
+        vec![KeyPart::Range(v4("203.0.113.7"), v4("203.0.113.9"))],
+        ElemData::Verdict(Verdict::Drop),
+        comment("rule 1: Deny \"quoted\"; #x"),
+    );
+    cvm.insert_commented_mapping(
+        vec![net("240.0.0.0/4")],
+        ElemData::Verdict(Verdict::Drop),
+        comment(&format!(
+            "rule 2: Deny dnsName {}.example.com",
+            "a".repeat(140)
+        )),
+    );
     t.add_set(cvm);
+
+    let mut pvm = Set::new(
+        "port-vmap",
+        vec![
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ],
+        SetKind::VerdictMap,
+    )
+    .with_flags(COUNTED_INTERVAL);
+    pvm.insert_commented_mapping(
+        vec![
+            net("198.51.100.0/24"),
+            Value::Proto(proto::TCP).into(),
+            Value::Port(443).into(),
+        ],
+        ElemData::Verdict(Verdict::Accept),
+        comment("rule 4: Allow 198.51.100.0/24 ports tcp/443"),
+    );
+    pvm.insert_commented_mapping(
+        vec![
+            KeyPart::Range(v4("0.0.0.0"), v4("198.51.99.255")),
+            Value::Proto(proto::UDP).into(),
+            Value::Port(53).into(),
+        ],
+        ElemData::Verdict(Verdict::Drop),
+        comment("rule 5: Deny 0.0.0.0/0 ports udp/53"),
+    );
+    t.add_set(pvm);
+    t.add_set(
+        Set::new(
+            "counted-empty",
+            vec![DataType::Ipv6Addr],
+            SetKind::VerdictMap,
+        )
+        .with_flags(COUNTED_INTERVAL),
+    );
 
     let mut snat4 = Set::new(
         "snat4",
@@ -294,6 +362,7 @@ fn sets(t: &mut Table) {
         ElemValue {
             data: None,
             timeout: Some(600),
+            comment: Some(comment("ssh")),
         },
     );
     timed.insert(vec![Value::Port(23).into()]);
@@ -336,6 +405,29 @@ pub fn rich_table_changed() -> Table {
             Value::Port(80).into(),
         ],
         ElemData::Verdict(goto("svc-b")),
+    );
+    // A changed comment (same verdict) and a changed verdict (same comment): both are a
+    // delete and an add of the key; an unchanged element keeps its counter.
+    let cvm = t.sets.get_mut("cidr-vmap").unwrap();
+    cvm.insert_commented_mapping(
+        vec![net("10.0.0.0/8")],
+        ElemData::Verdict(Verdict::Accept),
+        comment("rule 0: Allow 10.0.0.0/8 ports tcp/80"),
+    );
+    cvm.insert_commented_mapping(
+        vec![KeyPart::Range(v4("203.0.113.7"), v4("203.0.113.9"))],
+        ElemData::Verdict(Verdict::Accept),
+        comment("rule 1: Deny \"quoted\"; #x"),
+    );
+    let pvm = t.sets.get_mut("port-vmap").unwrap();
+    pvm.insert_commented_mapping(
+        vec![
+            net("198.51.100.0/24"),
+            Value::Proto(proto::TCP).into(),
+            Value::Port(443).into(),
+        ],
+        ElemData::Verdict(Verdict::Drop),
+        comment("rule 4: Deny 198.51.100.0/24 ports tcp/443"),
     );
     let civ = t.sets.get_mut("cidr-ports").unwrap();
     civ.insert(vec![

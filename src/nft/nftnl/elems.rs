@@ -43,7 +43,10 @@ pub struct ElemSpec<'a> {
     pub flags: u32,
     pub timeout_ms: Option<u64>,
     pub data: Option<DataSpec<'a>>,
-    pub udata: Option<&'static [u8]>,
+    /// The element's comment (userdata; on the start element of an interval).
+    pub comment: Option<&'a str>,
+    /// The interval runs to the top of the key space (userdata flag, no end element).
+    pub open: bool,
     /// Index of the IR element this came from (`u32::MAX` for nft's leading 0 element).
     pub src: u32,
 }
@@ -59,6 +62,17 @@ impl Attrs<'_> {
         self.0.extend_from_slice(data);
         self.0
             .resize(self.0.len() + round4(data.len()) - data.len(), 0);
+    }
+
+    /// An attribute whose payload `f` appends.
+    fn put_with(&mut self, kind: u16, f: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.0.len();
+        self.0.extend_from_slice(&[0, 0]);
+        self.0.extend_from_slice(&kind.to_ne_bytes());
+        f(self.0);
+        let len = self.0.len() - start;
+        self.0[start..start + 2].copy_from_slice(&(len as u16).to_ne_bytes());
+        self.0.resize(start + round4(len), 0);
     }
 
     fn nest(&mut self, kind: u16, f: impl FnOnce(&mut Attrs)) {
@@ -107,8 +121,15 @@ fn write_elem(out: &mut Vec<u8>, index: usize, e: &ElemSpec) {
                 a.nest(NFTA_SET_ELEM_DATA, |a| a.put(NFTA_DATA_VALUE, v.as_slice()))
             }
         }
-        if let Some(u) = e.udata {
-            a.put(NFTA_SET_ELEM_USERDATA, u);
+        if e.comment.is_some() || e.open {
+            a.put_with(NFTA_SET_ELEM_USERDATA, |out| {
+                if let Some(c) = e.comment {
+                    udata::put_elem_comment(out, c);
+                }
+                if e.open {
+                    out.extend_from_slice(&udata::INTERVAL_OPEN);
+                }
+            });
         }
     });
 }
@@ -381,11 +402,12 @@ pub fn encode_elements<'a>(
         } else {
             (plain_key(layout, e.key)?, Bytes::new())
         };
-        let (data, timeout_ms) = match (mode, e.value) {
-            (ElemMode::Delete, _) | (_, None) => (None, None),
+        let (data, timeout_ms, comment) = match (mode, e.value) {
+            (ElemMode::Delete, _) | (_, None) => (None, None, None),
             (_, Some(v)) => (
                 data_spec(&layout.kind, &v.data)?,
                 v.timeout.map(|s| u64::from(s) * 1000),
+                v.comment.as_deref(),
             ),
         };
         let spec = ElemSpec {
@@ -394,7 +416,8 @@ pub fn encode_elements<'a>(
             flags: 0,
             timeout_ms,
             data,
-            udata: None,
+            comment,
+            open: false,
             src: e.src,
         };
         if single_interval {
@@ -434,7 +457,8 @@ fn interval_elements(
         flags: NFT_SET_ELEM_INTERVAL_END,
         timeout_ms: None,
         data: None,
-        udata: None,
+        comment: None,
+        open: false,
         src,
     };
     if let Some((first, _)) = ranges.first()
@@ -452,7 +476,7 @@ fn interval_elements(
                 out.push(&end_elem(next, start.src));
             }
             None => {
-                start.udata = Some(&udata::INTERVAL_OPEN);
+                start.open = true;
                 out.push(&start);
             }
         }

@@ -373,6 +373,13 @@ fn build_set(spec: &SetSpec, table: &CStr) -> SetObj {
         sys::NFTNL_SET_USERDATA,
         &spec.udata,
     );
+    if spec.counter {
+        let e = ExprObj::new(c"counter");
+        let ep = e.0.as_ptr();
+        std::mem::forget(e);
+        // SAFETY: both valid; the set takes ownership of the expression and frees it.
+        unsafe { sys::nftnl_set_add_expr(p, ep) };
+    }
     s
 }
 
@@ -612,7 +619,7 @@ mod tests {
     use crate::nft::nftnl::elems::{DataSpec, ElemChunks, ElemSpec};
     use crate::nft::nftnl::set::NFT_SET_ELEM_INTERVAL_END;
     use crate::nft::nftnl::types::Bytes;
-    use crate::nft::nftnl::udata::INTERVAL_OPEN;
+    use crate::nft::nftnl::udata::{INTERVAL_OPEN, put_elem_comment};
 
     fn elem_data(e: *mut sys::nftnl_set_elem, attr: u32, v: &[u8]) {
         // SAFETY: valid element; `v` readable during the call; libnftnl copies it.
@@ -657,8 +664,15 @@ mod tests {
             if let Some(DataSpec::Value(v)) = &spec.data {
                 elem_data(e, sys::NFTNL_SET_ELEM_DATA, v.as_slice());
             }
-            if let Some(u) = spec.udata {
-                elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, u);
+            if spec.comment.is_some() || spec.open {
+                let mut u = Vec::new();
+                if let Some(c) = spec.comment {
+                    put_elem_comment(&mut u, c);
+                }
+                if spec.open {
+                    u.extend_from_slice(&INTERVAL_OPEN);
+                }
+                elem_data(e, sys::NFTNL_SET_ELEM_USERDATA, &u);
             }
             // SAFETY: both valid; the set takes ownership of the element.
             unsafe { sys::nftnl_set_elem_add(s.ptr(), e) };
@@ -684,7 +698,8 @@ mod tests {
             flags: 0,
             timeout_ms: None,
             data: None,
-            udata: None,
+            comment: None,
+            open: false,
             src: 0,
         };
         let elems = vec![
@@ -698,7 +713,8 @@ mod tests {
                 ])),
                 timeout_ms: Some(30_000),
                 data: Some(DataSpec::Verdict(-4, Some("svc-a"))),
-                udata: Some(&INTERVAL_OPEN),
+                comment: Some("rule 3: Deny \"x\""),
+                open: true,
                 ..spec(&[10, 0, 0, 0, 6, 0, 0, 0, 0, 80, 0, 0])
             },
             ElemSpec {
@@ -709,6 +725,7 @@ mod tests {
             },
             ElemSpec {
                 data: Some(DataSpec::Verdict(1, None)),
+                comment: Some("odd length"),
                 ..spec(&[7; 16])
             },
         ];

@@ -486,6 +486,7 @@ impl RuleLowering<'_> {
                 Vec::new()
             },
             udata: u.into_bytes(),
+            counter: false,
         };
         self.out.anon.push(AnonSet {
             spec,
@@ -519,7 +520,7 @@ impl RuleLowering<'_> {
                     .iter()
                     .map(|(_, v)| ElemValue {
                         data: Some(ElemData::Verdict(v.clone())),
-                        timeout: None,
+                        ..Default::default()
                     })
                     .collect();
                 let specs = encode_elements(

@@ -34,6 +34,9 @@ pub struct SetSpec {
     /// `NFTA_SET_DESC_CONCAT` field lengths (concatenated interval sets).
     pub concat_fields: Vec<u32>,
     pub udata: Vec<u8>,
+    /// A `counter` set expression (`NFTA_SET_EXPR`): the kernel gives every element its
+    /// own counter. nft sends no per-element expressions for it.
+    pub counter: bool,
 }
 
 /// Kernel verdict code and target chain.
@@ -138,6 +141,7 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
         desc_size: None,
         concat_fields,
         udata: u.into_bytes(),
+        counter: set.flags.counter,
     })
 }
 

@@ -12,6 +12,8 @@ pub const SET_DATA_TYPEOF: u8 = 4;
 pub const SET_DATA_INTERVAL: u8 = 6;
 /// Rule userdata: `NFTNL_UDATA_RULE_COMMENT`.
 pub const RULE_COMMENT: u8 = 0;
+/// Element userdata: `NFTNL_UDATA_SET_ELEM_COMMENT`.
+const SET_ELEM_COMMENT: u8 = 0;
 /// Element userdata: `NFTNL_UDATA_SET_ELEM_FLAGS` with `NFTNL_SET_ELEM_F_INTERVAL_OPEN`.
 const SET_ELEM_FLAGS: u8 = 1;
 const SET_ELEM_F_INTERVAL_OPEN: u32 = 1;
@@ -69,6 +71,18 @@ pub fn rule_comment(text: &str) -> Vec<u8> {
     u.into_bytes()
 }
 
+/// Appends an element comment TLV (sanitized like every comment, NUL-terminated) to `out`
+/// without allocating: the element encoder writes it straight into the batch. nft puts it
+/// before [`INTERVAL_OPEN`] when an element has both.
+pub fn put_elem_comment(out: &mut Vec<u8>, text: &str) {
+    let start = out.len();
+    out.extend_from_slice(&[SET_ELEM_COMMENT, 0]);
+    crate::nft::render::sanitize_into(text, out);
+    out.push(0);
+    // At most 127 bytes of text plus the NUL: fits the u8 length.
+    out[start + 1] = (out.len() - start - 2) as u8;
+}
+
 /// Userdata nft puts on the start element of an interval that runs to the end of the key
 /// space (it has no end element): `NFTNL_UDATA_SET_ELEM_FLAGS` =
 /// `NFTNL_SET_ELEM_F_INTERVAL_OPEN`, a host-order u32.
@@ -85,6 +99,11 @@ mod tests {
     fn comment_and_open_interval_bytes_match_nft() {
         assert_eq!(rule_comment("hi"), b"\x00\x03hi\x00");
         assert_eq!(&INTERVAL_OPEN, b"\x01\x04\x01\x00\x00\x00");
+        // `comment "ab"` on an open-ended interval, from `nft --debug=mnl`.
+        let mut u = Vec::new();
+        put_elem_comment(&mut u, "ab");
+        u.extend_from_slice(&INTERVAL_OPEN);
+        assert_eq!(u, b"\x00\x03ab\x00\x01\x04\x01\x00\x00\x00");
     }
 
     #[test]
