@@ -275,11 +275,11 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     s.api.put(service.clone());
     s.api.put(slice("10.128.1.5"));
     s.wait_table(&agent, "service created", |t| {
-        t.contains("172.30.0.10") && t.contains("10.128.1.5:8080")
+        t.contains("172.30.0.10") && t.contains("10.128.1.5 . 8080")
     });
     s.api.put(slice("10.128.1.9"));
     s.wait_table(&agent, "endpoint slice updated", |t| {
-        t.contains("10.128.1.9:8080") && !t.contains("10.128.1.5:8080")
+        t.contains("10.128.1.9 . 8080") && !t.contains("10.128.1.5 . 8080")
     });
     // Endpoints are used for a service without slices.
     s.api.delete("EndpointSlice", "shop", "web-a");
@@ -288,7 +288,7 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         "subsets": [{"addresses": [{"ip": "10.128.1.8"}],
             "ports": [{"port": 8080, "protocol": "TCP"}]}]}));
     s.wait_table(&agent, "endpoints used without slices", |t| {
-        t.contains("10.128.1.8:8080") && !t.contains("10.128.1.9:8080")
+        t.contains("10.128.1.8 . 8080") && !t.contains("10.128.1.9 . 8080")
     });
     s.api.delete("Endpoints", "shop", "web");
     s.api.delete("Service", "shop", "web");

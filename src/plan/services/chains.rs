@@ -1,20 +1,15 @@
-//! One Service -> its [`Part`]: per port and family an entry chain for cluster traffic, one
-//! for external traffic, load-balancing chains over all and over node-local endpoints, one
-//! DNAT chain per endpoint, and the elements it adds to the shared dispatch maps.
+//! One Service -> its own chains (the layout for services with session affinity or
+//! loadBalancerSourceRanges, which per-endpoint state needs): per port and family an entry
+//! chain for cluster traffic, one for external traffic, load-balancing chains over all and
+//! over node-local endpoints, one DNAT chain per endpoint, and the elements it adds to the
+//! shared dispatch maps. Every other service is map elements only ([`super::maps`]).
 
-use super::model::{Backend, Model, Port};
+use super::maps::{frontend_key as key_of, nodeport_key};
+use super::model::{Backend, Model, Port, PortBackends};
 use super::names;
 use crate::nft::ir::*;
 use crate::plan::base::sets as base_sets;
 use std::net::IpAddr;
-
-/// Per (port, family): the backends of all endpoints and of this node's endpoints.
-pub struct PortBackends<'a> {
-    pub port: &'a Port,
-    pub family: IpFamily,
-    pub all: Vec<Backend>,
-    pub local: Vec<Backend>,
-}
 
 /// Builds the service's part. `key` is `namespace/name`.
 pub fn service_part(key: &str, model: &Model, ports: &[PortBackends]) -> Part {
@@ -41,11 +36,7 @@ fn jump(c: &str) -> Stmt {
 }
 
 fn frontend_key(ip: IpAddr, p: &Port) -> ElemKey {
-    vec![
-        Value::ip(ip).into(),
-        Value::Proto(p.proto).into(),
-        Value::Port(p.port).into(),
-    ]
+    key_of(ip, p.proto, p.port)
 }
 
 fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
@@ -193,14 +184,6 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
             ElemData::Verdict(ext),
         );
     }
-}
-
-pub fn nodeport_key(fam: IpFamily, proto: u8, port: u16) -> ElemKey {
-    vec![
-        Value::NfProto(fam).into(),
-        Value::Proto(proto).into(),
-        Value::Port(port).into(),
-    ]
 }
 
 fn cluster_cidrs(f: IpFamily) -> &'static str {

@@ -4,26 +4,35 @@
 //! Per packet (first packet of a connection; conntrack does the rest):
 //!
 //! 1. `nat-prerouting` / `nat-output` jump to `svc-dispatch`: one verdict-map lookup on
-//!    `ip daddr . meta l4proto . th dport` (`svc-dispatch-v4`/`-v6`) sends a ClusterIP to
-//!    the service port's cluster chain and an external IP or LB IP to its external chain;
-//!    for local destinations (`fib daddr type local`) one lookup on
-//!    `meta nfproto . meta l4proto . th dport` (`svc-nodeports`) does the same for NodePorts.
-//! 2. The entry chain decides masquerading (mark bit 0x4000) and the traffic policy, then
-//!    `goto` a load-balancing chain: session affinity (`ip saddr @<affinity set>`), then
-//!    `numgen random mod N vmap { 0 : goto <endpoint>, ... }`.
-//! 3. The endpoint chain DNATs (and masquerades hairpin traffic, and records the client
-//!    for affinity). `nat-postrouting` masquerades marked packets.
-//! 4. New connections that were not DNATed meet `svc-check` in the filter hooks: known
+//!    `ip daddr . meta l4proto . th dport` (`svc-dispatch-v4`/`-v6`) for ClusterIPs,
+//!    external IPs and LB IPs; for local destinations (`fib daddr type local`) one lookup on
+//!    `meta nfproto . meta l4proto . th dport` (`svc-nodeports`) for NodePorts.
+//! 2. The element's verdict is `goto` a shared [`pools`] chain, one per (family, frontend
+//!    kind, traffic policy, number of backends): e.g. `svc-v4-c3` masquerades sources
+//!    outside the cluster and then `dnat ip to ip daddr . meta l4proto . th dport . numgen
+//!    random mod 3 map @svc-backends-v4`. The backends are data-map elements keyed by
+//!    frontend and bucket ([`maps`]), so an endpoint change is an element update: no rule
+//!    and no chain changes, nothing for nf_tables to re-validate at commit. A change in the
+//!    number of backends re-points the service's dispatch elements to another pool chain.
+//! 3. Services with session affinity or loadBalancerSourceRanges keep per-service chains
+//!    ([`chains`]: per-endpoint DNAT chains with affinity sets, a source filter), as
+//!    kube-proxy does; their endpoint changes rewrite that service's chains only.
+//! 4. `nat-postrouting` masquerades marked packets and hairpin connections (`ip saddr . ip
+//!    daddr @svc-hairpin-v4`: this node's endpoints reaching themselves).
+//! 5. New connections that were not DNATed meet `svc-check` in the filter hooks: known
 //!    external frontends without endpoints and allocated ClusterIPs (wrong port, no
 //!    endpoints) are rejected; the rest of the service CIDRs is dropped.
 //!
 //! Each Service is planned into its own [`Part`] and memoized by the `Arc`s of its inputs
-//! (Service, slices, Endpoints); see [`Memo`]. An endpoint change re-plans one service and
-//! the diff touches only that service's chains and map elements.
+//! (Service, slices, Endpoints); see [`Memo`]. Pool chains and hairpin elements are shared
+//! parts counted by the services using them. An endpoint change re-plans one service and
+//! the diff touches only that service's elements.
 
 pub mod chains;
+pub mod maps;
 pub mod model;
 pub mod names;
+pub mod pools;
 
 use super::ObjectStatus;
 use super::base::chains as base_chains;
@@ -33,6 +42,7 @@ use crate::config::Config;
 use crate::nft::ir::*;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
 use model::Sources;
+use pools::Pool;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -45,6 +55,10 @@ struct Entry {
     udp: Vec<(IpAddr, u16)>,
     health: Option<(u16, usize)>,
     error: Option<String>,
+    /// Shared pool chains the service's dispatch elements go to.
+    pools: BTreeSet<Pool>,
+    /// This node's endpoint addresses (hairpin masquerade elements).
+    hairpin: BTreeSet<IpAddr>,
 }
 
 /// The services planner's memory: the last plan of every service, keyed `svc/ns/name`.
@@ -61,6 +75,10 @@ pub struct Memo {
     /// frontend (say one externalIP and port) would otherwise fight over one element.
     claims: imbl::OrdMap<(String, ElemKey), String>,
     health: imbl::OrdMap<u16, (String, usize)>,
+    /// Shared objects by the number of services using them: each lives in its own part
+    /// (`svc-pool/<chain>`, `svc-hairpin/<ip>`) while the count is above zero.
+    pools: imbl::OrdMap<Pool, usize>,
+    hairpin: imbl::OrdMap<IpAddr, usize>,
 }
 
 impl Memo {
@@ -119,6 +137,7 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
             if let Some((port, _)) = old.health {
                 memo.health.remove(&port);
             }
+            memo.release(&old);
             for (set, elements) in old.part.iter().flat_map(|p| &p.elements) {
                 for k in elements.keys() {
                     let claim = (set.clone(), k.clone());
@@ -142,6 +161,7 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
         if let Some(h) = e.health {
             memo.health.insert(h.0, (key.to_string(), h.1));
         }
+        memo.acquire(&e);
         if let Some(err) = &e.error {
             memo.errors.insert(
                 pk.clone(),
@@ -170,15 +190,74 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
     }
 }
 
-/// Claims the part's shared-map elements for `owner`; an element another service holds is
-/// left out of the part and named in `error`.
+impl Memo {
+    /// Counts `e`'s use of the shared pool chains and hairpin elements.
+    fn acquire(&mut self, e: &Entry) {
+        for pool in &e.pools {
+            if bump(&mut self.pools, *pool, 1) == 1 {
+                let mut part = Part::default();
+                part.add_chain(pool.chain());
+                self.parts
+                    .insert(format!("svc-pool/{}", pool.chain_name()), Arc::new(part));
+            }
+        }
+        for ip in &e.hairpin {
+            if bump(&mut self.hairpin, *ip, 1) == 1 {
+                let mut part = Part::default();
+                let key = vec![Value::ip(*ip).into(), Value::ip(*ip).into()];
+                part.add_element(names::hairpin(IpFamily::of(*ip)), key);
+                self.parts
+                    .insert(format!("svc-hairpin/{ip}"), Arc::new(part));
+            }
+        }
+    }
+
+    /// Undoes [`Memo::acquire`]: what no service uses any more leaves the table.
+    fn release(&mut self, e: &Entry) {
+        for pool in &e.pools {
+            if bump(&mut self.pools, *pool, -1) == 0 {
+                self.parts
+                    .remove(&format!("svc-pool/{}", pool.chain_name()));
+            }
+        }
+        for ip in &e.hairpin {
+            if bump(&mut self.hairpin, *ip, -1) == 0 {
+                self.parts.remove(&format!("svc-hairpin/{ip}"));
+            }
+        }
+    }
+}
+
+/// Adds `by` to the count of `key` (dropping it at zero) and returns the new count.
+fn bump<K: Ord + Clone>(counts: &mut imbl::OrdMap<K, usize>, key: K, by: isize) -> usize {
+    let n = counts
+        .get(&key)
+        .copied()
+        .unwrap_or(0)
+        .saturating_add_signed(by);
+    if n == 0 {
+        counts.remove(&key);
+    } else {
+        counts.insert(key, n);
+    }
+    n
+}
+
+/// Claims the part's frontend elements for `owner`; an element another service holds is
+/// left out of the part (with the backends-map elements of that frontend) and named in
+/// `error`. Backends-map elements are not claimed themselves: their keys start with the
+/// frontend, so the frontend's claim covers them.
 fn claim(
     claims: &mut imbl::OrdMap<(String, ElemKey), String>,
     owner: &str,
     part: &mut Part,
     error: &mut Option<String>,
 ) {
+    let mut refused = BTreeSet::new();
     for (set, elements) in part.elements.iter_mut() {
+        if maps::backends_map(set).is_some() {
+            continue;
+        }
         elements.retain(|k, _| {
             let c = (set.clone(), k.clone());
             match claims.get(&c) {
@@ -192,6 +271,7 @@ fn claim(
                         Some(e) => format!("{e}; {msg}"),
                         None => msg,
                     });
+                    refused.insert((set.clone(), k.clone()));
                     false
                 }
                 _ => {
@@ -199,6 +279,15 @@ fn claim(
                     true
                 }
             }
+        });
+    }
+    if refused.is_empty() {
+        return;
+    }
+    for (set, elements) in part.elements.iter_mut() {
+        elements.retain(|k, _| match maps::frontend_of(set, k) {
+            Some(frontend) => !refused.contains(&frontend),
+            None => true,
         });
     }
 }
@@ -287,6 +376,8 @@ fn plan_service(
         udp: Vec::new(),
         health: None,
         error: None,
+        pools: BTreeSet::new(),
+        hairpin: BTreeSet::new(),
     };
     let model = match model::parse(svc) {
         Ok(Some(m)) => m,
@@ -310,7 +401,7 @@ fn plan_service(
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
             }
             local_count.extend(local.iter().map(|b| b.ip));
-            ports.push(chains::PortBackends {
+            ports.push(model::PortBackends {
                 port: p,
                 family: fam,
                 all,
@@ -321,7 +412,14 @@ fn plan_service(
     entry.udp.sort();
     entry.udp.dedup();
     entry.health = model.health_check_node_port.map(|p| (p, local_count.len()));
-    let part = chains::service_part(&key.to_string(), &model, &ports);
+    let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
+        chains::service_part(&key.to_string(), &model, &ports)
+    } else {
+        let planned = maps::service_part(&model, &ports);
+        entry.pools = planned.pools;
+        entry.hairpin = planned.hairpin;
+        planned.part
+    };
     entry.part = Some(Arc::new(part));
     entry
 }
@@ -338,6 +436,11 @@ fn static_objects(t: &mut Table) {
         t.add_set(verdict_map(names::dispatch(fam), frontend.clone()));
         t.add_set(verdict_map(names::no_endpoints(fam), frontend));
         t.add_set(Set::new(names::cluster_ips(fam), vec![addr], SetKind::Set));
+        t.add_set(Set::new(
+            names::hairpin(fam),
+            vec![addr, addr],
+            SetKind::Set,
+        ));
     }
     let nodeport = vec![
         DataType::NfProto,
@@ -393,7 +496,19 @@ fn static_objects(t: &mut Table) {
         Stmt::MarkAnd(!names::MASQ_BIT),
         Stmt::Masquerade,
     ]));
+    for (fam, saddr, daddr) in [
+        (IpFamily::V4, Field::Ip4Saddr, Field::Ip4Daddr),
+        (IpFamily::V6, Field::Ip6Saddr, Field::Ip6Daddr),
+    ] {
+        masq.push(Rule::new(vec![
+            Stmt::in_set(vec![saddr, daddr], names::hairpin(fam)),
+            Stmt::Masquerade,
+        ]));
+    }
     t.add_chain(masq);
+    for set in pools::backend_maps() {
+        t.add_set(set);
+    }
 
     let mut reject = Chain::regular(names::REJECT);
     reject.push(Rule::new(vec![

@@ -27,6 +27,14 @@ pub struct Backend {
     pub local: bool,
 }
 
+/// Per (port, family): the backends of all endpoints and of this node's endpoints.
+pub struct PortBackends<'a> {
+    pub port: &'a Port,
+    pub family: IpFamily,
+    pub all: Vec<Backend>,
+    pub local: Vec<Backend>,
+}
+
 /// A proxied Service, parsed and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Model {

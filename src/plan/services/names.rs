@@ -3,6 +3,7 @@
 //! touches only the chains whose content changes.
 
 use super::model::{Backend, Port};
+use super::pools::Frontend;
 use crate::nft::ir::{IpFamily, proto};
 use crate::nft::names::object_name;
 
@@ -45,6 +46,30 @@ pub fn cluster_ips(f: IpFamily) -> &'static str {
     match f {
         IpFamily::V4 => "svc-cluster-ips-v4",
         IpFamily::V6 => "svc-cluster-ips-v6",
+    }
+}
+
+/// Data maps `frontend . numgen bucket -> endpoint address . port` the pools DNAT from;
+/// `local` ones hold only this node's endpoints (externalTrafficPolicy Local).
+pub fn backends(f: IpFamily, frontend: Frontend, local: bool) -> &'static str {
+    match (f, frontend, local) {
+        (IpFamily::V4, Frontend::Addr, false) => "svc-backends-v4",
+        (IpFamily::V4, Frontend::Addr, true) => "svc-local-backends-v4",
+        (IpFamily::V4, Frontend::NodePort, false) => "svc-np-backends-v4",
+        (IpFamily::V4, Frontend::NodePort, true) => "svc-np-local-backends-v4",
+        (IpFamily::V6, Frontend::Addr, false) => "svc-backends-v6",
+        (IpFamily::V6, Frontend::Addr, true) => "svc-local-backends-v6",
+        (IpFamily::V6, Frontend::NodePort, false) => "svc-np-backends-v6",
+        (IpFamily::V6, Frontend::NodePort, true) => "svc-np-local-backends-v6",
+    }
+}
+
+/// `ip saddr . ip daddr` of this node's endpoints: a connection DNATed back to the endpoint
+/// that opened it (hairpin) is masqueraded.
+pub fn hairpin(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "svc-hairpin-v4",
+        IpFamily::V6 => "svc-hairpin-v6",
     }
 }
 

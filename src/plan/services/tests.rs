@@ -119,5 +119,64 @@ fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
         text.contains("172.30.0.1 . tcp . 80"),
         "others still planned"
     );
-    assert_eq!(text.matches("198.51.100.7 . tcp . 80").count(), 1);
+    // One dispatch element, and only the owner's backends behind the frontend.
+    assert_eq!(text.matches("198.51.100.7 . tcp . 80 :").count(), 1);
+    assert!(text.contains("198.51.100.7 . tcp . 80 . 0 : 10.128.0.5 . 8080"));
+    assert!(!text.contains("198.51.100.7 . tcp . 80 . 0 : 10.128.0.6"));
+}
+
+#[test]
+fn endpoint_changes_are_element_updates_and_pool_chains_are_shared() {
+    use crate::nft::{Op, diff};
+    let cfg = Config::for_node("n1");
+    let first = plan(&base().build(), &cfg);
+    // One endpoint of `a` replaced: the backend count stays, so only elements change.
+    let mut b = base().build().to_builder();
+    b.insert(slice("a", &["10.128.0.1", "10.128.0.9"]));
+    let snap = b.build();
+    let second = plan_with(&snap, &cfg, &first.memory);
+    let tx = diff(&first.ruleset, &second.ruleset);
+    assert!(!tx.ops.is_empty());
+    assert!(
+        tx.ops
+            .iter()
+            .all(|o| matches!(o, Op::AddElements(_) | Op::DeleteElements(_))),
+        "{tx:?}"
+    );
+    // A third endpoint: the dispatch element moves to the 3-backend pool chain, which is
+    // created; the 2-backend one, now unused, goes. No other chain is touched.
+    let mut b = snap.to_builder();
+    b.insert(slice("a", &["10.128.0.1", "10.128.0.9", "10.128.0.7"]));
+    b.insert(svc("c", "172.30.0.3", ""));
+    b.insert(slice("c", &["10.128.0.4", "10.128.0.5", "10.128.0.6"]));
+    let third = plan_with(&b.build(), &cfg, &second.memory);
+    let tx = diff(&second.ruleset, &third.ruleset);
+    let chains: Vec<&str> = tx
+        .ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::AddChain { name, .. } | Op::DeleteChain(name) | Op::FlushChain(name) => {
+                Some(name.as_str())
+            }
+            Op::AddRule { chain, .. } => Some(chain.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        chains
+            .iter()
+            .all(|c| *c == "svc-v4-c3" || *c == "svc-v4-c2"),
+        "{chains:?}"
+    );
+    // Both services share the one pool chain.
+    let text = render_full(&third.ruleset);
+    assert_eq!(text.matches("chain svc-v4-c3 {").count(), 1);
+    assert!(
+        text.contains("172.30.0.3 . tcp . 80 : goto svc-v4-c3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("172.30.0.1 . tcp . 80 : goto svc-v4-c3"),
+        "{text}"
+    );
 }

@@ -1,0 +1,197 @@
+//! One Service -> map elements only (the layout for every service without session
+//! affinity or loadBalancerSourceRanges): each frontend gets a dispatch element that
+//! `goto`s a shared [`Pool`] chain, and one backends-map element per numgen bucket. An
+//! endpoint change rewrites elements of this service; no chain is touched unless the
+//! number of backends changes, and then only the dispatch elements' target does.
+
+use super::model::{Backend, Model, PortBackends};
+use super::names;
+use super::pools::{Frontend, Pool, PoolKind};
+use crate::nft::ir::*;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// A service's share of the table and the shared objects it needs.
+#[derive(Debug, Default)]
+pub struct Planned {
+    pub part: Part,
+    /// Pool chains the dispatch elements go to.
+    pub pools: BTreeSet<Pool>,
+    /// This node's endpoint addresses (hairpin masquerade).
+    pub hairpin: BTreeSet<IpAddr>,
+}
+
+pub fn service_part(model: &Model, ports: &[PortBackends]) -> Planned {
+    let mut out = Planned::default();
+    for pb in ports {
+        port_elements(&mut out, model, pb);
+    }
+    out
+}
+
+fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
+    let (p, fam) = (pb.port, pb.family);
+    out.hairpin
+        .extend(pb.all.iter().filter(|b| b.local).map(|b| b.ip));
+    let dispatch = names::dispatch(fam);
+
+    // Cluster traffic: clusterIPs.
+    let cluster = if m.internal_local { &pb.local } else { &pb.all };
+    for ip in m.cluster_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
+        out.part.add_element(
+            names::cluster_ips(fam),
+            vec![KeyPart::Value(Value::ip(*ip))],
+        );
+        let key = frontend_key(*ip, p.proto, p.port);
+        if !cluster.is_empty() {
+            let pool = PoolKind::Cluster {
+                n: cluster.len() as u32,
+            };
+            balance(out, fam, Frontend::Addr, pool, &key, cluster, &[]);
+        } else if m.internal_local && !pb.all.is_empty() {
+            // iTP=Local without a local endpoint: dropped, as kube-proxy does.
+            out.part
+                .add_mapping(dispatch, key, ElemData::Verdict(Verdict::Drop));
+        }
+        // No endpoint at all: not dispatched; the filter check rejects it.
+    }
+
+    // External traffic: externalIPs, LoadBalancer IPs, NodePort.
+    let mut externals: Vec<IpAddr> = m.external_ips.clone();
+    externals.extend(m.lb_ips.iter().filter(|ip| !m.external_ips.contains(ip)));
+    externals.retain(|ip| IpFamily::of(*ip) == fam);
+    if pb.all.is_empty() {
+        // No endpoint: the filter check rejects these.
+        let reject = ElemData::Verdict(Verdict::Goto(names::REJECT.into()));
+        for ip in &externals {
+            out.part.add_mapping(
+                names::no_endpoints(fam),
+                frontend_key(*ip, p.proto, p.port),
+                reject.clone(),
+            );
+        }
+        if let Some(np) = p.node_port {
+            let key = nodeport_key(fam, p.proto, np);
+            out.part.add_mapping(names::NOEP_NODEPORTS, key, reject);
+        }
+        return;
+    }
+    let n = pb.all.len() as u32;
+    let (pool, local): (PoolKind, &[Backend]) = if m.external_local {
+        let local = pb.local.len() as u32;
+        (PoolKind::ExternalLocal { n, local }, &pb.local)
+    } else {
+        (PoolKind::External { n }, &[])
+    };
+    for ip in &externals {
+        let key = frontend_key(*ip, p.proto, p.port);
+        balance(out, fam, Frontend::Addr, pool, &key, &pb.all, local);
+    }
+    if let Some(np) = p.node_port {
+        let backends_key = vec![Value::Proto(p.proto).into(), Value::Port(np).into()];
+        let chain = add_pool(out, fam, Frontend::NodePort, pool);
+        out.part.add_mapping(
+            names::NODEPORTS,
+            nodeport_key(fam, p.proto, np),
+            ElemData::Verdict(Verdict::Goto(chain)),
+        );
+        buckets(out, fam, Frontend::NodePort, &backends_key, &pb.all, false);
+        buckets(out, fam, Frontend::NodePort, &backends_key, local, true);
+    }
+}
+
+/// The dispatch element of an address frontend and its backends-map elements.
+fn balance(
+    out: &mut Planned,
+    fam: IpFamily,
+    frontend: Frontend,
+    pool: PoolKind,
+    key: &ElemKey,
+    all: &[Backend],
+    local: &[Backend],
+) {
+    let chain = add_pool(out, fam, frontend, pool);
+    out.part.add_mapping(
+        names::dispatch(fam),
+        key.clone(),
+        ElemData::Verdict(Verdict::Goto(chain)),
+    );
+    buckets(out, fam, frontend, key, all, false);
+    buckets(out, fam, frontend, key, local, true);
+}
+
+fn add_pool(out: &mut Planned, family: IpFamily, frontend: Frontend, kind: PoolKind) -> String {
+    let pool = Pool {
+        family,
+        frontend,
+        kind,
+    };
+    let name = pool.chain_name();
+    out.pools.insert(pool);
+    name
+}
+
+/// `frontend . i : backend[i]` for every bucket i.
+fn buckets(
+    out: &mut Planned,
+    fam: IpFamily,
+    frontend: Frontend,
+    key: &ElemKey,
+    backends: &[Backend],
+    local: bool,
+) {
+    let map = names::backends(fam, frontend, local);
+    for (i, b) in backends.iter().enumerate() {
+        let mut k = key.clone();
+        k.push(Value::Integer(i as u32).into());
+        out.part.add_mapping(
+            map,
+            k,
+            ElemData::Values(vec![Value::ip(b.ip), Value::Port(b.port)]),
+        );
+    }
+}
+
+pub fn frontend_key(ip: IpAddr, proto: u8, port: u16) -> ElemKey {
+    vec![
+        Value::ip(ip).into(),
+        Value::Proto(proto).into(),
+        Value::Port(port).into(),
+    ]
+}
+
+pub fn nodeport_key(fam: IpFamily, proto: u8, port: u16) -> ElemKey {
+    vec![
+        Value::NfProto(fam).into(),
+        Value::Proto(proto).into(),
+        Value::Port(port).into(),
+    ]
+}
+
+/// The family and frontend kind of a backends map, by name.
+pub fn backends_map(set: &str) -> Option<(IpFamily, Frontend)> {
+    for fam in [IpFamily::V4, IpFamily::V6] {
+        for frontend in [Frontend::Addr, Frontend::NodePort] {
+            if [false, true]
+                .iter()
+                .any(|local| names::backends(fam, frontend, *local) == set)
+            {
+                return Some((fam, frontend));
+            }
+        }
+    }
+    None
+}
+
+/// For an element of a backends map: its frontend's dispatch map and key.
+pub fn frontend_of(set: &str, key: &ElemKey) -> Option<(String, ElemKey)> {
+    let (fam, frontend) = backends_map(set)?;
+    match frontend {
+        Frontend::Addr => Some((names::dispatch(fam).into(), key.get(..3)?.to_vec())),
+        Frontend::NodePort => {
+            let mut k = vec![Value::NfProto(fam).into()];
+            k.extend_from_slice(key.get(..2)?);
+            Some((names::NODEPORTS.into(), k))
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Shared load-balancing chains ("pools"): one chain per (family, frontend kind, traffic
+//! policy, backend count), used by every service with that shape. A pool chain DNATs from
+//! a data map keyed by the packet's frontend and `numgen random mod N`, so a service's
+//! backends are map elements, never rules: an endpoint change is an element update, and
+//! nf_tables has no chain graph to re-validate.
+
+use super::names;
+use crate::nft::ir::*;
+use crate::plan::base::sets as base_sets;
+
+/// How a packet names its service: by destination address (ClusterIP, externalIP, LB IP)
+/// or, for NodePorts, by protocol and port alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Frontend {
+    Addr,
+    NodePort,
+}
+
+/// What a pool does before load balancing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PoolKind {
+    /// ClusterIPs: sources outside the cluster CIDRs are masqueraded; `n` backends.
+    Cluster { n: u32 },
+    /// External traffic with externalTrafficPolicy Cluster: masqueraded; `n` backends.
+    External { n: u32 },
+    /// externalTrafficPolicy Local: pods and the node itself reach all `n` backends, other
+    /// sources only the `local` ones with their address kept (dropped when there are none).
+    ExternalLocal { n: u32, local: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Pool {
+    pub family: IpFamily,
+    pub frontend: Frontend,
+    pub kind: PoolKind,
+}
+
+impl Pool {
+    /// The chain name, e.g. `svc-v4-c3`, `svc-v6-npxl10-2`.
+    pub fn chain_name(&self) -> String {
+        let fam = names::fam_suffix(self.family);
+        let np = match self.frontend {
+            Frontend::Addr => "",
+            Frontend::NodePort => "np",
+        };
+        match self.kind {
+            PoolKind::Cluster { n } => format!("svc-{fam}-{np}c{n}"),
+            PoolKind::External { n } => format!("svc-{fam}-{np}x{n}"),
+            PoolKind::ExternalLocal { n, local } => format!("svc-{fam}-{np}xl{n}-{local}"),
+        }
+    }
+
+    /// The pool's chain.
+    pub fn chain(&self) -> Chain {
+        let mut c = Chain::regular(self.chain_name());
+        let saddr = match self.family {
+            IpFamily::V4 => Field::Ip4Saddr,
+            IpFamily::V6 => Field::Ip6Saddr,
+        };
+        let cluster_cidrs = match self.family {
+            IpFamily::V4 => base_sets::CLUSTER_V4,
+            IpFamily::V6 => base_sets::CLUSTER_V6,
+        };
+        let mark_masq = Stmt::Verdict(Verdict::Jump(names::MARK_MASQ.into()));
+        let all = self.dnat(false);
+        match self.kind {
+            PoolKind::Cluster { n } => {
+                // Traffic from outside the cluster (the node itself, other hosts) to a
+                // ClusterIP is masqueraded so replies come back through this node.
+                c.push(Rule::new(vec![
+                    Stmt::not_in_set(vec![saddr], cluster_cidrs),
+                    mark_masq,
+                ]));
+                c.push(Rule::new(vec![all(n)]));
+            }
+            PoolKind::External { n } => {
+                c.push(Rule::new(vec![mark_masq]));
+                c.push(Rule::new(vec![all(n)]));
+            }
+            PoolKind::ExternalLocal { n, local } => {
+                c.push(Rule::new(vec![
+                    Stmt::in_set(vec![saddr], cluster_cidrs),
+                    all(n),
+                ]));
+                let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
+                c.push(Rule::new(vec![host.clone(), mark_masq]));
+                c.push(Rule::new(vec![host, all(n)]));
+                if local == 0 {
+                    c.push(Rule::new(vec![Stmt::Verdict(Verdict::Drop)]));
+                } else {
+                    c.push(Rule::new(vec![self.dnat(true)(local)]));
+                }
+            }
+        }
+        c
+    }
+
+    /// `dnat ip to <frontend> . numgen random mod N map @<backends map>`.
+    fn dnat(&self, local: bool) -> impl Fn(u32) -> Stmt + '_ {
+        move |n| {
+            let mut key = frontend_fields(self.family, self.frontend);
+            key.push(Field::NumgenRandom(n));
+            Stmt::Nat(Nat {
+                kind: NatKind::Dnat,
+                family: self.family,
+                addr: NatAddr::Map {
+                    key,
+                    map: names::backends(self.family, self.frontend, local).into(),
+                },
+            })
+        }
+    }
+}
+
+/// The packet fields that identify a frontend.
+pub fn frontend_fields(family: IpFamily, frontend: Frontend) -> Vec<Field> {
+    let daddr = match family {
+        IpFamily::V4 => Field::Ip4Daddr,
+        IpFamily::V6 => Field::Ip6Daddr,
+    };
+    match frontend {
+        Frontend::Addr => vec![daddr, Field::L4Proto, Field::ThDport],
+        Frontend::NodePort => vec![Field::L4Proto, Field::ThDport],
+    }
+}
+
+/// The backends maps every pool reads: frontend . bucket -> endpoint address . port.
+pub fn backend_maps() -> Vec<Set> {
+    let mut out = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let daddr = match family {
+            IpFamily::V4 => Field::Ip4Daddr,
+            IpFamily::V6 => Field::Ip6Daddr,
+        };
+        for frontend in [Frontend::Addr, Frontend::NodePort] {
+            for local in [false, true] {
+                let mut key = frontend_fields(family, frontend);
+                // The declared modulus is a placeholder: pools use their own N.
+                key.push(Field::NumgenRandom(1));
+                out.push(Set::typeof_map(
+                    names::backends(family, frontend, local),
+                    key,
+                    vec![daddr, Field::ThDport],
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_names_say_family_frontend_policy_and_counts() {
+        let p = |frontend, kind| Pool {
+            family: IpFamily::V4,
+            frontend,
+            kind,
+        };
+        assert_eq!(
+            p(Frontend::Addr, PoolKind::Cluster { n: 3 }).chain_name(),
+            "svc-v4-c3"
+        );
+        assert_eq!(
+            p(Frontend::NodePort, PoolKind::External { n: 2 }).chain_name(),
+            "svc-v4-npx2"
+        );
+        assert_eq!(
+            p(Frontend::Addr, PoolKind::ExternalLocal { n: 10, local: 0 }).chain_name(),
+            "svc-v4-xl10-0"
+        );
+    }
+
+    #[test]
+    fn external_local_without_local_backends_drops_outside_sources() {
+        let pool = Pool {
+            family: IpFamily::V6,
+            frontend: Frontend::NodePort,
+            kind: PoolKind::ExternalLocal { n: 2, local: 0 },
+        };
+        let rules = pool.chain().rules;
+        assert_eq!(
+            rules.last().unwrap().stmts,
+            vec![Stmt::Verdict(Verdict::Drop)]
+        );
+        let text = crate::nft::render::render_full(&{
+            let mut t = Table::new("t");
+            t.add_chain(pool.chain());
+            t
+        });
+        assert!(
+            text.contains(
+                "dnat ip6 to meta l4proto . th dport . numgen random mod 2 map @svc-np-backends-v6"
+            ),
+            "{text}"
+        );
+    }
+}
