@@ -103,7 +103,7 @@ fn counted(comment: &str, v: Verdict) -> Table {
 fn changed_element_comment_is_delete_then_add_and_counter_flag_recreates_the_map() {
     let a = counted("rule 0: Deny 10.0.0.0/8", Verdict::Drop);
     assert!(diff(&a, &a.clone()).is_empty());
-    // The kernel keeps an existing element's userdata on a plain add: the comment only
+    // A plain add of an existing key keeps the kernel's old comment: the comment only
     // changes through a delete and an add of the key.
     let b = counted("rule 1: Deny 10.0.0.0/8", Verdict::Drop);
     let tx = diff(&a, &b);
