@@ -1,12 +1,14 @@
 //! API types: the four OVN-Kubernetes / OpenShift CRDs (field for field as in the OpenShift 4.13
 //! network API reference), label selectors, and validation into parsed forms that planners use
-//! without re-parsing strings. Core types come from k8s-openapi and are re-exported here.
+//! without re-parsing strings. Core types come from k8s-openapi and are re-exported here,
+//! except EndpointSlice, whose reduced own type keeps large clusters cheap to hold.
 
 pub mod cloud_private_ip_config;
 pub mod crds;
 pub mod egress_firewall;
 pub mod egress_ip;
 pub mod egress_qos;
+pub mod endpoint_slice;
 mod schema;
 pub mod selector;
 pub mod validate;
@@ -28,6 +30,6 @@ pub use egress_qos::{
 pub use selector::{Selector, SelectorError};
 pub use validate::{Invalid, PortMatch, Protocol, ValidationError};
 
+pub use endpoint_slice::EndpointSlice;
 pub use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
-pub use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};
