@@ -313,3 +313,56 @@ fn pointer_equal_parts_are_skipped_and_a_changed_part_costs_its_change() {
     assert_eq!(stats.ops, 1);
     assert_eq!(engine.backend().table.as_ref(), Some(&next.flatten()));
 }
+
+/// `op` with the elements it writes copied into its set value (what `full` sent before it
+/// referenced parts).
+fn copied(op: &Op) -> Op {
+    match op {
+        Op::AddSetWithParts { set, .. } => {
+            let mut s = set.clone_declaration();
+            s.elements
+                .extend(op.elements().map(|(k, v)| (k.clone(), v.clone())));
+            Op::AddSet(s)
+        }
+        other => other.clone(),
+    }
+}
+
+proptest! {
+    /// A full sync of a table with parts writes what the flattened table's full sync
+    /// writes, op for op, but the parts' elements stay in the parts: the ops hold the
+    /// table's own part map (the same `Arc`s), never a copy of a part element.
+    #[test]
+    fn full_sync_with_parts_references_part_elements(t in arb_parted_table()) {
+        let flat = t.flatten();
+        let tx = Transaction::full(&t);
+        let ops: Vec<Op> = tx.ops.iter().map(copied).collect();
+        prop_assert_eq!(&ops, &Transaction::full(&flat).ops);
+        prop_assert_eq!(tx.op_count(), Transaction::full(&flat).op_count());
+        let part_keys: Vec<&ElemKey> = t
+            .parts
+            .values()
+            .flat_map(|p| p.elements.values().flat_map(|e| e.keys()))
+            .collect();
+        for op in &tx.ops {
+            if let Some(set) = op.set() {
+                prop_assert!(set.elements.keys().all(|k| !part_keys.contains(&k)), "{op:?}");
+            }
+            if let Op::AddSetWithParts { parts, .. } = op {
+                prop_assert!(parts.ptr_eq(&t.parts));
+                for (a, b) in parts.values().zip(t.parts.values()) {
+                    prop_assert!(std::sync::Arc::ptr_eq(a, b));
+                }
+            }
+        }
+        prop_assert_eq!(
+            tx.ops.iter().any(|op| matches!(op, Op::AddSetWithParts { .. })),
+            !part_keys.is_empty()
+        );
+        let mut model = None;
+        apply_to(&mut model, &tx).unwrap();
+        prop_assert_eq!(model.as_ref(), Some(&flat));
+        prop_assert_eq!(Transaction::full_owned(t.clone()), tx.clone());
+        prop_assert_eq!(tx.into_table(), flat);
+    }
+}

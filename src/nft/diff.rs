@@ -24,6 +24,15 @@ pub enum Op {
     },
     /// Create a set/map with its declaration and initial elements.
     AddSet(Set),
+    /// [`Op::AddSet`] whose initial elements are the set's own plus those `parts` put in it:
+    /// a full sync of a table with parts references the parts instead of copying their
+    /// elements (see [`Op::elements`]). They are sent part by part, not in one key order:
+    /// the kernel does not care; only a listing of a concatenated interval set, which keeps
+    /// insertion order, shows it.
+    AddSetWithParts {
+        set: Set,
+        parts: Parts,
+    },
     DeleteSet(String),
     /// Add the elements of this set value (the declaration says how to encode them).
     AddElements(Set),
@@ -38,6 +47,36 @@ pub struct Transaction {
     pub ops: Vec<Op>,
 }
 
+impl Op {
+    /// The set value of an op that creates a set or adds or deletes elements.
+    pub fn set(&self) -> Option<&Set> {
+        match self {
+            Op::AddSet(s)
+            | Op::AddSetWithParts { set: s, .. }
+            | Op::AddElements(s)
+            | Op::DeleteElements(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The elements a set op writes, in the order it sends them: the set value's own, then
+    /// for [`Op::AddSetWithParts`] those each part puts in the set. Empty for other ops.
+    pub fn elements(&self) -> impl Iterator<Item = (&ElemKey, &ElemValue)> {
+        let own = self.set();
+        let parts = match self {
+            Op::AddSetWithParts { set, parts } => Some((set.name.as_str(), parts)),
+            _ => None,
+        };
+        let from_parts = parts.into_iter().flat_map(|(name, parts)| {
+            parts
+                .values()
+                .filter_map(move |p| p.elements.get(name))
+                .flatten()
+        });
+        own.into_iter().flat_map(|s| &s.elements).chain(from_parts)
+    }
+}
+
 impl Transaction {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
@@ -50,6 +89,10 @@ impl Transaction {
             .iter()
             .map(|op| match op {
                 Op::AddSet(s) => 1 + s.elements.len(),
+                Op::AddSetWithParts { set, parts } => {
+                    let from_parts = parts.values().filter_map(|p| p.elements.get(&set.name));
+                    1 + set.elements.len() + from_parts.map(BTreeMap::len).sum::<usize>()
+                }
                 Op::AddElements(s) | Op::DeleteElements(s) => s.elements.len(),
                 _ => 1,
             })
@@ -58,12 +101,18 @@ impl Transaction {
 
     /// The full replacement of the table: used when the kernel state is unknown (start-up,
     /// resync). Still one atomic batch, so packets see the old table or the new one.
+    ///
+    /// A table with parts is written as its flattened form would be, in the same order,
+    /// but without building that copy: part chains and sets are cloned (small), the
+    /// elements parts put in top-level sets are referenced through [`Op::AddSetWithParts`]
+    /// (an O(1) clone of the part map), which is most of a large table.
     pub fn full(desired: &Table) -> Transaction {
-        if !desired.parts.is_empty() {
-            return Transaction::full_owned(desired.flatten());
-        }
         let mut ops = vec![Op::AddTable, Op::DeleteTable, Op::AddTable];
-        push_creation(&mut ops, desired.chains.values(), desired.sets.values());
+        if desired.parts.is_empty() {
+            push_creation(&mut ops, desired.chains.values(), desired.sets.values());
+        } else {
+            push_creation_with_parts(&mut ops, desired);
+        }
         Transaction {
             table: desired.name.clone(),
             ops,
@@ -72,13 +121,12 @@ impl Transaction {
 
     /// [`Transaction::full`] that takes the table by value: sets and rules move into the ops
     /// instead of being copied (a full sync of 100k elements must not clone them).
-    /// [`Transaction::into_table`] gives the table back.
+    /// [`Transaction::into_table`] gives the table back (flattened, for a table with parts,
+    /// whose top level is copied: the parts hold the bulk and are referenced anyway).
     pub fn full_owned(desired: Table) -> Transaction {
-        let desired = if desired.parts.is_empty() {
-            desired
-        } else {
-            desired.flatten()
-        };
+        if !desired.parts.is_empty() {
+            return Transaction::full(&desired);
+        }
         let mut ops = vec![Op::AddTable, Op::DeleteTable, Op::AddTable];
         let mut rules = Vec::new();
         for (name, chain) in desired.chains {
@@ -116,6 +164,15 @@ impl Transaction {
                     }
                 }
                 Op::AddSet(set) => table.add_set(set),
+                Op::AddSetWithParts { mut set, parts } => {
+                    for part in parts.values() {
+                        if let Some(e) = part.elements.get(&set.name) {
+                            set.elements
+                                .extend(e.iter().map(|(k, v)| (k.clone(), v.clone())));
+                        }
+                    }
+                    table.add_set(set);
+                }
                 _ => {}
             }
         }
@@ -149,6 +206,45 @@ fn push_creation<'a>(
         ops.push(Op::AddSet(s.clone()));
     }
     for c in chains {
+        push_rules(ops, c);
+    }
+}
+
+/// [`push_creation`] of the flattened table, in the flattened order (chains and sets by
+/// name across the top level and the parts), with top-level sets that parts put elements
+/// in created by [`Op::AddSetWithParts`].
+fn push_creation_with_parts(ops: &mut Vec<Op>, desired: &Table) {
+    let mut chains: BTreeMap<&str, &Chain> = desired
+        .chains
+        .iter()
+        .map(|(k, c)| (k.as_str(), c))
+        .collect();
+    let mut sets: BTreeMap<&str, &Set> =
+        desired.sets.iter().map(|(k, s)| (k.as_str(), s)).collect();
+    let mut filled: BTreeSet<&str> = BTreeSet::new();
+    for part in desired.parts.values() {
+        chains.extend(part.chains.iter().map(|(k, c)| (k.as_str(), c)));
+        sets.extend(part.sets.iter().map(|(k, s)| (k.as_str(), s)));
+        filled.extend(part.elements.keys().map(String::as_str));
+    }
+    for c in chains.values() {
+        ops.push(Op::AddChain {
+            name: c.name.clone(),
+            base: c.base,
+        });
+    }
+    for (name, s) in sets {
+        // Parts' elements go to top-level sets only (as `diff` looks them up).
+        if filled.contains(name) && desired.sets.contains_key(name) {
+            ops.push(Op::AddSetWithParts {
+                set: s.clone(),
+                parts: desired.parts.clone(),
+            });
+        } else {
+            ops.push(Op::AddSet(s.clone()));
+        }
+    }
+    for c in chains.values() {
         push_rules(ops, c);
     }
 }
@@ -530,9 +626,12 @@ fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String
             check_rule_refs(t, rule)?;
             chain_mut(t, chain)?.rules.push(rule.clone())
         }
-        Op::AddSet(s) => {
-            check_element_targets(t, s)?;
-            t.sets.insert(s.name.clone(), s.clone());
+        Op::AddSet(s) | Op::AddSetWithParts { set: s, .. } => {
+            check_element_targets(t, op.elements())?;
+            let mut set = s.clone_declaration();
+            set.elements
+                .extend(op.elements().map(|(k, v)| (k.clone(), v.clone())));
+            t.sets.insert(s.name.clone(), set);
         }
         Op::DeleteSet(s) => {
             if set_in_use(t, s) {
@@ -543,7 +642,7 @@ fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String
                 .ok_or_else(|| format!("set {s} does not exist"))?;
         }
         Op::AddElements(s) => {
-            check_element_targets(t, s)?;
+            check_element_targets(t, op.elements())?;
             let set = set_mut(t, &s.name)?;
             for (k, v) in &s.elements {
                 set.elements.insert(k.clone(), v.clone());
@@ -600,16 +699,19 @@ fn check_rule_refs(t: &Table, rule: &Rule) -> Result<(), String> {
     Ok(())
 }
 
-fn check_element_targets(t: &Table, set: &Set) -> Result<(), String> {
-    for v in set.elements.values() {
+fn check_element_targets<'a>(
+    t: &Table,
+    mut elements: impl Iterator<Item = (&'a ElemKey, &'a ElemValue)>,
+) -> Result<(), String> {
+    elements.try_for_each(|(_, v)| {
         if let Some(ElemData::Verdict(verdict)) = &v.data
             && let Some(c) = verdict.target()
             && !t.chains.contains_key(c)
         {
             return Err(format!("chain {c} does not exist"));
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn chain_mut<'a>(t: &'a mut Table, name: &str) -> Result<&'a mut Chain, String> {

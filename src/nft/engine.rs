@@ -122,8 +122,8 @@ impl<B: NftBackend> Engine<B> {
 
     /// Full, atomic replacement; the desired table moves through the transaction and back,
     /// so even a 100k-element table is never copied.
-    /// A table with parts is written flattened but kept structured, so the next diff can
-    /// skip unchanged parts by pointer.
+    /// A table with parts is kept structured, so the next diff can skip unchanged parts by
+    /// pointer; its transaction references the parts' elements instead of copying them.
     fn replace(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
         if !desired.parts.is_empty() {
             let stats = self.backend.apply(&Transaction::full(&desired))?;

@@ -55,27 +55,32 @@ pub fn render_transaction(tx: &Transaction) -> String {
             Op::AddRule { chain, rule } => {
                 writeln!(out, "add rule inet {t} {chain} {}", rule_text(rule))
             }
-            Op::AddSet(set) => {
+            Op::AddSet(set) | Op::AddSetWithParts { set, .. } => {
                 let kw = set_keyword(set);
                 let _ = write!(out, "add {kw} inet {t} {} {{ ", set.name);
                 out.push_str(&set_declaration(set, "; "));
-                writeln!(out, "}}").and_then(|_| element_command(&mut out, "add", t, set))
+                writeln!(out, "}}").and_then(|_| element_command(&mut out, "add", t, op))
             }
             Op::DeleteSet(name) => writeln!(out, "delete set inet {t} {name}"),
-            Op::AddElements(set) => element_command(&mut out, "add", t, set),
-            Op::DeleteElements(set) => element_command(&mut out, "delete", t, set),
+            Op::AddElements(_) => element_command(&mut out, "add", t, op),
+            Op::DeleteElements(_) => element_command(&mut out, "delete", t, op),
         };
     }
     out
 }
 
-fn element_command(out: &mut String, verb: &str, table: &str, set: &Set) -> std::fmt::Result {
-    if set.elements.is_empty() {
+/// `add|delete element` with every element `op` writes (see [`Op::elements`]).
+fn element_command(out: &mut String, verb: &str, table: &str, op: &Op) -> std::fmt::Result {
+    let Some(set) = op.set() else {
+        return Ok(());
+    };
+    let mut elements = op.elements().peekable();
+    if elements.peek().is_none() {
         return Ok(());
     }
     write!(out, "{verb} element inet {table} {} {{ ", set.name)?;
     let deleting = verb == "delete";
-    for (i, (key, value)) in set.elements.iter().enumerate() {
+    for (i, (key, value)) in elements.enumerate() {
         if i > 0 {
             out.push_str(", ");
         }

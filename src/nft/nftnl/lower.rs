@@ -120,23 +120,23 @@ pub fn lower<'a>(
                     origin,
                 });
             }
-            Op::AddSet(set) => {
+            Op::AddSet(set) | Op::AddSetWithParts { set, .. } => {
                 check_name("set", &set.name)?;
                 let id = next_id;
                 next_id += 1;
                 let spec = named_set_spec(set, id)?;
                 sets.insert(set.name.clone(), known_set(set, Some(id)));
                 push(MsgBody::NewSet(spec));
-                let chunks = set_elements(set, ElemMode::Create)?;
+                let chunks = set_elements(op, ElemMode::Create)?;
                 push_chunks(&mut out, origin, false, &set.name, Some(id), chunks);
             }
             Op::AddElements(set) => {
                 let id = sets.get(&set.name).and_then(|s| s.id);
-                let chunks = set_elements(set, ElemMode::Add)?;
+                let chunks = set_elements(op, ElemMode::Add)?;
                 push_chunks(&mut out, origin, false, &set.name, id, chunks);
             }
             Op::DeleteElements(set) => {
-                let chunks = set_elements(set, ElemMode::Delete)?;
+                let chunks = set_elements(op, ElemMode::Delete)?;
                 push_chunks(&mut out, origin, true, &set.name, None, chunks);
             }
         }
@@ -187,9 +187,12 @@ fn base_spec(b: &BaseChain) -> BaseSpec {
     }
 }
 
-fn set_elements(set: &Set, mode: ElemMode) -> Result<Vec<ElemChunk>, NftError> {
+/// Every element a set op writes ([`Op::elements`]), encoded with its set's declaration
+/// and split into messages like nft; `src` numbers them in that order.
+fn set_elements(op: &Op, mode: ElemMode) -> Result<Vec<ElemChunk>, NftError> {
+    let set = op.set().expect("a set op");
     let layout = ElemLayout::new(set.key.clone(), set.flags.interval, set.kind.clone())?;
-    let elems = set.elements.iter().enumerate().map(|(i, (k, v))| Element {
+    let elems = op.elements().enumerate().map(|(i, (k, v))| Element {
         key: k,
         value: Some(v),
         src: i as u32,

@@ -84,7 +84,7 @@ impl NftnlBackend {
         for op in &tx.ops {
             match op {
                 Op::DeleteTable => self.known.clear(),
-                Op::AddSet(s) => {
+                Op::AddSet(s) | Op::AddSetWithParts { set: s, .. } => {
                     self.known.insert(s.name.clone(), lower::known_set(s, None));
                 }
                 Op::DeleteSet(name) => {
@@ -180,14 +180,12 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
             "add rule inet {t} {chain}: {} (its anonymous set)",
             render::rule_text(rule)
         ),
-        (
-            MsgBody::Elems { chunk, .. },
-            Op::AddSet(set) | Op::AddElements(set) | Op::DeleteElements(set),
-        ) => {
+        (MsgBody::Elems { chunk, .. }, op) if op.set().is_some() => {
+            let set = op.set().expect("a set op");
             let hit = bytes
                 .and_then(|(m, off)| reply::entry_at(&m, NFTA_SET_ELEM_LIST_ELEMENTS, off))
                 .and_then(|k| chunk.srcs.get(k))
-                .and_then(|src| set.elements.iter().nth(*src as usize));
+                .and_then(|src| op.elements().nth(*src as usize));
             let verb = if matches!(op, Op::DeleteElements(_)) {
                 "delete"
             } else {
@@ -202,11 +200,13 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
                 None => format!(
                     "{verb} element inet {t} {}: {} elements",
                     set.name,
-                    set.elements.len()
+                    op.elements().count()
                 ),
             }
         }
-        (_, Op::AddSet(set)) => op_text(t, &Op::AddSet(set.clone_declaration())),
+        (_, Op::AddSet(set) | Op::AddSetWithParts { set, .. }) => {
+            op_text(t, &Op::AddSet(set.clone_declaration()))
+        }
         _ => op_text(t, op),
     }
 }
