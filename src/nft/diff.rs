@@ -91,7 +91,7 @@ impl Transaction {
                 Op::AddSet(s) => 1 + s.elements.len(),
                 Op::AddSetWithParts { set, parts } => {
                     let from_parts = parts.values().filter_map(|p| p.elements.get(&set.name));
-                    1 + set.elements.len() + from_parts.map(BTreeMap::len).sum::<usize>()
+                    1 + set.elements.len() + from_parts.map(PartElements::len).sum::<usize>()
                 }
                 Op::AddElements(s) | Op::DeleteElements(s) => s.elements.len(),
                 _ => 1,
@@ -356,7 +356,13 @@ impl<'a> Delta<'a> {
         }
     }
 
-    fn elements(&mut self, set: &str, decl: Option<&'a Set>, have: &Elements, want: &Elements) {
+    fn elements<'e>(
+        &mut self,
+        set: &str,
+        decl: Option<&'a Set>,
+        have: impl IntoIterator<Item = (&'e ElemKey, &'e ElemValue)>,
+        want: impl IntoIterator<Item = (&'e ElemKey, &'e ElemValue)>,
+    ) {
         let (del, add) = element_delta(have, want);
         for (map, elements) in [
             (&mut self.element_removals, del),
@@ -374,7 +380,7 @@ impl<'a> Delta<'a> {
 
     /// Elements a changed part puts in top-level sets.
     fn contributions(&mut self, old: &Part, new: &Part) {
-        let none = Elements::new();
+        let none = PartElements::default();
         for (set, want) in &new.elements {
             self.elements(set, None, old.elements.get(set).unwrap_or(&none), want);
         }
@@ -529,14 +535,17 @@ type Elements = BTreeMap<ElemKey, ElemValue>;
 
 /// Elements to delete and to add. A changed value (new verdict, new timeout) is a delete
 /// plus an add of the same key, which the kernel applies in order within the batch.
-fn element_delta(have: &Elements, want: &Elements) -> (Elements, Elements) {
+fn element_delta<'e>(
+    have: impl IntoIterator<Item = (&'e ElemKey, &'e ElemValue)>,
+    want: impl IntoIterator<Item = (&'e ElemKey, &'e ElemValue)>,
+) -> (Elements, Elements) {
     use std::cmp::Ordering::*;
     let mut del = Elements::new();
     let mut add = Elements::new();
-    // Both maps iterate in key order: one merge pass, no lookups (this runs over every
+    // Both sides iterate in key order: one merge pass, no lookups (this runs over every
     // element of every set on each sync, so it must stay linear and cheap).
-    let mut h = have.iter().peekable();
-    let mut w = want.iter().peekable();
+    let mut h = have.into_iter().peekable();
+    let mut w = want.into_iter().peekable();
     loop {
         match (h.peek(), w.peek()) {
             (None, None) => break,

@@ -26,6 +26,7 @@ pub fn service_part(model: &Model, ports: &[PortBackends]) -> Planned {
     for pb in ports {
         port_elements(&mut out, model, pb);
     }
+    out.part.shrink_to_fit();
     out
 }
 
