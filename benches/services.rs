@@ -282,8 +282,12 @@ fn connect_loop(ns: &Ns, dst: &str, n: usize) -> Duration {
     })
 }
 
-/// Connection setup from a pod to a ClusterIP with 10 and with `n` services installed.
+/// Connection setup from a pod to a ClusterIP with 10 and with `n` services installed, and
+/// to the backend directly. Rounds alternate between the three (re-installing the table each
+/// time) and the median round is reported, so drift on a shared machine (TIME_WAIT and
+/// conntrack entries piling up, neighbours' load) hits all three alike.
 fn latency(n: usize, e: usize, conns: usize) {
+    const ROUNDS: usize = 5;
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let client = lab.add_pod(&node, "client", &["10.128.0.5"]);
@@ -300,21 +304,29 @@ fn latency(n: usize, e: usize, conns: usize) {
     let cfg = Config::for_node(NODE);
     let real = [Ipv4Addr::new(10, 128, 0, 6)];
     let mut engine = node.enter(|| Engine::new(NftnlBackend::new()));
-    let mut results = Vec::new();
-    for count in [10, n] {
-        let snap = cluster(count, e, Some(&real));
-        let d = plan(&snap, &cfg);
-        node.enter(|| {
-            engine.invalidate();
-            engine.sync(d.ruleset).expect("apply")
-        });
-        connect_loop(&client.ns, "172.30.0.10:80", conns / 10 + 1); // warm-up
-        results.push((count, connect_loop(&client.ns, "172.30.0.10:80", conns)));
+    let tables: Vec<_> = [10, n]
+        .iter()
+        .map(|count| (*count, plan(&cluster(*count, e, Some(&real)), &cfg).ruleset))
+        .collect();
+    let per_round = conns / ROUNDS + 1;
+    let mut rounds: Vec<Vec<Duration>> = vec![Vec::new(); tables.len() + 1];
+    for _ in 0..ROUNDS {
+        for (i, (_, table)) in tables.iter().enumerate() {
+            node.enter(|| {
+                engine.invalidate();
+                engine.sync(table.clone()).expect("apply")
+            });
+            // Let the kernel finish deferred work (hash table resizes) before timing.
+            std::thread::sleep(Duration::from_secs(1));
+            connect_loop(&client.ns, "172.30.0.10:80", per_round / 10 + 1); // warm-up
+            rounds[i].push(connect_loop(&client.ns, "172.30.0.10:80", per_round));
+        }
+        rounds[tables.len()].push(connect_loop(&client.ns, "10.128.0.6:8080", per_round));
     }
-    let direct = connect_loop(&client.ns, "10.128.0.6:8080", conns);
-    println!("connection setup, {conns} connections each:");
-    let base = results[0].1;
-    for (count, t) in &results {
+    let medians: Vec<Duration> = rounds.into_iter().map(median).collect();
+    println!("connection setup, median of {ROUNDS} alternating rounds of {per_round} connections:");
+    let base = medians[0];
+    for ((count, _), t) in tables.iter().zip(&medians) {
         println!(
             "  ClusterIP with {count:>6} services: {:6.1} us/conn ({:+.1}% vs 10)",
             t.as_secs_f64() * 1e6,
@@ -323,7 +335,7 @@ fn latency(n: usize, e: usize, conns: usize) {
     }
     println!(
         "  backend directly:               {:6.1} us/conn",
-        direct.as_secs_f64() * 1e6
+        medians[tables.len()].as_secs_f64() * 1e6
     );
 }
 
