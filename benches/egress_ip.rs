@@ -13,6 +13,9 @@
 #[path = "../tests/lab/mod.rs"]
 mod lab;
 
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 use lab::Lab;
 use nodeplane::api::{EgressIP, Namespace, Node, Pod};
 use nodeplane::config::Config;
@@ -23,14 +26,6 @@ use nodeplane::snapshot::{Snapshot, SnapshotBuilder};
 use serde_json::json;
 use std::net::Ipv4Addr;
 use std::time::Instant;
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.windows(2)
-        .find(|w| w[0] == name)
-        .map(|w| w[1].parse().expect("a number"))
-        .unwrap_or(default)
-}
 
 fn pod(i: usize, nodes: usize, eips: usize) -> Pod {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + 10 + i as u32);

@@ -14,6 +14,9 @@
 #[path = "../tests/lab/mod.rs"]
 mod lab;
 
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 use lab::{Lab, Ns, Pod};
 use nodeplane::config::Config;
 use nodeplane::dns::DnsAnswers;
@@ -27,14 +30,6 @@ use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
 const SERVER: &str = "203.0.113.10:80";
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.windows(2)
-        .find(|w| w[0] == name)
-        .map(|w| w[1].parse().expect("a number"))
-        .unwrap_or(default)
-}
 
 /// `n` rules that do not match the server (distinct /32s in 198.18.0.0/15, a quarter with a
 /// TCP port), then Allow the server's /24, then Deny all.

@@ -12,20 +12,15 @@
 //!
 //! Also printed: the JSON size of a pod before and after pruning.
 
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 use std::time::Instant;
 
 use kube::api::DynamicObject;
 use nodeplane::snapshot::Kind;
 use nodeplane::source::kube::{Store, Update, decode};
 use serde_json::{Value, json};
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.windows(2)
-        .find(|w| w[0] == name)
-        .map(|w| w[1].parse().expect("a number"))
-        .unwrap_or(default)
-}
 
 fn pod(i: usize) -> Value {
     let ip = format!("10.{}.{}.{}", 128 + (i >> 16) % 4, (i >> 8) & 255, i & 255);

@@ -189,6 +189,12 @@ fn parse_ips<'a>(field: &str, raw: impl Iterator<Item = &'a str>) -> Result<Vec<
     Ok(out)
 }
 
+/// An endpoint port (slice or Endpoints subset) that serves the service port: same name
+/// (both unnamed counts) and protocol.
+fn names_port(port: &Port, name: Option<&str>, proto: Option<&str>) -> bool {
+    name.unwrap_or_default() == port.name && protocol(proto).ok() == Some(port.proto)
+}
+
 fn protocol(p: Option<&str>) -> Result<u8, String> {
     match p.unwrap_or("TCP") {
         "TCP" => Ok(proto::TCP),
@@ -242,10 +248,7 @@ pub fn backends(
                     .ports
                     .iter()
                     .flatten()
-                    .find(|p| {
-                        p.name.clone().unwrap_or_default() == port.name
-                            && protocol(p.protocol.as_deref()).ok() == Some(port.proto)
-                    })
+                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
                     .and_then(|p| p.port)
                     .and_then(|p| port_number(p).ok())
                 else {
@@ -281,10 +284,7 @@ pub fn backends(
                     .ports
                     .iter()
                     .flatten()
-                    .find(|p| {
-                        p.name.clone().unwrap_or_default() == port.name
-                            && protocol(p.protocol.as_deref()).ok() == Some(port.proto)
-                    })
+                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
                     .and_then(|p| port_number(p.port).ok())
                 else {
                     continue;
