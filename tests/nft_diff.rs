@@ -149,7 +149,7 @@ fn removed_chain_loses_its_map_elements_before_it_is_deleted() {
 }
 
 #[test]
-fn engine_sends_nothing_the_second_time_and_keeps_state_on_rejection() {
+fn engine_sends_nothing_the_second_time_and_reads_back_after_a_rejection() {
     let mut engine = Engine::new(FakeBackend::default());
     let a = table(&[("a", 1)], &[(1, "a")]);
     let first = engine.sync(a.clone()).unwrap();
@@ -158,13 +158,66 @@ fn engine_sends_nothing_the_second_time_and_keeps_state_on_rejection() {
 
     let b = table(&[("a", 1)], &[(1, "a"), (2, "a")]);
     engine.backend_mut().reject_next = Some("EINVAL".into());
-    let err = engine.sync(b.clone()).unwrap_err();
-    assert!(matches!(err, NftError::Rejected { .. }));
-    assert_eq!(engine.backend().table.as_ref(), Some(&a));
-    // The engine still knows the kernel holds `a`, so the retry is a one-element diff.
-    let retry = engine.sync(b.clone()).unwrap();
-    assert_eq!(retry.ops, 1);
+    // Rejected once: the engine reads the table back and applies the one-element repair.
+    let repaired = engine.sync(b.clone()).unwrap();
+    assert_eq!(repaired.ops, 1);
+    assert_eq!(engine.read_backs(), 2);
     assert_eq!(engine.backend().table.as_ref(), Some(&b));
+}
+
+#[test]
+fn a_restarted_engine_reads_back_and_writes_nothing_or_only_the_change() {
+    let a = table(&[("a", 1), ("b", 2)], &[(1, "a"), (2, "b")]);
+    let mut engine = Engine::new(FakeBackend::default());
+    engine.sync(a.clone()).unwrap();
+    let model = engine.backend().table.clone();
+    // A new process: a fresh engine over the same kernel state.
+    let mut restarted = Engine::new(FakeBackend {
+        table: model.clone(),
+        ..Default::default()
+    });
+    assert_eq!(restarted.sync(a.clone()).unwrap(), ApplyStats::default());
+    assert!(restarted.backend().applied.is_empty(), "nothing sent");
+    let b = table(&[("a", 1), ("b", 2)], &[(1, "a"), (3, "b")]);
+    let stats = restarted.sync(b.clone()).unwrap();
+    assert_eq!(stats.ops, 2, "one element out, one in");
+    let sent = &restarted.backend().applied[0];
+    assert!(
+        !sent
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::DeleteTable | Op::DeleteChain(_))),
+        "{sent:?}"
+    );
+    assert_eq!(restarted.backend().table.as_ref(), Some(&b));
+}
+
+#[test]
+fn drift_in_the_model_is_repaired_and_dynamic_sets_keep_their_elements() {
+    let mut a = table(&[("a", 1)], &[(1, "a")]);
+    let mut dynamic =
+        Set::new("aff", vec![DataType::Ipv4Addr], SetKind::Set).with_flags(SetFlags {
+            dynamic: true,
+            timeout: true,
+            ..Default::default()
+        });
+    a.add_set(dynamic.clone());
+    let mut engine = Engine::new(FakeBackend::default());
+    engine.sync(a.clone()).unwrap();
+    // The packet path added an affinity entry; someone deleted a vmap element and added a
+    // foreign chain.
+    let model = engine.backend_mut().table.as_mut().unwrap();
+    dynamic.insert(vec![Value::Ipv4("10.0.0.9".parse().unwrap()).into()]);
+    model.sets.insert("aff".into(), dynamic.clone());
+    model.sets.get_mut("dispatch").unwrap().elements.clear();
+    model.add_chain(Chain::regular("foreign"));
+    engine.invalidate();
+    let stats = engine.sync(a.clone()).unwrap();
+    assert!(stats.ops > 0);
+    let after = engine.backend().table.as_ref().unwrap();
+    assert!(!after.chains.contains_key("foreign"));
+    assert_eq!(after.sets["dispatch"].elements, a.sets["dispatch"].elements);
+    assert_eq!(after.sets["aff"].elements.len(), 1, "affinity entry kept");
 }
 
 #[test]

@@ -15,6 +15,8 @@ mod large;
 mod listing;
 #[path = "nft_kernel/parts.rs"]
 mod parts;
+#[path = "nft_kernel/readback.rs"]
+mod readback;
 #[path = "nft_kernel/rich_chains.rs"]
 mod rich_chains;
 #[path = "nft_kernel/wire.rs"]

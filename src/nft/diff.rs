@@ -34,6 +34,9 @@ pub enum Op {
         parts: Parts,
     },
     DeleteSet(String),
+    /// Delete every element of a set (read-back repair of a set whose contents cannot be
+    /// matched element by element; refilled in the same batch). Holds the declaration.
+    FlushSet(Set),
     /// Add the elements of this set value (the declaration says how to encode them).
     AddElements(Set),
     /// Delete the elements (keys) of this set value.
@@ -117,6 +120,30 @@ impl Transaction {
             table: desired.name.clone(),
             ops,
         }
+    }
+
+    /// Creation of the table where the kernel has none (a fresh node): everything
+    /// [`Transaction::full`] writes, without deleting anything first, so it can never
+    /// replace a table someone created in the meantime (that batch fails instead).
+    pub fn create(desired: &Table) -> Transaction {
+        let mut tx = Transaction::full(desired);
+        tx.ops.drain(1..3);
+        tx
+    }
+
+    /// A repair transaction: flush `sets` first, then `diff(current, desired)`.
+    pub fn repair(current: &Table, desired: &Table, flush: &[String]) -> Transaction {
+        let mut tx = diff(current, desired);
+        let decls = flush.iter().filter_map(|name| {
+            let in_parts = || desired.parts.values().find_map(|p| p.sets.get(name));
+            desired
+                .sets
+                .get(name)
+                .or_else(in_parts)
+                .map(Set::clone_declaration)
+        });
+        tx.ops.splice(0..0, decls.map(Op::FlushSet));
+        tx
     }
 
     /// [`Transaction::full`] that takes the table by value: sets and rules move into the ops
@@ -642,6 +669,7 @@ fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String
                 .extend(op.elements().map(|(k, v)| (k.clone(), v.clone())));
             t.sets.insert(s.name.clone(), set);
         }
+        Op::FlushSet(s) => set_mut(t, &s.name)?.elements.clear(),
         Op::DeleteSet(s) => {
             if set_in_use(t, s) {
                 return Err(format!("set {s} is in use"));

@@ -3,6 +3,7 @@
 
 use super::diff::{Transaction, apply_to, diff};
 use super::ir::Table;
+use super::readback::{self, Baseline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -26,9 +27,13 @@ pub struct ApplyStats {
     pub messages: usize,
 }
 
-/// Executes transactions. Implementations must apply a transaction atomically or not at all.
+/// Executes transactions and reads the table back.
 pub trait NftBackend {
+    /// Applies `tx` atomically or not at all.
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError>;
+    /// What the kernel holds of `desired.name`, judged against `desired` (see
+    /// [`readback::mirror`]).
+    fn read_back(&mut self, desired: &Table) -> Result<Baseline, NftError>;
 }
 
 /// An in-memory backend that applies transactions to a model table with the kernel's
@@ -60,13 +65,27 @@ impl NftBackend for FakeBackend {
             messages: tx.ops.len(),
         })
     }
+
+    fn read_back(&mut self, desired: &Table) -> Result<Baseline, NftError> {
+        Ok(match &self.table {
+            None => Baseline::default(),
+            Some(model) => readback::mirror(&mut readback::ModelState::new(model), desired),
+        })
+    }
 }
 
 /// Tracks the kernel's table and syncs desired states through a backend.
+///
+/// The table is never replaced: when what the kernel holds is unknown (start-up, periodic
+/// resync, drift, a rejected batch) the engine reads it back and applies only the
+/// difference, so a restart with nothing changed writes nothing, and base chains and
+/// dynamic sets (session affinity) stay as they are.
 pub struct Engine<B: NftBackend> {
     backend: B,
-    /// What the kernel holds, when known. `None` forces a full (atomic) replacement.
+    /// What the kernel holds, when known. `None`: read it back before the next diff.
     current: Option<Table>,
+    /// Read-backs done (start-up, resync, drift, after a rejection).
+    read_backs: u64,
 }
 
 impl<B: NftBackend> Engine<B> {
@@ -74,6 +93,7 @@ impl<B: NftBackend> Engine<B> {
         Engine {
             backend,
             current: None,
+            read_backs: 0,
         }
     }
 
@@ -89,7 +109,13 @@ impl<B: NftBackend> Engine<B> {
         self.current.as_ref()
     }
 
-    /// The transaction that would bring the kernel to `desired`.
+    /// How many times the kernel's table was read back.
+    pub fn read_backs(&self) -> u64 {
+        self.read_backs
+    }
+
+    /// The transaction that would bring the kernel to `desired`, as far as the engine
+    /// knows what the kernel holds (`--dry-run` and tests; `sync` reads back first).
     pub fn plan(&self, desired: &Table) -> Transaction {
         match &self.current {
             Some(cur) => diff(cur, desired),
@@ -97,10 +123,11 @@ impl<B: NftBackend> Engine<B> {
         }
     }
 
-    /// Brings the kernel to `desired`. An empty diff sends nothing.
+    /// Brings the kernel to `desired`. An empty diff sends nothing. A rejected batch is
+    /// never retried as it was: the table is read back and the difference applied once.
     pub fn sync(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
         let Some(current) = &self.current else {
-            return self.replace(desired);
+            return self.repair(desired);
         };
         let tx = diff(current, &desired);
         if tx.is_empty() {
@@ -111,32 +138,35 @@ impl<B: NftBackend> Engine<B> {
                 self.current = Some(desired);
                 Ok(stats)
             }
-            Err(e @ NftError::Rejected { .. }) => Err(e),
             Err(e) => {
-                // Unknown outcome: the next sync replaces the table wholesale.
+                // The kernel is not what we believed (someone changed it) or the outcome
+                // is unknown: believe nothing, read it back, diff again.
+                tracing::warn!("nftables update failed ({e}); reading the table back");
                 self.current = None;
-                Err(e)
+                self.repair(desired)
             }
         }
     }
 
-    /// Full, atomic replacement; the desired table moves through the transaction and back,
-    /// so even a 100k-element table is never copied.
-    /// A table with parts is kept structured, so the next diff can skip unchanged parts by
-    /// pointer; its transaction references the parts' elements instead of copying them.
-    fn replace(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
-        if !desired.parts.is_empty() {
-            let stats = self.backend.apply(&Transaction::full(&desired))?;
+    /// Reads the kernel's table back and applies the difference.
+    fn repair(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
+        self.read_backs += 1;
+        let baseline = self.backend.read_back(&desired)?;
+        let tx = match &baseline.table {
+            None => Transaction::create(&desired),
+            Some(cur) => Transaction::repair(cur, &desired, &baseline.flush),
+        };
+        if tx.is_empty() {
             self.current = Some(desired);
-            return Ok(stats);
+            return Ok(ApplyStats::default());
         }
-        let tx = Transaction::full_owned(desired);
         let stats = self.backend.apply(&tx)?;
-        self.current = Some(tx.into_table());
+        self.current = Some(desired);
         Ok(stats)
     }
 
-    /// Forgets the kernel state so the next sync is a full replacement (periodic resync).
+    /// Forgets what the kernel holds: the next sync reads the table back and repairs
+    /// only what differs (periodic resync, drift).
     pub fn invalidate(&mut self) {
         self.current = None;
     }

@@ -4,8 +4,10 @@
 pub mod diff;
 pub mod engine;
 pub mod ir;
+pub mod monitor;
 pub mod names;
 pub mod nftnl;
+pub mod readback;
 pub mod render;
 
 pub use diff::{Op, Transaction, diff};

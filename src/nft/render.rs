@@ -62,6 +62,14 @@ pub fn render_transaction(tx: &Transaction) -> String {
                 writeln!(out, "}}").and_then(|_| element_command(&mut out, "add", t, op))
             }
             Op::DeleteSet(name) => writeln!(out, "delete set inet {t} {name}"),
+            Op::FlushSet(set) => {
+                let kind = if matches!(set.kind, SetKind::Set) {
+                    "set"
+                } else {
+                    "map"
+                };
+                writeln!(out, "flush {kind} inet {t} {}", set.name)
+            }
             Op::AddElements(_) => element_command(&mut out, "add", t, op),
             Op::DeleteElements(_) => element_command(&mut out, "delete", t, op),
         };

@@ -120,6 +120,73 @@ impl Expr {
     }
 }
 
+impl Expr {
+    /// The expression with what the kernel does not keep or adds on its own normalised
+    /// away, for comparing a read-back rule with a lowered one: set ids (the kernel keeps
+    /// the name), the bitwise op (dumped always, sent only where nft sends it) and the NAT
+    /// range flags the kernel derives from the registers.
+    pub fn canonical(self) -> Expr {
+        match self {
+            Expr::Lookup {
+                sreg,
+                dreg,
+                set,
+                invert,
+                ..
+            } => Expr::Lookup {
+                sreg,
+                dreg,
+                set,
+                set_id: None,
+                invert,
+            },
+            Expr::DynsetUpdate { sreg, set, .. } => Expr::DynsetUpdate {
+                sreg,
+                set,
+                set_id: None,
+            },
+            Expr::Bitwise { reg, mask, xor, .. } => Expr::Bitwise {
+                reg,
+                mask,
+                xor,
+                with_op: false,
+            },
+            Expr::Nat {
+                kind,
+                family,
+                reg_addr,
+                reg_proto,
+                flags,
+            } => Expr::Nat {
+                kind,
+                family,
+                reg_addr,
+                reg_proto,
+                flags: flags & !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED),
+            },
+            e => e,
+        }
+    }
+
+    /// [`Expr::canonical`] without the looked-up set's name (an anonymous set's name is
+    /// the kernel's choice).
+    pub fn canonical_without_set(self) -> Expr {
+        match self.canonical() {
+            Expr::Lookup {
+                sreg, dreg, invert, ..
+            } => Expr::Lookup {
+                sreg,
+                dreg,
+                set: String::new(),
+                set_id: None,
+                invert,
+            },
+            e => e,
+        }
+    }
+}
+
+pub const NF_NAT_RANGE_MAP_IPS: u32 = 1;
 pub const NFT_CMP_EQ: u32 = 0;
 pub const NFT_CMP_NEQ: u32 = 1;
 pub const NFT_CMP_LTE: u32 = 3;

@@ -427,7 +427,9 @@ fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
         MsgBody::NewSet(_) => (libc::NFT_MSG_NEWSET as u32, NLM_F_CREATE),
         MsgBody::DelSet(_) => (libc::NFT_MSG_DELSET as u32, 0),
         MsgBody::Elems { delete: false, .. } => (libc::NFT_MSG_NEWSETELEM as u32, NLM_F_CREATE),
-        MsgBody::Elems { delete: true, .. } => (libc::NFT_MSG_DELSETELEM as u32, 0),
+        MsgBody::Elems { delete: true, .. } | MsgBody::FlushSet(_) => {
+            (libc::NFT_MSG_DELSETELEM as u32, 0)
+        }
     }
 }
 
@@ -581,6 +583,19 @@ unsafe impl NlMsg for Writer<'_> {
             MsgBody::Elems {
                 set, set_id, chunk, ..
             } => self.elems(nlh, set, *set_id, &chunk.list),
+            MsgBody::FlushSet(set) => {
+                let name = cstring(set);
+                // SAFETY: `nlh` is the message being built with room for a maximum-size
+                // message; the strings are valid C strings.
+                unsafe {
+                    mnl_sys::mnl_attr_put_strz(
+                        nlh.cast(),
+                        NFTA_SET_ELEM_LIST_TABLE,
+                        self.table.as_ptr(),
+                    );
+                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
+                }
+            }
         }
     }
 }

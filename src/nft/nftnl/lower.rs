@@ -38,6 +38,8 @@ pub enum MsgBody<'a> {
     },
     NewSet(SetSpec),
     DelSet(&'a str),
+    /// DELSETELEM without an element list: every element goes.
+    FlushSet(&'a str),
     Elems {
         delete: bool,
         set: &'a str,
@@ -91,6 +93,7 @@ pub fn lower<'a>(
                 sets.remove(name);
                 push(MsgBody::DelSet(name));
             }
+            Op::FlushSet(set) => push(MsgBody::FlushSet(&set.name)),
             Op::AddRule { chain, rule } => {
                 let lowered = lower_rule(rule, &sets, &mut next_id)?;
                 for anon in lowered.anon {

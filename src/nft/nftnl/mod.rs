@@ -12,10 +12,12 @@
 //! - `socket`, `reply`: one `sendmsg`, then every ack and error read back and mapped to the
 //!   op (and element or expression) that caused it.
 
+mod dump;
 mod elems;
 mod expr;
 mod ffi;
 mod lower;
+mod readback;
 mod reply;
 mod rule;
 mod set;
@@ -97,6 +99,26 @@ impl NftnlBackend {
 }
 
 impl NftBackend for NftnlBackend {
+    fn read_back(
+        &mut self,
+        desired: &crate::nft::ir::Table,
+    ) -> Result<crate::nft::readback::Baseline, NftError> {
+        let Some(kernel) = dump::read_table(&desired.name)? else {
+            self.known.clear();
+            return Ok(crate::nft::readback::Baseline::default());
+        };
+        let held: std::collections::BTreeSet<String> = kernel.sets.keys().cloned().collect();
+        let mut judge = readback::Judge::new(kernel, desired);
+        let baseline = crate::nft::readback::mirror(&mut judge, desired);
+        self.known = judge
+            .known()
+            .iter()
+            .filter(|(name, _)| held.contains(*name))
+            .map(|(n, k)| (n.clone(), k.clone()))
+            .collect();
+        Ok(baseline)
+    }
+
     fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError> {
         let batch = self.encode(tx)?;
         let pages: Vec<&[u8]> = batch.encoded.batch.iter().collect();

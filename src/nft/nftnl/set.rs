@@ -16,7 +16,7 @@ pub const NFT_SET_EVAL: u32 = 0x20;
 pub const NFT_SET_CONCAT: u32 = 0x80;
 pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// `NFT_DATA_VERDICT`: the data type of verdict maps.
-const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+pub const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
 
 /// One NEWSET message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,553 @@
+//! Reading a table back: netlink dumps of its chains, rules, sets and elements, parsed into
+//! the same typed kernel-level values the lowering produces ([`Expr`], element specs), so
+//! what the kernel holds and what the agent would send can be compared value for value.
+//!
+//! Safe Rust only: requests are a header plus one or two attributes, replies are walked as
+//! netlink attributes. A dump the kernel marks as interrupted (the ruleset changed while it
+//! ran, `NLM_F_DUMP_INTR`) is read again.
+
+use super::expr::Expr;
+use crate::nft::engine::NftError;
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
+    setsockopt, socket, sockopt,
+};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_GETRULE: u16 = 7;
+const NFT_MSG_GETSET: u16 = 10;
+const NFT_MSG_GETSETELEM: u16 = 13;
+const NFT_MSG_GETTABLE: u16 = 1;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_DUMP_INTR: u16 = 0x10;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_HDRLEN: usize = 16;
+const NFPROTO_INET: u8 = 1;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// One netlink attribute: type (flags masked off) and payload.
+#[derive(Clone, Copy)]
+pub struct Attr<'a> {
+    pub kind: u16,
+    pub data: &'a [u8],
+}
+
+impl<'a> Attr<'a> {
+    pub fn be32(&self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.data.get(..4)?.try_into().ok()?))
+    }
+
+    pub fn be64(&self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.data.get(..8)?.try_into().ok()?))
+    }
+
+    /// A NUL-terminated string attribute.
+    pub fn string(&self) -> String {
+        let end = self
+            .data
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(self.data.len());
+        String::from_utf8_lossy(&self.data[..end]).into_owned()
+    }
+
+    pub fn nested(&self) -> Attrs<'a> {
+        Attrs(self.data)
+    }
+}
+
+/// The attributes of a payload, in order.
+#[derive(Clone, Copy)]
+pub struct Attrs<'a>(pub &'a [u8]);
+
+impl<'a> Attrs<'a> {
+    pub fn get(&self, kind: u16) -> Option<Attr<'a>> {
+        self.into_iter().find(|a| a.kind == kind)
+    }
+
+    pub fn be32(&self, kind: u16) -> Option<u32> {
+        self.get(kind)?.be32()
+    }
+}
+
+impl<'a> IntoIterator for Attrs<'a> {
+    type Item = Attr<'a>;
+    type IntoIter = Box<dyn Iterator<Item = Attr<'a>> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let buf = self.0;
+        let mut i = 0usize;
+        Box::new(std::iter::from_fn(move || {
+            let len = u16::from_ne_bytes(buf.get(i..i + 2)?.try_into().ok()?) as usize;
+            let kind = u16::from_ne_bytes(buf.get(i + 2..i + 4)?.try_into().ok()?);
+            if len < 4 || i + len > buf.len() {
+                return None;
+            }
+            let a = Attr {
+                kind: kind & NLA_TYPE_MASK,
+                data: &buf[i + 4..i + len],
+            };
+            i += (len + 3) & !3;
+            Some(a)
+        }))
+    }
+}
+
+/// A chain as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KChain {
+    /// Type name, hook number, priority, policy of a base chain.
+    pub base: Option<(String, u32, i32, u32)>,
+    pub rules: Vec<KRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KRule {
+    /// `None` where an expression is not one the agent ever writes.
+    pub exprs: Option<Vec<Expr>>,
+    pub udata: Option<Vec<u8>>,
+}
+
+/// Map data of one element.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KData {
+    Value(Vec<u8>),
+    Verdict(i32, Option<String>),
+}
+
+/// One element as the kernel lists it (and as the agent encodes it: see
+/// [`parse_elements`]). Counters, expirations and timeouts are left out: they are state or
+/// defaults, not what the agent declares.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KElem {
+    pub key: Vec<u8>,
+    pub key_end: Option<Vec<u8>>,
+    pub flags: u32,
+    pub data: Option<KData>,
+    pub udata: Option<Vec<u8>>,
+}
+
+/// A set's declaration as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KSetDecl {
+    pub flags: u32,
+    pub key_type: u32,
+    pub key_len: u32,
+    pub data: Option<(u32, u32)>,
+    pub timeout_ms: Option<u64>,
+    pub concat_fields: Vec<u32>,
+    pub udata: Vec<u8>,
+    pub counter: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KSet {
+    pub decl: KSetDecl,
+    pub elems: Vec<KElem>,
+}
+
+/// Everything the kernel holds in one table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelTable {
+    pub chains: BTreeMap<String, KChain>,
+    /// Named and anonymous sets (anonymous ones are named `__set<N>` by the kernel).
+    pub sets: BTreeMap<String, KSet>,
+}
+
+/// Reads `table inet <name>`; `Ok(None)` if the kernel has no such table.
+pub fn read_table(name: &str) -> Result<Option<KernelTable>, NftError> {
+    // The ruleset may change under a dump; the kernel flags that and we read again.
+    for _ in 0..8 {
+        match read_once(name)? {
+            Read::Done(t) => return Ok(t),
+            Read::Interrupted => continue,
+        }
+    }
+    Err(NftError::Netlink(std::io::Error::other(format!(
+        "table inet {name} kept changing while it was read back"
+    ))))
+}
+
+enum Read {
+    Done(Option<KernelTable>),
+    Interrupted,
+}
+
+fn read_once(name: &str) -> Result<Read, NftError> {
+    let sock = DumpSocket::open()?;
+    let mut found = false;
+    let mut intr = sock.dump(NFT_MSG_GETTABLE, &[], |a| {
+        if a.get(1).is_some_and(|n| n.string() == name) {
+            found = true;
+        }
+    })?;
+    if !found {
+        return Ok(if intr {
+            Read::Interrupted
+        } else {
+            Read::Done(None)
+        });
+    }
+    let table_attr = [(1u16, cstr(name))];
+    let mut t = KernelTable::default();
+    intr |= sock.dump(NFT_MSG_GETCHAIN, &table_attr, |a| {
+        if a.get(1).map(|x| x.string()).as_deref() != Some(name) {
+            return;
+        }
+        let Some(chain) = a.get(3).map(|x| x.string()) else {
+            return;
+        };
+        t.chains.insert(chain, parse_chain(a));
+    })?;
+    intr |= sock.dump(NFT_MSG_GETRULE, &table_attr, |a| {
+        if a.get(1).map(|x| x.string()).as_deref() != Some(name) {
+            return;
+        }
+        let Some(chain) = a.get(2).map(|x| x.string()) else {
+            return;
+        };
+        let rule = KRule {
+            exprs: a.get(4).and_then(|e| parse_exprs(e.nested())),
+            udata: a.get(7).map(|u| u.data.to_vec()),
+        };
+        if let Some(c) = t.chains.get_mut(&chain) {
+            c.rules.push(rule);
+        }
+    })?;
+    let mut names = Vec::new();
+    intr |= sock.dump(NFT_MSG_GETSET, &table_attr, |a| {
+        if a.get(1).map(|x| x.string()).as_deref() != Some(name) {
+            return;
+        }
+        if let Some(set) = a.get(2).map(|x| x.string()) {
+            names.push(set.clone());
+            t.sets.insert(
+                set,
+                KSet {
+                    decl: parse_set_decl(a),
+                    elems: Vec::new(),
+                },
+            );
+        }
+    })?;
+    for set in names {
+        let attrs = [(1u16, cstr(name)), (2u16, cstr(&set))];
+        let mut elems = Vec::new();
+        intr |= sock.dump(NFT_MSG_GETSETELEM, &attrs, |a| {
+            if let Some(list) = a.get(3) {
+                elems.extend(parse_elements(list.data));
+            }
+        })?;
+        if let Some(s) = t.sets.get_mut(&set) {
+            s.elems = elems;
+        }
+    }
+    Ok(if intr {
+        Read::Interrupted
+    } else {
+        Read::Done(Some(t))
+    })
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+fn parse_chain(a: Attrs) -> KChain {
+    let base = a.get(4).map(|hook| {
+        let h = hook.nested();
+        (
+            a.get(7).map(|t| t.string()).unwrap_or_default(),
+            h.be32(1).unwrap_or(u32::MAX),
+            h.be32(2).unwrap_or(0) as i32,
+            a.be32(5).unwrap_or(1),
+        )
+    });
+    KChain {
+        base,
+        rules: Vec::new(),
+    }
+}
+
+fn parse_set_decl(a: Attrs) -> KSetDecl {
+    let desc = a.get(9).map(|d| d.nested());
+    let concat_fields = desc
+        .and_then(|d| d.get(2))
+        .map(|c| {
+            c.nested()
+                .into_iter()
+                .filter_map(|f| f.nested().be32(1))
+                .collect()
+        })
+        .unwrap_or_default();
+    let flags = a.be32(3).unwrap_or(0);
+    KSetDecl {
+        flags,
+        key_type: a.be32(4).unwrap_or(0),
+        key_len: a.be32(5).unwrap_or(0),
+        data: a.be32(6).map(|t| (t, a.be32(7).unwrap_or(0))),
+        timeout_ms: a.get(11).and_then(|t| t.be64()),
+        concat_fields,
+        udata: a.get(13).map(|u| u.data.to_vec()).unwrap_or_default(),
+        counter: a.get(17).is_some() || a.get(18).is_some(),
+    }
+}
+
+/// The element nests of an `NFTA_SET_ELEM_LIST_ELEMENTS` payload: what the kernel lists
+/// and what the agent's own encoder writes, parsed by this one function.
+pub fn parse_elements(list: &[u8]) -> Vec<KElem> {
+    Attrs(list)
+        .into_iter()
+        .map(|e| {
+            let e = e.nested();
+            let value = |k: u16| {
+                e.get(k)
+                    .and_then(|x| x.nested().get(1))
+                    .map(|v| v.data.to_vec())
+            };
+            let data = e.get(2).and_then(|d| {
+                let d = d.nested();
+                if let Some(v) = d.get(1) {
+                    return Some(KData::Value(v.data.to_vec()));
+                }
+                let v = d.get(2)?.nested();
+                Some(KData::Verdict(
+                    v.be32(1)? as i32,
+                    v.get(2).map(|c| c.string()),
+                ))
+            });
+            KElem {
+                key: value(1).unwrap_or_default(),
+                key_end: value(10),
+                flags: e.be32(3).unwrap_or(0),
+                data,
+                udata: e.get(6).map(|u| u.data.to_vec()),
+            }
+        })
+        .collect()
+}
+
+/// A rule's expression list; `None` if any expression is one the agent never writes.
+fn parse_exprs(list: Attrs) -> Option<Vec<Expr>> {
+    list.into_iter()
+        .map(|e| {
+            let e = e.nested();
+            let name = e.get(1)?.string();
+            let d = e.get(2).map(|d| d.nested()).unwrap_or(Attrs(&[]));
+            parse_expr(&name, d)
+        })
+        .collect()
+}
+
+fn value_of(a: Option<Attr>) -> Option<Vec<u8>> {
+    Some(a?.nested().get(1)?.data.to_vec())
+}
+
+/// The inverse of `ffi::build_expr`, with the kernel's attribute numbers. Attributes the
+/// kernel adds on its own (counter values, a zero lookup flag, the bitwise op) are
+/// normalised away by [`Expr::canonical`].
+fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
+    Some(match name {
+        "meta" => match d.be32(3) {
+            Some(sreg) => Expr::MetaSet {
+                key: d.be32(2)?,
+                sreg,
+            },
+            None => Expr::Meta {
+                key: d.be32(2)?,
+                dreg: d.be32(1)?,
+            },
+        },
+        "payload" => match d.be32(5) {
+            Some(sreg) => Expr::PayloadSet {
+                base: d.be32(2)?,
+                offset: d.be32(3)?,
+                len: d.be32(4)?,
+                sreg,
+                csum: match d.be32(6).unwrap_or(0) {
+                    0 => None,
+                    kind => Some((kind, d.be32(7).unwrap_or(0))),
+                },
+            },
+            None => Expr::Payload {
+                base: d.be32(2)?,
+                offset: d.be32(3)?,
+                len: d.be32(4)?,
+                dreg: d.be32(1)?,
+            },
+        },
+        "ct" if d.get(3).is_none() && d.get(4).is_none() => Expr::Ct {
+            key: d.be32(2)?,
+            dreg: d.be32(1)?,
+        },
+        "fib" => Expr::Fib {
+            flags: d.be32(3)?,
+            result: d.be32(2)?,
+            dreg: d.be32(1)?,
+        },
+        "numgen"
+            if d.be32(3) == Some(super::types::NFT_NG_RANDOM) && d.be32(4).unwrap_or(0) == 0 =>
+        {
+            Expr::Numgen {
+                modulus: d.be32(2)?,
+                dreg: d.be32(1)?,
+            }
+        }
+        "cmp" => Expr::Cmp {
+            sreg: d.be32(1)?,
+            op: d.be32(2)?,
+            data: value_of(d.get(3))?,
+        },
+        "bitwise" if d.be32(1) == d.be32(2) && d.be32(6).unwrap_or(0) == 0 => Expr::Bitwise {
+            reg: d.be32(1)?,
+            mask: value_of(d.get(4))?,
+            xor: value_of(d.get(5))?,
+            with_op: false,
+        },
+        "byteorder" if d.be32(1) == d.be32(2) && d.be32(3) == Some(1) && d.be32(4) == d.be32(5) => {
+            Expr::Hton {
+                reg: d.be32(1)?,
+                len: d.be32(4)?,
+            }
+        }
+        "lookup" => Expr::Lookup {
+            set: d.get(1)?.string(),
+            sreg: d.be32(2)?,
+            dreg: d.be32(3),
+            set_id: None,
+            invert: d.be32(5).unwrap_or(0) & 1 != 0,
+        },
+        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() => Expr::DynsetUpdate {
+            set: d.get(1)?.string(),
+            sreg: d.be32(4)?,
+            set_id: None,
+        },
+        "immediate" => {
+            let dreg = d.be32(1)?;
+            let data = d.get(2)?.nested();
+            if dreg == super::expr::NFT_REG_VERDICT {
+                let v = data.get(2)?.nested();
+                Expr::Verdict {
+                    code: v.be32(1)? as i32,
+                    chain: v.get(2).map(|c| c.string()),
+                }
+            } else {
+                Expr::Immediate {
+                    dreg,
+                    data: data.get(1)?.data.to_vec(),
+                }
+            }
+        }
+        "counter" => Expr::Counter,
+        "log" => Expr::Log {
+            prefix: d.get(2).map(|p| p.string()).unwrap_or_default(),
+        },
+        "nat" => Expr::Nat {
+            kind: d.be32(1)?,
+            family: d.be32(2)?,
+            reg_addr: d.be32(3)?,
+            reg_proto: d.be32(5),
+            flags: d.be32(7).unwrap_or(0),
+        },
+        "masq" if d.get(2).is_none() => Expr::Masq,
+        "reject" => Expr::Reject {
+            kind: d.be32(1)?,
+            // No code is dumped for a TCP reset.
+            code: d.get(2).and_then(|c| c.data.first().copied()).unwrap_or(0),
+        },
+        _ => return None,
+    })
+}
+
+/// A NETLINK_NETFILTER socket for dumps (separate from the batch socket: a dump's replies
+/// must not mix with a batch's acks).
+struct DumpSocket {
+    fd: OwnedFd,
+    seq: std::cell::Cell<u32>,
+}
+
+impl DumpSocket {
+    fn open() -> Result<DumpSocket, NftError> {
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkNetFilter,
+        )
+        .map_err(std::io::Error::from)?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(std::io::Error::from)?;
+        // Large dumps come in many datagrams; room for a burst of them.
+        setsockopt(&fd, sockopt::RcvBufForce, &(4 << 20)).map_err(std::io::Error::from)?;
+        let timeout = nix::sys::time::TimeVal::new(10, 0);
+        setsockopt(&fd, sockopt::ReceiveTimeout, &timeout).map_err(std::io::Error::from)?;
+        Ok(DumpSocket {
+            fd,
+            seq: std::cell::Cell::new(1),
+        })
+    }
+
+    /// Sends one dump request and calls `each` with the attributes of every reply message.
+    /// Returns whether the kernel flagged the dump as interrupted.
+    fn dump(
+        &self,
+        msg: u16,
+        attrs: &[(u16, Vec<u8>)],
+        mut each: impl FnMut(Attrs),
+    ) -> Result<bool, NftError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let mut req = Vec::with_capacity(64);
+        req.extend_from_slice(&0u32.to_ne_bytes());
+        req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+        req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        req.extend_from_slice(&seq.to_ne_bytes());
+        req.extend_from_slice(&0u32.to_ne_bytes());
+        req.extend_from_slice(&[NFPROTO_INET, 0, 0, 0]);
+        for (kind, data) in attrs {
+            req.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
+            req.extend_from_slice(&kind.to_ne_bytes());
+            req.extend_from_slice(data);
+            req.resize((req.len() + 3) & !3, 0);
+        }
+        let len = req.len() as u32;
+        req[..4].copy_from_slice(&len.to_ne_bytes());
+        send(self.fd.as_raw_fd(), &req, MsgFlags::empty()).map_err(std::io::Error::from)?;
+        let mut buf = vec![0u8; 1 << 18];
+        let mut intr = false;
+        loop {
+            let n = recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())
+                .map_err(std::io::Error::from)?;
+            for (kind, flags, mseq, m) in super::reply::messages(&buf[..n]) {
+                if mseq != seq {
+                    continue;
+                }
+                intr |= flags & NLM_F_DUMP_INTR != 0;
+                match kind {
+                    NLMSG_DONE => return Ok(intr),
+                    NLMSG_ERROR => {
+                        let errno = m
+                            .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+                            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                            .unwrap_or(0);
+                        if errno == 0 {
+                            return Ok(intr);
+                        }
+                        // No such table/set (it went away mid-read): an empty answer.
+                        if -errno == libc::ENOENT {
+                            return Ok(true);
+                        }
+                        return Err(NftError::Netlink(std::io::Error::from_raw_os_error(-errno)));
+                    }
+                    _ => each(Attrs(m.get(NLMSG_HDRLEN + 4..).unwrap_or(&[]))),
+                }
+            }
+        }
+    }
+}
