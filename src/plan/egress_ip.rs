@@ -22,6 +22,7 @@
 
 use super::ObjectStatus;
 use super::base::sets;
+use super::in_force::{InForce, InForceMap};
 use crate::api::{EgressIP, ValidatedEgressIp};
 use crate::config::Config;
 use crate::net::TunnelSpec;
@@ -74,7 +75,9 @@ const MAX_GROUPS: usize = 255;
 /// An EgressIP as planned: the validated object plus what this planner found wrong with it.
 struct Entry {
     key: String,
-    valid: ValidatedEgressIp,
+    /// The API object `valid` was validated from (the current one, or the last valid one).
+    object: Arc<EgressIP>,
+    valid: Arc<ValidatedEgressIp>,
     problems: Vec<String>,
     /// Usable `(ip, node)` assignments.
     hosted: Vec<(IpAddr, String)>,
@@ -90,15 +93,19 @@ struct Claim {
 pub struct EgressIpOutcome {
     pub statuses: Vec<ObjectStatus>,
     /// The version in force per EgressIP (the last valid one when the current is invalid).
-    pub memory: BTreeMap<String, ValidatedEgressIp>,
+    pub memory: EgressIpMemory,
 }
+
+/// What the EgressIP planner carries from one plan to the next: the version in force per
+/// EgressIP name, with the API object it came from.
+pub type EgressIpMemory = InForceMap<EgressIP, ValidatedEgressIp>;
 
 /// Adds the EgressIP chains and maps to `table` and the addresses, routes, rules and tunnel
 /// to `net`; returns one status per EgressIP.
 pub fn plan(
     snapshot: &Snapshot,
     config: &Config,
-    memory: &BTreeMap<String, ValidatedEgressIp>,
+    memory: &EgressIpMemory,
     table: &mut Table,
     net: &mut NetDesired,
 ) -> EgressIpOutcome {
@@ -106,7 +113,7 @@ pub fn plan(
     if snapshot.egress_ips().is_empty() {
         return EgressIpOutcome {
             statuses,
-            memory: BTreeMap::new(),
+            memory: EgressIpMemory::new(),
         };
     }
     let mut entries = validate_all(snapshot, memory, &mut statuses);
@@ -178,7 +185,13 @@ pub fn plan(
     }
     let in_force = entries
         .iter()
-        .map(|e| (e.key.clone(), e.valid.clone()))
+        .map(|e| {
+            let entry = InForce {
+                object: e.object.clone(),
+                valid: e.valid.clone(),
+            };
+            (e.key.clone(), entry)
+        })
         .collect();
     for e in entries {
         let result = if e.problems.is_empty() {
@@ -218,7 +231,7 @@ fn data(ip: IpAddr) -> ElemData {
 /// Valid objects in creation order (then name): the first one wins a contested pod or IP.
 fn validate_all(
     snapshot: &Snapshot,
-    memory: &BTreeMap<String, ValidatedEgressIp>,
+    memory: &EgressIpMemory,
     statuses: &mut Vec<ObjectStatus>,
 ) -> Vec<Entry> {
     let mut objects: Vec<&Arc<EgressIP>> = snapshot.egress_ips().values().collect();
@@ -229,8 +242,8 @@ fn validate_all(
     let mut entries = Vec::new();
     for object in objects {
         let name = object.metadata.name.clone().unwrap_or_default();
-        let (valid, problems) = match object.validate() {
-            Ok(valid) => (valid, Vec::new()),
+        let (object, valid, problems) = match object.validate() {
+            Ok(valid) => (object.clone(), Arc::new(valid), Vec::new()),
             Err(e) => {
                 let err = format!("{}: {}", e.field, e.reason);
                 // An invalid edit keeps the last valid version in force, like the other
@@ -244,13 +257,15 @@ fn validate_all(
                     continue;
                 };
                 (
-                    last.clone(),
+                    last.object.clone(),
+                    last.valid.clone(),
                     vec![format!("{err} (the last valid version stays in force)")],
                 )
             }
         };
         entries.push(Entry {
             key: name,
+            object,
             valid,
             problems,
             hosted: Vec::new(),

@@ -73,7 +73,7 @@ impl Names {
 #[derive(Debug, Clone, Default)]
 pub struct FirewallMemory {
     /// The object in force per namespace.
-    pub in_force: BTreeMap<String, Arc<ValidatedFirewall>>,
+    pub in_force: in_force::InForceMap<EgressFirewall, ValidatedFirewall>,
     pub checks: in_force::Checks<EgressFirewall, ValidatedFirewall>,
     /// Each namespace's part with the inputs it was built from: a namespace whose inputs did
     /// not change keeps its part (the same `Arc`, which the diff skips).
@@ -128,8 +128,8 @@ pub fn plan(
     let mut built = BTreeMap::new();
     for (ns, fw) in &outcome.memory {
         let inputs = Inputs {
-            firewall: fw.clone(),
-            resolved: resolve(fw, snapshot, dns),
+            firewall: fw.valid.clone(),
+            resolved: resolve(&fw.valid, snapshot, dns),
             pods: pods.remove(ns.as_str()).unwrap_or_default(),
         };
         let part = match memory.built.get(ns) {
@@ -155,7 +155,7 @@ pub fn dns_names(snapshot: &Snapshot, memory: &FirewallMemory) -> BTreeSet<Strin
     objects_in_force(snapshot, memory)
         .memory
         .values()
-        .flat_map(|fw| &fw.rules)
+        .flat_map(|fw| &fw.valid.rules)
         .filter_map(|r| match &r.dest {
             Destination::Dns(name) => Some(name.clone()),
             _ => None,
@@ -208,7 +208,7 @@ fn objects_in_force(
 fn local_pod_ips<'a>(
     snapshot: &'a Snapshot,
     config: &Config,
-    in_force: &BTreeMap<String, Arc<ValidatedFirewall>>,
+    in_force: &in_force::InForceMap<EgressFirewall, ValidatedFirewall>,
 ) -> BTreeMap<&'a str, Vec<IpAddr>> {
     let mut by_ns: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     for pod in snapshot.pod_network_pods_on_node(&config.node_name) {

@@ -14,7 +14,6 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy
@@ -47,7 +46,7 @@ pub struct Memory {
     /// The last plan of every Service (re-used while its inputs are pointer-equal).
     pub services: services::Memo,
     /// Per EgressIP name.
-    pub egress_ip: BTreeMap<String, crate::api::ValidatedEgressIp>,
+    pub egress_ip: egress_ip::EgressIpMemory,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the

@@ -21,7 +21,6 @@ use crate::nft::names::object_name;
 use crate::snapshot::{self, Kind, Snapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 /// Verdict maps from a local pod's address to its namespace's QoS chain.
 pub const PODS_V4: &str = "qos-pods-v4";
@@ -38,7 +37,7 @@ pub type QosOutcome = in_force::Outcome<EgressQoS, ValidatedQos>;
 #[derive(Debug, Clone, Default)]
 pub struct QosMemory {
     /// The object in force per namespace.
-    pub in_force: BTreeMap<String, Arc<ValidatedQos>>,
+    pub in_force: in_force::InForceMap<EgressQoS, ValidatedQos>,
     pub checks: in_force::Checks<EgressQoS, ValidatedQos>,
 }
 
@@ -64,7 +63,7 @@ pub fn plan(
     ];
     for (ns, qos) in in_force {
         let ns_pods = pods.get(ns.as_str()).map(Vec::as_slice).unwrap_or_default();
-        let chain = namespace_chain(qos, ns_pods, table);
+        let chain = namespace_chain(&qos.valid, ns_pods, table);
         for ip in ns_pods.iter().flat_map(|p| &p.ips) {
             let jump = ElemData::Verdict(Verdict::Jump(chain.clone()));
             dispatch[family_index(ip)].insert_mapping(vec![Value::ip(*ip).into()], jump);
@@ -94,7 +93,7 @@ struct LocalPod<'a> {
 fn local_pods<'a>(
     snapshot: &'a Snapshot,
     config: &Config,
-    in_force: &BTreeMap<String, Arc<ValidatedQos>>,
+    in_force: &in_force::InForceMap<EgressQoS, ValidatedQos>,
 ) -> BTreeMap<&'a str, Vec<LocalPod<'a>>> {
     let mut by_ns: BTreeMap<&str, Vec<LocalPod>> = BTreeMap::new();
     for pod in snapshot.pod_network_pods_on_node(&config.node_name) {

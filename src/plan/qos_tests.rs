@@ -138,7 +138,7 @@ fn chain_holds_the_rules_in_order_per_family() {
     );
     assert_eq!(d.statuses.len(), 1);
     assert_eq!(d.statuses[0].result, Ok(()));
-    assert_eq!(d.memory.qos.in_force["voice"].rules.len(), 4);
+    assert_eq!(d.memory.qos.in_force["voice"].valid.rules.len(), 4);
 }
 
 #[test]
@@ -264,7 +264,7 @@ fn an_object_not_named_default_is_reported_and_ignored() {
             ),
         ]
     );
-    assert_eq!(d.memory.qos.in_force["voice"].rules[0].dscp, 46);
+    assert_eq!(d.memory.qos.in_force["voice"].valid.rules[0].dscp, 46);
 }
 
 #[test]
