@@ -64,9 +64,16 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     );
     assert_eq!(foreign_listing(&node), foreign_before);
 
-    // A restart replaces the table atomically with the same content.
-    node.run_agent(&args(EXAMPLES, &["--once"]))
-        .expect("second --once");
+    // A restart reads the table back and, with nothing changed, writes nothing.
+    let bin = lab::agent_bin().to_str().unwrap().to_string();
+    let mut argv = vec![bin.as_str()];
+    argv.extend(args(EXAMPLES, &["--once"]));
+    let cmd = format!("RUST_LOG=info {} 2>&1", argv.join(" "));
+    let second = node.exec(&["sh", "-c", &cmd]).expect("second --once");
+    assert!(
+        second.contains("nft_ops=0 "),
+        "a restart with nothing changed wrote to the table:\n{second}"
+    );
     assert_eq!(
         listing::json(&node, "nodeplane"),
         listing::json(&reference, "nodeplane")
