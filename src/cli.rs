@@ -118,4 +118,16 @@ pub struct Opts {
         value_name = "PATH"
     )]
     pub resolv_conf: Option<PathBuf>,
+
+    /// Directory where the agent keeps the last valid EgressFirewall and EgressQoS of each
+    /// namespace and the last valid version of each EgressIP (file `last-valid.json`), so
+    /// that an object turned invalid while the agent was down keeps its last valid rules
+    /// after a restart or the next --once instead of falling open. Written after a
+    /// successful sync when those objects changed; created (mode 0700) if missing. A
+    /// corrupt file, one of another format or node, or an object in it that no longer
+    /// validates is reported and ignored; an unwritable directory is a warning. --dry-run
+    /// reads it too (never writes), so that it prints what the agent would apply.
+    /// Default: /var/lib/nodeplane.
+    #[arg(long, global = true, env = "NODEPLANE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }

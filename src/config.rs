@@ -12,6 +12,7 @@ pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -40,6 +41,8 @@ pub struct Config {
     pub resolv_conf: PathBuf,
     /// Where the admin HTTP server listens in run mode.
     pub admin_address: std::net::SocketAddr,
+    /// Where the last valid objects are kept across restarts (`crate::state`).
+    pub state_dir: PathBuf,
 }
 
 impl Config {
@@ -55,6 +58,7 @@ impl Config {
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
 
@@ -99,6 +103,11 @@ impl Config {
                 .admin_address
                 .or(file.admin_address)
                 .unwrap_or_else(|| DEFAULT_ADMIN_ADDRESS.parse().expect("valid default")),
+            state_dir: opts
+                .state_dir
+                .clone()
+                .or(file.state_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
         })
     }
 }
@@ -159,6 +168,7 @@ struct FileConfig {
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
     admin_address: Option<std::net::SocketAddr>,
+    state_dir: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -194,6 +204,7 @@ mod tests {
         assert_eq!(c.cluster_cidrs, vec!["10.128.0.0/14".parse().unwrap()]);
         assert_eq!(c.service_cidrs, vec!["172.30.0.0/16".parse().unwrap()]);
         assert_eq!(c.resync, DEFAULT_RESYNC);
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/nodeplane"));
     }
 
     #[test]
@@ -202,7 +213,8 @@ mod tests {
         let path = dir.path().join("c.yaml");
         std::fs::write(
             &path,
-            "node-name: from-file\ncluster-cidr: [10.0.0.0/16, fd00::/48]\nresync-seconds: 60\n",
+            "node-name: from-file\ncluster-cidr: [10.0.0.0/16, fd00::/48]\nresync-seconds: 60\n\
+             state-dir: /srv/np-state\n",
         )
         .unwrap();
         let mut o = Opts {
@@ -213,11 +225,14 @@ mod tests {
         assert_eq!(c.node_name, "from-file");
         assert_eq!(c.cluster_cidrs.len(), 2);
         assert_eq!(c.resync, Duration::from_secs(60));
+        assert_eq!(c.state_dir, PathBuf::from("/srv/np-state"));
         o.node_name = Some("from-flag".into());
+        o.state_dir = Some("/run/np".into());
         o.cluster_cidrs = vec!["10.1.0.0/16".into()];
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.node_name, "from-flag");
         assert_eq!(c.cluster_cidrs, vec!["10.1.0.0/16".parse().unwrap()]);
+        assert_eq!(c.state_dir, PathBuf::from("/run/np"));
     }
 
     #[test]

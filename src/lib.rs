@@ -16,4 +16,5 @@ pub mod plan;
 pub mod reconcile;
 pub mod snapshot;
 pub mod source;
+pub mod state;
 pub mod status;

@@ -9,10 +9,11 @@ use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{Desired, Memory, ObjectStatus, egress_ip, firewall, plan, plan_with_dns};
+use crate::plan::{Desired, Memory, ObjectStatus, egress_ip, firewall, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
+use crate::state::{self, StateStore};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -81,6 +82,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     dns: DnsAnswers,
     /// Delete conntrack entries of removed UDP service backends (off for fake backends).
     conntrack_cleanup: bool,
+    /// Where the last valid objects are saved after a sync (None: kept in memory only).
+    state: Option<StateStore>,
 }
 
 impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
@@ -92,7 +95,19 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             memory: Memory::default(),
             dns: DnsAnswers::default(),
             conntrack_cleanup: false,
+            state: None,
         }
+    }
+
+    /// Starts from the last valid objects saved in `store` (each validated again; problems
+    /// are logged and the file ignored in part or whole) and saves them there after each
+    /// successful sync that changed them.
+    pub fn with_state(mut self, mut store: StateStore) -> Self {
+        let loaded = store.load();
+        loaded.log(&store.path());
+        self.memory = loaded.last_valid.into_memory();
+        self.state = Some(store);
+        self
     }
 
     /// Deletes conntrack entries of removed UDP service backends after each apply.
@@ -143,11 +158,25 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         let changes = planned?;
         self.net.apply(&changes)?;
         self.memory = memory;
+        self.save_state();
         Ok(SyncReport {
             nft,
             net_ops: changes.len(),
             statuses,
         })
+    }
+
+    /// Saves the objects in force if they changed; a failed write is a warning (the sync
+    /// itself succeeded) and is tried again after the next sync.
+    fn save_state(&mut self) {
+        let Some(store) = &mut self.state else {
+            return;
+        };
+        match store.save(&self.memory) {
+            Ok(true) => info!("{}: last valid objects saved", store.path().display()),
+            Ok(false) => {}
+            Err(e) => warn!("last valid objects not saved: {e}"),
+        }
     }
 
     /// The table the kernel holds as far as the engine knows.
@@ -215,16 +244,21 @@ impl Snapshots {
 }
 
 /// `--dry-run`: the full ruleset plus the address/route/rule changes as `#` lines. Reads the
-/// kernel's interfaces to say which device an address would go on; needs no privileges.
+/// kernel's interfaces to say which device an address would go on, and the state directory
+/// (read-only) for the last valid version of an invalid object; needs no privileges.
 pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
     let snapshot = load_snapshot(config)?;
-    let desired = plan(&snapshot, config);
+    let path = config.state_dir.join(state::FILE_NAME);
+    let loaded = state::read(&path, &config.node_name);
+    loaded.log(&path);
+    let memory = loaded.last_valid.into_memory();
+    let desired = plan_with(&snapshot, config, &memory);
     let mut out = format!(
         "# nodeplane ruleset for node {} ({} objects read)\n",
         config.node_name,
         snapshot.len()
     );
-    let names = firewall::dns_names(&snapshot, &Default::default());
+    let names = firewall::dns_names(&snapshot, &memory.firewall);
     if !names.is_empty() {
         let names: Vec<String> = names.into_iter().collect();
         out.push_str(&format!(
@@ -289,7 +323,8 @@ fn real_reconciler(
         NftnlBackend::new(),
         RtnlBackend::new(NetConfig::default())?,
     )
-    .with_conntrack_cleanup())
+    .with_conntrack_cleanup()
+    .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
 
 pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
