@@ -635,3 +635,141 @@ fn once_applies_exactly_what_dry_run_printed() {
         "203.0.113.10 is outside 0.0.0.0/1"
     );
 }
+
+impl Topo {
+    /// `agent --once` run to completion as its own process; its logs (the status lines go
+    /// to stderr). Panics with the logs if it fails.
+    fn once_logs(&self, extra: &[&str]) -> String {
+        let mut args = self.args(extra);
+        args.push("--once");
+        let mut agent = self.node.spawn_agent(&args);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while agent.try_status().is_none() {
+            assert!(Instant::now() < deadline, "--once hangs:\n{}", agent.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (status, logs) = agent.stop();
+        assert!(status.success(), "agent --once: {status}:\n{logs}");
+        logs
+    }
+}
+
+/// Alpha's firewall: deny H20, nothing else.
+fn deny_h20() -> String {
+    format!("[{{type: Deny, to: {{cidrSelector: {H20}/32}}}}]")
+}
+
+/// The same object with a bad CIDR: applied as it is, alpha would have no rules at all.
+const INVALID: &str = "[{type: Deny, to: {cidrSelector: 203.0.113.300/32}}]";
+const INVALID_STATUS: &str = "EgressFirewall alpha/default: EgressFirewall Rules not correctly \
+                              applied: spec.egress[0].to.cidrSelector: invalid CIDR \
+                              \"203.0.113.300/32\"";
+
+#[test]
+fn once_keeps_the_last_valid_rules_of_an_object_that_turned_invalid() {
+    let t = topo();
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("nodeplane");
+    let flag = ["--state-dir", state_dir.to_str().unwrap()];
+    let file = state_dir.join("last-valid.json");
+    let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
+    t.write(&deny_h20());
+    let logs = t.once_logs(&flag);
+    assert!(!logs.contains("not correctly applied"), "{logs}");
+    assert_eq!(reach(), (false, true), "the deny is in force");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        (&saved["format"], &saved["node"]),
+        (&"nodeplane/last-valid/v1".into(), &NODE.into())
+    );
+    assert_eq!(
+        saved["egressFirewalls"][0]["metadata"]["namespace"],
+        "alpha"
+    );
+    let written = std::fs::metadata(&file).unwrap().modified().unwrap();
+
+    // The object turns invalid; a new --once process still applies its last valid rules.
+    t.write(INVALID);
+    let logs = t.once_logs(&flag);
+    assert!(logs.contains(INVALID_STATUS), "{logs}");
+    assert!(logs.contains("last valid objects read: 1"), "{logs}");
+    assert_eq!(reach(), (false, true), "still denied after a restart");
+    // Nothing new to remember: the file is not rewritten.
+    assert!(!logs.contains("last valid objects saved"), "{logs}");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        written
+    );
+
+    // As after a reboot: the table is gone, the file is all there is. Still denied.
+    t.node
+        .nft(&["delete", "table", "inet", "nodeplane"])
+        .unwrap();
+    assert_eq!(reach(), (true, true), "no table, no deny");
+    let logs = t.once_logs(&flag);
+    assert!(logs.contains(INVALID_STATUS), "{logs}");
+    assert_eq!(
+        reach(),
+        (false, true),
+        "the deny came back from the state file"
+    );
+
+    // A corrupt file is reported and ignored: nothing remembered, the invalid object gets
+    // no rules (which shows that the file was what kept them).
+    std::fs::write(&file, "{\"format\": \"nodeplane/last-").unwrap();
+    let logs = t.once_logs(&flag);
+    let corrupt = format!("{}: corrupt (not JSON", file.display());
+    assert!(logs.contains(&corrupt), "{logs}");
+    assert!(logs.contains(INVALID_STATUS), "{logs}");
+    assert_eq!(reach(), (true, true));
+
+    // A valid object applies and is remembered again.
+    t.write(&format!("[{{type: Deny, to: {{cidrSelector: {H10}/32}}}}]"));
+    let logs = t.once_logs(&flag);
+    assert!(logs.contains("last valid objects saved"), "{logs}");
+    assert_eq!(reach(), (true, false));
+    t.write(INVALID);
+    t.once_logs(&flag);
+    assert_eq!(reach(), (true, false));
+}
+
+#[test]
+fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid() {
+    let t = topo();
+    let state = tempfile::tempdir().unwrap();
+    let flag = ["--state-dir", state.path().to_str().unwrap()];
+    let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
+    t.write(&deny_h20());
+    let agent = t.spawn(&flag);
+    wait_for(10, (false, true), reach);
+    t.write(INVALID);
+    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
+    assert_eq!(reach(), (false, true));
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+
+    // Restarted while the object is invalid: the deny stays.
+    let agent = t.spawn(&flag);
+    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
+    assert_eq!(reach(), (false, true), "still denied after a restart");
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+
+    // Rebooted (the table is gone) while the object is invalid: the deny comes back.
+    t.node
+        .nft(&["delete", "table", "inet", "nodeplane"])
+        .unwrap();
+    assert_eq!(reach(), (true, true), "no table, no deny");
+    let agent = t.spawn(&flag);
+    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
+    assert_eq!(
+        reach(),
+        (false, true),
+        "the deny came back from the state file"
+    );
+    // Fixing the object applies the fix.
+    t.write(&format!("[{{type: Deny, to: {{cidrSelector: {H10}/32}}}}]"));
+    wait_for(10, (true, false), reach);
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}

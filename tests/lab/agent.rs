@@ -72,10 +72,12 @@ impl Drop for AgentProcess {
 
 impl Ns {
     /// Runs the agent to completion in this netns (e.g. `--dry-run`, `--once`, `cleanup`);
-    /// Ok(stdout), Err includes stderr.
+    /// Ok(stdout), Err includes stderr. Like `spawn_agent`, with this netns's state
+    /// directory (`Ns::state_dir`) unless `args` name another.
     pub fn run_agent(&self, args: &[&str]) -> Result<String, CmdError> {
         let bin = agent_bin().to_str().expect("utf-8 path");
-        let mut argv = vec![bin];
+        let state = format!("NODEPLANE_STATE_DIR={}", self.state_dir().display());
+        let mut argv = vec!["env", &state, bin];
         argv.extend_from_slice(args);
         self.exec(&argv)
     }
@@ -90,6 +92,7 @@ impl Ns {
             .args(["netns", "exec", self.name()])
             .arg(agent_bin())
             .args(args)
+            .env("NODEPLANE_STATE_DIR", self.state_dir())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

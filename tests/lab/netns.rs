@@ -153,6 +153,13 @@ impl Ns {
         &self.name
     }
 
+    /// This netns's own agent state directory (`--state-dir`, the node's disk): agents
+    /// started in it use it unless given `--state-dir`, so parallel tests never share the
+    /// host's /var/lib/nodeplane. Removed with the lab.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("{}-state", self.name))
+    }
+
     /// Runs `argv` inside this netns; Ok(stdout), Err carries exit status, stdout and stderr.
     pub fn exec(&self, argv: &[&str]) -> Result<String, CmdError> {
         self.exec_stdin(argv, "")

@@ -100,6 +100,8 @@ impl Lab {
         // Registered before creation so that Drop removes it even if setup fails midway.
         self.created.push(ns.clone());
         netns::create(ns.name()).unwrap_or_else(|e| panic!("create netns: {e}"));
+        // Like a stale netns, a stale state directory can only be a killed earlier process's.
+        let _ = std::fs::remove_dir_all(ns.state_dir());
         // No DAD: test addresses must be usable immediately, not "tentative".
         ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
         ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
@@ -248,6 +250,7 @@ impl Drop for Lab {
     fn drop(&mut self) {
         // Never panic here: Drop may run during an unwind, where a panic aborts.
         for ns in self.created.iter().rev() {
+            let _ = std::fs::remove_dir_all(ns.state_dir());
             if netns::exists(ns.name())
                 && let Err(e) = netns::delete(ns.name())
             {
