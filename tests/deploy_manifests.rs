@@ -105,6 +105,41 @@ fn daemonset_is_host_network_with_only_net_admin_and_net_raw() {
 }
 
 #[test]
+fn daemonset_keeps_the_state_directory_on_the_node() {
+    let ds: DaemonSet = load("deploy/daemonset.yaml");
+    let cm: ConfigMap = load("deploy/configmap.yaml");
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    // The state directory the agent uses with this config file and these arguments.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, &cm.data.unwrap()["config.yaml"]).unwrap();
+    let args = c.args.clone().unwrap();
+    let flag = args.iter().position(|a| a == "--state-dir");
+    let state_dir = match flag {
+        Some(i) => PathBuf::from(&args[i + 1]),
+        None => resolve(&path).state_dir,
+    };
+    assert_eq!(state_dir, Path::new("/var/lib/nodeplane"));
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| Path::new(&m.mount_path) == state_dir)
+        .expect("the state directory is mounted");
+    assert_ne!(mount.read_only, Some(true), "the agent writes it");
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let host = volume.host_path.expect("a hostPath: it outlives the pod");
+    assert_eq!(Path::new(&host.path), state_dir);
+    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
+}
+
+#[test]
 fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
     let role: ClusterRole = load("deploy/clusterrole.yaml");
     let binding: ClusterRoleBinding = load("deploy/clusterrolebinding.yaml");
@@ -213,8 +248,11 @@ fn systemd_unit_keeps_only_net_admin_and_net_raw() {
     assert_eq!(value("Restart"), "on-failure");
     assert_eq!(
         value("ExecStart"),
-        "/usr/local/bin/agent --config /etc/nodeplane/config.yaml"
+        "/usr/local/bin/agent --config /etc/nodeplane/config.yaml --state-dir ${STATE_DIRECTORY}"
     );
+    // The only writable place under ProtectSystem=strict: the last valid objects.
+    assert_eq!(value("StateDirectory"), "nodeplane");
+    assert_eq!(value("StateDirectoryMode"), "0700");
     let stop_post = unit.lines().any(|l| l.starts_with("ExecStopPost="));
     assert!(!stop_post, "rules stay on stop by design");
 }
