@@ -119,15 +119,19 @@ pub struct Opts {
     )]
     pub resolv_conf: Option<PathBuf>,
 
-    /// Directory where the agent keeps the last valid EgressFirewall and EgressQoS of each
-    /// namespace and the last valid version of each EgressIP (file `last-valid.json`), so
-    /// that an object turned invalid while the agent was down keeps its last valid rules
-    /// after a restart or the next --once instead of falling open. Written after a
-    /// successful sync when those objects changed; created (mode 0700) if missing. A
-    /// corrupt file, one of another format or node, or an object in it that no longer
-    /// validates is reported and ignored; an unwritable directory is a warning. --dry-run
-    /// reads it too (never writes), so that it prints what the agent would apply.
-    /// Default: /var/lib/nodeplane.
+    /// Directory for the last valid EgressFirewall, EgressQoS and EgressIP objects
+    /// (`last-valid.json`), so that an object turned invalid while the agent was down keeps
+    /// its last valid rules after a restart. Default: /var/lib/nodeplane.
+    ///
+    /// It holds the last valid EgressFirewall and EgressQoS of each namespace and the last
+    /// valid version of each EgressIP, as API objects, with the node name: after a restart
+    /// (or in the next --once), an object that is invalid is planned from its saved version
+    /// instead of the namespace falling open. Written atomically after a successful sync
+    /// when those objects changed; created (mode 0700) if missing; a failed write is a
+    /// warning, not a failed sync. Read once at start: a corrupt file, one of another
+    /// format or written for another node, or an object in it that no longer validates is
+    /// reported and ignored. --dry-run reads it too (never writes), so that it prints what
+    /// the agent would apply.
     #[arg(long, global = true, env = "NODEPLANE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 }
