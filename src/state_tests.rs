@@ -33,11 +33,27 @@ fn eip(name: &str, ip: &str) -> EgressIP {
 }
 
 fn snapshot(fw_cidr: &str) -> Snapshot {
+    snapshot_of(fw_cidr, 46, "192.168.50.200")
+}
+
+fn snapshot_of(fw_cidr: &str, dscp: u32, egress_ip: &str) -> Snapshot {
+    let namespace: crate::api::Namespace = serde_norway::from_str(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: alpha, labels: {team: a}}\n",
+    )
+    .unwrap();
+    let pod: crate::api::Pod = serde_norway::from_str(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: alpha}}\n\
+         spec: {{nodeName: {NODE}, containers: []}}\n\
+         status: {{phase: Running, podIP: 10.128.0.5}}\n"
+    ))
+    .unwrap();
     Snapshot::builder()
+        .with(namespace)
+        .with(pod)
         .with(fw("alpha", fw_cidr))
         .with(fw("beta", "198.51.100.0/24"))
-        .with(qos("alpha", 46))
-        .with(eip("e1", "192.168.50.200"))
+        .with(qos("alpha", dscp))
+        .with(eip("e1", egress_ip))
         .build()
 }
 
@@ -64,7 +80,7 @@ fn file_json(dir: &Path) -> serde_json::Value {
 }
 
 #[test]
-fn round_trip_keeps_every_kind_and_plans_an_invalid_object_from_it() {
+fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() {
     let dir = tempfile::tempdir().unwrap();
     let first = planned("203.0.113.0/24");
     assert!(store(dir.path()).save(&first.memory).unwrap());
@@ -94,21 +110,27 @@ fn round_trip_keeps_every_kind_and_plans_an_invalid_object_from_it() {
     );
     assert!(lv.same_as(&first.memory), "equal objects compare equal");
 
-    // A fresh agent seeded from the file plans the invalid object as the one that
-    // remembered it in memory: the same ruleset.
-    let broken = snapshot("203.0.113.300/24");
+    // Every kind turns invalid. A fresh agent seeded from the file plans each one as the
+    // agent that remembered it in memory: the same ruleset and addresses.
+    let broken = snapshot_of("203.0.113.300/24", 99, "192.168.50.300");
     let cfg = Config::for_node(NODE);
     let from_file = plan_with(&broken, &cfg, &loaded.last_valid.into_memory());
     let from_memory = plan_with(&broken, &cfg, &first.memory);
     assert_eq!(from_file.ruleset, from_memory.ruleset);
-    let status = from_file
-        .statuses
-        .iter()
-        .find(|s| s.key.namespace == "alpha" && s.key.name == "default")
-        .unwrap();
-    assert!(status.result.is_err());
-    // Without the file the namespace would have no rules.
-    assert_ne!(plan(&broken, &cfg).ruleset, from_file.ruleset);
+    assert_eq!(from_file.net, from_memory.net);
+    assert_eq!(from_file.ruleset, first.ruleset, "the last valid rules");
+    assert_eq!(from_file.net, first.net);
+    let errors = from_file.statuses.iter().filter(|s| s.result.is_err());
+    assert_eq!(errors.count(), 3, "{:?}", from_file.statuses);
+    // Without the file each would have nothing: no firewall, no marks, no egress IP.
+    let fresh = plan(&broken, &cfg);
+    assert!(first.ruleset.parts.contains_key("fw/alpha"));
+    assert!(!fresh.ruleset.parts.contains_key("fw/alpha"));
+    for set in ["qos-pods-v4", "eip-snat-v4"] {
+        assert!(!first.ruleset.sets[set].elements.is_empty(), "{set}");
+        assert!(fresh.ruleset.sets[set].elements.is_empty(), "{set}");
+    }
+    assert!(fresh.net.addresses.is_empty() && !first.net.addresses.is_empty());
 }
 
 #[test]
