@@ -146,6 +146,20 @@ impl Transaction {
         tx
     }
 
+    /// [`Transaction::repair`] of a read-back baseline that has a table.
+    pub fn from_baseline(
+        current: &Table,
+        desired: &Table,
+        base: &super::readback::Baseline,
+    ) -> Transaction {
+        let mut tx = Transaction::repair(current, desired, &base.flush);
+        if base.table_flags_differ {
+            // `add table` sends the agent's flags (none): a dormant table wakes up.
+            tx.ops.insert(0, Op::AddTable);
+        }
+        tx
+    }
+
     /// [`Transaction::full`] that takes the table by value: sets and rules move into the ops
     /// instead of being copied (a full sync of 100k elements must not clone them).
     /// [`Transaction::into_table`] gives the table back (flattened, for a table with parts,

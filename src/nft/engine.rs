@@ -154,7 +154,7 @@ impl<B: NftBackend> Engine<B> {
         let baseline = self.backend.read_back(&desired)?;
         let tx = match &baseline.table {
             None => Transaction::create(&desired),
-            Some(cur) => Transaction::repair(cur, &desired, &baseline.flush),
+            Some(cur) => Transaction::from_baseline(cur, &desired, &baseline),
         };
         if tx.is_empty() {
             self.current = Some(desired);

@@ -61,6 +61,9 @@ pub struct Baseline {
     pub table: Option<Table>,
     /// Sets to flush at the start of the repair (their contents are refilled by the diff).
     pub flush: Vec<String>,
+    /// The table's flags differ (e.g. someone made it dormant, which detaches every hook):
+    /// the repair re-adds the table with the agent's flags.
+    pub table_flags_differ: bool,
 }
 
 /// A rule comment no planner writes (renderers strip NUL): marks a chain to rewrite.
@@ -205,6 +208,7 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     Baseline {
         table: Some(cur),
         flush,
+        table_flags_differ: false,
     }
 }
 

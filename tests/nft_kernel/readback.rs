@@ -84,6 +84,7 @@ fn drift_is_repaired_from_a_read_back() {
         format!("insert rule inet {T} fw-log accept"),
         format!("flush map inet {T} services"),
         format!("flush set inet {T} cidrs4"),
+        format!("add table inet {T} {{ flags dormant; }}"),
         format!("delete table inet {T}"),
     ];
     ns.enter(|| {

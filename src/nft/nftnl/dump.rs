@@ -157,6 +157,8 @@ pub struct KernelTable {
     pub chains: BTreeMap<String, KChain>,
     /// Named and anonymous sets (anonymous ones are named `__set<N>` by the kernel).
     pub sets: BTreeMap<String, KSet>,
+    /// `NFTA_TABLE_FLAGS` (`NFT_TABLE_F_DORMANT` = 1: no hook is attached).
+    pub flags: u32,
 }
 
 /// Reads `table inet <name>`; `Ok(None)` if the kernel has no such table.
@@ -180,21 +182,24 @@ enum Read {
 
 fn read_once(name: &str) -> Result<Read, NftError> {
     let sock = DumpSocket::open()?;
-    let mut found = false;
+    let mut found = None;
     let mut intr = sock.dump(NFT_MSG_GETTABLE, &[], |a| {
         if a.get(1).is_some_and(|n| n.string() == name) {
-            found = true;
+            found = Some(a.be32(2).unwrap_or(0));
         }
     })?;
-    if !found {
+    let Some(flags) = found else {
         return Ok(if intr {
             Read::Interrupted
         } else {
             Read::Done(None)
         });
-    }
+    };
     let table_attr = [(1u16, cstr(name))];
-    let mut t = KernelTable::default();
+    let mut t = KernelTable {
+        flags,
+        ..Default::default()
+    };
     intr |= sock.dump(NFT_MSG_GETCHAIN, &table_attr, |a| {
         if a.get(1).map(|x| x.string()).as_deref() != Some(name) {
             return;

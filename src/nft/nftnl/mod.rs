@@ -108,8 +108,11 @@ impl NftBackend for NftnlBackend {
             return Ok(crate::nft::readback::Baseline::default());
         };
         let held: std::collections::BTreeSet<String> = kernel.sets.keys().cloned().collect();
+        let flags = kernel.flags;
         let mut judge = readback::Judge::new(kernel, desired);
-        let baseline = crate::nft::readback::mirror(&mut judge, desired);
+        let mut baseline = crate::nft::readback::mirror(&mut judge, desired);
+        // The agent's table has no flags (see `ffi`: `add table` sends 0).
+        baseline.table_flags_differ = flags != 0;
         self.known = judge
             .known()
             .iter()
