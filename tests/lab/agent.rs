@@ -1,6 +1,7 @@
 //! Running the `agent` binary under test inside a netns.
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ pub fn agent_bin() -> &'static Path {
 pub struct AgentProcess {
     child: Child,
     log: PathBuf,
+    ns: Ns,
     _dir: tempfile::TempDir,
 }
 
@@ -44,6 +46,55 @@ impl AgentProcess {
     pub fn stop(mut self) -> (ExitStatus, String) {
         let status = self.terminate();
         (status, self.logs())
+    }
+
+    /// SIGKILL at once (no shutdown path runs); returns the exit status and the logs.
+    pub fn kill(mut self) -> (ExitStatus, String) {
+        if self.try_status().is_none() {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait().expect("wait on killed agent");
+        (status, self.logs())
+    }
+
+    /// Polls `GET /readyz` on the admin address `admin` (see `--admin-address`) in the
+    /// agent's netns every 50 ms until it answers 200 (the first sync succeeded); returns how
+    /// long that took. Panics with the logs if the agent exits or `timeout` passes.
+    #[track_caller]
+    pub fn wait_ready(&mut self, admin: SocketAddr, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < timeout {
+            if let Some(status) = self.try_status() {
+                panic!("agent exited ({status}) before ready:\n{}", self.logs());
+            }
+            match self.ns.http_get(admin, "/readyz", Duration::from_secs(1)) {
+                Ok((200, _)) => return started.elapsed(),
+                Ok((code, body)) => last = format!("{code} {}", body.trim()),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "agent not ready after {timeout:?} (last /readyz: {last}):\n{}",
+            self.logs()
+        );
+    }
+
+    /// The value of the Prometheus sample `name` (e.g. `nodeplane_sync_duration_seconds_count`)
+    /// from `GET /metrics` on `admin`; None if the agent does not answer or has no such sample.
+    pub fn metric(&self, admin: SocketAddr, name: &str) -> Option<f64> {
+        let (code, body) = self
+            .ns
+            .http_get(admin, "/metrics", Duration::from_secs(1))
+            .ok()?;
+        if code != 200 {
+            return None;
+        }
+        body.lines().find_map(|l| {
+            let (key, value) = l.split_once(' ')?;
+            (key == name).then(|| value.trim().parse().ok()).flatten()
+        })
     }
 
     fn terminate(&mut self) -> ExitStatus {
@@ -101,6 +152,7 @@ impl Ns {
         AgentProcess {
             child,
             log,
+            ns: self.clone(),
             _dir: dir,
         }
     }

@@ -15,6 +15,7 @@
 
 mod agent;
 mod netns;
+mod stream;
 mod topology;
 mod traffic;
 
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 pub use agent::{AgentProcess, agent_bin};
 pub use netns::{CmdError, Ns, run_cmd};
+pub use stream::{ConnStream, StreamTally};
 pub use topology::{Lab, Link, POD_GW4, POD_GW6, Pod, Segment};
 pub use traffic::{Outcome, Reply, Server};
 

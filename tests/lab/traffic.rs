@@ -401,3 +401,33 @@ fn is_timeout(e: &io::Error) -> bool {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
 }
+
+impl Ns {
+    /// A minimal HTTP/1.1 `GET path` to `addr` from this netns (e.g. the agent's `/readyz`):
+    /// Ok((status code, body)), Err with the reason if nothing parseable came back.
+    pub fn http_get(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(u16, String), String> {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n");
+        let text = self.enter(move || -> io::Result<String> {
+            let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
+            s.write_all(request.as_bytes())?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        });
+        let text = text.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("GET http://{addr}{path}: not HTTP: {text:?}"))?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Ok((code, body.to_string()))
+    }
+}
