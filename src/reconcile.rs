@@ -355,13 +355,20 @@ fn log_report(report: &SyncReport) {
 /// Inputs of the run loop.
 enum Event {
     Changed,
+    /// Someone else changed the kernel's table (detection `seq` of the admin state).
+    Drift {
+        seq: u64,
+        drift: Box<crate::nft::monitor::Drift>,
+    },
     Shutdown,
 }
 
 /// Run mode: sync, then re-sync on every change of the source (manifests directory or, without
 /// it, the Kubernetes API once every kind has synced), retry failures
 /// with exponential backoff (1 s .. 60 s), resync fully every `config.resync`, and stop on
-/// SIGTERM/SIGINT leaving the rules in place.
+/// SIGTERM/SIGINT leaving the rules in place. A change to the table by anyone else (nftables
+/// notifications, see [`crate::nft::monitor`]) is repaired at once by a sync from the kernel's
+/// state.
 pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let (tx, rx) = mpsc::channel();
     let change_tx = tx.clone();
@@ -437,14 +444,24 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let resolver = DnsService::spawn(lookup, move || {
         let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
     });
+    // Up before the first sync; readiness drops as soon as a drift is seen, not when the
+    // loop gets to it. Lives until the loop ends.
+    let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
+    let _monitor = crate::nft::monitor::Monitor::start(TABLE_NAME, move |drift| {
+        let seq = drift_admin.drift_detected(&drift);
+        let drift = Box::new(drift);
+        drift_tx.send(Event::Drift { seq, drift }).is_ok()
+    })
+    .map_err(|e| ReconcileError::Runtime(format!("nftables monitor: {e}")))?;
     tokio::spawn(async move {
         wait_for_signal().await;
         let _ = tx.send(Event::Shutdown);
     });
     let health = crate::healthcheck::HealthServer::new(tokio::runtime::Handle::current());
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker =
-        std::thread::spawn(move || run_loop(config, rx, resolver, snapshots, observers, health));
+    let worker = std::thread::spawn(move || {
+        run_loop(config, rx, resolver, snapshots, observers, health, admin)
+    });
     tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
@@ -480,14 +497,19 @@ fn run_loop(
     snapshots: Snapshots,
     mut observers: Vec<Box<dyn SyncObserver>>,
     mut health: crate::healthcheck::HealthServer,
+    admin: Arc<AdminState>,
 ) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = BACKOFF_MIN;
+    // The last drift detection the loop took in (and invalidated the engine for).
+    let mut drift_taken = 0;
     loop {
-        // Every wake-up (change, retry, resync) re-plans from a fresh snapshot.
+        // Every wake-up (change, retry, resync, drift) re-plans from a fresh snapshot.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
         let started = Instant::now();
+        // What this sync repairs if it succeeds: detections seen before it started.
+        let repairing = drift_taken;
         let (snapshot, synced) = match snapshots.current(&config) {
             Ok(s) => {
                 let names = rec.dns_names(&s);
@@ -509,6 +531,12 @@ fn run_loop(
         match synced {
             Ok(report) => {
                 log_report(&report);
+                if let Some(took) = admin.drift_repaired(repairing) {
+                    info!(
+                        "table inet {TABLE_NAME} repaired {:.1} ms after the drift was seen",
+                        took.as_secs_f64() * 1e3
+                    );
+                }
                 health.update(rec.memory().services.health().clone().into_iter().collect());
                 backoff = BACKOFF_MIN;
             }
@@ -519,17 +547,32 @@ fn run_loop(
             }
         }
         match events.recv_timeout(wait) {
-            Ok(Event::Changed) => {
-                // Coalesce a burst of changes into one sync.
-                loop {
-                    match events.try_recv() {
-                        Ok(Event::Changed) => continue,
-                        Ok(Event::Shutdown) => return Ok(()),
-                        Err(_) => break,
+            Ok(first) => {
+                // Coalesce a burst (one `nft flush ruleset` is many objects, a script many
+                // commits) into one sync, with no delay: whatever is queued now.
+                let mut drift: Option<crate::nft::monitor::Drift> = None;
+                let mut next = Some(first);
+                while let Some(event) = next {
+                    match event {
+                        Event::Changed => {}
+                        Event::Drift { seq, drift: d } => {
+                            drift_taken = drift_taken.max(seq);
+                            match &mut drift {
+                                Some(all) => all.merge(*d),
+                                None => drift = Some(*d),
+                            }
+                        }
+                        Event::Shutdown => return Ok(()),
                     }
+                    next = events.try_recv().ok();
+                }
+                if let Some(d) = drift {
+                    warn!("table inet {TABLE_NAME} changed by someone else: {d}; repairing");
+                    // The next sync starts from the kernel's state, not from our belief.
+                    rec.invalidate();
                 }
             }
-            Ok(Event::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if Instant::now() >= next_resync {
                     info!("periodic resync");

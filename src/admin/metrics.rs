@@ -1,5 +1,6 @@
 //! The agent's Prometheus metrics (prometheus-client), updated by the run loop after every
-//! sync (see [`AdminObserver`](super::AdminObserver)) and by the DNS lookup wrapper.
+//! sync (see [`AdminObserver`](super::AdminObserver)), by the DNS lookup wrapper and by drift
+//! detection and repair (see [`AdminState::drift_detected`](super::AdminState::drift_detected)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,6 +41,13 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabel {
+    /// The largest kind of object a drift touched: `table`, `chain`, `set`, `other`, or
+    /// `unknown` when notifications were lost.
+    pub object: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     sync_duration: Histogram,
@@ -50,6 +58,9 @@ pub struct Metrics {
     dns_resolutions: Family<ResultLabel, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     objects: Family<KindLabel, Gauge>,
+    drift_detected: Family<ObjectLabel, Counter>,
+    drift_repairs: Counter,
+    drift_last_repair: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -72,6 +83,9 @@ impl Metrics {
             dns_resolutions: Family::default(),
             last_success: Gauge::default(),
             objects: Family::default(),
+            drift_detected: Family::default(),
+            drift_repairs: Counter::default(),
+            drift_last_repair: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -113,6 +127,22 @@ impl Metrics {
             "objects",
             "Objects in the current snapshot per kind",
             m.objects.clone(),
+        );
+        registry.register(
+            "drift_detected",
+            "Changes to table inet nodeplane by another process (or lost notifications), by the \
+             largest object touched (table, chain, set, other, unknown)",
+            m.drift_detected.clone(),
+        );
+        registry.register(
+            "drift_repairs",
+            "Syncs that repaired a detected drift of table inet nodeplane",
+            m.drift_repairs.clone(),
+        );
+        registry.register(
+            "drift_last_repair_duration_seconds",
+            "Time from detecting the last repaired drift to the end of the sync that repaired it",
+            m.drift_last_repair.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -162,6 +192,18 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(snapshot.count(*kind) as i64);
         }
+    }
+
+    pub fn observe_drift(&self, object: &str) {
+        let label = ObjectLabel {
+            object: object.to_string(),
+        };
+        self.drift_detected.get_or_create(&label).inc();
+    }
+
+    pub fn observe_drift_repair(&self, took: Duration) {
+        self.drift_repairs.inc();
+        self.drift_last_repair.set(took.as_secs_f64());
     }
 
     fn count_dns(&self, ok: bool) {
@@ -219,6 +261,11 @@ mod tests {
         m.observe_failure(Duration::from_millis(1), "nftables");
         m.count_dns(true);
         m.observe_snapshot(&Snapshot::default());
+        m.observe_drift("chain");
+        m.observe_drift("chain");
+        m.observe_drift("table");
+        m.observe_drift_repair(Duration::from_millis(30));
+        m.observe_drift_repair(Duration::from_millis(12));
         let text = m.encode();
         for name in [
             "nodeplane_sync_duration_seconds_bucket",
@@ -228,6 +275,10 @@ mod tests {
             "nodeplane_dns_resolutions_total{result=\"success\"} 1",
             "nodeplane_last_successful_sync_timestamp_seconds ",
             "nodeplane_objects{kind=\"EgressQoS\"} 0",
+            "nodeplane_drift_detected_total{object=\"chain\"} 2\n",
+            "nodeplane_drift_detected_total{object=\"table\"} 1\n",
+            "nodeplane_drift_repairs_total 2\n",
+            "nodeplane_drift_last_repair_duration_seconds 0.012\n",
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }

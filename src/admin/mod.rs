@@ -1,17 +1,20 @@
 //! The admin HTTP server and what it reports: liveness, readiness (degraded while the
-//! Kubernetes source is not synced or the API server is unreachable, or the last sync
-//! failed), Prometheus metrics and the ruleset the agent last applied, rendered as `--dry-run`
-//! prints it.
+//! Kubernetes source is not synced or the API server is unreachable, while a drift of the
+//! kernel's table is not repaired, or when the last sync failed), Prometheus metrics and the
+//! ruleset the agent last applied, rendered as `--dry-run` prints it.
 
+mod drift;
 pub mod metrics;
 mod server;
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use metrics::{CountingLookup, Metrics};
 pub use server::serve;
 
 use crate::nft::ir::Table;
+use crate::nft::monitor::Drift;
 use crate::nft::render::render_full;
 use crate::reconcile::{SyncObserver, SyncOutcome, status_line};
 use crate::source::kube::SourceHealth;
@@ -23,6 +26,7 @@ pub struct AdminState {
     /// Set in Kubernetes mode.
     pub source: Option<SourceHealth>,
     last: Mutex<Last>,
+    drift: Mutex<drift::DriftStatus>,
 }
 
 #[derive(Default)]
@@ -45,11 +49,36 @@ impl AdminState {
         self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn drift(&self) -> std::sync::MutexGuard<'_, drift::DriftStatus> {
+        self.drift.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Someone else changed the kernel's table: not ready until a sync repairs it. Returns
+    /// the detection's sequence number, for [`AdminState::drift_repaired`].
+    pub fn drift_detected(&self, drift: &Drift) -> u64 {
+        self.metrics.observe_drift(drift.object());
+        self.drift().detected(drift)
+    }
+
+    /// A sync that started after the run loop took in detections up to `upto` succeeded.
+    /// Returns the time from the (earliest) detection to now if that repaired a drift.
+    pub fn drift_repaired(&self, upto: u64) -> Option<Duration> {
+        let took = self.drift().repaired(upto, Instant::now())?;
+        self.metrics.observe_drift_repair(took);
+        Some(took)
+    }
+
+    /// Drifts repaired since the start.
+    pub fn drift_repairs(&self) -> u64 {
+        self.drift().repairs()
+    }
+
     /// Ok, or why the node's view or rules may be stale.
     pub fn ready(&self) -> Result<(), String> {
         if let Some(source) = &self.source {
             source.check()?;
         }
+        self.drift().check(Instant::now())?;
         let last = self.last();
         if let Some(e) = &last.error {
             return Err(format!("last sync failed: {e}"));
@@ -99,6 +128,51 @@ impl SyncObserver for AdminObserver {
                 metrics.observe_failure(sync.duration, e.reason());
                 self.state.last().error = Some(e.to_string());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::monitor::Changes;
+
+    #[test]
+    fn a_detected_drift_is_not_ready_until_a_sync_repairs_it() {
+        let state = AdminState::new(None);
+        state.last().applied = Some((Arc::new(Table::new("nodeplane")), String::new()));
+        assert_eq!(state.ready(), Ok(()));
+        let mut changes = Changes::default();
+        changes
+            .chains
+            .entry("fw-dispatch".into())
+            .or_default()
+            .removed = 7;
+        let drift = Drift {
+            at: Instant::now(),
+            changes,
+            by: ["nft (pid 9)".to_string()].into(),
+            events_lost: false,
+        };
+        let seq = state.drift_detected(&drift);
+        let reason = state.ready().unwrap_err();
+        assert!(
+            reason.starts_with("table inet nodeplane changed by someone else ")
+                && reason.ends_with("chain fw-dispatch 7 rules deleted (by nft (pid 9))"),
+            "{reason}"
+        );
+        // A sync that started before the loop took the detection in repairs nothing.
+        assert_eq!(state.drift_repaired(seq - 1), None);
+        assert!(state.ready().is_err());
+        assert!(state.drift_repaired(seq).is_some());
+        assert_eq!(state.ready(), Ok(()));
+        assert_eq!(state.drift_repairs(), 1);
+        let text = state.metrics.encode();
+        for line in [
+            "nodeplane_drift_detected_total{object=\"chain\"} 1\n",
+            "nodeplane_drift_repairs_total 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
         }
     }
 }

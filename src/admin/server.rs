@@ -54,13 +54,16 @@ async fn respond(
     }
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" => match state.ready() {
-            Ok(()) => text(StatusCode::OK, "ready\n".into()),
-            Err(reason) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("degraded: {reason}\n"),
-            ),
-        },
+        "/readyz" => {
+            let repairs = format!("drift repairs: {}\n", state.drift_repairs());
+            match state.ready() {
+                Ok(()) => text(StatusCode::OK, format!("ready\n{repairs}")),
+                Err(reason) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("degraded: {reason}\n{repairs}"),
+                ),
+            }
+        }
         "/metrics" => {
             let mut r = text(StatusCode::OK, state.metrics.encode());
             r.headers_mut().insert(
