@@ -204,8 +204,26 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
         let cold_plan = t.elapsed();
         let objects = ruleset.object_count();
         let t = Instant::now();
-        engine.sync(ruleset).expect("cold apply");
+        engine.sync(ruleset.clone()).expect("cold apply");
         let cold_apply = t.elapsed();
+        // A restart with nothing changed: a new engine reads the table back, compares, and
+        // must write nothing.
+        let mut restarts = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let stats = Engine::new(NftnlBackend::new())
+                .sync(ruleset.clone())
+                .expect("restart");
+            restarts.push(t.elapsed());
+            assert_eq!(stats.ops, 0, "a restart with nothing changed wrote to the table");
+        }
+        restarts.sort();
+        println!(
+            "  restart with nothing changed (read-back + compare, 0 ops), 5 runs: min {:.0} ms, median {:.0} ms, max {:.0} ms",
+            ms(restarts[0]),
+            ms(restarts[2]),
+            ms(restarts[4])
+        );
         // One endpoint of one service replaced, `changes` times on different services.
         let (mut memory, mut snap) = (memory, snap.clone());
         let mut one = Vec::new();
