@@ -166,16 +166,12 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         })
     }
 
-    /// Saves the objects in force if they changed; a failed write is a warning (the sync
-    /// itself succeeded) and is tried again after the next sync.
+    /// Saves the objects in force if they changed, in the background (the store's writer
+    /// logs the outcome; a failed write is a warning, not a failed sync, and is tried again
+    /// after the next sync). Dropping the reconciler waits for the write.
     fn save_state(&mut self) {
-        let Some(store) = &mut self.state else {
-            return;
-        };
-        match store.save(&self.memory) {
-            Ok(true) => info!("{}: last valid objects saved", store.path().display()),
-            Ok(false) => {}
-            Err(e) => warn!("last valid objects not saved: {e}"),
+        if let Some(store) = &mut self.state {
+            store.save(&self.memory);
         }
     }
 

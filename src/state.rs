@@ -12,8 +12,9 @@
 //!
 //! Each entry is the API object as the agent read it (JSON of the custom resource type).
 //! The file is rewritten after a successful sync, and only when the objects in force changed
-//! (a pointer or equality comparison per object, no serialisation otherwise). Writes are
-//! atomic: a temporary file in the same directory, fsync, rename, fsync of the directory.
+//! (a pointer or equality comparison per object, no serialisation otherwise), by a thread of
+//! its own so that the reconcile loop never waits for the disk. Writes are atomic: a
+//! temporary file in the same directory, fsync, rename, fsync of the directory.
 //!
 //! Nothing read back is trusted blindly: a file that is not JSON, has another format string
 //! or was written for another node is ignored as a whole, and each object is validated again
@@ -26,13 +27,12 @@ use crate::api::{
 };
 use crate::plan::Memory;
 use crate::plan::in_force::{InForce, InForceMap, same_objects};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use tracing::{info, warn};
 
 /// The state file's name inside the state directory.
@@ -145,14 +145,27 @@ impl Loaded {
     }
 }
 
-/// The state file of one node.
-#[derive(Debug)]
+/// The state file of one node. Writes happen on a thread of their own, so that the reconcile
+/// loop never waits for the disk (serialising 1000 namespaces x 100 rules takes ~40 ms, and a
+/// busy disk can hold an fsync far longer): [`StateStore::save`] only compares and queues,
+/// the newest queued version wins, and dropping the store waits for the queued write.
 pub struct StateStore {
     dir: PathBuf,
     node: String,
-    /// What the file holds, as far as this agent knows; None when it must be (re)written at
-    /// the next save (it was corrupt, foreign, partly invalid, or a write failed).
+    /// What the file holds once the queued writes are done; None when it must be (re)written
+    /// at the next save (it was corrupt, foreign or partly invalid).
     saved: Option<LastValid>,
+    /// Started at the first write.
+    writer: Option<Writer>,
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore")
+            .field("path", &self.path())
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StateStore {
@@ -161,6 +174,7 @@ impl StateStore {
             dir: dir.into(),
             node: node.into(),
             saved: Some(LastValid::default()),
+            writer: None,
         }
     }
 
@@ -181,21 +195,148 @@ impl StateStore {
         loaded
     }
 
-    /// Writes the objects in force in `memory` unless the file already holds them.
-    /// Ok(true) when it wrote. After a failed write the next call tries again.
-    pub fn save(&mut self, memory: &Memory) -> Result<bool, StateError> {
-        if self.saved.as_ref().is_some_and(|s| s.same_as(memory)) {
-            return Ok(false);
+    /// Queues a write of the objects in force in `memory` unless the file holds them (or
+    /// will once the queued write is done); true when it queued one. The write itself logs
+    /// its outcome; after a failed write the next call queues the objects again.
+    pub fn save(&mut self, memory: &Memory) -> bool {
+        let failed = self.writer.as_ref().is_some_and(Writer::take_failed);
+        if !failed && self.saved.as_ref().is_some_and(|s| s.same_as(memory)) {
+            return false;
         }
         let current = LastValid::of(memory);
-        let bytes = encode(&current, &self.node);
-        self.saved = None;
-        write_atomic(&self.dir, &bytes).map_err(|e| StateError::Write {
-            path: self.path(),
-            reason: e.to_string(),
-        })?;
+        let (dir, node) = (&self.dir, &self.node);
+        self.writer
+            .get_or_insert_with(|| Writer::start(dir.clone(), node.clone()))
+            .queue(current.clone());
         self.saved = Some(current);
-        Ok(true)
+        true
+    }
+
+    /// Waits until the queued writes are done; the error of a write that failed since the
+    /// last call, if any.
+    pub fn flush(&self) -> Result<(), StateError> {
+        match &self.writer {
+            Some(w) => w.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for StateStore {
+    fn drop(&mut self) {
+        if let Some(w) = self.writer.take() {
+            w.stop();
+        }
+    }
+}
+
+/// The writer thread and the one slot it takes its work from.
+struct Writer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    slot: Mutex<Slot>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The newest version to write (an older one not yet taken is replaced).
+    pending: Option<LastValid>,
+    /// A write is under way.
+    busy: bool,
+    stop: bool,
+    /// A write failed since `save` last looked.
+    failed: bool,
+    /// The last failed write's error, until `flush` reports it.
+    error: Option<StateError>,
+}
+
+impl Writer {
+    fn start(dir: PathBuf, node: String) -> Writer {
+        let shared = Arc::new(Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("state-writer".into())
+            .spawn(move || write_loop(&s, &dir, &node))
+            .expect("spawn the state writer thread");
+        Writer {
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.shared.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn queue(&self, last_valid: LastValid) {
+        self.lock().pending = Some(last_valid);
+        self.shared.changed.notify_all();
+    }
+
+    fn take_failed(&self) -> bool {
+        std::mem::take(&mut self.lock().failed)
+    }
+
+    fn flush(&self) -> Result<(), StateError> {
+        let mut slot = self.lock();
+        while slot.pending.is_some() || slot.busy {
+            slot = self
+                .shared
+                .changed
+                .wait(slot)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        slot.error.take().map_or(Ok(()), Err)
+    }
+
+    /// Writes what is queued, then ends the thread.
+    fn stop(mut self) {
+        self.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_loop(shared: &Shared, dir: &Path, node: &str) {
+    let path = dir.join(FILE_NAME);
+    let lock = || shared.slot.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let mut slot = lock();
+        let job = loop {
+            if let Some(job) = slot.pending.take() {
+                break job;
+            }
+            if slot.stop {
+                return;
+            }
+            slot = shared.changed.wait(slot).unwrap_or_else(|p| p.into_inner());
+        };
+        slot.busy = true;
+        drop(slot);
+        let written = write_atomic(dir, &encode(&job, node));
+        let mut slot = lock();
+        slot.busy = false;
+        match written {
+            Ok(()) => info!("{}: last valid objects saved", path.display()),
+            Err(e) => {
+                let e = StateError::Write {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                };
+                warn!("last valid objects not saved: {e}");
+                slot.failed = true;
+                slot.error = Some(e);
+            }
+        }
+        drop(slot);
+        shared.changed.notify_all();
     }
 }
 
@@ -254,6 +395,19 @@ pub fn read(path: &Path, node: &str) -> Loaded {
     loaded
 }
 
+/// The file as this agent writes it (the fast path of [`decode`]).
+#[derive(Deserialize)]
+struct FileIn {
+    format: String,
+    node: String,
+    #[serde(rename = "egressFirewalls")]
+    egress_firewalls: Vec<EgressFirewall>,
+    #[serde(rename = "egressQoSes")]
+    egress_qoses: Vec<EgressQoS>,
+    #[serde(rename = "egressIPs")]
+    egress_ips: Vec<EgressIP>,
+}
+
 /// Parses the file's bytes: whole-file problems are the Err, per-object problems go to
 /// `problems` and the object is left out.
 fn decode(
@@ -262,6 +416,19 @@ fn decode(
     node: &str,
     problems: &mut Vec<StateError>,
 ) -> Result<LastValid, StateError> {
+    // Fast path: a file as this agent writes it, decoded in one pass (a third of the time of
+    // going through `serde_json::Value`). Anything else takes the path below, which looks
+    // at each part on its own to say exactly what is wrong and keep what is right.
+    if let Ok(file) = serde_json::from_slice::<FileIn>(bytes)
+        && file.format == FORMAT
+        && file.node == node
+    {
+        return Ok(Reader { path, problems }.last_valid(
+            file.egress_firewalls.into_iter().map(Ok),
+            file.egress_qoses.into_iter().map(Ok),
+            file.egress_ips.into_iter().map(Ok),
+        ));
+    }
     let corrupt = |reason: String| StateError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -296,16 +463,11 @@ fn decode(
         Some(_) => Err(corrupt(format!("{field} is not a list"))),
     };
     let (firewalls, qoses, egress_ips) = (list(FIREWALLS)?, list(QOSES)?, list(EGRESS_IPS)?);
-    let mut reader = Reader { path, problems };
-    Ok(LastValid {
-        firewalls: reader.objects(FIREWALLS, firewalls, EgressFirewall::validate, |v| {
-            v.namespace.clone()
-        }),
-        qoses: reader.objects(QOSES, qoses, EgressQoS::validate, |v| v.namespace.clone()),
-        egress_ips: reader.objects(EGRESS_IPS, egress_ips, EgressIP::validate, |v| {
-            v.name.clone()
-        }),
-    })
+    Ok(Reader { path, problems }.last_valid(
+        firewalls.into_iter().map(serde_json::from_value),
+        qoses.into_iter().map(serde_json::from_value),
+        egress_ips.into_iter().map(serde_json::from_value),
+    ))
 }
 
 struct Reader<'a> {
@@ -313,18 +475,37 @@ struct Reader<'a> {
     problems: &'a mut Vec<StateError>,
 }
 
+type Decoded<T> = Result<T, serde_json::Error>;
+
 impl Reader<'_> {
-    /// Decodes and validates each object of a list, keyed by `key`; the first object of a
-    /// key wins (the agent never writes two).
-    fn objects<T: DeserializeOwned, V>(
+    fn last_valid(
+        mut self,
+        firewalls: impl Iterator<Item = Decoded<EgressFirewall>>,
+        qoses: impl Iterator<Item = Decoded<EgressQoS>>,
+        egress_ips: impl Iterator<Item = Decoded<EgressIP>>,
+    ) -> LastValid {
+        LastValid {
+            firewalls: self.objects(FIREWALLS, firewalls, EgressFirewall::validate, |v| {
+                v.namespace.clone()
+            }),
+            qoses: self.objects(QOSES, qoses, EgressQoS::validate, |v| v.namespace.clone()),
+            egress_ips: self.objects(EGRESS_IPS, egress_ips, EgressIP::validate, |v| {
+                v.name.clone()
+            }),
+        }
+    }
+
+    /// Validates each decoded object of a list, keyed by `key`; the first object of a key
+    /// wins (the agent never writes two).
+    fn objects<T, V>(
         &mut self,
         field: &str,
-        items: Vec<serde_json::Value>,
+        items: impl Iterator<Item = Decoded<T>>,
         validate: impl Fn(&T) -> Result<V, ValidationError>,
         key: impl Fn(&V) -> String,
     ) -> InForceMap<T, V> {
         let mut map = InForceMap::new();
-        for (i, item) in items.into_iter().enumerate() {
+        for (i, item) in items.enumerate() {
             let mut problem = |what: String, reason: String| {
                 self.problems.push(StateError::Object {
                     path: self.path.to_path_buf(),
@@ -332,7 +513,7 @@ impl Reader<'_> {
                     reason,
                 })
             };
-            let object: T = match serde_json::from_value(item) {
+            let object: T = match item {
                 Ok(o) => o,
                 Err(e) => {
                     problem(format!("{field}[{i}]"), format!("cannot decode: {e}"));

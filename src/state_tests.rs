@@ -83,7 +83,10 @@ fn file_json(dir: &Path) -> serde_json::Value {
 fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() {
     let dir = tempfile::tempdir().unwrap();
     let first = planned("203.0.113.0/24");
-    assert!(store(dir.path()).save(&first.memory).unwrap());
+    assert!(
+        store(dir.path()).save(&first.memory),
+        "written when the store is dropped"
+    );
 
     let header = file_json(dir.path());
     assert_eq!(header["format"], FORMAT);
@@ -171,9 +174,7 @@ fn corrupt_json_is_ignored_with_the_reason() {
 #[test]
 fn a_file_of_another_node_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
-    store(dir.path())
-        .save(&planned("203.0.113.0/24").memory)
-        .unwrap();
+    store(dir.path()).save(&planned("203.0.113.0/24").memory);
     let loaded = StateStore::new(dir.path(), "worker-2").load();
     assert!(loaded.found && loaded.last_valid.is_empty());
     assert_eq!(
@@ -264,11 +265,33 @@ fn an_object_that_no_longer_validates_is_dropped_and_the_rest_kept() {
             ),
         ]
     );
+    // The same in a file that decodes as a whole (the one-pass path).
+    write_file(
+        dir.path(),
+        serde_json::json!({
+            "format": FORMAT,
+            "node": NODE,
+            "egressFirewalls": [fw("beta", "203.0.113.300/24"), good],
+            "egressQoSes": [qos("alpha", 64)],
+            "egressIPs": [],
+        }),
+    );
+    let whole = store(dir.path()).load();
+    assert_eq!(
+        whole.last_valid.firewalls.keys().collect::<Vec<_>>(),
+        ["alpha"]
+    );
+    assert!(whole.last_valid.qoses.is_empty());
+    let r = reasons(&whole);
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert!(r[0].contains("egressFirewalls[0]: no longer valid: EgressFirewall beta/default"));
+    assert!(r[1].contains("egressQoSes[0]: no longer valid: EgressQoS alpha/default"));
     // A file with problems is rewritten at the next save, even with the same objects.
     let memory = lv.clone().into_memory();
-    assert!(s.save(&memory).unwrap());
+    assert!(s.save(&memory));
+    s.flush().unwrap();
     assert!(store(dir.path()).load().problems.is_empty());
-    assert!(!s.save(&memory).unwrap());
+    assert!(!s.save(&memory));
 }
 
 #[test]
@@ -277,7 +300,8 @@ fn the_write_is_atomic_and_leaves_no_temporary_file() {
     let dir = tmp.path().join("a/nodeplane");
     let memory = planned("203.0.113.0/24").memory;
     let mut s = store(&dir);
-    assert!(s.save(&memory).unwrap());
+    assert!(s.save(&memory));
+    s.flush().unwrap();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700, "a missing directory is created 0700");
     assert_eq!(mode(&dir.join(FILE_NAME)), 0o600);
@@ -293,7 +317,8 @@ fn the_write_is_atomic_and_leaves_no_temporary_file() {
     // A leftover temporary file of a crashed write is replaced, not left next to the file.
     std::fs::write(dir.join(TMP_NAME), "partial").unwrap();
     let other = planned("198.51.100.0/24").memory;
-    assert!(s.save(&other).unwrap());
+    assert!(s.save(&other));
+    s.flush().unwrap();
     assert_eq!(names(&dir), [FILE_NAME]);
     let loaded = store(&dir).load();
     assert_eq!(
@@ -308,30 +333,33 @@ fn nothing_is_written_when_nothing_changed() {
     let cfg = Config::for_node(NODE);
     let mut s = store(dir.path());
     let first = planned("203.0.113.0/24");
-    assert!(s.save(&first.memory).unwrap());
+    assert!(s.save(&first.memory));
+    s.flush().unwrap();
     // Deleted behind the agent's back: no write proves that save did not write.
     std::fs::remove_file(dir.path().join(FILE_NAME)).unwrap();
-    assert!(!s.save(&first.memory).unwrap());
+    assert!(!s.save(&first.memory));
     // A re-plan of an equal snapshot (new objects, as from a fresh read of the manifests)
     // keeps the objects in force: nothing to write either.
     let again = plan_with(&snapshot("203.0.113.0/24"), &cfg, &first.memory);
-    assert!(!s.save(&again.memory).unwrap());
+    assert!(!s.save(&again.memory));
     // An invalid edit keeps the last valid object in force: nothing new to remember.
     let broken = plan_with(&snapshot("203.0.113.300/24"), &cfg, &again.memory);
-    assert!(!s.save(&broken.memory).unwrap());
+    assert!(!s.save(&broken.memory));
     assert!(!dir.path().join(FILE_NAME).exists());
     // A valid change is written.
     let changed = plan_with(&snapshot("198.51.100.0/24"), &cfg, &broken.memory);
-    assert!(s.save(&changed.memory).unwrap());
+    assert!(s.save(&changed.memory));
+    s.flush().unwrap();
     assert!(dir.path().join(FILE_NAME).exists());
     // So is a deleted object.
     let gone = plan_with(&Snapshot::default(), &cfg, &changed.memory);
-    assert!(s.save(&gone.memory).unwrap());
+    assert!(s.save(&gone.memory));
+    s.flush().unwrap();
     assert!(store(dir.path()).load().last_valid.is_empty());
     // A loaded file that matches is not rewritten either.
     let mut s = store(dir.path());
     s.load();
-    assert!(!s.save(&gone.memory).unwrap());
+    assert!(!s.save(&gone.memory));
 }
 
 #[test]
@@ -342,7 +370,8 @@ fn a_failed_write_is_an_error_and_is_retried() {
     std::fs::write(&blocker, "").unwrap();
     let mut s = store(&blocker.join("state"));
     let memory = planned("203.0.113.0/24").memory;
-    let e = s.save(&memory).unwrap_err().to_string();
+    assert!(s.save(&memory));
+    let e = s.flush().unwrap_err().to_string();
     assert!(
         e.starts_with(&format!(
             "{}: cannot write: ",
@@ -350,9 +379,17 @@ fn a_failed_write_is_an_error_and_is_retried() {
         )),
         "{e}"
     );
-    assert!(s.save(&memory).is_err(), "tried again");
+    assert!(s.save(&memory), "tried again");
+    assert!(s.flush().is_err());
+    assert!(s.flush().is_ok(), "one failed write is reported once");
     std::fs::remove_file(&blocker).unwrap();
-    assert!(s.save(&memory).unwrap(), "written once possible");
+    assert!(s.save(&memory), "tried again");
+    s.flush().unwrap();
+    assert!(
+        blocker.join("state").join(FILE_NAME).exists(),
+        "written once possible"
+    );
+    assert!(!s.save(&memory));
 }
 
 #[test]
@@ -375,6 +412,7 @@ fn a_new_reconciler_plans_an_invalid_object_from_the_saved_state() {
     let mut first = reconciler(true);
     first.sync(&snapshot("203.0.113.0/24")).unwrap();
     let applied = first.applied().unwrap().clone();
+    drop(first); // the agent stops: it waits for the write it queued after the sync
     assert!(dir.path().join(FILE_NAME).exists(), "saved after the sync");
 
     // A restarted agent, the object now invalid: the same table, and the status says why.
@@ -391,4 +429,19 @@ fn a_new_reconciler_plans_an_invalid_object_from_the_saved_state() {
     let mut stateless = reconciler(false);
     stateless.sync(&snapshot("203.0.113.300/24")).unwrap();
     assert_ne!(stateless.applied().unwrap(), &applied);
+}
+
+#[test]
+fn the_newest_queued_version_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = store(dir.path());
+    for cidr in ["203.0.113.0/24", "198.51.100.0/24", "192.0.2.0/24"] {
+        assert!(s.save(&planned(cidr).memory));
+    }
+    s.flush().unwrap();
+    let loaded = store(dir.path()).load();
+    assert_eq!(
+        *loaded.last_valid.firewalls["alpha"].object,
+        fw("alpha", "192.0.2.0/24")
+    );
 }
