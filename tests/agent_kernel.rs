@@ -68,7 +68,13 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
     let bin = lab::agent_bin().to_str().unwrap().to_string();
     let mut argv = vec![bin.as_str()];
     argv.extend(args(EXAMPLES, &["--once"]));
-    let cmd = format!("RUST_LOG=info {} 2>&1", argv.join(" "));
+    // The same state directory as run_agent gives it (never the host's /var/lib/nodeplane).
+    let state = node.state_dir();
+    let cmd = format!(
+        "RUST_LOG=info NODEPLANE_STATE_DIR={} {} 2>&1",
+        state.display(),
+        argv.join(" ")
+    );
     let second = node.exec(&["sh", "-c", &cmd]).expect("second --once");
     assert!(
         second.contains("nft_ops=0 "),
