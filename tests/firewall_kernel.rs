@@ -745,10 +745,24 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     t.write(INVALID);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
     assert_eq!(reach(), (false, true));
+    // Killed (no shutdown path runs): what it saved after the valid sync is on disk.
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let (status, _) = agent.stop();
+    assert!(!status.success(), "killed: {status}");
+
+    // Restarted while the object is invalid: the deny stays.
+    let agent = t.spawn(&flag);
+    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
+    assert_eq!(
+        reach(),
+        (false, true),
+        "still denied after SIGKILL and a restart"
+    );
     let (status, logs) = agent.stop();
     assert!(status.success(), "{status}:\n{logs}");
 
-    // Restarted while the object is invalid: the deny stays.
+    // And again after a clean stop (SIGTERM).
     let agent = t.spawn(&flag);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
     assert_eq!(reach(), (false, true), "still denied after a restart");
