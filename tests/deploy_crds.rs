@@ -1,7 +1,7 @@
 //! deploy/'s CRDs: generated from the Rust types (`nodeplane::api::crds`) and kept in sync
 //! (`UPDATE_DEPLOY=1 cargo test --test deploy_crds` rewrites them); every deploy/ document
 //! parses; and the CRD schemas, checked with a JSON Schema validator, accept the examples and
-//! reject the invalid cases the API reference and DESIGN.md name.
+//! reject the invalid cases the API reference names.
 
 use std::path::{Path, PathBuf};
 

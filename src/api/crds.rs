@@ -1,6 +1,6 @@
 //! The CustomResourceDefinitions shipped in `deploy/`: generated from the Rust types (so the
 //! schema cannot drift from what the agent decodes), tightened with the validations the
-//! upstream OVN-Kubernetes CRDs carry and the API semantics in DESIGN.md require (one object
+//! upstream OVN-Kubernetes CRDs carry and the API semantics (README) require (one object
 //! named `default` per namespace, rule types, port and DSCP ranges, rule count limits). The
 //! agent validates again on its own (`validate`), since a cluster may run other CRD versions.
 
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::egress_firewall::MAX_EGRESS_FIREWALL_RULES;
 use super::{CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS};
 
-/// OVN-Kubernetes caps an EgressQoS at 1000 rules (DESIGN.md).
+/// OVN-Kubernetes caps an EgressQoS at 1000 rules.
 const MAX_EGRESS_QOS_RULES: usize = 1000;
 
 /// `(file name under deploy/, CRD)` for the four custom resources.

@@ -56,7 +56,7 @@ pub struct EgressQoSRule {
 }
 
 /// EgressQoSStatus defines the observed state of EgressQoS. The 4.13 reference lists no
-/// properties; `status` is the string OVN-Kubernetes writes (see DESIGN.md section 3).
+/// properties; `status` is the string OVN-Kubernetes writes.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressQoSStatus {

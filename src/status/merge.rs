@@ -13,7 +13,7 @@ pub struct StatusPatch {
 }
 
 /// `EgressFirewall Rules applied` or `EgressFirewall Rules not correctly applied: <reason>`
-/// (DESIGN.md; the same text for EgressQoS with its own kind name).
+/// (the same text for EgressQoS with its own kind name).
 pub fn verdict(kind: &str, failure: Option<&str>) -> String {
     match failure {
         None => format!("{kind} Rules applied"),
