@@ -500,13 +500,24 @@ fn run_loop(
     let mut backoff = BACKOFF_MIN;
     // The last drift detection the loop took in (and invalidated the engine for).
     let mut drift_taken = 0;
+    // The snapshot of the last sync, and whether the next one must read the source again: a
+    // wake-up for drift alone re-plans the same snapshot (with a manifests directory, loading
+    // it again would cost more than the repair).
+    let mut last_snapshot: Option<Snapshot> = None;
+    let mut reload = true;
     loop {
-        // Every wake-up (change, retry, resync, drift) re-plans from a fresh snapshot.
+        // Every wake-up (change, retry, resync) re-plans from a fresh snapshot; a drift alone
+        // re-plans the last one.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
         let started = Instant::now();
         // What this sync repairs if it succeeds: detections seen before it started.
         let repairing = drift_taken;
-        let (snapshot, synced) = match snapshots.current(&config) {
+        let current = match last_snapshot.take() {
+            Some(s) if !reload => Ok(s),
+            _ => snapshots.current(&config),
+        };
+        reload = false;
+        let (snapshot, synced) = match current {
             Ok(s) => {
                 let names = rec.dns_names(&s);
                 rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
@@ -524,6 +535,7 @@ fn run_loop(
         for o in &mut observers {
             o.observe(&outcome);
         }
+        last_snapshot = snapshot;
         match synced {
             Ok(report) => {
                 log_report(&report);
@@ -537,6 +549,7 @@ fn run_loop(
                 backoff = BACKOFF_MIN;
             }
             Err(e) => {
+                reload = true;
                 error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
                 wait = wait.min(backoff);
                 backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -550,7 +563,7 @@ fn run_loop(
                 let mut next = Some(first);
                 while let Some(event) = next {
                     match event {
-                        Event::Changed => {}
+                        Event::Changed => reload = true,
                         Event::Drift { seq, drift: d } => {
                             drift_taken = drift_taken.max(seq);
                             match &mut drift {
@@ -570,6 +583,7 @@ fn run_loop(
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                reload = true;
                 if Instant::now() >= next_resync {
                     info!("periodic resync");
                     rec.invalidate();
