@@ -286,6 +286,7 @@ fn drift_repair(drifts: usize, services: usize) {
         "flush ruleset".to_string(),
     ];
     let (mut seen, mut agent_measure) = (Vec::new(), Vec::new());
+    let mut per_command = vec![Vec::new(); commands.len()];
     for k in 0..drifts {
         let command = &commands[k % commands.len()];
         let repairs = metric(&node, "nodeplane_drift_repairs_total").unwrap_or(0.0);
@@ -309,6 +310,7 @@ fn drift_repair(drifts: usize, services: usize) {
         });
         let own = metric(&node, "nodeplane_drift_last_repair_duration_seconds").unwrap();
         agent_measure.push(own * 1e3);
+        per_command[k % commands.len()].push(own * 1e3);
         wait_until(
             "table equal to the applied one",
             Duration::from_secs(10),
@@ -325,6 +327,16 @@ fn drift_repair(drifts: usize, services: usize) {
          {ENDPOINTS} endpoints + 1 EgressFirewall:",
         commands.join(" | ")
     );
+    for (command, mut v) in commands.iter().zip(per_command) {
+        v.sort_by(f64::total_cmp);
+        if !v.is_empty() {
+            println!(
+                "  `nft {command}`: agent's measure, median of {}: {:.1} ms",
+                v.len(),
+                percentile(&v, 0.5)
+            );
+        }
+    }
     for (what, v) in [
         (
             "drift commit -> repair commit (independent listener)",
