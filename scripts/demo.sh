@@ -16,6 +16,9 @@ PROFILE=${PROFILE:-debug}
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "system packages"
+bash scripts/setup.sh
+
 step "build agent ($PROFILE)"
 if [ "$PROFILE" = release ]; then
     cargo build --release --bin agent

@@ -7,10 +7,6 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# Build + runtime dependencies of the tests. iputils-ping: the lab's ping helper.
-PACKAGES=(libnftnl-dev libmnl-dev nftables iproute2 pkg-config iputils-ping gcc libc6-dev
-    ca-certificates curl)
-
 step "privileges"
 if [ "$(id -u)" -ne 0 ]; then
     echo "error: the kernel tests create network namespaces and nftables rules and need root." >&2
@@ -19,18 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 step "system packages"
-missing=()
-for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-    echo "all present"
-fi
+bash scripts/setup.sh
 
 step "rust toolchain"
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
