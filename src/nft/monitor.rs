@@ -20,6 +20,7 @@
 //! notified too: the receive buffer is large (`SO_RCVBUFFORCE`), and a buffer overrun
 //! (`ENOBUFS`, events lost) is reported as a possible drift so that the caller re-checks.
 
+use super::nftnl::reply;
 use nix::errno::Errno;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, getsockname,
@@ -42,7 +43,6 @@ const NFPROTO_INET: u8 = 1;
 const NLMSG_HDRLEN: usize = 16;
 /// nlmsghdr + nfgenmsg: where nf_tables attributes start.
 const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 // enum nf_tables_msg_types
 const NEWTABLE: u8 = 0;
@@ -658,31 +658,12 @@ fn cstr(v: &[u8]) -> Option<&[u8]> {
 
 /// Netlink messages in a datagram.
 fn messages(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        let len = u32_at(buf, i)? as usize;
-        if len < NLMSG_HDRLEN || i + len > buf.len() {
-            return None;
-        }
-        let msg = &buf[i..i + len];
-        i += (len + 3) & !3;
-        Some(msg)
-    })
+    reply::messages(buf).map(|(_, _, _, m)| m)
 }
 
 /// Netlink attributes: (type without flags, payload).
 fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        let len = u16_at(buf, i)? as usize;
-        let kind = u16_at(buf, i + 2)? & NLA_TYPE_MASK;
-        if len < 4 || i + len > buf.len() {
-            return None;
-        }
-        let at = i;
-        i += (len + 3) & !3;
-        Some((kind, &buf[at + 4..at + len]))
-    })
+    reply::attrs(buf, 0).map(|(k, v, _)| (k, v))
 }
 
 #[cfg(test)]

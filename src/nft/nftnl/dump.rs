@@ -28,7 +28,6 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
 const NFPROTO_INET: u8 = 1;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// One netlink attribute: type (flags masked off) and payload.
 #[derive(Clone, Copy)]
@@ -80,21 +79,7 @@ impl<'a> IntoIterator for Attrs<'a> {
     type IntoIter = Box<dyn Iterator<Item = Attr<'a>> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        let buf = self.0;
-        let mut i = 0usize;
-        Box::new(std::iter::from_fn(move || {
-            let len = u16::from_ne_bytes(buf.get(i..i + 2)?.try_into().ok()?) as usize;
-            let kind = u16::from_ne_bytes(buf.get(i + 2..i + 4)?.try_into().ok()?);
-            if len < 4 || i + len > buf.len() {
-                return None;
-            }
-            let a = Attr {
-                kind: kind & NLA_TYPE_MASK,
-                data: &buf[i + 4..i + len],
-            };
-            i += (len + 3) & !3;
-            Some(a)
-        }))
+        Box::new(super::reply::attrs(self.0, 0).map(|(kind, data, _)| Attr { kind, data }))
     }
 }
 

@@ -18,7 +18,7 @@ mod expr;
 mod ffi;
 mod lower;
 mod readback;
-mod reply;
+pub(crate) mod reply;
 mod rule;
 mod set;
 mod socket;

@@ -45,8 +45,9 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, u32, &[u8])> {
     })
 }
 
-/// Netlink attributes: (type without flags, payload, offset of the header in `buf`).
-fn attrs(buf: &[u8], base: usize) -> impl Iterator<Item = (u16, &[u8], usize)> {
+/// Netlink attributes: (type without flags, payload, offset of the header in `buf`). The
+/// one attribute walker of the crate (replies, read-back dumps, the drift monitor).
+pub(crate) fn attrs(buf: &[u8], base: usize) -> impl Iterator<Item = (u16, &[u8], usize)> {
     let mut i = 0;
     std::iter::from_fn(move || {
         let len = u16_at(buf, i)? as usize;
