@@ -9,7 +9,7 @@ use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{Desired, Memory, ObjectStatus, egress_ip, firewall, plan_with, plan_with_dns};
+use crate::plan::{self, BackendReport, Desired, Memory, ObjectStatus, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
@@ -123,7 +123,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
 
     /// The DNS names the next plan of `snapshot` needs (remembered objects included).
     pub fn dns_names(&self, snapshot: &Snapshot) -> BTreeSet<String> {
-        firewall::dns_names(snapshot, &self.memory.firewall)
+        plan::dns_names(snapshot, &self.config, &self.memory)
     }
 
     /// Sets the DNS answers the next syncs plan with.
@@ -134,20 +134,26 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
     /// Plans `snapshot` and brings the kernel to it. nftables first, so that rules exist
     /// before an address starts attracting traffic; removal order is handled per backend.
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
-        let Desired {
-            mut ruleset,
-            net,
-            mut statuses,
-            memory,
-            stale_udp,
-        } = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
+        let mut desired = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         // A network planning error still lets the nftables side (other features) apply.
-        let planned = self.net.plan(&net);
-        for r in planned.iter().flat_map(|c| &c.refused) {
+        let planned = self.net.plan(&desired.net);
+        let refused = planned
+            .as_ref()
+            .map(|c| c.refused.as_slice())
+            .unwrap_or(&[]);
+        for r in refused {
             warn!("address {}: {}", r.addr, r.reason);
-            egress_ip::address_refused(snapshot, &mut ruleset, &mut statuses, r.addr, &r.reason);
         }
+        let report = BackendReport { refused };
+        plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
+        let Desired {
+            ruleset,
+            statuses,
+            memory,
+            stale_udp,
+            ..
+        } = desired;
         let nft = self.engine.sync(ruleset)?;
         // After the new rules are in: a deleted flow's next packet picks a live backend.
         if self.conntrack_cleanup
@@ -254,7 +260,7 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         config.node_name,
         snapshot.len()
     );
-    let names = firewall::dns_names(&snapshot, &memory.firewall);
+    let names = plan::dns_names(&snapshot, config, &memory);
     if !names.is_empty() {
         let names: Vec<String> = names.into_iter().collect();
         out.push_str(&format!(
@@ -649,7 +655,7 @@ status: {items: [{egressIP: 192.168.99.9, node: n1}]}
             eip.result,
             Err("spec.egressIPs[0]: 192.168.99.9: no interface subnet contains it".into())
         );
-        let table = rec.engine.current().unwrap();
+        let table = rec.engine.current().unwrap().flatten();
         assert!(table.sets["eip-snat-v4"].elements.is_empty());
         assert!(
             table.sets["qos-pods-v4"].elements.len() == 1,
@@ -667,7 +673,7 @@ status: {items: [{egressIP: 192.168.99.9, node: n1}]}
             err.contains("link np-eip: exists and was not created by the agent"),
             "{err}"
         );
-        let table = rec.engine.current().expect("nftables applied");
+        let table = rec.engine.current().expect("nftables applied").flatten();
         assert_eq!(table.sets["qos-pods-v4"].elements.len(), 1);
     }
 }

@@ -26,7 +26,7 @@ use crate::api::{
     ValidationError,
 };
 use crate::plan::Memory;
-use crate::plan::in_force::{InForce, InForceMap, same_objects};
+use crate::plan::in_force::{InForce, InForceMap, Validated, same_objects};
 use serde::{Deserialize, Serialize};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -89,27 +89,27 @@ impl LastValid {
     /// What `memory` holds in force (cheap: the maps hold `Arc`s).
     pub fn of(memory: &Memory) -> LastValid {
         LastValid {
-            firewalls: memory.firewall.in_force.clone(),
+            firewalls: memory.firewall.validated.in_force.clone(),
             qoses: memory.qos.in_force.clone(),
-            egress_ips: memory.egress_ip.clone(),
+            egress_ips: memory.egress_ip.in_force.clone(),
         }
     }
 
     /// A planner memory that plans an invalid object from these versions.
     pub fn into_memory(self) -> Memory {
         let mut memory = Memory::default();
-        memory.firewall.in_force = self.firewalls;
-        memory.qos.in_force = self.qoses;
-        memory.egress_ip = self.egress_ips;
+        memory.firewall.validated = Validated::from_in_force(self.firewalls);
+        memory.qos = Validated::from_in_force(self.qoses);
+        memory.egress_ip = Validated::from_in_force(self.egress_ips);
         memory
     }
 
     /// True when `memory` holds the same objects in force (O(objects) pointer comparisons
     /// when nothing changed).
     pub fn same_as(&self, memory: &Memory) -> bool {
-        same_objects(&self.firewalls, &memory.firewall.in_force)
+        same_objects(&self.firewalls, &memory.firewall.validated.in_force)
             && same_objects(&self.qoses, &memory.qos.in_force)
-            && same_objects(&self.egress_ips, &memory.egress_ip)
+            && same_objects(&self.egress_ips, &memory.egress_ip.in_force)
     }
 
     /// The number of objects held.

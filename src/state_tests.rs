@@ -101,7 +101,7 @@ fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() 
     assert_eq!(*lv.firewalls["alpha"].object, fw("alpha", "203.0.113.0/24"));
     assert_eq!(
         lv.firewalls["alpha"].valid,
-        first.memory.firewall.in_force["alpha"].valid
+        first.memory.firewall.validated.in_force["alpha"].valid
     );
     assert_eq!(
         lv.qoses["alpha"].valid,
@@ -109,7 +109,7 @@ fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() 
     );
     assert_eq!(
         lv.egress_ips["e1"].valid,
-        first.memory.egress_ip["e1"].valid
+        first.memory.egress_ip.in_force["e1"].valid
     );
     assert!(lv.same_as(&first.memory), "equal objects compare equal");
 
@@ -127,11 +127,17 @@ fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() 
     assert_eq!(errors.count(), 3, "{:?}", from_file.statuses);
     // Without the file each would have nothing: no firewall, no marks, no egress IP.
     let fresh = plan(&broken, &cfg);
-    assert!(first.ruleset.parts.contains_key("fw/alpha"));
-    assert!(!fresh.ruleset.parts.contains_key("fw/alpha"));
+    assert!(first.ruleset.part("fw/alpha").is_some());
+    assert!(fresh.ruleset.part("fw/alpha").is_none());
     for set in ["qos-pods-v4", "eip-snat-v4"] {
-        assert!(!first.ruleset.sets[set].elements.is_empty(), "{set}");
-        assert!(fresh.ruleset.sets[set].elements.is_empty(), "{set}");
+        assert!(
+            !first.ruleset.flatten().sets[set].elements.is_empty(),
+            "{set}"
+        );
+        assert!(
+            fresh.ruleset.flatten().sets[set].elements.is_empty(),
+            "{set}"
+        );
     }
     assert!(fresh.net.addresses.is_empty() && !first.net.addresses.is_empty());
 }

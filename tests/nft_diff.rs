@@ -317,7 +317,7 @@ fn with_parts(mut t: Table, place: &[usize], extra: u8) -> Table {
         x.add_set(own);
     }
     for (k, p) in parts {
-        t.parts.insert(k.to_string(), std::sync::Arc::new(p));
+        t.insert_part(k, std::sync::Arc::new(p));
     }
     t
 }
@@ -348,13 +348,13 @@ fn pointer_equal_parts_are_skipped_and_a_changed_part_costs_its_change() {
     assert!(diff(&base, &same).is_empty());
     // Part "x" gets one more dispatch element: exactly one element op.
     let mut next = base.clone();
-    let mut x = (*next.parts["x"]).clone();
+    let mut x = (**next.part("x").unwrap()).clone();
     x.add_mapping(
         "dispatch",
         vec![KeyPart::Value(Value::Ipv4(Ipv4Addr::new(10, 0, 0, 9)))],
         ElemData::Verdict(Verdict::Goto("a".into())),
     );
-    next.parts.insert("x".into(), std::sync::Arc::new(x));
+    next.insert_part("x", std::sync::Arc::new(x));
     let tx = diff(&base, &next);
     assert_eq!(tx.op_count(), 1, "{:?}", tx.ops);
     assert_eq!(after(&base.flatten(), &tx), next.flatten());
@@ -393,18 +393,17 @@ proptest! {
         prop_assert_eq!(&ops, &Transaction::full(&flat).ops);
         prop_assert_eq!(tx.op_count(), Transaction::full(&flat).op_count());
         let part_keys: Vec<&ElemKey> = t
-            .parts
-            .values()
-            .flat_map(|p| p.elements.values().flat_map(|e| e.keys()))
+            .part_keys()
+            .flat_map(|k| t.part(k).unwrap().elements.values().flat_map(|e| e.keys()))
             .collect();
         for op in &tx.ops {
             if let Some(set) = op.set() {
                 prop_assert!(set.elements.keys().all(|k| !part_keys.contains(&k)), "{op:?}");
             }
             if let Op::AddSetWithParts { parts, .. } = op {
-                prop_assert!(parts.ptr_eq(&t.parts));
-                for (a, b) in parts.values().zip(t.parts.values()) {
-                    prop_assert!(std::sync::Arc::ptr_eq(a, b));
+                prop_assert!(t.shares_parts(parts));
+                for (k, a) in parts.iter() {
+                    prop_assert!(std::sync::Arc::ptr_eq(a, t.part(k).unwrap()));
                 }
             }
         }

@@ -25,8 +25,10 @@ pub struct Table {
     pub sets: BTreeMap<String, Set>,
     /// Independently planned pieces, by a key unique in the table (e.g. `svc/ns/name`).
     /// A persistent map: cloning it is O(1), so a planner can keep last plan's parts and
-    /// replace only the changed ones.
-    pub parts: Parts,
+    /// replace only the changed ones. Private to `nft`: features add parts through
+    /// [`Table::insert_part`] / [`Table::extend_parts`]; only the diff, the read-back and the
+    /// renderer look inside.
+    pub(in crate::nft) parts: Parts,
 }
 
 /// See [`Table::parts`].
@@ -165,6 +167,79 @@ impl Table {
     /// Adds a set or map, replacing one of the same name.
     pub fn add_set(&mut self, set: Set) {
         self.sets.insert(set.name.clone(), set);
+    }
+
+    /// Adds (or replaces) the part `key`.
+    pub fn insert_part(&mut self, key: impl Into<String>, part: Arc<Part>) {
+        self.parts.insert(key.into(), part);
+    }
+
+    /// Adds every part of `parts`. Costs the smaller of the two maps: the larger persistent
+    /// map is shared (an O(1) clone), and the smaller one's parts are inserted into it.
+    pub fn extend_parts(&mut self, parts: &Parts) {
+        if parts.len() <= self.parts.len() {
+            for (k, p) in parts.iter() {
+                self.parts.insert(k.clone(), p.clone());
+            }
+        } else {
+            let mine = std::mem::replace(&mut self.parts, parts.clone());
+            for (k, p) in mine {
+                self.parts.insert(k, p);
+            }
+        }
+    }
+
+    /// The part `key`, if planned.
+    pub fn part(&self, key: &str) -> Option<&Arc<Part>> {
+        self.parts.get(key)
+    }
+
+    /// The part `key` to modify (copied first if shared).
+    pub fn part_mut(&mut self, key: &str) -> Option<&mut Part> {
+        self.parts.get_mut(key).map(Arc::make_mut)
+    }
+
+    /// The keys of the planned parts, sorted.
+    pub fn part_keys(&self) -> impl Iterator<Item = &str> {
+        self.parts.keys().map(String::as_str)
+    }
+
+    /// Number of parts.
+    pub fn part_count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// True when `parts` is this table's part map itself (the same persistent map, not a
+    /// copy): how a full transaction references parts instead of copying them.
+    pub fn shares_parts(&self, parts: &Parts) -> bool {
+        self.parts.ptr_eq(parts)
+    }
+
+    /// Every chain with its rules, top-level and in parts (what the kernel holds).
+    pub fn all_chains(&self) -> impl Iterator<Item = &Chain> {
+        self.chains
+            .values()
+            .chain(self.parts.values().flat_map(|p| p.chains.values()))
+    }
+
+    /// Every set's name and number of elements as the kernel holds it: a top-level set
+    /// counts the elements parts put in it, and sets owned by parts are included.
+    pub fn element_counts(&self) -> BTreeMap<&str, usize> {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for set in self.sets.values() {
+            *counts.entry(&set.name).or_default() += set.elements.len();
+        }
+        for part in self.parts.values() {
+            for set in part.sets.values() {
+                *counts.entry(&set.name).or_default() += set.elements.len();
+            }
+            for (set, elements) in &part.elements {
+                if let Some(s) = self.sets.get(set) {
+                    *counts.entry(&s.name).or_default() += elements.len();
+                }
+            }
+        }
+        counts
     }
 
     /// Number of rules plus set elements: a rough size for metrics and logs.

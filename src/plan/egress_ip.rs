@@ -20,9 +20,9 @@
 //!
 //! Destinations in the cluster, service and node sets are never SNATed nor steered.
 
-use super::ObjectStatus;
 use super::base::sets;
-use super::in_force::{InForce, InForceMap};
+use super::in_force::{Scope, Validated};
+use super::{BackendReport, Feature, Inputs, ObjectStatus, Planned};
 use crate::api::{EgressIP, ValidatedEgressIp};
 use crate::config::Config;
 use crate::net::TunnelSpec;
@@ -89,34 +89,63 @@ struct Claim {
     node: String,
 }
 
-/// What the EgressIP planner hands back besides what it adds to the table and `net`.
-pub struct EgressIpOutcome {
-    pub statuses: Vec<ObjectStatus>,
-    /// The version in force per EgressIP (the last valid one when the current is invalid).
-    pub memory: EgressIpMemory,
+/// What the EgressIP planner carries from one plan to the next: the version in force per
+/// EgressIP name, with the API object it came from, and the validation cache.
+pub type EgressIpMemory = Validated<EgressIP, ValidatedEgressIp>;
+
+/// The EgressIP feature (see the module documentation).
+pub struct EgressIp;
+
+impl Feature for EgressIp {
+    const NAME: &'static str = "eip";
+    type Memory = EgressIpMemory;
+
+    fn plan(inputs: &Inputs, memory: &EgressIpMemory, out: &mut Planned) -> EgressIpMemory {
+        let (statuses, memory) = plan(
+            inputs.snapshot,
+            inputs.config,
+            memory,
+            &mut out.ruleset,
+            &mut out.net,
+        );
+        out.statuses.extend(statuses);
+        memory
+    }
+
+    /// An address the net backend cannot place (no interface subnet contains it, or it is
+    /// the node's own) gets its SNAT elements dropped, and its EgressIP's status says why.
+    fn settle(
+        inputs: &Inputs,
+        _memory: &EgressIpMemory,
+        report: &BackendReport,
+        out: &mut Planned,
+    ) {
+        for r in report.refused {
+            address_refused(
+                inputs.snapshot,
+                &mut out.ruleset,
+                &mut out.statuses,
+                r.addr,
+                &r.reason,
+            );
+        }
+    }
 }
 
-/// What the EgressIP planner carries from one plan to the next: the version in force per
-/// EgressIP name, with the API object it came from.
-pub type EgressIpMemory = InForceMap<EgressIP, ValidatedEgressIp>;
-
 /// Adds the EgressIP chains and maps to `table` and the addresses, routes, rules and tunnel
-/// to `net`; returns one status per EgressIP.
-pub fn plan(
+/// to `net`; returns one status per EgressIP and the next memory.
+fn plan(
     snapshot: &Snapshot,
     config: &Config,
     memory: &EgressIpMemory,
     table: &mut Table,
     net: &mut NetDesired,
-) -> EgressIpOutcome {
+) -> (Vec<ObjectStatus>, EgressIpMemory) {
     let mut statuses = Vec::new();
     if snapshot.egress_ips().is_empty() {
-        return EgressIpOutcome {
-            statuses,
-            memory: EgressIpMemory::new(),
-        };
+        return (statuses, EgressIpMemory::default());
     }
-    let mut entries = validate_all(snapshot, memory, &mut statuses);
+    let (mut entries, validated) = validate_all(snapshot, memory, &mut statuses);
     check_addresses(snapshot, &mut entries);
     let claims = claim_pods(snapshot, &mut entries);
     let node = config.node_name.as_str();
@@ -183,16 +212,6 @@ pub fn plan(
     for set in snat.into_iter().chain(steer) {
         table.add_set(set);
     }
-    let in_force = entries
-        .iter()
-        .map(|e| {
-            let entry = InForce {
-                object: e.object.clone(),
-                valid: e.valid.clone(),
-            };
-            (e.key.clone(), entry)
-        })
-        .collect();
     for e in entries {
         let result = if e.problems.is_empty() {
             Ok(())
@@ -206,10 +225,7 @@ pub fn plan(
         });
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    EgressIpOutcome {
-        statuses,
-        memory: in_force,
-    }
+    (statuses, validated)
 }
 
 fn map(name: &str, t: DataType) -> Set {
@@ -229,49 +245,47 @@ fn data(ip: IpAddr) -> ElemData {
 }
 
 /// Valid objects in creation order (then name): the first one wins a contested pod or IP.
+/// An invalid edit keeps the last valid version in force, like the other features: a typo
+/// does not silently take the pods' egress IP away.
 fn validate_all(
     snapshot: &Snapshot,
     memory: &EgressIpMemory,
     statuses: &mut Vec<ObjectStatus>,
-) -> Vec<Entry> {
-    let mut objects: Vec<&Arc<EgressIP>> = snapshot.egress_ips().values().collect();
-    objects.sort_by(|a, b| {
-        let ts = |o: &EgressIP| o.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        (ts(a).is_none(), ts(a), &a.metadata.name).cmp(&(ts(b).is_none(), ts(b), &b.metadata.name))
-    });
+) -> (Vec<Entry>, EgressIpMemory) {
+    let outcome = memory.update(
+        Kind::EgressIP,
+        Scope::Cluster,
+        snapshot
+            .egress_ips()
+            .iter()
+            .map(|(name, o)| (ObjectKey::cluster(name), o)),
+        EgressIP::validate,
+    );
     let mut entries = Vec::new();
-    for object in objects {
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let (object, valid, problems) = match object.validate() {
-            Ok(valid) => (object.clone(), Arc::new(valid), Vec::new()),
-            Err(e) => {
-                let err = format!("{}: {}", e.field, e.reason);
-                // An invalid edit keeps the last valid version in force, like the other
-                // features: a typo does not silently take the pods' egress IP away.
-                let Some(last) = memory.get(&name) else {
-                    statuses.push(ObjectStatus {
-                        kind: Kind::EgressIP,
-                        key: ObjectKey::cluster(name),
-                        result: Err(err),
-                    });
-                    continue;
-                };
-                (
-                    last.object.clone(),
-                    last.valid.clone(),
-                    vec![format!("{err} (the last valid version stays in force)")],
-                )
+    for status in outcome.statuses {
+        let name = &status.key.name;
+        let problems = match status.result {
+            Ok(()) => Vec::new(),
+            Err(err) if outcome.fell_back.contains(name) => {
+                vec![format!("{err} (the last valid version stays in force)")]
+            }
+            Err(_) => {
+                statuses.push(status);
+                continue;
             }
         };
+        let in_force = &outcome.validated.in_force[name];
         entries.push(Entry {
-            key: name,
-            object,
-            valid,
+            key: name.clone(),
+            object: in_force.object.clone(),
+            valid: in_force.valid.clone(),
             problems,
             hosted: Vec::new(),
         });
     }
-    entries
+    let ts = |e: &Entry| e.object.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    entries.sort_by(|a, b| (ts(a).is_none(), ts(a), &a.key).cmp(&(ts(b).is_none(), ts(b), &b.key)));
+    (entries, outcome.validated)
 }
 
 /// Drops (and reports) IPs that are a node's own address or that an earlier EgressIP already
@@ -602,7 +616,7 @@ fn add_base_chains(table: &mut Table) {
 /// Attributes an address the net backend could not place (no interface subnet contains it,
 /// or it is the node's own) to the EgressIP that asked for it, and removes the SNAT elements
 /// that would send traffic from an address the node does not hold.
-pub fn address_refused(
+fn address_refused(
     snapshot: &Snapshot,
     table: &mut Table,
     statuses: &mut [ObjectStatus],

@@ -346,7 +346,7 @@ fn an_invalid_edit_keeps_the_last_valid_version_in_force() {
     let hosts = [("192.168.50.200", "worker-1")];
     let cfg = Config::for_node("worker-1");
     let good = crate::plan::plan(&cluster(&hosts).build(), &cfg);
-    assert!(good.memory.egress_ip.contains_key("backend"));
+    assert!(good.memory.egress_ip.in_force.contains_key("backend"));
     let mut broken = egress_ip("backend", None, &["192.168.50.300"], &hosts);
     broken.metadata.name = Some("backend".into());
     let snap = cluster(&hosts).with(broken).build();

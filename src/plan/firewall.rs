@@ -26,7 +26,8 @@ pub mod compile;
 
 use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
-use super::{ObjectStatus, in_force};
+use super::in_force::{self, Scope, Validated};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
 use crate::api::{EgressFirewall, ValidatedFirewall};
 use crate::config::Config;
@@ -72,9 +73,8 @@ impl Names {
 /// What the firewall planner carries from one plan to the next (see [`super::Memory`]).
 #[derive(Debug, Clone, Default)]
 pub struct FirewallMemory {
-    /// The object in force per namespace.
-    pub in_force: in_force::InForceMap<EgressFirewall, ValidatedFirewall>,
-    pub checks: in_force::Checks<EgressFirewall, ValidatedFirewall>,
+    /// The object in force per namespace, and the validation cache.
+    pub validated: Validated<EgressFirewall, ValidatedFirewall>,
     /// Each namespace's part with the inputs it was built from: a namespace whose inputs did
     /// not change keeps its part (the same `Arc`, which the diff skips).
     built: BTreeMap<String, Built>,
@@ -82,13 +82,13 @@ pub struct FirewallMemory {
 
 #[derive(Debug, Clone)]
 struct Built {
-    inputs: Inputs,
+    inputs: PartInputs,
     part: Arc<Part>,
 }
 
 /// Everything a namespace's part is computed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Inputs {
+struct PartInputs {
     firewall: Arc<ValidatedFirewall>,
     /// The addresses of the `dnsName` and `nodeSelector` rules, by rule index.
     resolved: Vec<(usize, Vec<IpAddr>)>,
@@ -96,22 +96,40 @@ struct Inputs {
     pods: Vec<IpAddr>,
 }
 
-/// What the planner hands back besides the dispatch and the parts it adds to the table.
-pub struct FirewallOutcome {
-    pub statuses: Vec<ObjectStatus>,
-    pub memory: FirewallMemory,
+/// The EgressFirewall feature (see the module documentation).
+pub struct Firewall;
+
+impl Feature for Firewall {
+    const NAME: &'static str = PREFIX;
+    type Memory = FirewallMemory;
+
+    fn plan(inputs: &Inputs, memory: &FirewallMemory, out: &mut Planned) -> FirewallMemory {
+        let (statuses, memory) = plan(
+            inputs.snapshot,
+            inputs.config,
+            inputs.dns,
+            memory,
+            &mut out.ruleset,
+        );
+        out.statuses.extend(statuses);
+        memory
+    }
+
+    fn dns_names(inputs: &Inputs, memory: &FirewallMemory) -> BTreeSet<String> {
+        dns_names(inputs.snapshot, memory)
+    }
 }
 
 /// Adds the EgressFirewall dispatch to `table` and one part (`fw/<namespace>`) per namespace
 /// with a firewall in force; a namespace whose inputs are unchanged reuses its part (the
 /// same `Arc`, which the diff skips without looking inside).
-pub fn plan(
+fn plan(
     snapshot: &Snapshot,
     config: &Config,
     dns: &DnsAnswers,
     memory: &FirewallMemory,
     table: &mut Table,
-) -> FirewallOutcome {
+) -> (Vec<ObjectStatus>, FirewallMemory) {
     let outcome = objects_in_force(snapshot, memory);
     for (name, key) in [(PODS_V4, DataType::Ipv4Addr), (PODS_V6, DataType::Ipv6Addr)] {
         table.add_set(Set::new(name, vec![key], SetKind::VerdictMap));
@@ -124,10 +142,11 @@ pub fn plan(
         .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
             DISPATCH.into(),
         ))]));
-    let mut pods = local_pod_ips(snapshot, config, &outcome.memory);
+    let in_force = &outcome.validated.in_force;
+    let mut pods = local_pod_ips(snapshot, config, in_force);
     let mut built = BTreeMap::new();
-    for (ns, fw) in &outcome.memory {
-        let inputs = Inputs {
+    for (ns, fw) in in_force {
+        let inputs = PartInputs {
             firewall: fw.valid.clone(),
             resolved: resolve(&fw.valid, snapshot, dns),
             pods: pods.remove(ns.as_str()).unwrap_or_default(),
@@ -136,24 +155,22 @@ pub fn plan(
             Some(b) if b.inputs == inputs => b.part.clone(),
             _ => Arc::new(namespace_part(&inputs)),
         };
-        table.parts.insert(format!("{PREFIX}/{ns}"), part.clone());
+        table.insert_part(format!("{PREFIX}/{ns}"), part.clone());
         built.insert(ns.clone(), Built { inputs, part });
     }
-    FirewallOutcome {
-        statuses: outcome.statuses,
-        memory: FirewallMemory {
-            in_force: outcome.memory,
-            checks: outcome.checks,
-            built,
-        },
-    }
+    let memory = FirewallMemory {
+        validated: outcome.validated,
+        built,
+    };
+    (outcome.statuses, memory)
 }
 
 /// The DNS names the objects in force (or remembered) refer to: what the resolver must keep
 /// fresh. Sorted, lowercase, one entry per name whatever the number of namespaces using it.
-pub fn dns_names(snapshot: &Snapshot, memory: &FirewallMemory) -> BTreeSet<String> {
+fn dns_names(snapshot: &Snapshot, memory: &FirewallMemory) -> BTreeSet<String> {
     objects_in_force(snapshot, memory)
-        .memory
+        .validated
+        .in_force
         .values()
         .flat_map(|fw| &fw.valid.rules)
         .filter_map(|r| match &r.dest {
@@ -194,12 +211,14 @@ fn objects_in_force(
     snapshot: &Snapshot,
     memory: &FirewallMemory,
 ) -> in_force::Outcome<EgressFirewall, ValidatedFirewall> {
-    in_force::objects_in_force(
+    memory.validated.update(
         Kind::EgressFirewall,
-        snapshot.egress_firewalls(),
+        Scope::Namespace,
+        snapshot
+            .egress_firewalls()
+            .iter()
+            .map(|(k, o)| (k.clone(), o)),
         EgressFirewall::validate,
-        &memory.in_force,
-        &memory.checks,
     )
 }
 
@@ -223,7 +242,7 @@ fn local_pod_ips<'a>(
 }
 
 /// A namespace's chain and maps, and the dispatch elements of its pods.
-fn namespace_part(inputs: &Inputs) -> Part {
+fn namespace_part(inputs: &PartInputs) -> Part {
     let fw = &inputs.firewall;
     let names = Names::new(&fw.namespace);
     let verdicts: Vec<RuleVerdict> = fw.rules.iter().enumerate().map(rule_verdict).collect();

@@ -1,5 +1,5 @@
-//! Which version of each namespaced, one-per-namespace custom resource (EgressFirewall,
-//! EgressQoS) a feature plans from: the object itself when it validates, otherwise the last
+//! Which version of each custom resource (EgressFirewall, EgressQoS per namespace, EgressIP
+//! per name) a feature plans from: the object itself when it validates, otherwise the last
 //! valid version from memory, so a typo never makes a namespace fall open.
 //!
 //! What is in force keeps the API object it was validated from ([`InForce`]), so that the
@@ -9,7 +9,7 @@
 use super::ObjectStatus;
 use crate::api::ValidationError;
 use crate::snapshot::{Kind, ObjectKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A validated object in force, with the API object it was validated from.
@@ -53,19 +53,146 @@ pub fn same_objects<T: PartialEq, V>(a: &InForceMap<T, V>, b: &InForceMap<T, V>)
             .all(|((ka, va), (kb, vb))| ka == kb && va.same_object(vb))
 }
 
-/// What a feature planner hands back besides what it adds to the table.
+/// How objects of a kind govern: one object per namespace (EgressFirewall, EgressQoS: only
+/// the object named `default` counts), or each cluster-scoped object by its name (EgressIP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Keyed by namespace; only `default` falls back to its last valid version.
+    Namespace,
+    /// Keyed by name.
+    Cluster,
+}
+
+impl Scope {
+    fn key(self, key: &ObjectKey) -> &str {
+        match self {
+            Scope::Namespace => &key.namespace,
+            Scope::Cluster => &key.name,
+        }
+    }
+
+    fn falls_back(self, key: &ObjectKey) -> bool {
+        match self {
+            Scope::Namespace => key.name == "default",
+            Scope::Cluster => true,
+        }
+    }
+}
+
+/// The one per-object validation every feature of custom resources uses, carried from one
+/// plan to the next: the objects in force (valid now, or the last valid version when the
+/// current one is invalid) and the validation result of every object, so that an unchanged
+/// object (the same `Arc`, or an equal one) is not validated again: a plan of N unchanged
+/// objects costs N comparisons, not N validations.
+#[derive(Debug)]
+pub struct Validated<T, V> {
+    /// What is in force per namespace (or name, see [`Scope`]).
+    pub in_force: InForceMap<T, V>,
+    checks: Checks<T, V>,
+}
+
+impl<T, V> Default for Validated<T, V> {
+    fn default() -> Self {
+        Validated {
+            in_force: InForceMap::new(),
+            checks: Checks::new(),
+        }
+    }
+}
+
+impl<T, V> Clone for Validated<T, V> {
+    fn clone(&self) -> Self {
+        Validated {
+            in_force: self.in_force.clone(),
+            checks: self.checks.clone(),
+        }
+    }
+}
+
+impl<T, V> Validated<T, V> {
+    /// Starts from objects known to be valid (the state saved across a restart).
+    pub fn from_in_force(in_force: InForceMap<T, V>) -> Self {
+        Validated {
+            in_force,
+            checks: Checks::new(),
+        }
+    }
+}
+
+/// What [`Validated::update`] found.
 pub struct Outcome<T, V> {
+    /// One per object: `Ok`, or `Err("<field>: <problem>")` (the status line names the
+    /// object already).
     pub statuses: Vec<ObjectStatus>,
-    /// The objects in force per namespace: valid now, or the last valid one if the current
-    /// object is invalid. Namespaces without an object are dropped.
-    pub memory: InForceMap<T, V>,
-    /// This plan's validation results, for the next plan to reuse.
-    pub checks: Checks<T, V>,
+    /// The next memory: in force are the valid objects and, for invalid ones, their last
+    /// valid version. Keys without an object are dropped.
+    pub validated: Validated<T, V>,
+    /// Keys whose object is invalid and whose last valid version is in force instead.
+    pub fell_back: BTreeSet<String>,
+}
+
+impl<T: PartialEq, V> Validated<T, V> {
+    /// Validates every object (reusing this memory's results for unchanged ones) and returns
+    /// the version in force per key plus one status per object.
+    pub fn update<'a>(
+        &self,
+        kind: Kind,
+        scope: Scope,
+        objects: impl IntoIterator<Item = (ObjectKey, &'a Arc<T>)>,
+        validate: impl Fn(&T) -> Result<V, ValidationError>,
+    ) -> Outcome<T, V>
+    where
+        T: 'a,
+    {
+        let mut next = Validated::default();
+        let mut statuses = Vec::new();
+        let mut fell_back = BTreeSet::new();
+        for (key, object) in objects {
+            let check = match self.checks.get(&key) {
+                Some(c) if Arc::ptr_eq(&c.object, object) || *c.object == **object => c.clone(),
+                _ => Check {
+                    object: object.clone(),
+                    result: validate(object).map(Arc::new),
+                },
+            };
+            let governs = scope.key(&key).to_string();
+            let result = match &check.result {
+                Ok(valid) => {
+                    let entry = InForce {
+                        object: check.object.clone(),
+                        valid: valid.clone(),
+                    };
+                    next.in_force.insert(governs, entry);
+                    Ok(())
+                }
+                Err(e) => {
+                    if scope.falls_back(&key)
+                        && let Some(last) = self.in_force.get(&governs)
+                    {
+                        next.in_force.insert(governs.clone(), last.clone());
+                        fell_back.insert(governs);
+                    }
+                    Err(format!("{}: {}", e.field, e.reason))
+                }
+            };
+            statuses.push(ObjectStatus {
+                kind,
+                key: key.clone(),
+                result,
+            });
+            next.checks.insert(key, check);
+        }
+        Outcome {
+            statuses,
+            validated: next,
+            fell_back,
+        }
+    }
 }
 
 /// The validation result of one object, kept with the object it was computed from.
 #[derive(Debug)]
-pub struct Check<T, V> {
+struct Check<T, V> {
     object: Arc<T>,
     result: Result<Arc<V>, ValidationError>,
 }
@@ -79,60 +206,5 @@ impl<T, V> Clone for Check<T, V> {
     }
 }
 
-/// Validation results per object: an unchanged object (the same `Arc`, or an equal one) is not
-/// validated again, so a plan of N unchanged objects costs N comparisons, not N validations.
-pub type Checks<T, V> = BTreeMap<ObjectKey, Check<T, V>>;
-
-/// Validates every object (reusing `checks` for unchanged ones) and returns the version in
-/// force per namespace plus one status per object. Only the object named `default` governs
-/// its namespace.
-pub fn objects_in_force<T: PartialEq, V>(
-    kind: Kind,
-    objects: &BTreeMap<ObjectKey, Arc<T>>,
-    validate: impl Fn(&T) -> Result<V, ValidationError>,
-    memory: &InForceMap<T, V>,
-    checks: &Checks<T, V>,
-) -> Outcome<T, V> {
-    let mut in_force = BTreeMap::new();
-    let mut statuses = Vec::new();
-    let mut next_checks = Checks::new();
-    for (key, object) in objects {
-        let check = match checks.get(key) {
-            Some(c) if Arc::ptr_eq(&c.object, object) || *c.object == **object => c.clone(),
-            _ => Check {
-                object: object.clone(),
-                result: validate(object).map(Arc::new),
-            },
-        };
-        let result = match &check.result {
-            Ok(valid) => {
-                let entry = InForce {
-                    object: check.object.clone(),
-                    valid: valid.clone(),
-                };
-                in_force.insert(key.namespace.clone(), entry);
-                Ok(())
-            }
-            Err(e) => {
-                if key.name == "default"
-                    && let Some(last) = memory.get(&key.namespace)
-                {
-                    in_force.insert(key.namespace.clone(), last.clone());
-                }
-                // The status line already names the object: field path and problem suffice.
-                Err(format!("{}: {}", e.field, e.reason))
-            }
-        };
-        statuses.push(ObjectStatus {
-            kind,
-            key: ObjectKey::new(&key.namespace, &key.name),
-            result,
-        });
-        next_checks.insert(key.clone(), check);
-    }
-    Outcome {
-        statuses,
-        memory: in_force,
-        checks: next_checks,
-    }
-}
+/// Validation results per object.
+type Checks<T, V> = BTreeMap<ObjectKey, Check<T, V>>;

@@ -1,9 +1,11 @@
 //! PURE planning: `plan(&Snapshot, &Config) -> Desired`. No I/O, no clock, no locks, so the
-//! same inputs always give the same ruleset, byte for byte. One file per feature; each adds
-//! its chains and sets to the base skeleton and reports per-object status.
+//! same inputs always give the same ruleset, byte for byte. Every feature has the same shape
+//! ([`Feature`]) and one line in the registry below; each adds its parts to the base
+//! skeleton and reports per-object status.
 
 pub mod base;
 pub mod egress_ip;
+pub mod feature;
 pub mod firewall;
 pub mod in_force;
 pub mod qos;
@@ -14,7 +16,59 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+pub use feature::{BackendReport, Feature, Inputs, Planned};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
+
+/// The registry: every feature, in planning order, with the field of [`Memory`] that holds
+/// what it carries from one plan to the next. Adding a feature is one line here.
+macro_rules! features {
+    ($($(#[$doc:meta])* $field:ident: $feature:ty,)*) => {
+        /// What every feature carries from one plan to the next, kept by the reconciler and
+        /// updated only after a successful apply (see [`Feature::Memory`]). When an object
+        /// turns invalid its feature plans from the last valid copy here, so a typo never
+        /// makes a namespace fall open; and unchanged inputs give back the same `Arc<Part>`,
+        /// which the diff skips, so planning is O(change).
+        #[derive(Debug, Clone, Default)]
+        pub struct Memory {
+            $($(#[$doc])* pub $field: <$feature as Feature>::Memory,)*
+        }
+
+        /// The names of the registered features, in planning order.
+        pub const FEATURES: &[&str] = &[$(<$feature as Feature>::NAME),*];
+
+        fn plan_features(inputs: &Inputs, memory: &Memory, out: &mut Planned) -> Memory {
+            // Struct fields are evaluated in the order written: registry order.
+            Memory {
+                $($field: <$feature as Feature>::plan(inputs, &memory.$field, out),)*
+            }
+        }
+
+        fn settle_features(
+            inputs: &Inputs,
+            memory: &Memory,
+            report: &BackendReport,
+            out: &mut Planned,
+        ) {
+            $(<$feature as Feature>::settle(inputs, &memory.$field, report, out);)*
+        }
+
+        fn dns_names_of_features(inputs: &Inputs, memory: &Memory) -> BTreeSet<String> {
+            let mut names = BTreeSet::new();
+            $(names.extend(<$feature as Feature>::dns_names(inputs, &memory.$field));)*
+            names
+        }
+    };
+}
+
+// Statuses are reported in this order. The order does not change the ruleset: each feature
+// hooks into base chains with rules of its own at fixed priorities.
+features! {
+    firewall: firewall::Firewall,
+    qos: qos::Qos,
+    egress_ip: egress_ip::EgressIp,
+    services: services::Services,
+}
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy
 /// rules (in `net`), plus what the planner has to say about each object it read.
@@ -23,30 +77,12 @@ pub struct Desired {
     pub ruleset: Table,
     /// Addresses, routes and policy rules.
     pub net: NetDesired,
-    /// One entry per custom resource a feature planner looked at.
+    /// One entry per object a feature planner looked at.
     pub statuses: Vec<ObjectStatus>,
     /// What to remember for the next plan once this one is applied.
     pub memory: Memory,
     /// UDP service backends that went away: their conntrack entries are to be deleted.
     pub stale_udp: Vec<(IpAddr, u16)>,
-}
-
-/// The last valid form of each custom resource, carried from one plan to the next by the
-/// reconciler (updated only after a successful apply). When an object turns invalid, its
-/// feature plans from this copy instead, so a typo never makes a namespace fall open; the
-/// copy is still planned against the current pods, nodes and DNS answers.
-///
-/// It also carries what makes planning O(change): validation results (`in_force::Checks`,
-/// kept with the object they came from) and each object's table part with the inputs it was
-/// built from; unchanged inputs give back the same `Arc<Part>`, which the diff skips.
-#[derive(Debug, Clone, Default)]
-pub struct Memory {
-    pub qos: qos::QosMemory,
-    pub firewall: firewall::FirewallMemory,
-    /// The last plan of every Service (re-used while its inputs are pointer-equal).
-    pub services: services::Memo,
-    /// Per EgressIP name.
-    pub egress_ip: egress_ip::EgressIpMemory,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -76,36 +112,66 @@ pub fn plan_with_dns(
     memory: &Memory,
     dns: &DnsAnswers,
 ) -> Desired {
-    let mut ruleset = base::skeleton(config, &all_node_ips(snapshot));
-    // Each planner reads its own memory and returns the next one: nothing is cloned (a
-    // deep copy of 1000 namespaces' memory was a third of re-planning one changed rule).
-    // Services first: their nat-postrouting masquerade jump precedes other SNAT.
-    let svc = services::plan(snapshot, config, &memory.services, &mut ruleset);
-    let fw = firewall::plan(snapshot, config, dns, &memory.firewall, &mut ruleset);
-    let qos = qos::plan(snapshot, config, &memory.qos, &mut ruleset);
-    let mut net = NetDesired::default();
-    let eip = egress_ip::plan(snapshot, config, &memory.egress_ip, &mut ruleset, &mut net);
+    let inputs = Inputs {
+        snapshot,
+        config,
+        dns,
+    };
+    let mut out = Planned {
+        ruleset: base::skeleton(config, &all_node_ips(snapshot)),
+        net: NetDesired::default(),
+        statuses: Vec::new(),
+        stale_udp: Vec::new(),
+    };
+    // Each feature reads its own memory and returns the next one: nothing is cloned (a deep
+    // copy of 1000 namespaces' memory was a third of re-planning one changed rule).
+    let memory = plan_features(&inputs, memory, &mut out);
     Desired {
-        ruleset,
-        net,
-        statuses: fw
-            .statuses
-            .into_iter()
-            .chain(qos.statuses)
-            .chain(eip.statuses)
-            .chain(svc.statuses)
-            .collect(),
-        memory: Memory {
-            qos: qos::QosMemory {
-                in_force: qos.memory,
-                checks: qos.checks,
-            },
-            firewall: fw.memory,
-            services: svc.memo,
-            egress_ip: eip.memory,
-        },
-        stale_udp: svc.stale_udp,
+        ruleset: out.ruleset,
+        net: out.net,
+        statuses: out.statuses,
+        memory,
+        stale_udp: out.stale_udp,
     }
+}
+
+/// The second planning step: hands what the backends cannot do (`report`) to the features
+/// that asked for it, which amend their share of `desired` and their statuses.
+pub fn settle(
+    snapshot: &Snapshot,
+    config: &Config,
+    dns: &DnsAnswers,
+    desired: &mut Desired,
+    report: &BackendReport,
+) {
+    let inputs = Inputs {
+        snapshot,
+        config,
+        dns,
+    };
+    let mut out = Planned {
+        ruleset: std::mem::take(&mut desired.ruleset),
+        net: std::mem::take(&mut desired.net),
+        statuses: std::mem::take(&mut desired.statuses),
+        stale_udp: std::mem::take(&mut desired.stale_udp),
+    };
+    settle_features(&inputs, &desired.memory, report, &mut out);
+    desired.ruleset = out.ruleset;
+    desired.net = out.net;
+    desired.statuses = out.statuses;
+    desired.stale_udp = out.stale_udp;
+}
+
+/// The DNS names the next plan of `snapshot` needs (remembered objects included): what the
+/// resolver must keep fresh.
+pub fn dns_names(snapshot: &Snapshot, config: &Config, memory: &Memory) -> BTreeSet<String> {
+    let dns = DnsAnswers::default();
+    let inputs = Inputs {
+        snapshot,
+        config,
+        dns: &dns,
+    };
+    dns_names_of_features(&inputs, memory)
 }
 
 /// Every Node's InternalIP/ExternalIP, sorted and unique.

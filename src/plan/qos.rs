@@ -13,7 +13,8 @@
 //! own source address is matched whatever SNAT/masquerade happens next).
 
 use super::base::chains::MANGLE_POSTROUTING;
-use super::in_force;
+use super::in_force::{InForceMap, Scope, Validated};
+use super::{Feature, Inputs, Planned};
 use crate::api::{EgressQoS, QosRule, ValidatedQos};
 use crate::config::Config;
 use crate::nft::ir::*;
@@ -21,6 +22,7 @@ use crate::nft::names::object_name;
 use crate::snapshot::{self, Kind, Snapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Verdict maps from a local pod's address to its namespace's QoS chain.
 pub const PODS_V4: &str = "qos-pods-v4";
@@ -30,55 +32,55 @@ pub const PODS_V6: &str = "qos-pods-v6";
 /// `-r<index>-v4` / `-v6`.
 const PREFIX: &str = "qos";
 
-/// What the QoS planner hands back besides the chains and sets it adds to the table.
-pub type QosOutcome = in_force::Outcome<EgressQoS, ValidatedQos>;
+/// What the QoS planner carries from one plan to the next (see [`super::Memory`]): the
+/// object in force per namespace, and the validation cache.
+pub type QosMemory = Validated<EgressQoS, ValidatedQos>;
 
-/// What the QoS planner carries from one plan to the next (see [`super::Memory`]).
-#[derive(Debug, Clone, Default)]
-pub struct QosMemory {
-    /// The object in force per namespace.
-    pub in_force: in_force::InForceMap<EgressQoS, ValidatedQos>,
-    pub checks: in_force::Checks<EgressQoS, ValidatedQos>,
-}
+/// The EgressQoS feature (see the module documentation).
+pub struct Qos;
 
-/// Adds the EgressQoS chains, sets and dispatch rules to `table`.
-pub fn plan(
-    snapshot: &Snapshot,
-    config: &Config,
-    memory: &QosMemory,
-    table: &mut Table,
-) -> QosOutcome {
-    let outcome = in_force::objects_in_force(
-        Kind::EgressQoS,
-        snapshot.egress_qoses(),
-        EgressQoS::validate,
-        &memory.in_force,
-        &memory.checks,
-    );
-    let in_force = &outcome.memory;
-    let pods = local_pods(snapshot, config, in_force);
-    let mut dispatch = [
-        Set::new(PODS_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
-        Set::new(PODS_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
-    ];
-    for (ns, qos) in in_force {
-        let ns_pods = pods.get(ns.as_str()).map(Vec::as_slice).unwrap_or_default();
-        let chain = namespace_chain(&qos.valid, ns_pods, table);
-        for ip in ns_pods.iter().flat_map(|p| &p.ips) {
-            let jump = ElemData::Verdict(Verdict::Jump(chain.clone()));
-            dispatch[family_index(ip)].insert_mapping(vec![Value::ip(*ip).into()], jump);
+impl Feature for Qos {
+    const NAME: &'static str = PREFIX;
+    type Memory = QosMemory;
+
+    /// Adds the dispatch maps and rules, and one part (`qos/<namespace>`: the namespace's
+    /// chain, its per-rule pod sets and its pods' dispatch elements) per namespace with an
+    /// EgressQoS in force.
+    fn plan(inputs: &Inputs, memory: &QosMemory, out: &mut Planned) -> QosMemory {
+        let (snapshot, config) = (inputs.snapshot, inputs.config);
+        let outcome = memory.update(
+            Kind::EgressQoS,
+            Scope::Namespace,
+            snapshot.egress_qoses().iter().map(|(k, o)| (k.clone(), o)),
+            EgressQoS::validate,
+        );
+        let table = &mut out.ruleset;
+        let in_force = &outcome.validated.in_force;
+        let pods = local_pods(snapshot, config, in_force);
+        for (ns, qos) in in_force {
+            let ns_pods = pods.get(ns.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let part = namespace_part(&qos.valid, ns_pods);
+            table.insert_part(format!("{PREFIX}/{ns}"), Arc::new(part));
         }
+        let base = table
+            .chains
+            .get_mut(MANGLE_POSTROUTING)
+            .expect("base skeleton has mangle-postrouting");
+        base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], PODS_V4)]));
+        base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], PODS_V6)]));
+        table.add_set(Set::new(
+            PODS_V4,
+            vec![DataType::Ipv4Addr],
+            SetKind::VerdictMap,
+        ));
+        table.add_set(Set::new(
+            PODS_V6,
+            vec![DataType::Ipv6Addr],
+            SetKind::VerdictMap,
+        ));
+        out.statuses.extend(outcome.statuses);
+        outcome.validated
     }
-    let base = table
-        .chains
-        .get_mut(MANGLE_POSTROUTING)
-        .expect("base skeleton has mangle-postrouting");
-    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], PODS_V4)]));
-    base.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], PODS_V6)]));
-    for set in dispatch {
-        table.add_set(set);
-    }
-    outcome
 }
 
 /// A pod whose traffic may be marked: labels to evaluate selectors, and its IPs.
@@ -93,7 +95,7 @@ struct LocalPod<'a> {
 fn local_pods<'a>(
     snapshot: &'a Snapshot,
     config: &Config,
-    in_force: &in_force::InForceMap<EgressQoS, ValidatedQos>,
+    in_force: &InForceMap<EgressQoS, ValidatedQos>,
 ) -> BTreeMap<&'a str, Vec<LocalPod<'a>>> {
     let mut by_ns: BTreeMap<&str, Vec<LocalPod>> = BTreeMap::new();
     for pod in snapshot.pod_network_pods_on_node(&config.node_name) {
@@ -111,8 +113,9 @@ fn local_pods<'a>(
     by_ns
 }
 
-/// Adds the namespace's chain (and its per-rule pod sets) and returns the chain name.
-fn namespace_chain(qos: &ValidatedQos, pods: &[LocalPod], table: &mut Table) -> String {
+/// The namespace's chain, its per-rule pod sets and its pods' dispatch elements.
+fn namespace_part(qos: &ValidatedQos, pods: &[LocalPod]) -> Part {
+    let mut part = Part::default();
     let name = object_name(PREFIX, &qos.namespace);
     let mut chain = Chain::regular(&name);
     for (i, rule) in qos.rules.iter().enumerate() {
@@ -128,15 +131,21 @@ fn namespace_chain(qos: &ValidatedQos, pods: &[LocalPod], table: &mut Table) -> 
                     family,
                 );
                 let set_name = set.name.clone();
-                table.add_set(set);
+                part.add_set(set);
                 set_name
             });
             let comment = format!("EgressQoS {} rule {i}", qos.namespace);
             chain.push(Rule::new(rule_stmts(rule, family, pod_set)).with_comment(comment));
         }
     }
-    table.add_chain(chain);
-    name
+    part.add_chain(chain);
+    for ip in pods.iter().flat_map(|p| &p.ips) {
+        let map = [PODS_V4, PODS_V6][family_index(ip)];
+        let jump = ElemData::Verdict(Verdict::Jump(name.clone()));
+        part.add_mapping(map, vec![Value::ip(*ip).into()], jump);
+    }
+    part.shrink_to_fit();
+    part
 }
 
 /// The IPs (of `family`) of the pods the rule's podSelector picks.

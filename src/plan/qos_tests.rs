@@ -67,8 +67,11 @@ fn voice_snapshot() -> crate::snapshot::SnapshotBuilder {
         .with(pod("other", "db", json!({"app": "voip"}), &["10.128.0.7"]))
 }
 
+/// The plan, its table flattened (namespace parts merged) to look up chains and sets by name.
 fn run(builder: crate::snapshot::SnapshotBuilder, memory: &Memory) -> Desired {
-    plan_with(&builder.build(), &Config::for_node(NODE), memory)
+    let mut d = plan_with(&builder.build(), &Config::for_node(NODE), memory);
+    d.ruleset = d.ruleset.flatten();
+    d
 }
 
 fn rules(table: &Table, chain: &str) -> Vec<String> {
@@ -309,10 +312,11 @@ fn scale_1000_rules_by_1000_pods() {
     let d = plan_with(&snap, &cfg, &Memory::default());
     let took = start.elapsed();
     let chain = object_name("qos", "big");
-    assert_eq!(d.ruleset.chains[&chain].rules.len(), 1000);
-    assert_eq!(d.ruleset.sets[PODS_V4].elements.len(), 1000);
+    let flat = d.ruleset.flatten();
+    assert_eq!(flat.chains[&chain].rules.len(), 1000);
+    assert_eq!(flat.sets[PODS_V4].elements.len(), 1000);
     // Each rule's set holds the 10 pods with its label.
-    assert_eq!(d.ruleset.sets[&format!("{chain}-r7-v4")].elements.len(), 10);
+    assert_eq!(flat.sets[&format!("{chain}-r7-v4")].elements.len(), 10);
 
     // Relabelling one pod from a0 to a1: it leaves the sets of the 10 rules selecting a0
     // and joins the 10 selecting a1, nothing else.

@@ -27,7 +27,9 @@ pub fn chunked(mut t: Table, n: usize) -> Table {
             }
         }
     }
-    t.parts = parts.into_iter().map(|(k, p)| (k, Arc::new(p))).collect();
+    for (k, p) in parts {
+        t.insert_part(k, Arc::new(p));
+    }
     t
 }
 
@@ -63,9 +65,8 @@ pub fn dealt(mut t: Table, only_in_parts: &str, chains: &[&str], own_sets: &[&st
             }
         }
     }
-    t.parts = parts
-        .into_iter()
-        .map(|(k, p)| (k.to_string(), Arc::new(p)))
-        .collect();
+    for (k, p) in parts {
+        t.insert_part(k, Arc::new(p));
+    }
     t
 }

@@ -201,10 +201,10 @@ fn an_invalid_object_keeps_the_remembered_rules_and_names_the_rule() {
         "the remembered rules"
     );
     assert_eq!(
-        d.memory.firewall.in_force["web"],
-        first.memory.firewall.in_force["web"]
+        d.memory.firewall.validated.in_force["web"],
+        first.memory.firewall.validated.in_force["web"]
     );
-    assert!(d.memory.firewall.in_force.contains_key("other"));
+    assert!(d.memory.firewall.validated.in_force.contains_key("other"));
     // Without a remembered object there is nothing to keep: the namespace is not dispatched.
     let d = run(
         snapshot().with(fw("web", bad)),
@@ -261,8 +261,12 @@ fn unchanged_namespaces_keep_their_part() {
     let base = || snapshot().with(fw("other", "[{type: Deny, to: {cidrSelector: 0.0.0.0/0}}]"));
     let dns = answers(&["198.51.100.7"]);
     let first = run(base(), &Memory::default(), &dns);
-    let same =
-        |d: &Desired, key: &str| Arc::ptr_eq(&d.ruleset.parts[key], &first.ruleset.parts[key]);
+    let same = |d: &Desired, key: &str| {
+        Arc::ptr_eq(
+            &d.ruleset.part(key).unwrap(),
+            first.ruleset.part(key).unwrap(),
+        )
+    };
     let again = run(base(), &first.memory, &dns);
     assert!(same(&again, "fw/web") && same(&again, "fw/other"));
 

@@ -34,9 +34,9 @@ pub mod model;
 pub mod names;
 pub mod pools;
 
-use super::ObjectStatus;
 use super::base::chains as base_chains;
 use super::base::sets as base_sets;
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
 use crate::nft::ir::*;
@@ -96,9 +96,24 @@ impl Memo {
     }
 }
 
+/// The services feature (see the module documentation).
+pub struct Services;
+
+impl Feature for Services {
+    const NAME: &'static str = "svc";
+    type Memory = Memo;
+
+    fn plan(inputs: &Inputs, memo: &Memo, out: &mut Planned) -> Memo {
+        let outcome = plan(inputs.snapshot, inputs.config, memo, &mut out.ruleset);
+        out.statuses.extend(outcome.statuses);
+        out.stale_udp.extend(outcome.stale_udp);
+        outcome.memo
+    }
+}
+
 /// What the services planner hands back besides what it adds to the table.
 #[derive(Debug, Clone, Default)]
-pub struct Outcome {
+struct Outcome {
     pub statuses: Vec<ObjectStatus>,
     pub memo: Memo,
     /// UDP backends that stopped being used since the last plan (flows to them must go).
@@ -110,7 +125,7 @@ fn part_key(k: &ObjectKey) -> String {
 }
 
 /// Adds the services objects to `table`, re-planning only services whose inputs changed.
-pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
+fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
     static_objects(table);
     let mut memo = memo.clone();
     let changed: BTreeSet<ObjectKey> = match &memo.snapshot {
@@ -175,14 +190,7 @@ pub fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table
         memo.entries.insert(pk, Arc::new(e));
     }
     memo.snapshot = Some(snapshot.clone());
-    for (k, p) in memo.parts.iter() {
-        // Only this feature uses parts today; others would merge theirs the same way.
-        if table.parts.is_empty() {
-            table.parts = memo.parts.clone();
-            break;
-        }
-        table.parts.insert(k.clone(), p.clone());
-    }
+    table.extend_parts(&memo.parts);
     Outcome {
         statuses: memo.errors.values().cloned().collect(),
         memo,
