@@ -219,15 +219,16 @@ fn feature_of(name: &str) -> String {
     name.split('-').next().unwrap_or(name).to_string()
 }
 
-/// Rules and elements per feature, from the names of the chains and sets holding them.
+/// Rules and elements per feature, from the names of the chains and sets holding them: what
+/// the kernel holds, the features' parts included.
 fn per_feature(table: &Table) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
     let mut rules = BTreeMap::new();
     let mut elements = BTreeMap::new();
-    for chain in table.chains.values() {
+    for chain in table.all_chains() {
         *rules.entry(feature_of(&chain.name)).or_default() += chain.rules.len() as i64;
     }
-    for set in table.sets.values() {
-        *elements.entry(feature_of(&set.name)).or_default() += set.elements.len() as i64;
+    for (set, n) in table.element_counts() {
+        *elements.entry(feature_of(set)).or_default() += n as i64;
     }
     (rules, elements)
 }
@@ -251,6 +252,73 @@ impl Lookup for CountingLookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::ir::{Chain, DataType, ElemData, Part, Rule, Set, SetKind, Value, Verdict};
+
+    fn gauge(text: &str, name: &str, feature: &str) -> i64 {
+        let prefix = format!("{name}{{feature=\"{feature}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&prefix));
+        let value = line.unwrap_or_else(|| panic!("{prefix} missing:\n{text}"));
+        value[prefix.len()..].parse().unwrap()
+    }
+
+    #[test]
+    fn ruleset_gauges_count_what_parts_hold() {
+        let mut table = Table::new("nodeplane");
+        let mut base = Chain::regular("filter-forward");
+        base.push(Rule::new(vec![]));
+        table.add_chain(base);
+        table.add_set(Set::new(
+            "fw-pods-v4",
+            vec![DataType::Ipv4Addr],
+            SetKind::VerdictMap,
+        ));
+        for ns in ["a", "b"] {
+            let mut part = Part::default();
+            let mut chain = Chain::regular(format!("fw-{ns}"));
+            chain.push(Rule::new(vec![])).push(Rule::new(vec![]));
+            part.add_chain(chain);
+            let mut own = Set::new(
+                format!("fw-{ns}-v4"),
+                vec![DataType::Ipv4Addr],
+                SetKind::Set,
+            );
+            own.insert(vec![Value::Ipv4([10, 0, 0, 1].into()).into()]);
+            part.add_set(own);
+            let ip = if ns == "a" {
+                [10, 1, 0, 1]
+            } else {
+                [10, 1, 0, 2]
+            };
+            part.add_mapping(
+                "fw-pods-v4",
+                vec![Value::Ipv4(ip.into()).into()],
+                ElemData::Verdict(Verdict::Goto(format!("fw-{ns}"))),
+            );
+            table.insert_part(format!("fw/{ns}"), std::sync::Arc::new(part));
+        }
+        let m = Metrics::new();
+        m.observe_success(Duration::from_millis(1), 1, &table);
+        let text = m.encode();
+        // 2 parts x 2 rules; 2 x (1 own element + 1 dispatch element).
+        assert_eq!(gauge(&text, "nodeplane_ruleset_rules", "fw"), 4);
+        assert_eq!(gauge(&text, "nodeplane_ruleset_set_elements", "fw"), 4);
+        assert_eq!(gauge(&text, "nodeplane_ruleset_rules", "filter"), 1);
+        // The same numbers as the flattened table (what the kernel holds).
+        let flat = table.flatten();
+        let rules: usize = flat
+            .chains
+            .values()
+            .filter(|c| c.name.starts_with("fw-"))
+            .map(|c| c.rules.len())
+            .sum();
+        let elements: usize = flat
+            .sets
+            .values()
+            .filter(|s| s.name.starts_with("fw-"))
+            .map(|s| s.elements.len())
+            .sum();
+        assert_eq!((rules, elements), (4, 4));
+    }
 
     #[test]
     fn exposition_names_every_metric() {
