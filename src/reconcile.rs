@@ -9,7 +9,9 @@ use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{self, BackendReport, Desired, Memory, ObjectStatus, plan_with, plan_with_dns};
+use crate::plan::{
+    self, BackendReport, Desired, HealthChecks, Memory, ObjectStatus, plan_with, plan_with_dns,
+};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
@@ -69,6 +71,8 @@ pub struct SyncReport {
     pub nft: ApplyStats,
     pub net_ops: usize,
     pub statuses: Vec<ObjectStatus>,
+    /// The health-check ports the services feature planned.
+    pub health_checks: HealthChecks,
 }
 
 /// Owns the backends and what they were last told.
@@ -152,6 +156,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             statuses,
             memory,
             stale_udp,
+            health_checks,
             ..
         } = desired;
         let nft = self.engine.sync(ruleset)?;
@@ -169,6 +174,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             nft,
             net_ops: changes.len(),
             statuses,
+            health_checks,
         })
     }
 
@@ -551,7 +557,13 @@ fn run_loop(
                         took.as_secs_f64() * 1e3
                     );
                 }
-                health.update(rec.memory().services.health().clone().into_iter().collect());
+                health.update(
+                    report
+                        .health_checks
+                        .iter()
+                        .map(|(k, v)| (*k, v.clone()))
+                        .collect(),
+                );
                 backoff = BACKOFF_MIN;
             }
             Err(e) => {

@@ -41,7 +41,13 @@ pub struct Planned {
     pub statuses: Vec<ObjectStatus>,
     /// UDP service backends that went away: their conntrack entries are to be deleted.
     pub stale_udp: Vec<(IpAddr, u16)>,
+    /// The health-check ports to serve (see [`HealthChecks`]).
+    pub health_checks: HealthChecks,
 }
+
+/// healthCheckNodePort -> (service, local endpoints) of `externalTrafficPolicy: Local`
+/// services. A persistent map: handing it on is O(1).
+pub type HealthChecks = imbl::OrdMap<u16, (String, usize)>;
 
 /// What the backends report about a plan before it is applied.
 #[derive(Debug, Clone, Copy, Default)]

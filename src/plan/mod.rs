@@ -16,7 +16,7 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-pub use feature::{BackendReport, Feature, Inputs, Planned};
+pub use feature::{BackendReport, Feature, HealthChecks, Inputs, Planned};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -83,6 +83,8 @@ pub struct Desired {
     pub memory: Memory,
     /// UDP service backends that went away: their conntrack entries are to be deleted.
     pub stale_udp: Vec<(IpAddr, u16)>,
+    /// The health-check ports to serve.
+    pub health_checks: HealthChecks,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -122,6 +124,7 @@ pub fn plan_with_dns(
         net: NetDesired::default(),
         statuses: Vec::new(),
         stale_udp: Vec::new(),
+        health_checks: HealthChecks::new(),
     };
     // Each feature reads its own memory and returns the next one: nothing is cloned (a deep
     // copy of 1000 namespaces' memory was a third of re-planning one changed rule).
@@ -132,6 +135,7 @@ pub fn plan_with_dns(
         statuses: out.statuses,
         memory,
         stale_udp: out.stale_udp,
+        health_checks: out.health_checks,
     }
 }
 
@@ -154,12 +158,14 @@ pub fn settle(
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
         stale_udp: std::mem::take(&mut desired.stale_udp),
+        health_checks: std::mem::take(&mut desired.health_checks),
     };
     settle_features(&inputs, &desired.memory, report, &mut out);
     desired.ruleset = out.ruleset;
     desired.net = out.net;
     desired.statuses = out.statuses;
     desired.stale_udp = out.stale_udp;
+    desired.health_checks = out.health_checks;
 }
 
 /// The DNS names the next plan of `snapshot` needs (remembered objects included): what the

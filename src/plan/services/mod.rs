@@ -36,7 +36,7 @@ pub mod pools;
 
 use super::base::chains as base_chains;
 use super::base::sets as base_sets;
-use super::{Feature, Inputs, ObjectStatus, Planned};
+use super::{Feature, HealthChecks, Inputs, ObjectStatus, Planned};
 use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
 use crate::nft::ir::*;
@@ -74,7 +74,8 @@ pub struct Memo {
     /// Which service put each element into a shared map: two services claiming the same
     /// frontend (say one externalIP and port) would otherwise fight over one element.
     claims: imbl::OrdMap<(String, ElemKey), String>,
-    health: imbl::OrdMap<u16, (String, usize)>,
+    /// healthCheckNodePort -> (service, local endpoints) of eTP=Local services.
+    health: HealthChecks,
     /// Shared objects by the number of services using them: each lives in its own part
     /// (`svc-pool/<chain>`, `svc-hairpin/<ip>`) while the count is above zero.
     pools: imbl::OrdMap<Pool, usize>,
@@ -82,11 +83,6 @@ pub struct Memo {
 }
 
 impl Memo {
-    /// healthCheckNodePort -> (service, local endpoints) of eTP=Local services.
-    pub fn health(&self) -> &imbl::OrdMap<u16, (String, usize)> {
-        &self.health
-    }
-
     /// Every UDP backend currently in use (for a full conntrack sweep).
     pub fn udp_backends(&self) -> BTreeSet<(IpAddr, u16)> {
         self.entries
@@ -107,6 +103,7 @@ impl Feature for Services {
         let outcome = plan(inputs.snapshot, inputs.config, memo, &mut out.ruleset);
         out.statuses.extend(outcome.statuses);
         out.stale_udp.extend(outcome.stale_udp);
+        out.health_checks = outcome.memo.health.clone();
         outcome.memo
     }
 }
