@@ -18,3 +18,4 @@ pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod status;
+pub mod timing;

@@ -14,6 +14,7 @@ use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
 use crate::state::{self, StateStore};
+use crate::timing::Backoff;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -497,7 +498,7 @@ fn run_loop(
 ) -> Result<(), ReconcileError> {
     let mut rec = real_reconciler(&config)?;
     let mut next_resync = Instant::now() + config.resync;
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     // The last drift detection the loop took in (and invalidated the engine for).
     let mut drift_taken = 0;
     // The snapshot of the last sync, and whether the next one must read the source again: a
@@ -546,13 +547,13 @@ fn run_loop(
                     );
                 }
                 health.update(rec.memory().services.health().clone().into_iter().collect());
-                backoff = BACKOFF_MIN;
+                backoff.reset();
             }
             Err(e) => {
                 reload = true;
-                error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
-                wait = wait.min(backoff);
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                let delay = backoff.next_delay();
+                error!("sync failed, retrying in {}s: {e}", delay.as_secs());
+                wait = wait.min(delay);
             }
         }
         match events.recv_timeout(wait) {
