@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conntrack;
@@ -12,6 +13,7 @@ pub mod dns;
 pub mod healthcheck;
 pub mod net;
 pub mod nft;
+pub mod observe;
 pub mod plan;
 pub mod reconcile;
 pub mod snapshot;
