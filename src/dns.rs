@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+use crate::timing::Backoff;
+
 /// Refresh interval for an answer with TTL 0.
 pub const TTL_ZERO_REFRESH: Duration = Duration::from_secs(5);
 /// Longest refresh interval, whatever the TTL.
@@ -94,9 +96,7 @@ pub fn refresh_after(ttl: Option<Duration>) -> Duration {
 
 /// The retry delay after `failures` consecutive failures (1 s, 2 s, 4 s .. 60 s).
 pub fn backoff(failures: u32) -> Duration {
-    BACKOFF_MIN
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX)
+    Backoff::new(BACKOFF_MIN, BACKOFF_MAX).delay_after(failures)
 }
 
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conntrack;
@@ -12,9 +13,11 @@ pub mod dns;
 pub mod healthcheck;
 pub mod net;
 pub mod nft;
+pub mod observe;
 pub mod plan;
 pub mod reconcile;
 pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod status;
+pub mod timing;

@@ -3,7 +3,7 @@
 use clap::Parser;
 use nodeplane::cli::{Cli, Command};
 use nodeplane::config::Config;
-use nodeplane::reconcile;
+use nodeplane::{app, reconcile};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -41,7 +41,7 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    Ok(runtime.block_on(reconcile::run(config))?)
+    Ok(runtime.block_on(app::run(config))?)
 }
 
 /// Logs go to stderr so that `--dry-run` output on stdout stays a clean ruleset.

@@ -1,79 +1,25 @@
-//! The control loop: load the snapshot, plan, apply the nftables transaction and the
-//! rtnetlink changes, report per-object status; in run mode repeat on every input change,
-//! retry failures with backoff and resynchronise periodically.
+//! The reconciler: load the snapshot, plan, apply the nftables transaction and the
+//! rtnetlink changes, report per-object status. `--dry-run`, `--once` and `cleanup` are here;
+//! run mode repeats the sync in [`run_loop`] (on every input change, with retries and periodic
+//! resyncs), wired up by [`crate::app`].
 
-use crate::admin::{self, AdminObserver, AdminState, CountingLookup};
+pub mod run_loop;
+
 use crate::config::Config;
-use crate::dns::{self, DnsAnswers, DnsService};
-use crate::net::{NetBackend, NetChanges, NetConfig, NetError, RtnlBackend};
+use crate::dns::{self, DnsAnswers};
+use crate::net::{NetBackend, NetChanges, NetConfig, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
-use crate::nft::{ApplyStats, Engine, NftBackend, NftError, TABLE_NAME};
-use crate::plan::{
-    self, BackendReport, Desired, HealthChecks, Memory, ObjectStatus, plan_with, plan_with_dns,
-};
+use crate::nft::{Engine, NftBackend, TABLE_NAME};
+use crate::observe::{ReconcileError, SyncObserver, SyncOutcome, SyncReport, status_line};
+use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
 use crate::state::{self, StateStore};
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-use tracing::{error, info, warn};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("manifests: {0}")]
-    Source(String),
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] crate::source::kube::KubeError),
-    #[error("nftables: {0}")]
-    Nft(#[from] NftError),
-    #[error("network: {0}")]
-    Net(#[from] NetError),
-    #[error("{0}")]
-    Runtime(String),
-}
-
-impl ReconcileError {
-    /// A short, stable label for metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ReconcileError::Source(_) => "source",
-            ReconcileError::Kube(_) => "kube",
-            ReconcileError::Nft(_) => "nftables",
-            ReconcileError::Net(_) => "network",
-            ReconcileError::Runtime(_) => "runtime",
-        }
-    }
-}
-
-/// Told about every sync attempt of the run loop: metrics, the admin server, status
-/// write-back. Runs on the reconcile thread, so it must not block for long.
-pub trait SyncObserver: Send {
-    fn observe(&mut self, sync: &SyncOutcome<'_>);
-}
-
-/// One sync attempt as observers see it.
-pub struct SyncOutcome<'a> {
-    /// The snapshot planned (None when the source failed).
-    pub snapshot: Option<&'a Snapshot>,
-    pub result: &'a Result<SyncReport, ReconcileError>,
-    pub duration: Duration,
-    /// The table the kernel holds (None until a first successful apply).
-    pub applied: Option<&'a crate::nft::ir::Table>,
-}
-
-/// What one successful sync did.
-#[derive(Debug, Clone, Default)]
-pub struct SyncReport {
-    pub nft: ApplyStats,
-    pub net_ops: usize,
-    pub statuses: Vec<ObjectStatus>,
-    /// The health-check ports the services feature planned.
-    pub health_checks: HealthChecks,
-}
+use std::time::Duration;
+use tracing::{info, warn};
 
 /// Owns the backends and what they were last told.
 pub struct Reconciler<N: NftBackend, B: NetBackend> {
@@ -234,23 +180,6 @@ async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     }
 }
 
-/// Where the run loop reads its snapshots from.
-enum Snapshots {
-    /// Reloaded from the directory on every wake-up.
-    Manifests,
-    /// The latest snapshot the Kubernetes source published.
-    Kube(tokio::sync::watch::Receiver<Option<Snapshot>>),
-}
-
-impl Snapshots {
-    fn current(&self, config: &Config) -> Result<Snapshot, ReconcileError> {
-        match self {
-            Snapshots::Manifests => load_snapshot(config),
-            Snapshots::Kube(rx) => Ok(rx.borrow().clone().unwrap_or_default()),
-        }
-    }
-}
-
 /// `--dry-run`: the full ruleset plus the address/route/rule changes as `#` lines. Reads the
 /// kernel's interfaces to say which device an address would go on, and the state directory
 /// (read-only) for the last valid version of an invalid object; needs no privileges.
@@ -335,16 +264,6 @@ fn real_reconciler(
     .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
 
-pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
-    let kind = s.kind.as_str();
-    let verdict = match (&s.result, apply_error) {
-        (Ok(()), None) => format!("{kind} Rules applied"),
-        (Ok(()), Some(e)) => format!("{kind} Rules not correctly applied: {e}"),
-        (Err(e), _) => format!("{kind} Rules not correctly applied: {e}"),
-    };
-    format!("{kind} {}: {verdict}", s.key)
-}
-
 fn log_report(report: &SyncReport) {
     info!(
         nft_ops = report.nft.ops,
@@ -360,254 +279,13 @@ fn log_report(report: &SyncReport) {
     }
 }
 
-/// Inputs of the run loop.
-enum Event {
-    Changed,
-    /// Someone else changed the kernel's table (detection `seq` of the admin state).
-    Drift {
-        seq: u64,
-        drift: Box<crate::nft::monitor::Drift>,
-    },
-    Shutdown,
-}
+/// Logs every successful sync of the run loop as `--once` does (a [`SyncObserver`]).
+pub struct LogReport;
 
-/// Run mode: sync, then re-sync on every change of the source (manifests directory or, without
-/// it, the Kubernetes API once every kind has synced), retry failures
-/// with exponential backoff (1 s .. 60 s), resync fully every `config.resync`, and stop on
-/// SIGTERM/SIGINT leaving the rules in place. A change to the table by anyone else (nftables
-/// notifications, see [`crate::nft::monitor`]) is repaired at once by a sync from the kernel's
-/// state.
-pub async fn run(config: Config) -> Result<(), ReconcileError> {
-    let (tx, rx) = mpsc::channel();
-    let change_tx = tx.clone();
-    // Up before the first list, so that probes see "alive, not ready" while it runs.
-    let source_health = config.manifests.is_none().then(SourceHealth::default);
-    let admin = Arc::new(AdminState::new(source_health.clone()));
-    admin::serve(config.admin_address, admin.clone())
-        .await
-        .map_err(|e| {
-            ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
-        })?;
-    let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
-        state: admin.clone(),
-        node_name: config.node_name.clone(),
-    })];
-    let snapshots = match &config.manifests {
-        Some(dir) => {
-            let mut changes = crate::source::watch::watch_dir(dir)
-                .map_err(|e| ReconcileError::Source(e.to_string()))?;
-            tokio::spawn(async move {
-                while changes.recv().await.is_some() {
-                    if change_tx.send(Event::Changed).is_err() {
-                        break;
-                    }
-                }
-            });
-            Snapshots::Manifests
-        }
-        None => {
-            let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-            let source = kube_source::start(client.clone(), source_health.unwrap_or_default());
-            let (status, rejections) = crate::status::spawn_writer(client, &config.node_name);
-            observers.push(Box::new(status));
-            let mut rejected = source.rejections;
-            tokio::spawn(async move {
-                while let Some(r) = rejected.recv().await {
-                    rejections.report(&r);
-                }
-            });
-            let mut changes = source.snapshots.clone();
-            // Never program a partial view: the first sync waits for every initial list.
-            info!("waiting for the initial list of every kind");
-            tokio::select! {
-                synced = changes.wait_for(Option::is_some) => {
-                    synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
-                }
-                _ = wait_for_signal() => return Ok(()),
-            }
-            tokio::spawn(async move {
-                while changes.changed().await.is_ok() {
-                    if change_tx.send(Event::Changed).is_err() {
-                        break;
-                    }
-                }
-            });
-            Snapshots::Kube(source.snapshots)
-        }
-    };
-    let dns_tx = std::sync::Mutex::new(tx.clone());
-    let lookup: Arc<dyn dns::Lookup> =
-        match dns::HickoryLookup::from_resolv_conf(&config.resolv_conf) {
-            Ok(l) => Arc::new(l),
-            Err(e) => {
-                error!("dnsName rules get no addresses: {e}");
-                Arc::new(dns::Unavailable(e.to_string()))
-            }
-        };
-    let lookup = Arc::new(CountingLookup {
-        inner: lookup,
-        metrics: admin.metrics.clone(),
-    });
-    // A changed answer wakes the loop like a changed manifest.
-    let resolver = DnsService::spawn(lookup, move || {
-        let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
-    });
-    // Up before the first sync; readiness drops as soon as a drift is seen, not when the
-    // loop gets to it. Lives until the loop ends.
-    let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
-    let _monitor = crate::nft::monitor::Monitor::start(TABLE_NAME, move |drift| {
-        let seq = drift_admin.drift_detected(&drift);
-        let drift = Box::new(drift);
-        drift_tx.send(Event::Drift { seq, drift }).is_ok()
-    })
-    .map_err(|e| ReconcileError::Runtime(format!("nftables monitor: {e}")))?;
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        let _ = tx.send(Event::Shutdown);
-    });
-    let health = crate::healthcheck::HealthServer::new(tokio::runtime::Handle::current());
-    // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker = std::thread::spawn(move || {
-        run_loop(config, rx, resolver, snapshots, observers, health, admin)
-    });
-    tokio::task::spawn_blocking(move || worker.join())
-        .await
-        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
-        .map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into()))?
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => info!("SIGTERM: stopping, rules stay in place"),
-                _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping, rules stay in place"),
-            }
-        }
-        Err(e) => {
-            warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
-
-/// How long a sync waits for the first answer of a newly used DNS name.
-const DNS_FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
-
-fn run_loop(
-    config: Config,
-    events: mpsc::Receiver<Event>,
-    resolver: DnsService,
-    snapshots: Snapshots,
-    mut observers: Vec<Box<dyn SyncObserver>>,
-    mut health: crate::healthcheck::HealthServer,
-    admin: Arc<AdminState>,
-) -> Result<(), ReconcileError> {
-    let mut rec = real_reconciler(&config)?;
-    let mut next_resync = Instant::now() + config.resync;
-    let mut backoff = BACKOFF_MIN;
-    // The last drift detection the loop took in (and invalidated the engine for).
-    let mut drift_taken = 0;
-    // The snapshot of the last sync, and whether the next one must read the source again: a
-    // wake-up for drift alone re-plans the same snapshot (with a manifests directory, loading
-    // it again would cost more than the repair).
-    let mut last_snapshot: Option<Snapshot> = None;
-    let mut reload = true;
-    loop {
-        // Every wake-up (change, retry, resync) re-plans from a fresh snapshot; a drift alone
-        // re-plans the last one.
-        let mut wait = next_resync.saturating_duration_since(Instant::now());
-        let started = Instant::now();
-        // What this sync repairs if it succeeds: detections seen before it started.
-        let repairing = drift_taken;
-        let current = match last_snapshot.take() {
-            Some(s) if !reload => Ok(s),
-            _ => snapshots.current(&config),
-        };
-        reload = false;
-        let (snapshot, synced) = match current {
-            Ok(s) => {
-                let names = rec.dns_names(&s);
-                rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
-                let synced = rec.sync(&s);
-                (Some(s), synced)
-            }
-            Err(e) => (None, Err(e)),
-        };
-        let outcome = SyncOutcome {
-            snapshot: snapshot.as_ref(),
-            result: &synced,
-            duration: started.elapsed(),
-            applied: rec.applied(),
-        };
-        for o in &mut observers {
-            o.observe(&outcome);
-        }
-        last_snapshot = snapshot;
-        match synced {
-            Ok(report) => {
-                log_report(&report);
-                if let Some(took) = admin.drift_repaired(repairing) {
-                    info!(
-                        "table inet {TABLE_NAME} repaired {:.1} ms after the drift was seen",
-                        took.as_secs_f64() * 1e3
-                    );
-                }
-                health.update(
-                    report
-                        .health_checks
-                        .iter()
-                        .map(|(k, v)| (*k, v.clone()))
-                        .collect(),
-                );
-                backoff = BACKOFF_MIN;
-            }
-            Err(e) => {
-                reload = true;
-                error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
-                wait = wait.min(backoff);
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-        }
-        match events.recv_timeout(wait) {
-            Ok(first) => {
-                // Coalesce a burst (one `nft flush ruleset` is many objects, a script many
-                // commits) into one sync, with no delay: whatever is queued now.
-                let mut drift: Option<crate::nft::monitor::Drift> = None;
-                let mut next = Some(first);
-                while let Some(event) = next {
-                    match event {
-                        Event::Changed => reload = true,
-                        Event::Drift { seq, drift: d } => {
-                            drift_taken = drift_taken.max(seq);
-                            match &mut drift {
-                                Some(all) => all.merge(*d),
-                                None => drift = Some(*d),
-                            }
-                        }
-                        Event::Shutdown => return Ok(()),
-                    }
-                    next = events.try_recv().ok();
-                }
-                if let Some(d) = drift {
-                    warn!("table inet {TABLE_NAME} changed by someone else: {d}; repairing");
-                    // The next sync starts from the kernel's state, not from our belief.
-                    rec.invalidate();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                reload = true;
-                if Instant::now() >= next_resync {
-                    info!("periodic resync");
-                    rec.invalidate();
-                    next_resync = Instant::now() + config.resync;
-                }
-            }
+impl SyncObserver for LogReport {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        if let Ok(report) = sync.result {
+            log_report(report);
         }
     }
 }

@@ -10,13 +10,16 @@ mod server;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tracing::info;
+
 pub use metrics::{CountingLookup, Metrics};
 pub use server::serve;
 
+use crate::nft::TABLE_NAME;
 use crate::nft::ir::Table;
 use crate::nft::monitor::Drift;
 use crate::nft::render::render_full;
-use crate::reconcile::{SyncObserver, SyncOutcome, status_line};
+use crate::observe::{SyncObserver, SyncOutcome, status_line};
 use crate::source::kube::SourceHealth;
 
 /// Shared between the run loop (writer) and the admin server (reader).
@@ -128,6 +131,25 @@ impl SyncObserver for AdminObserver {
                 metrics.observe_failure(sync.duration, e.reason());
                 self.state.last().error = Some(e.to_string());
             }
+        }
+    }
+}
+
+/// Marks drifts repaired: a successful sync repaired every detection the run loop took in
+/// before it started ([`SyncOutcome::drift_seq`]).
+pub struct DriftRepairs {
+    pub state: Arc<AdminState>,
+}
+
+impl SyncObserver for DriftRepairs {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        if sync.result.is_ok()
+            && let Some(took) = self.state.drift_repaired(sync.drift_seq)
+        {
+            info!(
+                "table inet {TABLE_NAME} repaired {:.1} ms after the drift was seen",
+                took.as_secs_f64() * 1e3
+            );
         }
     }
 }

@@ -17,6 +17,8 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::timing::Debounce;
+
 /// Short enough that a change is re-planned well within a second.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 
@@ -77,7 +79,10 @@ fn debounce_loop(
     debounce: Duration,
     path: &Path,
 ) {
-    let max_delay = debounce * 4;
+    let bursts = Debounce {
+        quiet: debounce,
+        max: debounce * 4,
+    };
     loop {
         // Wait for the first relevant event of a burst.
         match raw.recv_timeout(IDLE_CHECK) {
@@ -87,15 +92,10 @@ fn debounce_loop(
             Err(std_mpsc::RecvTimeoutError::Timeout) => continue,
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         }
-        let first = Instant::now();
-        let mut quiet_until = first + debounce;
-        loop {
-            let deadline = quiet_until.min(first + max_delay);
-            let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
-                break;
-            };
+        let mut burst = bursts.start(Instant::now());
+        while let Some(wait) = burst.deadline().checked_duration_since(Instant::now()) {
             match raw.recv_timeout(wait) {
-                Ok(res) if is_relevant(&res, path) => quiet_until = Instant::now() + debounce,
+                Ok(res) if is_relevant(&res, path) => burst.event(Instant::now()),
                 Ok(_) => {}
                 Err(std_mpsc::RecvTimeoutError::Timeout) => break,
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => return,

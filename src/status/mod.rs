@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::reconcile::{SyncObserver, SyncOutcome};
+use crate::observe::{SyncObserver, SyncOutcome};
 use crate::snapshot::{AnyObject, Kind, ObjectKey, Snapshot};
 use crate::source::kube::{Rejection, api_resource};
 use merge::StatusPatch;

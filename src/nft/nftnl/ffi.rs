@@ -11,6 +11,9 @@
 //!   and the lowering keeps every message below that (element lists are split at the
 //!   64 KiB attribute limit, like nft does).
 
+// The crate denies unsafe code (Cargo.toml [lints]); libnftnl is only reachable through FFI.
+#![allow(unsafe_code)]
+
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
 use super::set::SetSpec;

@@ -2,6 +2,10 @@
 //! `sendmsg` (the kernel only treats it as one transaction if it arrives in one skb), and
 //! replies are read until the socket is empty.
 
+// The crate denies unsafe code (Cargo.toml [lints]); nix has no setter for the netlink
+// socket options NETLINK_CAP_ACK/NETLINK_EXT_ACK, so `set_int` calls setsockopt itself.
+#![allow(unsafe_code)]
+
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, sendmsg,
     setsockopt, socket, sockopt,

@@ -263,7 +263,7 @@ fn unchanged_namespaces_keep_their_part() {
     let first = run(base(), &Memory::default(), &dns);
     let same = |d: &Desired, key: &str| {
         Arc::ptr_eq(
-            &d.ruleset.part(key).unwrap(),
+            d.ruleset.part(key).unwrap(),
             first.ruleset.part(key).unwrap(),
         )
     };

@@ -30,6 +30,7 @@ pub use kinds::{api_resource, watch_config};
 pub use store::{Store, Update};
 
 use crate::snapshot::{Kind, Snapshot};
+use crate::timing::{Backoff, Debounce};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -42,6 +43,10 @@ pub enum KubeError {
 /// Quiet time that ends a burst of events, and the longest a burst can delay a snapshot.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 const MAX_DELAY: Duration = Duration::from_millis(500);
+const BURST: Debounce = Debounce {
+    quiet: DEBOUNCE,
+    max: MAX_DELAY,
+};
 /// How often the API server is probed for `/readyz`.
 const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -93,7 +98,7 @@ async fn watch_kind(
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
     let mut stream = std::pin::pin!(watcher(api, watch_config(kind)));
-    let mut backoff = WatchBackoff::default();
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     let mut recovered = health.recoveries();
     while let Some(item) = stream.next().await {
         let msg = match item {
@@ -111,7 +116,7 @@ async fn watch_kind(
                 }
                 // Back off, but retry as soon as the API server is known to answer again
                 // (a resumed watch yields no event that would reset the backoff).
-                let delay = backoff.next().unwrap_or(BACKOFF_MAX);
+                let delay = backoff.next_delay();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = recovered.changed() => backoff.reset(),
@@ -179,14 +184,12 @@ async fn store_task(
             continue;
         }
         // Coalesce the burst.
-        let first = Instant::now();
-        let mut quiet_until = first + DEBOUNCE;
+        let mut burst = BURST.start(Instant::now());
         loop {
-            let deadline = quiet_until.min(first + MAX_DELAY);
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
+            match tokio::time::timeout_at(burst.deadline(), rx.recv()).await {
                 Ok(Some(msg)) => {
                     handle(msg, &mut store);
-                    quiet_until = Instant::now() + DEBOUNCE;
+                    burst.event(Instant::now());
                 }
                 Ok(None) => return,
                 Err(_) => break,
@@ -219,30 +222,5 @@ async fn probe_api(client: Client, health: SourceHealth) {
 
 /// 250 ms doubling to 8 s between retries of one watch: a dead API server is not hammered,
 /// and a recovered one is noticed by the probe, which cuts the wait short.
-struct WatchBackoff {
-    next: Duration,
-}
-
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(8);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff { next: BACKOFF_MIN }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-    fn next(&mut self) -> Option<Duration> {
-        let d = self.next;
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        Some(d)
-    }
-}
-
-impl WatchBackoff {
-    fn reset(&mut self) {
-        self.next = BACKOFF_MIN;
-    }
-}

@@ -1,0 +1,157 @@
+//! Run mode's wiring, in one place: the admin server and what feeds it ([`AdminObserver`],
+//! [`DriftRepairs`]), the source (manifests directory or Kubernetes API) and, with the API,
+//! the status writer, the DNS service, the nftables drift monitor, the health-check server and
+//! the signal handler. Everything is handed to the control loop
+//! ([`crate::reconcile::run_loop`]) as an [`Event`] channel and a list of [`SyncObserver`]s.
+
+use std::sync::{Arc, Mutex, mpsc};
+
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminObserver, AdminState, CountingLookup, DriftRepairs};
+use crate::config::Config;
+use crate::dns::{self, DnsService};
+use crate::healthcheck::HealthServer;
+use crate::nft::TABLE_NAME;
+use crate::nft::monitor::Monitor;
+use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
+use crate::reconcile::LogReport;
+use crate::reconcile::run_loop::{self, Event, Snapshots};
+use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::source::watch::watch_dir;
+use crate::status;
+
+/// Run mode: sync, then re-sync on every change of the source (manifests directory or, without
+/// it, the Kubernetes API once every kind has synced), retry failures with exponential backoff
+/// (1 s .. 60 s), resync fully every `config.resync`, and stop on SIGTERM/SIGINT leaving the
+/// rules in place. A change to the table by anyone else (nftables notifications, see
+/// [`crate::nft::monitor`]) is repaired at once by a sync from the kernel's state.
+pub async fn run(config: Config) -> Result<(), ReconcileError> {
+    let (tx, rx) = mpsc::channel();
+    let change_tx = tx.clone();
+    // Up before the first list, so that probes see "alive, not ready" while it runs.
+    let source_health = config.manifests.is_none().then(SourceHealth::default);
+    let admin = Arc::new(AdminState::new(source_health.clone()));
+    admin::serve(config.admin_address, admin.clone())
+        .await
+        .map_err(|e| {
+            ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
+        })?;
+    let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
+        state: admin.clone(),
+        node_name: config.node_name.clone(),
+    })];
+    let snapshots = match &config.manifests {
+        Some(dir) => {
+            let mut changes = watch_dir(dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
+            tokio::spawn(async move {
+                while changes.recv().await.is_some() {
+                    if change_tx.send(Event::Changed).is_err() {
+                        break;
+                    }
+                }
+            });
+            Snapshots::Manifests
+        }
+        None => {
+            let client = kube_source::client(config.kubeconfig.as_deref()).await?;
+            let source = kube_source::start(client.clone(), source_health.unwrap_or_default());
+            let (status, rejections) = status::spawn_writer(client, &config.node_name);
+            observers.push(Box::new(status));
+            let mut rejected = source.rejections;
+            tokio::spawn(async move {
+                while let Some(r) = rejected.recv().await {
+                    rejections.report(&r);
+                }
+            });
+            let mut changes = source.snapshots.clone();
+            // Never program a partial view: the first sync waits for every initial list.
+            info!("waiting for the initial list of every kind");
+            tokio::select! {
+                synced = changes.wait_for(Option::is_some) => {
+                    synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+                }
+                _ = wait_for_signal() => return Ok(()),
+            }
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    if change_tx.send(Event::Changed).is_err() {
+                        break;
+                    }
+                }
+            });
+            Snapshots::Kube(source.snapshots)
+        }
+    };
+    let dns_tx = Mutex::new(tx.clone());
+    let lookup: Arc<dyn dns::Lookup> =
+        match dns::HickoryLookup::from_resolv_conf(&config.resolv_conf) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                error!("dnsName rules get no addresses: {e}");
+                Arc::new(dns::Unavailable(e.to_string()))
+            }
+        };
+    let lookup = Arc::new(CountingLookup {
+        inner: lookup,
+        metrics: admin.metrics.clone(),
+    });
+    // A changed answer wakes the loop like a changed manifest.
+    let resolver = DnsService::spawn(lookup, move || {
+        let _ = dns_tx.lock().map(|t| t.send(Event::Changed));
+    });
+    // Up before the first sync; readiness drops as soon as a drift is seen, not when the
+    // loop gets to it. Lives until the loop ends.
+    let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
+    let _monitor = Monitor::start(TABLE_NAME, move |drift| {
+        let seq = drift_admin.drift_detected(&drift);
+        let drift = Box::new(drift);
+        drift_tx.send(Event::Drift { seq, drift }).is_ok()
+    })
+    .map_err(|e| ReconcileError::Runtime(format!("nftables monitor: {e}")))?;
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = tx.send(Event::Shutdown);
+    });
+    // After every successful sync, in this order (as the loop did before it had observers):
+    // the log, the drift repair (readiness back), the health-check ports.
+    observers.push(Box::new(LogReport));
+    observers.push(Box::new(DriftRepairs { state: admin }));
+    let health = HealthServer::new(tokio::runtime::Handle::current());
+    observers.push(Box::new(HealthChecks(health)));
+    // The backends block on netlink: run the loop on its own thread, off the async workers.
+    let worker =
+        std::thread::spawn(move || run_loop::run(config, rx, resolver, snapshots, observers));
+    tokio::task::spawn_blocking(move || worker.join())
+        .await
+        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
+        .map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into()))?
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM: stopping, rules stay in place"),
+                _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping, rules stay in place"),
+            }
+        }
+        Err(e) => {
+            warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Serves the services' health-check ports of the last successful sync.
+struct HealthChecks(HealthServer);
+
+impl SyncObserver for HealthChecks {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        if let Ok(report) = sync.result {
+            self.0
+                .update(report.health_checks.clone().into_iter().collect());
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! What a sync reports and who is told about it: [`SyncReport`] (what a successful sync
+//! did), [`ReconcileError`] (why one failed), [`SyncOutcome`] (one attempt of the run loop as
+//! its [`SyncObserver`]s see it) and [`status_line`] (an object's verdict as one line of text).
+//! The control loop ([`crate::reconcile::run_loop`]) reports; the admin server, the status
+//! writer and the health-check server react (wired in [`crate::app`]). This module depends on
+//! neither side.
+
+use std::time::Duration;
+
+use crate::net::NetError;
+use crate::nft::ir::Table;
+use crate::nft::{ApplyStats, NftError};
+use crate::plan::{HealthChecks, ObjectStatus};
+use crate::snapshot::Snapshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("manifests: {0}")]
+    Source(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] crate::source::kube::KubeError),
+    #[error("nftables: {0}")]
+    Nft(#[from] NftError),
+    #[error("network: {0}")]
+    Net(#[from] NetError),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl ReconcileError {
+    /// A short, stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReconcileError::Source(_) => "source",
+            ReconcileError::Kube(_) => "kube",
+            ReconcileError::Nft(_) => "nftables",
+            ReconcileError::Net(_) => "network",
+            ReconcileError::Runtime(_) => "runtime",
+        }
+    }
+}
+
+/// Told about every sync attempt of the run loop: the log, metrics, the admin server, status
+/// write-back, drift repairs, health-check ports (`SyncReport::health_checks`). Runs on the reconcile thread, so it must not
+/// block for long.
+pub trait SyncObserver: Send {
+    fn observe(&mut self, sync: &SyncOutcome<'_>);
+}
+
+/// One sync attempt as observers see it.
+pub struct SyncOutcome<'a> {
+    /// The snapshot planned (None when the source failed).
+    pub snapshot: Option<&'a Snapshot>,
+    pub result: &'a Result<SyncReport, ReconcileError>,
+    pub duration: Duration,
+    /// The table the kernel holds (None until a first successful apply).
+    pub applied: Option<&'a Table>,
+    /// The highest drift detection (the `seq` of the run loop's drift events) taken in before
+    /// this sync started; a successful sync repaired every detection up to it. 0: none yet.
+    pub drift_seq: u64,
+}
+
+/// What one successful sync did.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub nft: ApplyStats,
+    pub net_ops: usize,
+    pub statuses: Vec<ObjectStatus>,
+    /// The health-check ports the services feature planned.
+    pub health_checks: HealthChecks,
+}
+
+/// An object's verdict as the log, `--dry-run` and the admin ruleset print it.
+pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
+    let kind = s.kind.as_str();
+    let verdict = match (&s.result, apply_error) {
+        (Ok(()), None) => format!("{kind} Rules applied"),
+        (Ok(()), Some(e)) => format!("{kind} Rules not correctly applied: {e}"),
+        (Err(e), _) => format!("{kind} Rules not correctly applied: {e}"),
+    };
+    format!("{kind} {}: {verdict}", s.key)
+}

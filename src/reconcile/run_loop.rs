@@ -1,0 +1,155 @@
+//! The control loop of run mode: sync, then sync again on every [`Event::Changed`], retry a
+//! failed sync with exponential backoff (1 s .. 60 s), resync fully every `config.resync`,
+//! repair a drift ([`Event::Drift`]) at once by a sync from the kernel's state, and stop on
+//! [`Event::Shutdown`] leaving the rules in place. Each attempt is reported to the
+//! [`SyncObserver`]s as a [`SyncOutcome`]; the loop knows nothing of who they are (see
+//! [`crate::app`] for the wiring).
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::{ReconcileError, SyncObserver, SyncOutcome, load_snapshot, real_reconciler};
+use crate::config::Config;
+use crate::dns::DnsService;
+use crate::nft::TABLE_NAME;
+use crate::nft::monitor::Drift;
+use crate::snapshot::Snapshot;
+use crate::timing::Backoff;
+
+/// Inputs of the run loop.
+pub enum Event {
+    /// An input changed: the next sync reads the source again.
+    Changed,
+    /// Someone else changed the kernel's table. `seq` numbers detections in increasing
+    /// order; the loop hands the highest it took in back in [`SyncOutcome::drift_seq`].
+    Drift {
+        seq: u64,
+        drift: Box<Drift>,
+    },
+    Shutdown,
+}
+
+/// Where the run loop reads its snapshots from.
+pub enum Snapshots {
+    /// Reloaded from the directory on every wake-up.
+    Manifests,
+    /// The latest snapshot the Kubernetes source published.
+    Kube(tokio::sync::watch::Receiver<Option<Snapshot>>),
+}
+
+impl Snapshots {
+    fn current(&self, config: &Config) -> Result<Snapshot, ReconcileError> {
+        match self {
+            Snapshots::Manifests => load_snapshot(config),
+            Snapshots::Kube(rx) => Ok(rx.borrow().clone().unwrap_or_default()),
+        }
+    }
+}
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// How long a sync waits for the first answer of a newly used DNS name.
+const DNS_FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
+
+/// Runs until [`Event::Shutdown`] or until every sender of `events` is gone. Blocks on
+/// netlink: call it on a thread of its own.
+pub fn run(
+    config: Config,
+    events: mpsc::Receiver<Event>,
+    resolver: DnsService,
+    snapshots: Snapshots,
+    mut observers: Vec<Box<dyn SyncObserver>>,
+) -> Result<(), ReconcileError> {
+    let mut rec = real_reconciler(&config)?;
+    let mut next_resync = Instant::now() + config.resync;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+    // The last drift detection the loop took in (and invalidated the engine for).
+    let mut drift_taken = 0;
+    // The snapshot of the last sync, and whether the next one must read the source again: a
+    // wake-up for drift alone re-plans the same snapshot (with a manifests directory, loading
+    // it again would cost more than the repair).
+    let mut last_snapshot: Option<Snapshot> = None;
+    let mut reload = true;
+    loop {
+        // Every wake-up (change, retry, resync) re-plans from a fresh snapshot; a drift alone
+        // re-plans the last one.
+        let mut wait = next_resync.saturating_duration_since(Instant::now());
+        let started = Instant::now();
+        // What this sync repairs if it succeeds: detections seen before it started.
+        let repairing = drift_taken;
+        let current = match last_snapshot.take() {
+            Some(s) if !reload => Ok(s),
+            _ => snapshots.current(&config),
+        };
+        reload = false;
+        let (snapshot, synced) = match current {
+            Ok(s) => {
+                let names = rec.dns_names(&s);
+                rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
+                let synced = rec.sync(&s);
+                (Some(s), synced)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        let outcome = SyncOutcome {
+            snapshot: snapshot.as_ref(),
+            result: &synced,
+            duration: started.elapsed(),
+            applied: rec.applied(),
+            drift_seq: repairing,
+        };
+        for o in &mut observers {
+            o.observe(&outcome);
+        }
+        last_snapshot = snapshot;
+        match synced {
+            // Logged, drift repairs and health-check ports: reactions of the observers.
+            Ok(_) => backoff.reset(),
+            Err(e) => {
+                reload = true;
+                let delay = backoff.next_delay();
+                error!("sync failed, retrying in {}s: {e}", delay.as_secs());
+                wait = wait.min(delay);
+            }
+        }
+        match events.recv_timeout(wait) {
+            Ok(first) => {
+                // Coalesce a burst (one `nft flush ruleset` is many objects, a script many
+                // commits) into one sync, with no delay: whatever is queued now.
+                let mut drift: Option<Drift> = None;
+                let mut next = Some(first);
+                while let Some(event) = next {
+                    match event {
+                        Event::Changed => reload = true,
+                        Event::Drift { seq, drift: d } => {
+                            drift_taken = drift_taken.max(seq);
+                            match &mut drift {
+                                Some(all) => all.merge(*d),
+                                None => drift = Some(*d),
+                            }
+                        }
+                        Event::Shutdown => return Ok(()),
+                    }
+                    next = events.try_recv().ok();
+                }
+                if let Some(d) = drift {
+                    warn!("table inet {TABLE_NAME} changed by someone else: {d}; repairing");
+                    // The next sync starts from the kernel's state, not from our belief.
+                    rec.invalidate();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                reload = true;
+                if Instant::now() >= next_resync {
+                    info!("periodic resync");
+                    rec.invalidate();
+                    next_resync = Instant::now() + config.resync;
+                }
+            }
+        }
+    }
+}
