@@ -34,6 +34,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
+/// The feature's one table part: every chain and map below (the feature is planned whole).
+pub const PART: &str = "eip";
+
 /// SNAT maps: pod address -> source address (the egress IP, or the pod's own for steered
 /// traffic).
 pub const SNAT_V4: &str = "eip-snat-v4";
@@ -97,7 +100,7 @@ pub type EgressIpMemory = Validated<EgressIP, ValidatedEgressIp>;
 pub struct EgressIp;
 
 impl Feature for EgressIp {
-    const NAME: &'static str = "eip";
+    const NAME: &'static str = PART;
     type Memory = EgressIpMemory;
 
     fn plan(inputs: &Inputs, memory: &EgressIpMemory, out: &mut Planned) -> EgressIpMemory {
@@ -132,8 +135,8 @@ impl Feature for EgressIp {
     }
 }
 
-/// Adds the EgressIP chains and maps to `table` and the addresses, routes, rules and tunnel
-/// to `net`; returns one status per EgressIP and the next memory.
+/// Adds the EgressIP part ([`PART`]: its chains and maps) to `table` and the addresses,
+/// routes, rules and tunnel to `net`; returns one status per EgressIP and the next memory.
 fn plan(
     snapshot: &Snapshot,
     config: &Config,
@@ -150,6 +153,7 @@ fn plan(
     let claims = claim_pods(snapshot, &mut entries);
     let node = config.node_name.as_str();
 
+    let mut part = Part::default();
     let mut snat = [
         map(SNAT_V4, DataType::Ipv4Addr),
         map(SNAT_V6, DataType::Ipv6Addr),
@@ -190,7 +194,7 @@ fn plan(
     let tunnel = tunnel_spec(snapshot, node, &entries, &groups);
     for (n, (nodes, families)) in groups.iter().enumerate() {
         let Some(tunnel) = &tunnel else { break };
-        let chain = steer_chain(table, n);
+        let chain = steer_chain(&mut part, n);
         for (ip, g) in steered.iter().filter(|(_, g)| g == nodes) {
             let _ = g;
             steer[idx(ip)]
@@ -208,10 +212,11 @@ fn plan(
         }
     }
     net.tunnel = tunnel;
-    add_base_chains(table);
+    add_base_chains(&mut part);
     for set in snat.into_iter().chain(steer) {
-        table.add_set(set);
+        part.add_set(set);
     }
+    table.insert_part(PART, Arc::new(part));
     for e in entries {
         let result = if e.problems.is_empty() {
             Ok(())
@@ -473,7 +478,7 @@ fn tunnel_spec(
 }
 
 /// Group `n`'s chain: packets to destinations outside the cluster get the group's mark.
-fn steer_chain(table: &mut Table, n: usize) -> String {
+fn steer_chain(part: &mut Part, n: usize) -> String {
     let name = format!("eip-steer-{n}");
     let mut chain = Chain::regular(&name);
     for rule in leaves_cluster() {
@@ -489,7 +494,7 @@ fn steer_chain(table: &mut Table, n: usize) -> String {
         Stmt::MarkOr(mark(n)),
         Stmt::Counter,
     ]));
-    table.add_chain(chain);
+    part.add_chain(chain);
     name
 }
 
@@ -567,7 +572,7 @@ fn steer_routing(
     }
 }
 
-fn add_base_chains(table: &mut Table) {
+fn add_base_chains(part: &mut Part) {
     let base = |kind, hook, priority| BaseChain {
         kind,
         hook,
@@ -580,7 +585,7 @@ fn add_base_chains(table: &mut Table) {
     );
     pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], STEER_V4)]));
     pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], STEER_V6)]));
-    table.add_chain(pre);
+    part.add_chain(pre);
     let mut post = Chain::base(
         POSTROUTING,
         base(ChainType::Nat, Hook::Postrouting, POSTROUTING_PRIORITY),
@@ -601,7 +606,7 @@ fn add_base_chains(table: &mut Table) {
             },
         })]));
     }
-    table.add_chain(post);
+    part.add_chain(post);
     let mut out = Chain::base(
         TUNNEL_OUT,
         base(ChainType::Filter, Hook::Postrouting, TUNNEL_OUT_PRIORITY),
@@ -610,7 +615,7 @@ fn add_base_chains(table: &mut Table) {
         Stmt::matches(Field::OifName, Value::IfName(TUNNEL_DEV.into())),
         Stmt::MarkAnd(!MARK_MASK),
     ]));
-    table.add_chain(out);
+    part.add_chain(out);
 }
 
 /// Attributes an address the net backend could not place (no interface subnet contains it,
@@ -624,7 +629,7 @@ fn address_refused(
     reason: &str,
 ) {
     for set in [SNAT_V4, SNAT_V6] {
-        if let Some(s) = table.sets.get_mut(set) {
+        if let Some(s) = table.part_mut(PART).and_then(|p| p.sets.get_mut(set)) {
             s.elements.retain(|_, v| v.data != Some(data(ip)));
         }
     }

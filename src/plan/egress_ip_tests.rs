@@ -83,7 +83,7 @@ fn on(node: &str, snap: &Snapshot) -> Desired {
 }
 
 fn elements(d: &Desired, map: &str) -> Vec<(String, String)> {
-    d.ruleset.sets[map]
+    d.ruleset.flatten().sets[map]
         .elements
         .iter()
         .map(|(k, v)| {
@@ -310,9 +310,9 @@ fn no_egress_ip_adds_nothing_to_the_table() {
     let snap = Snapshot::builder()
         .with(node("worker-1", &["192.168.50.11"]))
         .build();
-    let d = on("worker-1", &snap);
-    assert!(d.ruleset.chains.keys().all(|c| !c.starts_with("eip-")));
-    assert!(d.ruleset.sets.keys().all(|c| !c.starts_with("eip-")));
+    let t = on("worker-1", &snap).ruleset.flatten();
+    assert!(t.chains.keys().all(|c| !c.starts_with("eip-")));
+    assert!(t.sets.keys().all(|c| !c.starts_with("eip-")));
 }
 
 #[test]
