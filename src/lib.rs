@@ -18,3 +18,5 @@ pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod status;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

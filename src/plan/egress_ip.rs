@@ -634,5 +634,4 @@ pub fn address_refused(
 }
 
 #[cfg(test)]
-#[path = "egress_ip_tests.rs"]
 mod tests;

@@ -219,5 +219,4 @@ fn suffix(family: IpFamily) -> &'static str {
 }
 
 #[cfg(test)]
-#[path = "qos_tests.rs"]
 mod tests;
