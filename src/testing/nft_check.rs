@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 pub fn nft_check(text: &str) {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "this test checks the ruleset with the kernel and needs root"
+        "this test checks the ruleset with the kernel and needs root (scripts/test.sh) or root of a user namespace (scripts/test-unprivileged.sh)"
     );
     let mut child = Command::new("unshare")
         .args(["--net", "nft", "-c", "-f", "-"])

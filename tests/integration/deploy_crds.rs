@@ -1,5 +1,5 @@
 //! deploy/'s CRDs: generated from the Rust types (`nodeplane::api::crds`) and kept in sync
-//! (`UPDATE_DEPLOY=1 cargo test --test deploy_crds` rewrites them); every deploy/ document
+//! (`UPDATE_DEPLOY=1 cargo test --test integration deploy_crds` rewrites them); every deploy/ document
 //! parses; and the CRD schemas, checked with a JSON Schema validator, accept the examples and
 //! reject the invalid cases the API reference names.
 
@@ -21,8 +21,7 @@ fn documents(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-const HEADER: &str =
-    "# Generated from the Rust types by `UPDATE_DEPLOY=1 cargo test --test deploy_crds`.\n";
+const HEADER: &str = "# Generated from the Rust types by `UPDATE_DEPLOY=1 cargo test --test integration deploy_crds`.\n";
 
 #[test]
 fn crds_in_deploy_match_the_types() {
@@ -35,7 +34,7 @@ fn crds_in_deploy_match_the_types() {
         let have = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             have == want,
-            "{file} is stale: run UPDATE_DEPLOY=1 cargo test --test deploy_crds"
+            "{file} is stale: run UPDATE_DEPLOY=1 cargo test --test integration deploy_crds"
         );
     }
 }

@@ -1,6 +1,6 @@
 //! Golden test of the renderer over every IR construct, and (as root) proof that `nft -c`
 //! accepts the text. Regenerate the golden file with `UPDATE_GOLDEN=1 cargo test --test
-//! render_golden` after an intended change, and review the diff.
+//! integration render_golden` after an intended change, and review the diff.
 
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;

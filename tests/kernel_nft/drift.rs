@@ -7,7 +7,7 @@
 //! owns 203.0.113.10 and 203.0.113.20 behind 192.168.1.100, with a TCP server on port 80 of
 //! each. The node netns also holds someone else's `table inet other` with a rule.
 //!
-//! Times are printed, never asserted (`cargo test --test drift_kernel -- --nocapture`); the
+//! Times are printed, never asserted (`cargo test --test kernel_nft drift:: -- --nocapture`); the
 //! p50/p99 over many drifts is `cargo bench --bench drift`.
 
 use nix::sys::socket::{

@@ -129,7 +129,8 @@ pub(crate) fn require_environment() {
     if euid.ok() != Some(0) {
         panic!(
             "netns lab: kernel tests need root (network namespaces, nftables); \
-             run them as root, e.g. via scripts/test.sh"
+             run them as root (scripts/test.sh) or as root of a user namespace \
+             (scripts/test-unprivileged.sh)"
         );
     }
     if let Err(e) = run_host(&["ip", "netns", "list"]) {
