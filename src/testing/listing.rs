@@ -17,7 +17,8 @@ pub fn json(ns: &Ns, table: &str) -> Json {
     v
 }
 
-fn scrub(v: &mut Json) {
+/// Drops handles and `expires` and zeroes counter values, in place (what `json` does).
+pub fn scrub(v: &mut Json) {
     match v {
         Json::Object(map) => {
             map.remove("handle");

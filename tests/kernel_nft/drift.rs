@@ -257,25 +257,8 @@ fn table_now(ns: &Ns) -> Option<Vec<String>> {
     if let Some(items) = v.get_mut("nftables").and_then(Json::as_array_mut) {
         items.retain(|i| i.get("metainfo").is_none());
     }
-    scrub(&mut v);
+    listing::scrub(&mut v);
     Some(canonical(v))
-}
-
-/// `listing::json`'s normalisation (handles, timers, counter values).
-fn scrub(v: &mut Json) {
-    match v {
-        Json::Object(map) => {
-            map.remove("handle");
-            map.remove("expires");
-            if let Some(Json::Object(c)) = map.get_mut("counter") {
-                c.insert("packets".into(), 0.into());
-                c.insert("bytes".into(), 0.into());
-            }
-            map.values_mut().for_each(scrub);
-        }
-        Json::Array(items) => items.iter_mut().for_each(scrub),
-        _ => {}
-    }
 }
 
 /// Polls (every 2 ms plus one `nft` listing) until our table equals `expected`; returns the
