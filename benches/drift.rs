@@ -17,12 +17,6 @@
 //!    them, and the agent's own measure (`nodeplane_drift_last_repair_duration_seconds`: from
 //!    its reader seeing the commit to the end of the repairing sync). p50/p99/max of both.
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-#[path = "support/args.rs"]
-mod support;
-
-use lab::{Lab, Ns, run_cmd};
 use nodeplane::api::{EndpointSlice, Service};
 use nodeplane::config::Config;
 use nodeplane::nft::monitor::{Drift, Monitor};
@@ -30,6 +24,9 @@ use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::{Engine, TABLE_NAME};
 use nodeplane::plan::plan;
 use nodeplane::snapshot::Snapshot;
+use nodeplane::testing::args::arg;
+use nodeplane::testing::lab::{Lab, Ns, run_cmd};
+use nodeplane::testing::objects;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,31 +37,36 @@ const NODE: &str = "node-1";
 const ENDPOINTS: usize = 10;
 const ADMIN: &str = "127.0.0.1:9942";
 
+const HTTP_80: &str = "{name: http, port: 80, protocol: TCP}";
+const HTTP_8080: &str = "{name: http, port: 8080, protocol: TCP}";
+
 fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 30, 0, 10)) + i as u32)
 }
 
+/// Service `svc<i>` in namespace `bench`, port 80 to endpoints' 8080.
 fn service_doc(i: usize) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\n\
-         spec: {{clusterIP: '{ip}', clusterIPs: ['{ip}'], ports: [{{name: http, port: 80, protocol: TCP}}]}}\n",
-        ip = cluster_ip(i)
-    )
+    let ip = cluster_ip(i).to_string();
+    let svc = objects::service_ips(&format!("svc{i}"), &[&ip], HTTP_80);
+    svc.in_namespace("bench").to_string()
 }
 
+/// `ENDPOINTS` endpoints of service `i`, all on node-2.
 fn slice_doc(i: usize) -> String {
-    let eps: Vec<String> = (0..ENDPOINTS)
+    let eps: Vec<_> = (0..ENDPOINTS)
         .map(|j| {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 0)) + (i * 16 + j) as u32);
-            format!("{{addresses: ['{ip}'], nodeName: node-2, conditions: {{ready: true}}}}")
+            objects::ep(&ip.to_string(), "node-2")
         })
         .collect();
-    format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: svc{i}-abc, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{}]\n",
-        eps.join(", ")
-    )
+    let slice = objects::endpoint_slice(
+        &format!("svc{i}-abc"),
+        &format!("svc{i}"),
+        "IPv4",
+        HTTP_8080,
+        &eps,
+    );
+    slice.in_namespace("bench").to_string()
 }
 
 fn cluster(n: usize) -> Snapshot {
@@ -358,8 +360,7 @@ fn drift_repair(drifts: usize, services: usize) {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let arg =
-        |name, full_default, smoke| support::arg(name, if full { full_default } else { smoke });
+    let arg = |name, full_default, smoke| arg(name, if full { full_default } else { smoke });
     let services = arg("--services", 10_000, 200);
     let rounds = arg("--rounds", 3, 1);
     let drifts = arg("--drifts", 50, 5);

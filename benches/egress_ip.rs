@@ -10,60 +10,39 @@
 //! is one `saddr` map lookup (`eip-steer` vmap in prerouting, `eip-snat` map on the first
 //! packet of a connection) whatever the sizes.
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
-use lab::Lab;
-use nodeplane::api::{EgressIP, Namespace, Node, Pod};
+use nodeplane::api::Pod;
 use nodeplane::config::Config;
 use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::plan;
 use nodeplane::snapshot::{Snapshot, SnapshotBuilder};
-use serde_json::json;
+use nodeplane::testing::args::arg;
+use nodeplane::testing::lab::Lab;
+use nodeplane::testing::objects;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
 fn pod(i: usize, nodes: usize, eips: usize) -> Pod {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + 10 + i as u32);
-    serde_json::from_value(json!({
-        "metadata": {"namespace": format!("ns{}", i % eips), "name": format!("p{i}"),
-                     "labels": {"app": "api"}},
-        "spec": {"nodeName": format!("node-{}", 1 + i % nodes), "containers": []},
-        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}
-    }))
-    .unwrap()
+    let pod = objects::pod(&format!("ns{}", i % eips), &format!("p{i}"));
+    let pod = pod
+        .on(&format!("node-{}", 1 + i % nodes))
+        .labels(&[("app", "api")]);
+    pod.ips(&[ip]).object()
 }
 
 fn cluster(pods: usize, nodes: usize, eips: usize) -> SnapshotBuilder {
     let mut b = Snapshot::builder();
     for n in 1..=nodes {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": format!("node-{n}")},
-            "status": {"addresses": [{"type": "InternalIP",
-                                      "address": format!("192.168.{}.{}", n / 250, 1 + n % 250)}]}
-        }))
-        .unwrap();
-        b.insert(node);
+        let ip = format!("192.168.{}.{}", n / 250, 1 + n % 250);
+        b.insert(objects::node(&format!("node-{n}"), &[ip]).object());
     }
     for e in 0..eips {
-        let ns: Namespace = serde_json::from_value(
-            json!({"metadata": {"name": format!("ns{e}"), "labels": {"eip": format!("e{e}")}}}),
-        )
-        .unwrap();
-        b.insert(ns);
+        let label = format!("e{e}");
+        b.insert(objects::namespace(&format!("ns{e}"), &[("eip", &label)]).object());
         let ip = format!("172.20.{}.{}", e / 250, 1 + e % 250);
-        let eip: EgressIP = serde_json::from_value(json!({
-            "apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
-            "metadata": {"name": format!("e{e}")},
-            "spec": {"egressIPs": [ip], "namespaceSelector": {"matchLabels": {"eip": format!("e{e}")}}},
-            "status": {"items": [{"egressIP": ip, "node": "node-1"}]}
-        }))
-        .unwrap();
-        b.insert(eip);
+        let eip = objects::egress_ip(&format!("e{e}"), &[&ip], &[("eip", &label)]);
+        b.insert(eip.hosted(&[(&ip, "node-1")]).object());
     }
     for i in 0..pods {
         b.insert(pod(i, nodes, eips));

@@ -11,19 +11,15 @@
 //! 2. Apply cost: the planner's table for `--namespaces` namespaces x `--rules` rules applied
 //!    from empty through the netlink backend, then one changed rule (plan + diff + apply).
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
-use lab::{Lab, Ns, Pod};
 use nodeplane::config::Config;
 use nodeplane::dns::DnsAnswers;
 use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::{Memory, plan_with_dns};
 use nodeplane::snapshot::Snapshot;
+use nodeplane::testing::args::arg;
+use nodeplane::testing::lab::{Lab, Ns, Pod};
+use nodeplane::testing::objects;
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
@@ -53,18 +49,8 @@ fn rules(n: usize) -> String {
     format!("[{}]", r.join(", "))
 }
 
-fn fw_doc(ns: &str, rules: &str) -> String {
-    format!(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {ns}}}\n\
-         spec:\n  egress: {rules}\n"
-    )
-}
-
 fn pod_doc(ns: &str, name: &str, ip: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\n\
-         spec: {{nodeName: {NODE}, containers: []}}\nstatus: {{phase: Running, podIP: '{ip}', podIPs: [{{ip: '{ip}'}}]}}\n"
-    )
+    objects::pod(ns, name).on(NODE).ips(&[ip]).to_string()
 }
 
 /// `n` sequential TCP connections (connect, read the server's line, close) from inside `ns`.
@@ -112,7 +98,10 @@ fn packet_cost(conns: usize, rounds: usize) {
     lab.add_route(&ext, "10.128.0.0/14", "192.168.1.1");
     fast_server(&ext);
     let dir = tempfile::tempdir().unwrap();
-    let mut docs = vec![fw_doc("fw10", &rules(10)), fw_doc("fw8000", &rules(8000))];
+    let mut docs = vec![
+        objects::egress_firewall("fw10", &rules(10)).to_string(),
+        objects::egress_firewall("fw8000", &rules(8000)).to_string(),
+    ];
     for (label, ns) in [("none", "plain"), ("10", "fw10"), ("8000", "fw8000")] {
         let pod = &pods.iter().find(|(l, _)| *l == label).unwrap().1;
         docs.push(pod_doc(ns, label, &pod.addrs[0].to_string()));
@@ -154,7 +143,7 @@ fn apply_cost(namespaces: usize, rules_per_ns: usize) {
     let rules_text = rules(rules_per_ns);
     let parse =
         |yaml: &str| -> nodeplane::api::EgressFirewall { serde_norway::from_str(yaml).unwrap() };
-    let template = parse(&fw_doc("x", &rules_text));
+    let template = parse(&objects::egress_firewall("x", &rules_text).to_string());
     for i in 0..namespaces {
         let ns = format!("ns{i}");
         let mut fw = template.clone();

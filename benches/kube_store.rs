@@ -12,9 +12,7 @@
 //!
 //! Also printed: the JSON size of a pod before and after pruning.
 
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
+use nodeplane::testing::args::arg;
 use std::time::Instant;
 
 use kube::api::DynamicObject;

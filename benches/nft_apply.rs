@@ -7,15 +7,11 @@
 //! chains with two rules each, and a verdict map `ipv4_addr . inet_proto . inet_service :
 //! goto chain` with M elements.
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-#[path = "../tests/nft_kernel/large.rs"]
-mod large;
-
-use lab::{Lab, Ns};
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;
+use nodeplane::testing::lab::{self, Lab, Ns};
+use nodeplane::testing::large;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 

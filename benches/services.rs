@@ -12,16 +12,14 @@
 //!    and to the backend directly.
 //! 4. Resident memory of the agent (`agent` in run mode) holding N x E.
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-
-use lab::{Lab, Ns};
 use nodeplane::api::{EndpointSlice, Service};
 use nodeplane::config::Config;
 use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::{Desired, plan};
 use nodeplane::snapshot::Snapshot;
+use nodeplane::testing::lab::{self, Lab, Ns};
+use nodeplane::testing::objects;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
@@ -70,6 +68,9 @@ fn args() -> Args {
     a
 }
 
+const HTTP_80: &str = "{name: http, port: 80, protocol: TCP}";
+const HTTP_8080: &str = "{name: http, port: 8080, protocol: TCP}";
+
 fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 30, 0, 10)) + i as u32)
 }
@@ -79,25 +80,27 @@ fn endpoint_ip(i: usize, j: usize, generation: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 0)) + (i * 16 + j + generation) as u32)
 }
 
+/// Service `svc<i>` in namespace `bench`, port 80 to endpoints' 8080.
 fn service_doc(i: usize) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\n\
-         spec: {{clusterIP: '{ip}', clusterIPs: ['{ip}'], ports: [{{name: http, port: 80, protocol: TCP}}]}}\n",
-        ip = cluster_ip(i)
-    )
+    let ip = cluster_ip(i).to_string();
+    let svc = objects::service_ips(&format!("svc{i}"), &[&ip], HTTP_80);
+    svc.in_namespace("bench").to_string()
 }
 
+/// The endpoints `ips` of service `i`, all on node-2.
 fn slice_doc(i: usize, ips: &[Ipv4Addr]) -> String {
-    let eps: Vec<String> = ips
+    let eps: Vec<_> = ips
         .iter()
-        .map(|ip| format!("{{addresses: ['{ip}'], nodeName: node-2, conditions: {{ready: true}}}}"))
+        .map(|ip| objects::ep(&ip.to_string(), "node-2"))
         .collect();
-    format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: svc{i}-abc, namespace: bench, labels: {{kubernetes.io/service-name: svc{i}}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{}]\n",
-        eps.join(", ")
-    )
+    let slice = objects::endpoint_slice(
+        &format!("svc{i}-abc"),
+        &format!("svc{i}"),
+        "IPv4",
+        HTTP_8080,
+        &eps,
+    );
+    slice.in_namespace("bench").to_string()
 }
 
 fn endpoints_of(i: usize, e: usize, generation: usize) -> Vec<Ipv4Addr> {

@@ -20,4 +20,6 @@ pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod status;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod timing;

@@ -569,5 +569,4 @@ fn write_atomic(dir: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[path = "state_tests.rs"]
 mod tests;

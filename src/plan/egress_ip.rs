@@ -653,5 +653,4 @@ fn address_refused(
 }
 
 #[cfg(test)]
-#[path = "egress_ip_tests.rs"]
 mod tests;

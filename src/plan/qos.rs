@@ -228,5 +228,4 @@ fn suffix(family: IpFamily) -> &'static str {
 }
 
 #[cfg(test)]
-#[path = "qos_tests.rs"]
 mod tests;

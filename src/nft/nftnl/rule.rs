@@ -709,5 +709,4 @@ impl RuleLowering<'_> {
 }
 
 #[cfg(test)]
-#[path = "rule_tests.rs"]
 mod tests;

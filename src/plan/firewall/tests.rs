@@ -4,34 +4,22 @@ use crate::nft::diff::{Op, diff};
 use crate::nft::render::{render_table, rule_text};
 use crate::plan::{Desired, Memory, plan_with_dns};
 use crate::snapshot::SnapshotBuilder;
-use serde_json::json;
+use crate::testing::objects;
 
 const NODE: &str = "worker-1";
 
 fn pod_on(node: &str, ns: &str, name: &str, ips: &[&str]) -> Pod {
-    let pod_ips: Vec<_> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
-    serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"nodeName": node, "containers": []},
-        "status": {"phase": "Running", "podIP": ips.first(), "podIPs": pod_ips}
-    }))
-    .unwrap()
+    objects::pod(ns, name).on(node).ips(ips).object()
 }
 
 fn node(name: &str, role: &str, ip: &str) -> crate::api::Node {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"role": role}},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
-    }))
-    .unwrap()
+    objects::node(name, &[ip])
+        .labels(&[("role", role)])
+        .object()
 }
 
 fn fw(ns: &str, rules: &str) -> EgressFirewall {
-    serde_norway::from_str(&format!(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
-         metadata: {{name: default, namespace: {ns}}}\nspec:\n  egress: {rules}\n"
-    ))
-    .unwrap()
+    objects::egress_firewall(ns, rules).object()
 }
 
 const RULES: &str = "[\

@@ -2,33 +2,31 @@ use crate::config::Config;
 use crate::nft::render::render_full;
 use crate::plan::{Memory, plan, plan_with};
 use crate::snapshot::{Kind, Snapshot, SnapshotBuilder};
+use crate::testing::objects;
 
+/// Service `name` in namespace `ns`, port `http` 80/TCP; `extra` more spec fields.
 fn svc(name: &str, ip: &str, extra: &str) -> crate::api::Service {
-    serde_norway::from_str(&format!(
-        "metadata: {{name: {name}, namespace: ns}}\n\
-         spec: {{clusterIP: '{ip}', ports: [{{name: http, port: 80, protocol: TCP}}]{extra}}}\n"
-    ))
-    .unwrap()
+    let ports = "{name: http, port: 80, protocol: TCP}";
+    let svc = objects::service(name, ip, ports).in_namespace("ns");
+    svc.spec(extra).object()
 }
 
+/// The endpoints of `service` on node n1, port `http` 8080/TCP, without conditions.
 fn slice(service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
-    let eps: Vec<String> = ips
+    let ports = "{name: http, port: 8080, protocol: TCP}";
+    let eps: Vec<_> = ips
         .iter()
-        .map(|ip| format!("{{addresses: ['{ip}'], nodeName: n1}}"))
+        .map(|ip| objects::ep(ip, "n1").unknown())
         .collect();
-    serde_norway::from_str(&format!(
-        "metadata: {{name: {service}-x, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{}]\n",
-        eps.join(", ")
-    ))
-    .unwrap()
+    let slice = objects::endpoint_slice(&format!("{service}-x"), service, "IPv4", ports, &eps);
+    slice.in_namespace("ns").object()
 }
 
 fn base() -> SnapshotBuilder {
     Snapshot::builder()
         .with(svc("a", "172.30.0.1", ""))
         .with(slice("a", &["10.128.0.1", "10.128.0.2"]))
-        .with(svc("b", "172.30.0.2", ", sessionAffinity: ClientIP"))
+        .with(svc("b", "172.30.0.2", "sessionAffinity: ClientIP"))
         .with(slice("b", &["10.128.0.3"]))
 }
 
@@ -91,9 +89,9 @@ fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
     let cfg = Config::for_node("n1");
     let snap = base()
         .with(svc("bad", "not-an-ip", ""))
-        .with(svc("x1", "172.30.0.7", ", externalIPs: ['198.51.100.7']"))
+        .with(svc("x1", "172.30.0.7", "externalIPs: ['198.51.100.7']"))
         .with(slice("x1", &["10.128.0.5"]))
-        .with(svc("x2", "172.30.0.8", ", externalIPs: ['198.51.100.7']"))
+        .with(svc("x2", "172.30.0.8", "externalIPs: ['198.51.100.7']"))
         .with(slice("x2", &["10.128.0.6"]))
         .build();
     let d = plan_with(&snap, &cfg, &Memory::default());

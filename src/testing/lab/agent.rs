@@ -1,0 +1,177 @@
+//! Running the `agent` binary under test inside a netns.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use super::netns::{CmdError, Ns};
+
+/// The `agent` binary Cargo built next to the running test or bench: Cargo puts those in
+/// `target/<profile>/deps/` and the binaries they need in `target/<profile>/`. The kit is a
+/// library, so it cannot use `env!("CARGO_BIN_EXE_agent")`, which only integration tests see.
+/// `NODEPLANE_AGENT_BIN` names another binary.
+pub fn agent_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("NODEPLANE_AGENT_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("path of the running test");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("agent"))
+        .filter(|bin| bin.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "no agent binary next to {} (run through cargo test/bench, which builds it, \
+                 or set NODEPLANE_AGENT_BIN)",
+                exe.display()
+            )
+        })
+}
+
+/// A long-running agent (`ip netns exec` execs it, so the child pid is the agent's).
+/// Output goes to a log file, not a pipe, so a chatty agent can never block on a full pipe.
+/// Dropping it kills the agent.
+pub struct AgentProcess {
+    child: Child,
+    log: PathBuf,
+    ns: Ns,
+    _dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    /// Everything the agent wrote to stdout and stderr so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The agent's process id (for /proc readings such as its resident memory).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// None while running, else its exit status.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("wait on agent")
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s; returns the exit status and the logs.
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let status = self.terminate();
+        (status, self.logs())
+    }
+
+    /// SIGKILL at once (no shutdown path runs); returns the exit status and the logs.
+    pub fn kill(mut self) -> (ExitStatus, String) {
+        if self.try_status().is_none() {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait().expect("wait on killed agent");
+        (status, self.logs())
+    }
+
+    /// Polls `GET /readyz` on the admin address `admin` (see `--admin-address`) in the
+    /// agent's netns every 50 ms until it answers 200 (the first sync succeeded); returns how
+    /// long that took. Panics with the logs if the agent exits or `timeout` passes.
+    #[track_caller]
+    pub fn wait_ready(&mut self, admin: SocketAddr, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < timeout {
+            if let Some(status) = self.try_status() {
+                panic!("agent exited ({status}) before ready:\n{}", self.logs());
+            }
+            match self.ns.http_get(admin, "/readyz", Duration::from_secs(1)) {
+                Ok((200, _)) => return started.elapsed(),
+                Ok((code, body)) => last = format!("{code} {}", body.trim()),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "agent not ready after {timeout:?} (last /readyz: {last}):\n{}",
+            self.logs()
+        );
+    }
+
+    /// The value of the Prometheus sample `name` (e.g. `nodeplane_sync_duration_seconds_count`)
+    /// from `GET /metrics` on `admin`; None if the agent does not answer or has no such sample.
+    pub fn metric(&self, admin: SocketAddr, name: &str) -> Option<f64> {
+        let (code, body) = self
+            .ns
+            .http_get(admin, "/metrics", Duration::from_secs(1))
+            .ok()?;
+        if code != 200 {
+            return None;
+        }
+        body.lines().find_map(|l| {
+            let (key, value) = l.split_once(' ')?;
+            (key == name).then(|| value.trim().parse().ok()).flatten()
+        })
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        if let Some(s) = self.try_status() {
+            return s;
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = signal::kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(s) = self.try_status() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        self.child.wait().expect("wait on killed agent")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+impl Ns {
+    /// Runs the agent to completion in this netns (e.g. `--dry-run`, `--once`, `cleanup`);
+    /// Ok(stdout), Err includes stderr. Like `spawn_agent`, with this netns's state
+    /// directory (`Ns::state_dir`) unless `args` name another.
+    pub fn run_agent(&self, args: &[&str]) -> Result<String, CmdError> {
+        let bin = agent_bin();
+        let bin = bin.to_str().expect("utf-8 path");
+        let state = format!("NODEPLANE_STATE_DIR={}", self.state_dir().display());
+        let mut argv = vec!["env", &state, bin];
+        argv.extend_from_slice(args);
+        self.exec(&argv)
+    }
+
+    /// Starts the agent in the background in this netns.
+    pub fn spawn_agent(&self, args: &[&str]) -> AgentProcess {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("agent.log");
+        let out = File::create(&log).expect("create agent log");
+        let err = out.try_clone().expect("dup agent log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.name()])
+            .arg(agent_bin())
+            .args(args)
+            .env("NODEPLANE_STATE_DIR", self.state_dir())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn agent in {}: {e}", self.name()));
+        AgentProcess {
+            child,
+            log,
+            ns: self.clone(),
+            _dir: dir,
+        }
+    }
+}

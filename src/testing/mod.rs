@@ -1,0 +1,20 @@
+//! The shared test kit: unit tests, kernel tests and benches build objects, network
+//! namespaces and checks the same way, from one place.
+//!
+//! Compiled for the crate's own unit tests and with the `testing` feature, which the
+//! integration tests and benches turn on through a self dev-dependency in Cargo.toml; the
+//! agent binary never contains it.
+//!
+//! - `objects`: manifests and typed objects of every kind the agent reads.
+//! - `lab`: named network namespaces (nodes, pods, hosts), traffic, the agent as a process.
+//! - `listing`: the kernel's view of a table, normalised for comparisons.
+//! - `large`: a large synthetic table (kernel tests and benches).
+//! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
+//! - `args`: command-line options of the harness-less benches.
+
+pub mod args;
+pub mod lab;
+pub mod large;
+pub mod listing;
+pub mod nft_check;
+pub mod objects;

@@ -1,0 +1,15 @@
+//! Integration tests that need no lab: the command line, rendering (checked by `nft -c`, which
+//! needs root), the diff engine, sources, deploy files. One binary (one link).
+
+mod api_selector_props;
+mod cli;
+mod deploy_crds;
+mod deploy_manifests;
+mod module_graph;
+mod nft_diff;
+mod render_golden;
+mod source_example_cluster;
+mod source_manifests;
+mod source_robustness;
+mod source_snapshot;
+mod source_watch;

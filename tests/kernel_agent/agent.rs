@@ -1,0 +1,196 @@
+//! The agent binary against the real kernel, in network namespaces: what `--once` applies is
+//! what `--dry-run` printed, run mode follows the manifests directory, SIGTERM leaves the
+//! rules in place, `cleanup` removes only what the agent owns.
+
+use nodeplane::testing::lab::{self, Lab, Ns, eventually};
+use nodeplane::testing::listing;
+use std::path::Path;
+use std::time::Duration;
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cluster");
+
+fn args<'a>(dir: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["--manifests", dir, "--node-name", "worker-1"];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Someone else's tables, as a CNI or firewalld would have them.
+const FOREIGN: &str = "table ip filter {\n\tchain FORWARD {\n\t\ttype filter hook forward priority 0; policy accept;\n\t\tip saddr 10.0.0.0/8 counter accept\n\t}\n}\ntable inet other {\n\tset s {\n\t\ttype ipv4_addr\n\t\telements = { 1.2.3.4 }\n\t}\n\tchain c {\n\t\tip daddr @s drop\n\t}\n}\n";
+
+fn foreign_listing(ns: &Ns) -> String {
+    let a = ns
+        .nft(&["list", "table", "ip", "filter"])
+        .expect("ip filter");
+    let b = ns
+        .nft(&["list", "table", "inet", "other"])
+        .expect("inet other");
+    a + &b
+}
+
+#[test]
+fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let reference = lab.add_host("ref");
+    // worker-1's node subnet, so that the example's egress IP has an interface to go on.
+    lab.add_addr(&node, "lo", "192.168.50.11/24");
+    node.exec_stdin(&["nft", "-f", "-"], FOREIGN)
+        .expect("foreign tables");
+    let foreign_before = foreign_listing(&node);
+
+    let printed = node
+        .run_agent(&[
+            "--dry-run",
+            "--manifests",
+            EXAMPLES,
+            "--node-name",
+            "worker-1",
+        ])
+        .expect("dry-run");
+    node.run_agent(&args(EXAMPLES, &["--once"]))
+        .expect("--once");
+    reference
+        .exec_stdin(&["nft", "-f", "-"], &printed)
+        .expect("nft -f accepts the dry-run text");
+    assert_eq!(
+        listing::json(&node, "nodeplane"),
+        listing::json(&reference, "nodeplane"),
+        "kernel state after --once differs from the dry-run text"
+    );
+    assert_eq!(foreign_listing(&node), foreign_before);
+
+    // A restart reads the table back and, with nothing changed, writes nothing.
+    let bin = lab::agent_bin().to_str().unwrap().to_string();
+    let mut argv = vec![bin.as_str()];
+    argv.extend(args(EXAMPLES, &["--once"]));
+    // The same state directory as run_agent gives it (never the host's /var/lib/nodeplane).
+    let state = node.state_dir();
+    let cmd = format!(
+        "RUST_LOG=info NODEPLANE_STATE_DIR={} {} 2>&1",
+        state.display(),
+        argv.join(" ")
+    );
+    let second = node.exec(&["sh", "-c", &cmd]).expect("second --once");
+    assert!(
+        second.contains("nft_ops=0 "),
+        "a restart with nothing changed wrote to the table:\n{second}"
+    );
+    assert_eq!(
+        listing::json(&node, "nodeplane"),
+        listing::json(&reference, "nodeplane")
+    );
+    assert_eq!(foreign_listing(&node), foreign_before);
+
+    assert!(
+        node.run(&["ip", "addr", "show", "dev", "lo"])
+            .contains("192.168.50.100/32")
+    );
+    node.run_agent(&["cleanup"]).expect("cleanup");
+    assert!(
+        !node
+            .run(&["ip", "addr", "show", "dev", "lo"])
+            .contains("192.168.50.100")
+    );
+    let all = node.nft(&["list", "tables"]).unwrap();
+    assert!(
+        !all.contains("nodeplane"),
+        "table left after cleanup: {all}"
+    );
+    assert_eq!(foreign_listing(&node), foreign_before);
+    // Cleanup of nothing is fine too.
+    node.run_agent(&["cleanup"]).expect("second cleanup");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dst = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_dir(&entry.path(), &dst);
+        } else {
+            std::fs::copy(entry.path(), dst).unwrap();
+        }
+    }
+}
+
+const EXTRA_NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: worker-3
+status:
+  addresses:
+  - type: InternalIP
+    address: 192.168.50.13
+"#;
+
+#[test]
+fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(Path::new(EXAMPLES), dir.path());
+    let dir_str = dir.path().to_str().unwrap();
+
+    let agent = node.spawn_agent(&args(dir_str, &["--log-level", "debug"]));
+    let set = || {
+        node.nft(&["list", "set", "inet", "nodeplane", "node-ips-v4"])
+            .map_err(|e| e.to_string())
+    };
+    eventually(Duration::from_secs(10), || {
+        set().and_then(|s| {
+            if s.contains("192.168.50.11") {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        })
+    });
+
+    // A new Node object: its address joins the set within a second or two.
+    std::fs::write(dir.path().join("worker-3.yaml"), EXTRA_NODE).unwrap();
+    eventually(Duration::from_secs(3), || {
+        set().and_then(|s| {
+            if s.contains("192.168.50.13") {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        })
+    });
+    // And leaves it when the object is deleted.
+    std::fs::remove_file(dir.path().join("worker-3.yaml")).unwrap();
+    eventually(Duration::from_secs(3), || {
+        set().and_then(|s| {
+            if s.contains("192.168.50.13") {
+                Err(s)
+            } else {
+                Ok(())
+            }
+        })
+    });
+
+    // A malformed file is reported and skipped; the rest stays applied.
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "kind: Node\nmetadata: [not a map\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(set().unwrap().contains("192.168.50.11"));
+
+    let before = listing::json(&node, "nodeplane");
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(
+        logs.contains("broken.yaml"),
+        "problem not reported:\n{logs}"
+    );
+    assert_eq!(
+        listing::json(&node, "nodeplane"),
+        before,
+        "SIGTERM must leave the rules in place"
+    );
+}

@@ -1,0 +1,655 @@
+//! The real agent binary in Kubernetes mode against the in-process fake API server, inside a
+//! lab netns (the fake listens on the netns' loopback): nothing is applied before every
+//! initial list completes, the kernel follows create/update/delete, a malformed object is
+//! reported and skipped, a dead API server leaves the rules alone and a restarted one (also
+//! after `410 Gone`) resumes updates.
+
+use nodeplane::testing::listing;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use crate::fakeapi::{self, FakeApi};
+use nodeplane::testing::lab::{AgentProcess, Lab, Ns, eventually};
+use serde_json::{Value, json};
+
+const NODE: &str = "worker-1";
+const WAIT: Duration = Duration::from_secs(10);
+const ADMIN: &str = "127.0.0.1:9942";
+
+/// GET on the agent's admin server from inside the node netns: (status code, body).
+fn admin_get(ns: &Ns, path: &str) -> Result<(u16, String), String> {
+    ns.enter(|| {
+        let mut s = TcpStream::connect(ADMIN).map_err(|e| format!("connect {ADMIN}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+        let code = text
+            .get(9..12)
+            .and_then(|c| c.parse().ok())
+            .ok_or(text.clone())?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    })
+}
+
+/// A table listing in a canonical order (after incremental updates the kernel lists objects
+/// in creation order, a fresh load in file order).
+fn sorted(listing: Value) -> Vec<String> {
+    let mut items: Vec<String> = listing["nftables"]
+        .as_array()
+        .expect("nftables array")
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    items.sort();
+    items
+}
+
+/// Waits until GET `path` answers `code` with a body containing `needle`.
+#[track_caller]
+fn wait_admin(ns: &Ns, path: &str, code: u16, needle: &str) -> String {
+    eventually(WAIT, || match admin_get(ns, path) {
+        Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
+        other => Err(format!(
+            "GET {path}: want {code} with {needle:?}, got {other:?}"
+        )),
+    })
+}
+
+fn node(name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]}})
+}
+
+fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+fn pod(ns: &str, name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "web"},
+            "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry/app:1"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+}
+
+fn firewall(ns: &str, deny: &str) -> Value {
+    json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+        "metadata": {"name": "default", "namespace": ns},
+        "spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": deny}}]}})
+}
+
+fn qos(ns: &str, dscp: u8, dst: &str) -> Value {
+    json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressQoS",
+        "metadata": {"name": "default", "namespace": ns},
+        "spec": {"egress": [{"dscp": dscp, "dstCIDR": dst}]}})
+}
+
+struct Setup {
+    lab: Lab,
+    node: Ns,
+    api: FakeApi,
+    _dir: tempfile::TempDir,
+    kubeconfig: String,
+}
+
+fn setup() -> Setup {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let listener = node
+        .enter(|| TcpListener::bind("127.0.0.1:0"))
+        .expect("bind fake API server in the node netns");
+    let api = FakeApi::start(listener);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path()).to_str().unwrap().to_string();
+    Setup {
+        lab,
+        node,
+        api,
+        _dir: dir,
+        kubeconfig,
+    }
+}
+
+impl Setup {
+    fn spawn(&self) -> AgentProcess {
+        self.node.spawn_agent(&[
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--node-name",
+            NODE,
+            "--log-level",
+            "info,nodeplane=debug",
+            "--admin-address",
+            ADMIN,
+        ])
+    }
+
+    fn table(&self) -> Result<String, String> {
+        self.node
+            .nft(&["list", "table", "inet", "nodeplane"])
+            .map_err(|e| e.to_string())
+    }
+
+    /// Waits until the table satisfies `pred`; the message names what was expected.
+    #[track_caller]
+    fn wait_table(&self, agent: &AgentProcess, what: &str, pred: impl Fn(&str) -> bool) {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let t = self.table();
+            if t.as_deref().is_ok_and(&pred) {
+                return;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "{what}: not reached after {WAIT:?}\ntable: {t:?}\nagent log:\n{}",
+                    agent.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn rebind(&self) -> TcpListener {
+        let addr = self.api.addr();
+        eventually(Duration::from_secs(5), || {
+            self.node
+                .enter(|| TcpListener::bind(addr))
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[test]
+fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
+    let mut s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    // One kind's list hangs: the agent must not program the others' partial view.
+    s.api.hold_lists("EgressQoS");
+    let agent = s.spawn();
+    eventually(WAIT, || {
+        (s.api.lists("Node") > 0 && s.api.lists("EgressFirewall") > 0)
+            .then_some(())
+            .ok_or_else(|| "agent has not listed yet".to_string())
+    });
+    // Alive but not ready, and saying why.
+    wait_admin(
+        &s.node,
+        "/readyz",
+        503,
+        "waiting for the first list of EgressQoS",
+    );
+    wait_admin(&s.node, "/healthz", 200, "ok");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        s.table().is_err(),
+        "table programmed before every list completed:\n{:?}\n{}",
+        s.table(),
+        agent.logs()
+    );
+    s.api.release_lists("EgressQoS");
+    s.wait_table(&agent, "first apply", |t| {
+        t.contains("192.168.50.11") && t.contains("203.0.113.0/24") && t.contains("10.128.1.5")
+    });
+
+    // Node: create, update, delete.
+    s.api.put(node("worker-2", "192.168.50.12"));
+    s.wait_table(&agent, "node created", |t| t.contains("192.168.50.12"));
+    s.api.put(node("worker-2", "192.168.50.22"));
+    s.wait_table(&agent, "node updated", |t| {
+        t.contains("192.168.50.22") && !t.contains("192.168.50.12")
+    });
+    s.api.delete("Node", "", "worker-2");
+    s.wait_table(&agent, "node deleted", |t| !t.contains("192.168.50.22"));
+
+    // Pod: create, update (new IP), delete.
+    s.api.put(pod("shop", "web-2", "10.128.1.6"));
+    s.wait_table(&agent, "pod created", |t| t.contains("10.128.1.6"));
+    s.api.put(pod("shop", "web-2", "10.128.1.7"));
+    s.wait_table(&agent, "pod updated", |t| {
+        t.contains("10.128.1.7") && !t.contains("10.128.1.6")
+    });
+    s.api.delete("Pod", "shop", "web-2");
+    s.wait_table(&agent, "pod deleted", |t| !t.contains("10.128.1.7"));
+
+    // EgressFirewall: update, delete, create.
+    s.api.put(firewall("shop", "198.51.100.0/24"));
+    s.wait_table(&agent, "firewall updated", |t| {
+        t.contains("198.51.100.0/24") && !t.contains("203.0.113.0/24")
+    });
+    s.api.delete("EgressFirewall", "shop", "default");
+    s.wait_table(&agent, "firewall deleted", |t| {
+        !t.contains("198.51.100.0/24")
+    });
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.wait_table(&agent, "firewall created", |t| t.contains("203.0.113.0/24"));
+
+    // EgressQoS: create, update, delete.
+    s.api.put(qos("shop", 46, "192.0.2.0/24"));
+    s.wait_table(&agent, "qos created", |t| {
+        t.contains("192.0.2.0/24") && t.contains("dscp set ef")
+    });
+    s.api.put(qos("shop", 10, "192.0.2.0/24"));
+    s.wait_table(&agent, "qos updated", |t| {
+        t.contains("dscp set af11") && !t.contains("dscp set ef")
+    });
+    s.api.delete("EgressQoS", "shop", "default");
+    s.wait_table(&agent, "qos deleted", |t| !t.contains("192.0.2.0/24"));
+
+    // Namespace deletion takes its pods' rules with it only when the pods go; here the
+    // namespace object itself is watched and removed without disturbing the rest.
+    s.api.put(namespace("other"));
+    s.api.delete("Namespace", "", "other");
+
+    // Service with EndpointSlice: create, update, delete reach the kernel.
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
+            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
+    let slice = |ip: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-a", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]})
+    };
+    s.api.put(service.clone());
+    s.api.put(slice("10.128.1.5"));
+    s.wait_table(&agent, "service created", |t| {
+        t.contains("172.30.0.10") && t.contains("10.128.1.5 . 8080")
+    });
+    s.api.put(slice("10.128.1.9"));
+    s.wait_table(&agent, "endpoint slice updated", |t| {
+        t.contains("10.128.1.9 . 8080") && !t.contains("10.128.1.5 . 8080")
+    });
+    // Endpoints are used for a service without slices.
+    s.api.delete("EndpointSlice", "shop", "web-a");
+    s.api.put(json!({"apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "subsets": [{"addresses": [{"ip": "10.128.1.8"}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]}]}));
+    s.wait_table(&agent, "endpoints used without slices", |t| {
+        t.contains("10.128.1.8 . 8080") && !t.contains("10.128.1.9 . 8080")
+    });
+    s.api.delete("Endpoints", "shop", "web");
+    s.api.delete("Service", "shop", "web");
+    s.wait_table(&agent, "service deleted", |t| !t.contains("172.30.0.10"));
+
+    // EgressIP hosted on this node: the address lands on the interface whose subnet holds
+    // it, and the selected pod is SNATed to it; moving and deleting follow.
+    let upstream = s.lab.add_host("upstream");
+    let uplink = s.lab.link(
+        &s.node,
+        &["192.168.50.11/24"],
+        &upstream,
+        &["192.168.50.1/24"],
+    );
+    let egress_ip = |ip: &str| {
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
+            "metadata": {"name": "eip-shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"egressIPs": [ip],
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"app": "web"}}},
+            "status": {"items": [{"node": NODE, "egressIP": ip}]}})
+    };
+    let addresses = || {
+        s.node
+            .exec(&["ip", "-4", "addr", "show", "dev", &uplink.a_iface])
+            .unwrap()
+    };
+    s.api.put(egress_ip("192.168.50.100"));
+    s.wait_table(&agent, "egress IP created", |t| {
+        t.contains("10.128.1.5 : 192.168.50.100")
+    });
+    assert!(addresses().contains("192.168.50.100/32"), "{}", addresses());
+    s.api.put(egress_ip("192.168.50.101"));
+    s.wait_table(&agent, "egress IP updated", |t| {
+        t.contains("10.128.1.5 : 192.168.50.101") && !t.contains("192.168.50.100")
+    });
+    eventually(WAIT, || {
+        let a = addresses();
+        (a.contains("192.168.50.101/32") && !a.contains("192.168.50.100"))
+            .then_some(())
+            .ok_or(a)
+    });
+    s.api.delete("EgressIP", "", "eip-shop");
+    s.wait_table(&agent, "egress IP deleted", |t| {
+        !t.contains("192.168.50.101")
+    });
+    eventually(WAIT, || {
+        let a = addresses();
+        (!a.contains("192.168.50.101")).then_some(()).ok_or(a)
+    });
+
+    // Every kind flows through the watch: the objects gauge follows them.
+    let others = [
+        service,
+        json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "shop"}}),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-a", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": []}),
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP", "metadata": {"name": "eip"},
+            "spec": {"egressIPs": ["192.168.50.100"], "namespaceSelector": {}}}),
+        json!({"apiVersion": "cloud.network.openshift.io/v1", "kind": "CloudPrivateIPConfig",
+            "metadata": {"name": "192.168.50.100"}, "spec": {"node": NODE}}),
+    ];
+    for obj in &others {
+        s.api.put(obj.clone());
+    }
+    let objects_gauge_reads = |count: usize| {
+        for obj in &others {
+            let kind = obj["kind"].as_str().unwrap();
+            let line = format!("nodeplane_objects{{kind=\"{kind}\"}} {count}");
+            wait_admin(&s.node, "/metrics", 200, &line);
+        }
+    };
+    objects_gauge_reads(1);
+    // A Service owned by another proxy is not ours (label selector, as kube-proxy).
+    s.api.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "other", "namespace": "shop",
+            "labels": {"service.kubernetes.io/service-proxy-name": "someone-else"}},
+        "spec": {"clusterIP": "172.30.0.11"}}));
+    for obj in &others {
+        let m = &obj["metadata"];
+        s.api.delete(
+            obj["kind"].as_str().unwrap(),
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap(),
+        );
+    }
+    objects_gauge_reads(0);
+
+    // Ready; the metrics cover syncs; /ruleset is what the kernel holds.
+    wait_admin(&s.node, "/readyz", 200, "ready");
+    let metrics = wait_admin(&s.node, "/metrics", 200, "nodeplane_objects");
+    for needle in [
+        "nodeplane_sync_duration_seconds_count",
+        "nodeplane_transaction_operations_bucket",
+        "nodeplane_ruleset_rules{feature=\"fw\"}",
+        "nodeplane_ruleset_set_elements{feature=\"node\"} 1",
+        "nodeplane_last_successful_sync_timestamp_seconds",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");
+    }
+    let (code, ruleset) = admin_get(&s.node, "/ruleset").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        ruleset.starts_with("# nodeplane ruleset for node worker-1"),
+        "{ruleset}"
+    );
+    let reference = s.lab.add_host("ref");
+    reference
+        .exec_stdin(&["nft", "-f", "-"], &ruleset)
+        .expect("nft -f accepts /ruleset");
+    assert_eq!(
+        sorted(listing::json(&s.node, "nodeplane")),
+        sorted(listing::json(&reference, "nodeplane"))
+    );
+
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(logs.contains("every initial list synced"), "{logs}");
+}
+
+#[test]
+fn malformed_object_is_reported_and_the_rest_applies() {
+    let mut s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(namespace("bad"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(pod("bad", "web-1", "10.128.2.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    // Not even decodable (a CRD without schema validation lets this through).
+    s.api.put(
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+        "metadata": {"name": "default", "namespace": "bad"},
+        "spec": {"egress": "deny everything"}}),
+    );
+    let agent = s.spawn();
+    s.wait_table(&agent, "valid objects applied", |t| {
+        t.contains("203.0.113.0/24") && t.contains("192.168.50.11")
+    });
+    // The watch goes on after the bad object: later changes still arrive.
+    s.api.put(firewall("shop", "198.51.100.0/24"));
+    s.wait_table(&agent, "update after the bad object", |t| {
+        t.contains("198.51.100.0/24")
+    });
+    // --dry-run lists the same API once and prints what the agent applied.
+    let printed = s
+        .node
+        .run_agent(&[
+            "--dry-run",
+            "--kubeconfig",
+            &s.kubeconfig,
+            "--node-name",
+            NODE,
+        ])
+        .expect("--dry-run against the API");
+    let reference = s.lab.add_host("ref");
+    reference
+        .exec_stdin(&["nft", "-f", "-"], &printed)
+        .expect("nft -f accepts the dry-run text");
+    assert_eq!(
+        sorted(listing::json(&s.node, "nodeplane")),
+        sorted(listing::json(&reference, "nodeplane")),
+        "--dry-run differs from the running agent's table:\n{printed}"
+    );
+    // A broken update of a good object keeps its last decodable version in force.
+    s.api.put(
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+        "metadata": {"name": "default", "namespace": "shop"},
+        "spec": {"egress": [{"type": "Deny", "to": 42}]}}),
+    );
+    s.api.put(node("worker-2", "192.168.50.12"));
+    s.wait_table(&agent, "later node", |t| t.contains("192.168.50.12"));
+    assert!(
+        s.table().unwrap().contains("198.51.100.0/24"),
+        "fell open on a broken update"
+    );
+    let (_, logs) = agent.stop();
+    assert!(
+        logs.contains("skipped EgressFirewall bad/default: invalid type"),
+        "bad object not reported by name:\n{logs}"
+    );
+    assert!(
+        logs.contains("skipped EgressFirewall shop/default:"),
+        "broken update not reported:\n{logs}"
+    );
+}
+
+#[test]
+fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    let agent = s.spawn();
+    s.wait_table(&agent, "first apply", |t| t.contains("203.0.113.0/24"));
+    let before = s.table().unwrap();
+
+    wait_admin(&s.node, "/readyz", 200, "ready");
+
+    s.api.stop();
+    // Changes made while the server is unreachable from the agent are invisible to it.
+    s.api.put(firewall("shop", "198.51.100.0/24"));
+    wait_admin(&s.node, "/readyz", 503, "API server unreachable");
+    wait_admin(&s.node, "/healthz", 200, "ok");
+    assert_eq!(
+        s.table().unwrap(),
+        before,
+        "kernel state changed while the API was gone"
+    );
+
+    // Back up: the watch resumes from its resourceVersion and sees what it missed.
+    s.api.restart(s.rebind());
+    s.wait_table(&agent, "resumed", |t| t.contains("198.51.100.0/24"));
+    wait_admin(&s.node, "/readyz", 200, "ready");
+
+    // History compacted while the watch is down: resuming gets 410 Gone, the agent relists
+    // (and notices the deletion it missed).
+    s.api.stop();
+    s.api.delete("EgressFirewall", "shop", "default");
+    s.api.put(node("worker-2", "192.168.50.12"));
+    s.api.compact();
+    let lists_before = s.api.lists("EgressFirewall");
+    s.api.restart(s.rebind());
+    s.wait_table(&agent, "relisted after 410", |t| {
+        t.contains("192.168.50.12") && !t.contains("198.51.100.0/24")
+    });
+    assert!(
+        s.api.lists("EgressFirewall") > lists_before,
+        "no relist after 410 Gone"
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+}
+
+fn status_patches(api: &FakeApi, path_end: &str) -> Vec<fakeapi::Recorded> {
+    api.writes()
+        .into_iter()
+        .filter(|w| w.method == "PATCH" && w.path.ends_with(path_end))
+        .collect()
+}
+
+fn events_about(api: &FakeApi, kind: &str, ns: &str, reason: &str) -> Vec<Value> {
+    api.writes()
+        .into_iter()
+        .filter(|w| w.method == "POST" && w.path.ends_with("/events"))
+        .map(|w| w.body)
+        .filter(|b| {
+            b["regarding"]["kind"] == kind
+                && b["regarding"]["namespace"] == ns
+                && b["reason"] == reason
+        })
+        .collect()
+}
+
+#[test]
+fn status_is_server_side_applied_per_node_and_rejections_become_events() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    for ns in ["shop", "team", "bad"] {
+        s.api.put(namespace(ns));
+    }
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    // Another node's agent already reported a failure for this one.
+    let mut team = firewall("team", "198.51.100.0/24");
+    team["status"] = json!({"status": "EgressFirewall Rules not correctly applied: boom",
+        "messages": ["worker-2: EgressFirewall Rules not correctly applied: boom"]});
+    s.api.put(team);
+    s.api.put(qos("shop", 99, "192.0.2.0/24"));
+    s.api.put(
+        json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+        "metadata": {"name": "default", "namespace": "bad"}, "spec": {"egress": 7}}),
+    );
+    let agent = s.spawn();
+    let shop_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressfirewalls/default/status";
+    let shop = eventually(WAIT, || {
+        status_patches(&s.api, shop_path)
+            .pop()
+            .ok_or_else(|| format!("no status patch yet:\n{}", agent.logs()))
+    });
+    assert_eq!(shop.content_type, "application/apply-patch+yaml");
+    assert_eq!(
+        shop.param("fieldManager").as_deref(),
+        Some("nodeplane-worker-1")
+    );
+    assert_eq!(shop.param("force").as_deref(), Some("true"));
+    assert_eq!(
+        shop.body["status"],
+        json!({"status": "EgressFirewall Rules applied",
+            "messages": ["worker-1: EgressFirewall Rules applied"]})
+    );
+
+    // Merged with the other node's entry; the aggregate keeps its failure.
+    let team_path = "/apis/k8s.ovn.org/v1/namespaces/team/egressfirewalls/default/status";
+    let team = eventually(WAIT, || {
+        status_patches(&s.api, team_path)
+            .pop()
+            .ok_or("no team patch".to_string())
+    });
+    assert_eq!(
+        team.body["status"]["status"],
+        "EgressFirewall Rules not correctly applied: boom"
+    );
+    let stored = s.api.object("EgressFirewall", "team", "default").unwrap();
+    assert_eq!(
+        stored["status"]["messages"],
+        json!([
+            "worker-2: EgressFirewall Rules not correctly applied: boom",
+            "worker-1: EgressFirewall Rules applied"
+        ])
+    );
+
+    // An invalid EgressQoS: status says why, and an Event says so on the object.
+    let qos_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressqoses/default/status";
+    let qos_patch = eventually(WAIT, || {
+        status_patches(&s.api, qos_path)
+            .pop()
+            .ok_or("no qos patch".to_string())
+    });
+    let qos_status = qos_patch.body["status"]["status"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        qos_status.starts_with("EgressQoS Rules not correctly applied: spec.egress[0].dscp"),
+        "{qos_status}"
+    );
+    let event = eventually(WAIT, || {
+        events_about(&s.api, "EgressQoS", "shop", "RulesNotApplied")
+            .pop()
+            .ok_or("no event".to_string())
+    });
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["note"], qos_status.as_str());
+    // The undecodable object gets an Event naming the problem.
+    let malformed = eventually(WAIT, || {
+        events_about(&s.api, "EgressFirewall", "bad", "Malformed")
+            .pop()
+            .ok_or("no Malformed event".to_string())
+    });
+    assert!(
+        malformed["note"].as_str().unwrap().contains("invalid type"),
+        "{malformed}"
+    );
+
+    // Steady state: a change elsewhere re-plans but writes no status again.
+    s.wait_table(&agent, "applied", |t| t.contains("203.0.113.0/24"));
+    std::thread::sleep(Duration::from_millis(500));
+    let patches = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "PATCH").count();
+    let events = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "POST").count();
+    let (p0, e0) = (patches(&s.api), events(&s.api));
+    s.api.put(node("worker-2", "192.168.50.12"));
+    s.wait_table(&agent, "node added", |t| t.contains("192.168.50.12"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(patches(&s.api), p0, "status rewritten without a change");
+    assert_eq!(events(&s.api), e0, "event repeated without a new reason");
+    // The fixed object turns to applied.
+    s.api.put(qos("shop", 46, "192.0.2.0/24"));
+    eventually(WAIT, || {
+        let last = status_patches(&s.api, qos_path).pop().unwrap();
+        (last.body["status"]["status"] == "EgressQoS Rules applied")
+            .then_some(())
+            .ok_or(format!("{}", last.body))
+    });
+    agent.stop();
+}

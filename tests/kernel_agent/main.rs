@@ -1,0 +1,7 @@
+//! Kernel tests of the agent as a process: its modes on a manifest directory, and kube mode
+//! against a fake API server. One binary (one link); they need root and fail, never skip,
+//! without it (see docs/testing.md).
+
+mod agent;
+mod fakeapi;
+mod kube;

@@ -1,0 +1,12 @@
+//! Kernel tests of the dataplane: each feature's rules and routes applied by the agent in a
+//! lab of network namespaces, checked with real traffic; the lab itself; the net backend.
+//! One binary (one link) for all of them; they need root and fail, never skip, without it
+//! (see docs/testing.md).
+
+mod egress_ip;
+mod failclosed;
+mod firewall;
+mod lab_selftest;
+mod net;
+mod qos;
+mod services;

@@ -1,0 +1,513 @@
+//! Services against the kernel with real packets.
+//!
+//! Node `node-1` (192.168.1.1 towards `ext`, 192.168.2.1 towards `ext2`) forwards for the
+//! client pod `c1` and the backend pods `b1`, `b2`, `b3` (TCP 8080 on IPv4 and IPv6, UDP
+//! 5353). Endpoints say which node each backend is on, so `b1` is "local" and `b2`/`b3` are
+//! "remote" for the traffic policies even though every pod hangs off this node.
+
+use nodeplane::testing::lab::{
+    self, AgentProcess, Lab, Ns, Outcome, Pod, SECOND, Server, eventually,
+};
+use nodeplane::testing::objects::{self, Ep, endpoint_slice, ep, service_ips};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+const NODE: &str = "node-1";
+const OTHER: &str = "node-2";
+/// How long a probe that should be dropped waits.
+const SHORT: Duration = Duration::from_millis(400);
+const TCP_PORTS: &str = "{name: http, port: 8080, protocol: TCP}";
+
+struct Topo {
+    node: Ns,
+    ext: Ns,
+    ext2: Ns,
+    c1: Pod,
+    b1: Pod,
+    b2: Pod,
+    b3: Pod,
+    dir: tempfile::TempDir,
+    _servers: Vec<Server>,
+    // Last: servers and agents must stop before the namespaces go.
+    _lab: Lab,
+}
+
+fn topo() -> Topo {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let c1 = lab.add_pod(&node, "c1", &["10.128.0.5", "fd01::5"]);
+    let b1 = lab.add_pod(&node, "b1", &["10.128.0.11", "fd01::11"]);
+    let b2 = lab.add_pod(&node, "b2", &["10.128.0.12", "fd01::12"]);
+    let b3 = lab.add_pod(&node, "b3", &["10.128.0.13", "fd01::13"]);
+    let ext = lab.add_uplink_host(&node, "ext");
+    let ext2 = lab.add_host("ext2");
+    lab.link(&node, &["192.168.2.1/24"], &ext2, &["192.168.2.100/24"]);
+    lab.add_route(&ext2, "10.128.0.0/14", "192.168.2.1");
+    for (host, gw) in [(&ext, "192.168.1.1"), (&ext2, "192.168.2.1")] {
+        for net in ["172.30.0.0/16", "203.0.113.0/24"] {
+            lab.add_route(host, net, gw);
+        }
+    }
+    lab.add_route(&ext, "fd02::/112", "fd00:1::1");
+    // Like a real node: a default route (the node reaches ClusterIPs, forwards external IPs).
+    lab.add_route(&node, "default", "192.168.1.100");
+    let mut servers = Vec::new();
+    for (pod, tag) in [(&b1, "b1"), (&b2, "b2"), (&b3, "b3")] {
+        servers.push(pod.ns.tcp_server("0.0.0.0:8080", tag));
+        servers.push(pod.ns.tcp_server(format!("[{}]:8080", pod.addrs[1]), tag));
+        servers.push(pod.ns.udp_server("0.0.0.0:5353", tag));
+    }
+    let t = Topo {
+        node,
+        ext,
+        ext2,
+        c1,
+        b1,
+        b2,
+        b3,
+        dir: tempfile::tempdir().unwrap(),
+        _servers: servers,
+        _lab: lab,
+    };
+    t.write_file(
+        "nodes.yaml",
+        &objects::node(NODE, &["192.168.1.1"]).to_string(),
+    );
+    t
+}
+
+impl Topo {
+    fn write_file(&self, name: &str, text: &str) {
+        lab::write_manifest(self.dir.path(), name, text);
+    }
+
+    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let dir = self.dir.path().to_str().unwrap();
+        let mut v = vec![
+            "--manifests",
+            dir,
+            "--node-name",
+            NODE,
+            "--cluster-cidr",
+            "10.128.0.0/14,fd01::/48",
+            "--service-cidr",
+            "172.30.0.0/16,fd02::/112",
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn once(&self) -> String {
+        self.node
+            .run_agent(&self.args(&["--once"]))
+            .unwrap_or_else(|e| panic!("agent --once: {e}"))
+    }
+
+    fn spawn(&self) -> AgentProcess {
+        self.node.spawn_agent(&self.args(&[]))
+    }
+
+    fn v4(&self, pod: &Pod) -> String {
+        pod.addrs[0].to_string()
+    }
+}
+
+/// The servers that answered `n` TCP connections from `from` to `dst`.
+fn tcp_servers(from: &Ns, dst: &str, n: usize) -> BTreeSet<String> {
+    (0..n)
+        .map(|_| from.tcp_connect(dst, SECOND).expect_reply().server)
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn cluster_ip_balances_rejects_and_drops() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let docs = [
+        service_ips(
+            "web",
+            &["172.30.0.10", "fd02::10"],
+            "{name: http, port: 80, protocol: TCP, targetPort: http}",
+        )
+        .to_string(),
+        endpoint_slice(
+            "web-v4",
+            "web",
+            "IPv4",
+            TCP_PORTS,
+            &[ep(&b1, NODE), ep(&b2, OTHER), ep(&b3, OTHER)],
+        )
+        .to_string(),
+        endpoint_slice(
+            "web-v6",
+            "web",
+            "IPv6",
+            TCP_PORTS,
+            &[
+                ep("fd01::11", NODE),
+                ep("fd01::12", OTHER),
+                ep("fd01::13", OTHER),
+            ],
+        )
+        .to_string(),
+        service_ips(
+            "one",
+            &["172.30.0.11"],
+            "{port: 81, protocol: TCP, targetPort: 8080}",
+        )
+        .to_string(),
+        endpoint_slice(
+            "one",
+            "one",
+            "IPv4",
+            "{port: 8080, protocol: TCP}",
+            &[ep(&b1, NODE)],
+        )
+        .to_string(),
+        service_ips("empty", &["172.30.0.12"], "{port: 80, protocol: TCP}").to_string(),
+        service_ips("dead", &["172.30.0.13"], "{port: 80, protocol: TCP}").to_string(),
+        endpoint_slice(
+            "dead",
+            "dead",
+            "IPv4",
+            TCP_PORTS,
+            &[ep(&b2, OTHER).ready(false)],
+        )
+        .to_string(),
+        service_ips("headless", &["None"], "{port: 80, protocol: TCP}").to_string(),
+    ];
+    t.write_file("services.yaml", &docs.join("---\n"));
+    t.once();
+
+    let c1 = &t.c1.ns;
+    // Several endpoints: all of them answer, over many connections, on both families.
+    assert_eq!(
+        tcp_servers(c1, "172.30.0.10:80", 40),
+        set(&["b1", "b2", "b3"])
+    );
+    assert_eq!(
+        tcp_servers(c1, "[fd02::10]:80", 40),
+        set(&["b1", "b2", "b3"])
+    );
+    // One endpoint, numeric target port; the pod's own address is seen (no masquerade).
+    let r = c1.tcp_connect("172.30.0.11:81", SECOND).expect_reply();
+    assert_eq!((r.server.as_str(), r.src_ip()), ("b1", t.c1.addrs[0]));
+    // The node itself reaches a ClusterIP (nat-output).
+    assert_eq!(
+        t.node
+            .tcp_connect("172.30.0.11:81", SECOND)
+            .expect_reply()
+            .server,
+        "b1"
+    );
+    // Wrong port and wrong protocol on a ClusterIP: rejected, not left to time out.
+    assert_eq!(c1.tcp_connect("172.30.0.10:81", SECOND), Outcome::Refused);
+    assert_eq!(c1.udp_exchange("172.30.0.10:80", SECOND), Outcome::Refused);
+    // No endpoints (none at all, or none ready): rejected.
+    assert_eq!(c1.tcp_connect("172.30.0.12:80", SECOND), Outcome::Refused);
+    assert_eq!(c1.tcp_connect("172.30.0.13:80", SECOND), Outcome::Refused);
+    assert_eq!(
+        t.node.tcp_connect("172.30.0.12:80", SECOND),
+        Outcome::Refused
+    );
+    // An unallocated address in the service CIDR: dropped.
+    assert_eq!(c1.tcp_connect("172.30.0.99:80", SHORT), Outcome::Timeout);
+    // Hairpin: b1 reaches itself through the service, masqueraded so the reply returns.
+    let r = t.b1.ns.tcp_connect("172.30.0.11:81", SECOND).expect_reply();
+    assert_eq!(r.server, "b1");
+    assert_ne!(
+        r.src_ip(),
+        t.b1.addrs[0],
+        "hairpin traffic must be masqueraded"
+    );
+}
+
+#[test]
+fn nodeport_external_ip_and_load_balancer_source_ranges() {
+    let t = topo();
+    let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
+    let lb = service_ips(
+        "lb",
+        &["172.30.0.21"],
+        "{name: http, port: 80, protocol: TCP, nodePort: 30081}",
+    )
+    .spec("type: LoadBalancer, loadBalancerSourceRanges: ['192.168.1.0/24']")
+    .lb_ingress(&["203.0.113.60"])
+    .to_string();
+    let docs = [
+        service_ips(
+            "np",
+            &["172.30.0.20"],
+            "{name: http, port: 80, protocol: TCP, nodePort: 30080}",
+        )
+        .spec("type: NodePort, externalIPs: ['203.0.113.50']")
+        .to_string(),
+        endpoint_slice(
+            "np",
+            "np",
+            "IPv4",
+            TCP_PORTS,
+            &[ep(&b1, NODE), ep(&b2, OTHER)],
+        )
+        .to_string(),
+        lb,
+        endpoint_slice("lb", "lb", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        service_ips(
+            "np-empty",
+            &["172.30.0.22"],
+            "{port: 80, protocol: TCP, nodePort: 30082}",
+        )
+        .spec("type: NodePort, externalIPs: ['203.0.113.51']")
+        .to_string(),
+    ];
+    t.write_file("services.yaml", &docs.join("---\n"));
+    t.once();
+
+    let ext_ip: IpAddr = "192.168.1.100".parse().unwrap();
+    // NodePort from outside: answered, masqueraded (eTP=Cluster), by every endpoint.
+    let r = t
+        .ext
+        .tcp_connect("192.168.1.1:30080", SECOND)
+        .expect_reply();
+    assert_ne!(
+        r.src_ip(),
+        ext_ip,
+        "eTP=Cluster external traffic is masqueraded"
+    );
+    assert_eq!(
+        tcp_servers(&t.ext, "192.168.1.1:30080", 30),
+        set(&["b1", "b2"])
+    );
+    // The NodePort on the node's other address too.
+    assert!(t.ext2.tcp_connect("192.168.2.1:30080", SECOND).is_reply());
+    // externalIP.
+    assert!(t.ext.tcp_connect("203.0.113.50:80", SECOND).is_reply());
+    // LB IP: allowed source range answers, other sources are dropped...
+    assert_eq!(
+        t.ext
+            .tcp_connect("203.0.113.60:80", SECOND)
+            .expect_reply()
+            .server,
+        "b1"
+    );
+    assert_eq!(
+        t.ext2.tcp_connect("203.0.113.60:80", SHORT),
+        Outcome::Timeout
+    );
+    // ...but not on the NodePort, which source ranges do not cover.
+    assert!(t.ext2.tcp_connect("192.168.2.1:30081", SECOND).is_reply());
+    // No endpoints: NodePort and externalIP are rejected.
+    assert_eq!(
+        t.ext.tcp_connect("192.168.1.1:30082", SECOND),
+        Outcome::Refused
+    );
+    assert_eq!(
+        t.ext.tcp_connect("203.0.113.51:80", SECOND),
+        Outcome::Refused
+    );
+}
+
+#[test]
+fn affinity_and_traffic_policies() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let all = [ep(&b1, NODE), ep(&b2, OTHER), ep(&b3, OTHER)];
+    let docs = [
+        service_ips(
+            "sticky",
+            &["172.30.0.30"],
+            "{name: http, port: 80, protocol: TCP}",
+        )
+        .spec("sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}")
+        .to_string(),
+        endpoint_slice("sticky", "sticky", "IPv4", TCP_PORTS, &all).to_string(),
+        service_ips(
+            "local",
+            &["172.30.0.31"],
+            "{name: http, port: 80, protocol: TCP, nodePort: 30090}",
+        )
+        .spec("type: NodePort, externalTrafficPolicy: Local, healthCheckNodePort: 32090")
+        .to_string(),
+        endpoint_slice("local", "local", "IPv4", TCP_PORTS, &all).to_string(),
+        service_ips(
+            "itp",
+            &["172.30.0.32"],
+            "{name: http, port: 80, protocol: TCP}",
+        )
+        .spec("internalTrafficPolicy: Local")
+        .to_string(),
+        endpoint_slice(
+            "itp",
+            "itp",
+            "IPv4",
+            TCP_PORTS,
+            &[ep(&b2, OTHER), ep(&b3, OTHER)],
+        )
+        .to_string(),
+    ];
+    t.write_file("services.yaml", &docs.join("---\n"));
+    t.once();
+
+    // Session affinity: one client stays on one backend.
+    let seen = tcp_servers(&t.c1.ns, "172.30.0.30:80", 20);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    // eTP=Local: external clients reach only this node's endpoint and keep their source.
+    for _ in 0..10 {
+        let r = t
+            .ext
+            .tcp_connect("192.168.1.1:30090", SECOND)
+            .expect_reply();
+        assert_eq!(r.server, "b1");
+        assert_eq!(r.src_ip(), "192.168.1.100".parse::<IpAddr>().unwrap());
+    }
+    // ...while pods still reach every endpoint through the ClusterIP and the NodePort.
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.31:80", 40),
+        set(&["b1", "b2", "b3"])
+    );
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "192.168.1.1:30090", 40),
+        set(&["b1", "b2", "b3"])
+    );
+    // iTP=Local with no local endpoint: dropped.
+    assert_eq!(
+        t.c1.ns.tcp_connect("172.30.0.32:80", SHORT),
+        Outcome::Timeout
+    );
+}
+
+/// A UDP socket bound in `ns` with a fixed source port, so every exchange is one flow.
+fn udp_flow(ns: &Ns) -> UdpSocket {
+    ns.enter(|| {
+        let s = UdpSocket::bind("0.0.0.0:40000").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        s
+    })
+}
+
+/// Sends on the flow until a reply comes (or the deadline); returns the server tag.
+fn udp_ask(sock: &UdpSocket, dst: &str, within: Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + within;
+    let mut buf = [0u8; 256];
+    while std::time::Instant::now() < deadline {
+        sock.send_to(b"lab", dst).unwrap();
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).to_string();
+            return text.split_whitespace().next().map(str::to_string);
+        }
+    }
+    None
+}
+
+#[test]
+fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
+    let t = topo();
+    let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
+    let write = |eps: &[Ep]| {
+        let docs = [
+            service_ips(
+                "dns",
+                &["172.30.0.40"],
+                "{name: dns, port: 53, protocol: UDP}, {name: http, port: 80, protocol: TCP}",
+            )
+            .to_string(),
+            endpoint_slice(
+                "dns",
+                "dns",
+                "IPv4",
+                "{name: dns, port: 5353, protocol: UDP}, {name: http, port: 8080, protocol: TCP}",
+                eps,
+            )
+            .to_string(),
+        ];
+        t.write_file("services.yaml", &docs.join("---\n"));
+    };
+    write(&[ep(&b1, NODE)]);
+    let _agent = t.spawn();
+    let flow = udp_flow(&t.c1.ns);
+    let first = eventually(Duration::from_secs(10), || {
+        udp_ask(&flow, "172.30.0.40:53", SECOND).ok_or_else(|| "no UDP reply".to_string())
+    });
+    assert_eq!(first, "b1");
+    // b1 goes away (its server still runs: only conntrack cleanup moves the flow).
+    write(&[ep(&b2, OTHER)]);
+    eventually(Duration::from_secs(10), || {
+        match t.c1.ns.tcp_connect("172.30.0.40:80", SECOND) {
+            Outcome::Reply(r) if r.server == "b2" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.40:80", 20), set(&["b2"]));
+    let moved = eventually(Duration::from_secs(5), || {
+        match udp_ask(&flow, "172.30.0.40:53", SECOND) {
+            Some(s) if s == "b2" => Ok(s),
+            other => Err(format!("UDP flow still answered by {other:?}")),
+        }
+    });
+    assert_eq!(moved, "b2");
+}
+
+/// `GET /` on the health-check port: (status code, body).
+fn health(ns: &Ns, addr: &str) -> Result<(u16, String), String> {
+    let addr = addr.to_string();
+    ns.enter(move || {
+        let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), SECOND)
+            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(SECOND)).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("not HTTP: {text:?}"))?;
+        let body = text
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        Ok((code, body))
+    })
+}
+
+#[test]
+fn health_check_node_port_counts_local_endpoints() {
+    let t = topo();
+    let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
+    let write = |eps: &[Ep]| {
+        let docs = [
+            service_ips(
+                "local",
+                &["172.30.0.50"],
+                "{name: http, port: 80, protocol: TCP, nodePort: 30095}",
+            )
+            .spec("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32095")
+            .to_string(),
+            endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
+        ];
+        t.write_file("services.yaml", &docs.join("---\n"));
+    };
+    write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
+    let _agent = t.spawn();
+    let (code, body) = eventually(Duration::from_secs(10), || {
+        health(&t.ext, "192.168.1.1:32095")
+    });
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"localEndpoints\":1"), "{body}");
+    write(&[ep(&b2, OTHER)]);
+    eventually(Duration::from_secs(10), || {
+        match health(&t.ext, "192.168.1.1:32095") {
+            Ok((503, body)) if body.contains("\"localEndpoints\":0") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+}
