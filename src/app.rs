@@ -118,7 +118,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     observers.push(Box::new(LogReport));
     observers.push(Box::new(DriftRepairs { state: admin }));
     let health = HealthServer::new(tokio::runtime::Handle::current());
-    observers.push(Box::new(HealthChecks(health)));
+    observers.push(Box::new(HealthCheckServer(health)));
     // The backends block on netlink: run the loop on its own thread, off the async workers.
     let worker =
         std::thread::spawn(move || run_loop::run(config, rx, resolver, snapshots, observers));
@@ -145,9 +145,9 @@ async fn wait_for_signal() {
 }
 
 /// Serves the services' health-check ports of the last successful sync.
-struct HealthChecks(HealthServer);
+struct HealthCheckServer(HealthServer);
 
-impl SyncObserver for HealthChecks {
+impl SyncObserver for HealthCheckServer {
     fn observe(&mut self, sync: &SyncOutcome<'_>) {
         if let Ok(report) = sync.result {
             self.0
