@@ -21,6 +21,7 @@
 //! (`ENOBUFS`, events lost) is reported as a possible drift so that the caller re-checks.
 
 use super::nftnl::reply;
+use crate::nft::nftnl::socket::{Buffer, set_buffer};
 use nix::errno::Errno;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, getsockname,
@@ -289,10 +290,10 @@ impl Monitor {
             fd.as_raw_fd(),
             &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
         )?;
-        setsockopt(
+        set_buffer(
             &fd,
-            sockopt::RcvBufForce,
-            &rcvbuf.clamp(1 << 12, i32::MAX as usize / 2),
+            Buffer::Receive,
+            rcvbuf.clamp(1 << 12, i32::MAX as usize / 2),
         )?;
         setsockopt(
             &fd,

@@ -474,7 +474,7 @@ impl DumpSocket {
         .map_err(std::io::Error::from)?;
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(std::io::Error::from)?;
         // Large dumps come in many datagrams; room for a burst of them.
-        setsockopt(&fd, sockopt::RcvBufForce, &(4 << 20)).map_err(std::io::Error::from)?;
+        super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
         let timeout = nix::sys::time::TimeVal::new(10, 0);
         setsockopt(&fd, sockopt::ReceiveTimeout, &timeout).map_err(std::io::Error::from)?;
         Ok(DumpSocket {

@@ -21,7 +21,7 @@ mod readback;
 pub(crate) mod reply;
 mod rule;
 mod set;
-mod socket;
+pub(crate) mod socket;
 mod types;
 mod udata;
 

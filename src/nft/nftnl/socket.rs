@@ -17,6 +17,36 @@ const SOL_NETLINK: libc::c_int = 270;
 const NETLINK_CAP_ACK: libc::c_int = 10;
 const NETLINK_EXT_ACK: libc::c_int = 11;
 
+/// Which socket buffer [`set_buffer`] sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Buffer {
+    Send,
+    Receive,
+}
+
+/// Sizes a socket buffer past `net.core.[rw]mem_max` with `SO_*BUFFORCE`. That needs
+/// CAP_NET_ADMIN in the initial user namespace; as root of a user namespace (a test run under
+/// `unshare --user`), where nf_tables itself works, it fails with EPERM and the buffer is
+/// sized as far as `[rw]mem_max` allows instead: a batch larger than that is then refused
+/// with EMSGSIZE, which names the problem.
+pub(crate) fn set_buffer(fd: &OwnedFd, which: Buffer, bytes: usize) -> io::Result<()> {
+    let forced = match which {
+        Buffer::Send => setsockopt(fd, sockopt::SndBufForce, &bytes),
+        Buffer::Receive => setsockopt(fd, sockopt::RcvBufForce, &bytes),
+    };
+    match forced {
+        Err(nix::errno::Errno::EPERM) => {
+            tracing::debug!("{which:?} buffer: SO_*BUFFORCE not permitted, capped by [rw]mem_max");
+            match which {
+                Buffer::Send => setsockopt(fd, sockopt::SndBuf, &bytes)?,
+                Buffer::Receive => setsockopt(fd, sockopt::RcvBuf, &bytes)?,
+            }
+            Ok(())
+        }
+        other => Ok(other?),
+    }
+}
+
 #[derive(Debug)]
 pub struct NlSocket {
     fd: OwnedFd,
@@ -38,8 +68,8 @@ impl NlSocket {
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
         // The kernel doubles the value and refuses a message larger than the buffer.
         let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
-        setsockopt(&fd, sockopt::SndBufForce, &clamp(send_bytes))?;
-        setsockopt(&fd, sockopt::RcvBufForce, &clamp(recv_bytes))?;
+        set_buffer(&fd, Buffer::Send, clamp(send_bytes))?;
+        set_buffer(&fd, Buffer::Receive, clamp(recv_bytes))?;
         let s = NlSocket {
             fd,
             send_bytes,
