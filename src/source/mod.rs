@@ -5,6 +5,7 @@
 //! - [`kube`]: the Kubernetes API (one watch per kind, published once all have synced).
 
 pub mod kube;
+pub mod limits;
 pub mod manifests;
 pub mod watch;
 
