@@ -21,6 +21,7 @@ use crate::nft::monitor::Drift;
 use crate::nft::render::render_full;
 use crate::observe::{SyncObserver, SyncOutcome, status_line};
 use crate::source::kube::SourceHealth;
+use crate::source::loader::ManifestHealth;
 
 /// Shared between the run loop (writer) and the admin server (reader).
 #[derive(Default)]
@@ -28,6 +29,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Set in Kubernetes mode.
     pub source: Option<SourceHealth>,
+    /// Set in manifests mode: degraded while a file is rejected or the directory unreadable.
+    pub manifests: Option<ManifestHealth>,
     last: Mutex<Last>,
     drift: Mutex<drift::DriftStatus>,
 }
@@ -46,6 +49,12 @@ impl AdminState {
             source,
             ..Default::default()
         }
+    }
+
+    /// Reports the manifests loader's health in `/readyz` too.
+    pub fn with_manifests(mut self, manifests: Option<ManifestHealth>) -> AdminState {
+        self.manifests = manifests;
+        self
     }
 
     fn last(&self) -> std::sync::MutexGuard<'_, Last> {
@@ -80,6 +89,9 @@ impl AdminState {
     pub fn ready(&self) -> Result<(), String> {
         if let Some(source) = &self.source {
             source.check()?;
+        }
+        if let Some(manifests) = &self.manifests {
+            manifests.check()?;
         }
         self.drift().check(Instant::now())?;
         let last = self.last();
