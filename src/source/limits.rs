@@ -99,10 +99,12 @@ impl Limits {
     /// Checks one YAML document (`text`, whose first line is line `first_line + 1` of its
     /// file) against the depth and alias limits, in time linear in `text` up to the breach.
     pub fn check_yaml(&self, text: &str, first_line: usize) -> Result<(), Breach> {
+        // The scanner reads ahead of the events, so it must stop at the limit itself:
+        // opening collection number `max_depth + 1` is its RecursionLimitExceeded.
         let options = granit_parser::options! {
             emit_comments: false,
-            flow_nesting_limit: self.max_depth.saturating_add(1).max(255),
-            block_nesting_limit: self.max_depth.saturating_add(1).max(255),
+            flow_nesting_limit: self.max_depth,
+            block_nesting_limit: self.max_depth,
         };
         let mut parser = Parser::new_from_str_with_options(text, options);
         let mut depth = 0usize;
@@ -168,11 +170,17 @@ impl Limits {
         first_line: usize,
         error: &granit_parser::ScanError,
     ) -> Result<(), Breach> {
+        let mark = error.marker();
+        if *error.kind() == granit_parser::ErrorKind::RecursionLimitExceeded {
+            return Err(Breach::Depth {
+                line: first_line + mark.line(),
+                max: self.max_depth,
+            });
+        }
         let openers = text.bytes().filter(|b| matches!(b, b'[' | b'{')).count();
         if openers <= self.max_depth {
             return Ok(());
         }
-        let mark = error.marker();
         Err(Breach::Syntax {
             message: format!(
                 "{} at line {} column {}",
