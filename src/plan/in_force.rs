@@ -223,7 +223,7 @@ mod tests {
     struct Obj(u32);
 
     fn validate(o: &Obj) -> Result<u32, ValidationError> {
-        if o.0 % 2 == 0 {
+        if o.0.is_multiple_of(2) {
             Ok(o.0)
         } else {
             Err(ValidationError {
