@@ -5,9 +5,7 @@
 //! 5353). Endpoints say which node each backend is on, so `b1` is "local" and `b2`/`b3` are
 //! "remote" for the traffic policies even though every pod hangs off this node.
 
-use nodeplane::testing::lab::{
-    self, AgentProcess, Lab, Ns, Outcome, Pod, SECOND, Server, eventually,
-};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Outcome, Pod, SECOND, Server, eventually};
 use nodeplane::testing::objects::{self, Ep, endpoint_slice, ep, service_ips};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -28,7 +26,7 @@ struct Topo {
     b1: Pod,
     b2: Pod,
     b3: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     _lab: Lab,
@@ -59,6 +57,16 @@ fn topo() -> Topo {
         servers.push(pod.ns.tcp_server(format!("[{}]:8080", pod.addrs[1]), tag));
         servers.push(pod.ns.udp_server("0.0.0.0:5353", tag));
     }
+    let agent = ManifestAgent::new(
+        &node,
+        NODE,
+        &[
+            "--cluster-cidr",
+            "10.128.0.0/14,fd01::/48",
+            "--service-cidr",
+            "172.30.0.0/16,fd02::/112",
+        ],
+    );
     let t = Topo {
         node,
         ext,
@@ -67,11 +75,11 @@ fn topo() -> Topo {
         b1,
         b2,
         b3,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         _lab: lab,
     };
-    t.write_file(
+    t.agent.write(
         "nodes.yaml",
         &objects::node(NODE, &["192.168.1.1"]).to_string(),
     );
@@ -79,36 +87,6 @@ fn topo() -> Topo {
 }
 
 impl Topo {
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec![
-            "--manifests",
-            dir,
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14,fd01::/48",
-            "--service-cidr",
-            "172.30.0.0/16,fd02::/112",
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
-    fn once(&self) -> String {
-        self.node
-            .run_agent(&self.args(&["--once"]))
-            .unwrap_or_else(|e| panic!("agent --once: {e}"))
-    }
-
-    fn spawn(&self) -> AgentProcess {
-        self.node.spawn_agent(&self.args(&[]))
-    }
-
     fn v4(&self, pod: &Pod) -> String {
         pod.addrs[0].to_string()
     }
@@ -182,8 +160,8 @@ fn cluster_ip_balances_rejects_and_drops() {
         .to_string(),
         service_ips("headless", &["None"], "{port: 80, protocol: TCP}").to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
 
     let c1 = &t.c1.ns;
     // Several endpoints: all of them answer, over many connections, on both families.
@@ -266,8 +244,8 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         .spec("type: NodePort, externalIPs: ['203.0.113.51']")
         .to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
 
     let ext_ip: IpAddr = "192.168.1.100".parse().unwrap();
     // NodePort from outside: answered, masqueraded (eTP=Cluster), by every endpoint.
@@ -351,8 +329,8 @@ fn affinity_and_traffic_policies() {
         )
         .to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
 
     // Session affinity: one client stays on one backend.
     let seen = tcp_servers(&t.c1.ns, "172.30.0.30:80", 20);
@@ -427,10 +405,10 @@ fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
             )
             .to_string(),
         ];
-        t.write_file("services.yaml", &docs.join("---\n"));
+        t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE)]);
-    let _agent = t.spawn();
+    let _agent = t.agent.spawn(&[]);
     let flow = udp_flow(&t.c1.ns);
     let first = eventually(Duration::from_secs(10), || {
         udp_ask(&flow, "172.30.0.40:53", SECOND).ok_or_else(|| "no UDP reply".to_string())
@@ -494,10 +472,10 @@ fn health_check_node_port_counts_local_endpoints() {
             .to_string(),
             endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
         ];
-        t.write_file("services.yaml", &docs.join("---\n"));
+        t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
-    let _agent = t.spawn();
+    let _agent = t.agent.spawn(&[]);
     let (code, body) = eventually(Duration::from_secs(10), || {
         health(&t.ext, "192.168.1.1:32095")
     });
