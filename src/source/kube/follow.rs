@@ -235,7 +235,9 @@ async fn watch(
     let idle = liveness.idle();
     let stream = match tokio::time::timeout(idle, api.watch(&params, &rv)).await {
         Err(_) => return (Some(rv), Ended::Failed(Failure::Stalled(idle))),
-        Ok(Err(kube::Error::Api(s))) if s.code == 410 => return (None, Ended::Failed(Failure::Gone)),
+        Ok(Err(kube::Error::Api(s))) if s.code == 410 => {
+            return (None, Ended::Failed(Failure::Gone));
+        }
         Ok(Err(e)) => return (Some(rv), Ended::Failed(Failure::Watch(e))),
         Ok(Ok(stream)) => stream,
     };
@@ -280,7 +282,12 @@ async fn watch(
 }
 
 fn advance(rv: &mut String, obj: &DynamicObject) {
-    if let Some(v) = obj.metadata.resource_version.as_ref().filter(|v| !v.is_empty()) {
+    if let Some(v) = obj
+        .metadata
+        .resource_version
+        .as_ref()
+        .filter(|v| !v.is_empty())
+    {
         rv.clone_from(v);
     }
 }
