@@ -134,4 +134,18 @@ pub struct Opts {
     /// the agent would apply.
     #[arg(long, global = true, env = "NODEPLANE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Server-side timeout (`timeoutSeconds`) of each watch of the Kubernetes API, 1 to 1800.
+    /// A watch silent for this long plus 5 s is taken for dead (a silently stalled
+    /// connection) and resumed on a new connection, and `/readyz` fails while a kind hears
+    /// nothing for this long plus 2 s. Each kind re-watches once per timeout (jittered down by
+    /// up to a fifth), from its last resourceVersion: no relist. Default: 25 (dead watches
+    /// noticed within 30 s, ~0.45 watch requests/s per node).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_API_WATCH_TIMEOUT_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub api_watch_timeout_seconds: Option<u64>,
 }

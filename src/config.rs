@@ -13,6 +13,15 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
+/// Server-side timeout of each watch. A healthy watch ends (and is resumed from its
+/// resourceVersion) at least this often, so one silent for this long plus 5 s is taken for
+/// dead: 25 s notices a silently stalled API connection within 30 s. Cost: one watch request
+/// per kind per ~22 s (jittered 20-25 s), about 0.45 requests/s per node for the ten kinds,
+/// each served from the API server's watch cache (no list, no etcd read).
+pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
+/// The API server caps nothing, but a watch longer than this hides a stall for too long to be
+/// a setting anyone wants (client-go uses 5 to 10 minutes).
+const MAX_API_WATCH_TIMEOUT: u64 = 1800;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -26,6 +35,8 @@ pub enum ConfigError {
     },
     #[error("node name: {0}")]
     NodeName(String),
+    #[error("--api-watch-timeout-seconds: {0} is not between 1 and {MAX_API_WATCH_TIMEOUT}")]
+    WatchTimeout(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +54,9 @@ pub struct Config {
     pub admin_address: std::net::SocketAddr,
     /// Where the last valid objects are kept across restarts (`crate::state`).
     pub state_dir: PathBuf,
+    /// Server-side timeout of each watch of the API; also bounds how long a silently stalled
+    /// connection goes unnoticed (`source::kube::Liveness`).
+    pub api_watch_timeout: Duration,
 }
 
 impl Config {
@@ -59,6 +73,7 @@ impl Config {
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
         }
     }
 
@@ -77,6 +92,13 @@ impl Config {
         }
         let cluster = pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR);
         let service = pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR);
+        let watch_timeout = opts
+            .api_watch_timeout_seconds
+            .or(file.api_watch_timeout_seconds)
+            .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
+        if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
+            return Err(ConfigError::WatchTimeout(watch_timeout));
+        }
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
@@ -108,6 +130,7 @@ impl Config {
                 .clone()
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            api_watch_timeout: Duration::from_secs(watch_timeout),
         })
     }
 }
@@ -169,6 +192,7 @@ struct FileConfig {
     resolv_conf: Option<PathBuf>,
     admin_address: Option<std::net::SocketAddr>,
     state_dir: Option<PathBuf>,
+    api_watch_timeout_seconds: Option<u64>,
 }
 
 impl FileConfig {
@@ -205,6 +229,30 @@ mod tests {
         assert_eq!(c.service_cidrs, vec!["172.30.0.0/16".parse().unwrap()]);
         assert_eq!(c.resync, DEFAULT_RESYNC);
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/nodeplane"));
+        assert_eq!(c.api_watch_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn api_watch_timeout_from_file_flag_and_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "node-name: n\napi-watch-timeout-seconds: 300\n").unwrap();
+        let mut o = Opts {
+            config: Some(path),
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::resolve(&o).unwrap().api_watch_timeout,
+            Duration::from_secs(300)
+        );
+        o.api_watch_timeout_seconds = Some(5);
+        assert_eq!(
+            Config::resolve(&o).unwrap().api_watch_timeout,
+            Duration::from_secs(5)
+        );
+        o.api_watch_timeout_seconds = Some(0);
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--api-watch-timeout-seconds"), "{e}");
     }
 
     #[test]

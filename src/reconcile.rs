@@ -165,9 +165,10 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
-    let client = kube_source::client(config.kubeconfig.as_deref()).await?;
+    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+    let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
     let health = SourceHealth::default();
-    let mut source = kube_source::start(client, health.clone());
+    let mut source = kube_source::start(client, health.clone(), liveness);
     let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
     match synced.await {
         Ok(Ok(snapshot)) => Ok(snapshot.clone().unwrap_or_default()),
