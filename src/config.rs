@@ -35,6 +35,12 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     pub cluster_cidrs: Vec<IpNet>,
     pub service_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` honoured: those in one of these and in none of
+    /// `external_ip_rejected_cidrs` (OpenShift's `Network.spec.externalIP.policy`). Empty
+    /// (the default) honours none.
+    pub external_ip_allowed_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` never honoured, even when allowed (rejected wins).
+    pub external_ip_rejected_cidrs: Vec<IpNet>,
     pub resync: Duration,
     pub log_level: String,
     /// Resolver configuration for EgressFirewall `dnsName` rules.
@@ -54,6 +60,8 @@ impl Config {
             kubeconfig: None,
             cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
+            external_ip_allowed_cidrs: Vec::new(),
+            external_ip_rejected_cidrs: Vec::new(),
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
@@ -83,6 +91,14 @@ impl Config {
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
             cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
+            external_ip_allowed_cidrs: parse_cidrs(
+                "--external-ip-allowed-cidrs",
+                &pick_list(&opts.external_ip_allowed_cidrs, file.external_ip_allowed_cidrs),
+            )?,
+            external_ip_rejected_cidrs: parse_cidrs(
+                "--external-ip-rejected-cidrs",
+                &pick_list(&opts.external_ip_rejected_cidrs, file.external_ip_rejected_cidrs),
+            )?,
             resync: Duration::from_secs(
                 opts.resync_seconds
                     .or(file.resync_seconds)
@@ -117,6 +133,15 @@ fn pick(flags: &[String], file: Option<Vec<String>>, default: &str) -> Vec<Strin
         flags.to_vec()
     } else {
         file.unwrap_or_else(|| vec![default.to_string()])
+    }
+}
+
+/// Like [`pick`] for a list whose default is empty.
+fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
+    if !flags.is_empty() {
+        flags.to_vec()
+    } else {
+        file.unwrap_or_default()
     }
 }
 
@@ -164,6 +189,8 @@ struct FileConfig {
     kubeconfig: Option<PathBuf>,
     cluster_cidr: Option<Vec<String>>,
     service_cidr: Option<Vec<String>>,
+    external_ip_allowed_cidrs: Option<Vec<String>>,
+    external_ip_rejected_cidrs: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
