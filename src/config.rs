@@ -93,11 +93,17 @@ impl Config {
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
             external_ip_allowed_cidrs: parse_cidrs(
                 "--external-ip-allowed-cidrs",
-                &pick_list(&opts.external_ip_allowed_cidrs, file.external_ip_allowed_cidrs),
+                &pick_list(
+                    &opts.external_ip_allowed_cidrs,
+                    file.external_ip_allowed_cidrs,
+                ),
             )?,
             external_ip_rejected_cidrs: parse_cidrs(
                 "--external-ip-rejected-cidrs",
-                &pick_list(&opts.external_ip_rejected_cidrs, file.external_ip_rejected_cidrs),
+                &pick_list(
+                    &opts.external_ip_rejected_cidrs,
+                    file.external_ip_rejected_cidrs,
+                ),
             )?,
             resync: Duration::from_secs(
                 opts.resync_seconds
@@ -286,6 +292,38 @@ mod tests {
         };
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("bad.yaml") && e.contains("nodename"), "{e}");
+    }
+
+    #[test]
+    fn external_ip_policy_defaults_to_none_and_comes_from_flags_or_file() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert!(c.external_ip_allowed_cidrs.is_empty());
+        assert!(c.external_ip_rejected_cidrs.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "external-ip-allowed-cidrs: [198.51.100.0/24]\n\
+             external-ip-rejected-cidrs: [198.51.100.128/25]\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(
+            c.external_ip_allowed_cidrs,
+            vec!["198.51.100.0/24".parse().unwrap()]
+        );
+        assert_eq!(
+            c.external_ip_rejected_cidrs,
+            vec!["198.51.100.128/25".parse().unwrap()]
+        );
+        o.external_ip_allowed_cidrs = vec!["0.0.0.0/0".into(), "::/0".into()];
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.external_ip_allowed_cidrs.len(), 2);
+        o.external_ip_rejected_cidrs = vec!["198.51.100.1/24".into()];
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--external-ip-rejected-cidrs"), "{e}");
     }
 
     #[test]
