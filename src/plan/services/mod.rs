@@ -86,7 +86,9 @@ pub struct Memo {
     errors: imbl::OrdMap<String, ObjectStatus>,
     /// Every frontend asked for, with the services asking, oldest first: the first owns
     /// it (see [`winner`]), so the outcome depends on the objects, not on processing order.
-    claims: imbl::OrdMap<Claim, imbl::OrdSet<Rank>>,
+    /// A sorted `Vec`: almost every frontend has one asker (a tree set per frontend would
+    /// cost kilobytes each at 10,000 services).
+    claims: imbl::OrdMap<Claim, Vec<Rank>>,
     /// Every Node's InternalIP/ExternalIP (no service frontend may be one).
     node_ips: Arc<BTreeMap<IpAddr, String>>,
     /// The services that had an address refused for being a node's, by address.
@@ -162,20 +164,20 @@ impl Rank {
 
 /// The service owning `c`: the oldest asking, except that no externalIP or LB IP is
 /// anyone's while the address is a ClusterIP.
-fn winner<'a>(claims: &'a imbl::OrdMap<Claim, imbl::OrdSet<Rank>>, c: &Claim) -> Option<&'a Rank> {
+fn winner<'a>(claims: &'a imbl::OrdMap<Claim, Vec<Rank>>, c: &Claim) -> Option<&'a Rank> {
     if let Claim::External(ip, ..) = c
         && claims.contains_key(&Claim::Cluster(*ip))
     {
         return None;
     }
-    claims.get(c).and_then(|r| r.get_min())
+    claims.get(c).and_then(|r| r.first())
 }
 
 /// The externalIP/LB IP claims on `ip`.
 fn externals_on(
-    claims: &imbl::OrdMap<Claim, imbl::OrdSet<Rank>>,
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
     ip: IpAddr,
-) -> impl Iterator<Item = (&Claim, &imbl::OrdSet<Rank>)> {
+) -> impl Iterator<Item = (&Claim, &Vec<Rank>)> {
     claims.range(Claim::External(ip, 0, 0)..=Claim::External(ip, u8::MAX, u16::MAX))
 }
 
@@ -268,7 +270,9 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
             for (c, _) in &old.claims {
                 note(&memo.claims, &mut before, c);
                 if let Some(ranks) = memo.claims.get_mut(c) {
-                    ranks.remove(&old.rank);
+                    if let Ok(i) = ranks.binary_search(&old.rank) {
+                        ranks.remove(i);
+                    }
                     if ranks.is_empty() {
                         memo.claims.remove(c);
                     }
@@ -288,10 +292,10 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         let Some(e) = new else { continue };
         for (c, _) in &e.claims {
             note(&memo.claims, &mut before, c);
-            memo.claims
-                .entry(c.clone())
-                .or_default()
-                .insert(e.rank.clone());
+            let ranks = memo.claims.entry(c.clone()).or_default();
+            if let Err(i) = ranks.binary_search(&e.rank) {
+                ranks.insert(i, e.rank.clone());
+            }
         }
         for ip in &e.node_refused {
             memo.node_refused
@@ -312,7 +316,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         if winner(&memo.claims, c) == was.as_ref() {
             continue;
         }
-        let mut askers: Vec<&imbl::OrdSet<Rank>> = memo.claims.get(c).into_iter().collect();
+        let mut askers: Vec<&Vec<Rank>> = memo.claims.get(c).into_iter().collect();
         if let Claim::Cluster(ip) = c {
             askers.extend(externals_on(&memo.claims, *ip).map(|(_, r)| r));
         }
@@ -376,7 +380,7 @@ fn node_ips(snapshot: &Snapshot) -> BTreeMap<IpAddr, String> {
 /// Records the owner of `c` (and, for a ClusterIP, of the externalIPs on its address) before
 /// the first change to it.
 fn note(
-    claims: &imbl::OrdMap<Claim, imbl::OrdSet<Rank>>,
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
     before: &mut BTreeMap<Claim, Option<Rank>>,
     c: &Claim,
 ) {
@@ -396,7 +400,7 @@ fn note(
 /// `e`'s part without the frontends it does not own, and its error: its own refusals, then
 /// one line per frontend lost (with the field it came from and the owner).
 fn settle_claims(
-    claims: &imbl::OrdMap<Claim, imbl::OrdSet<Rank>>,
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
     e: &Entry,
 ) -> (Option<Arc<Part>>, Option<String>) {
     let mut messages = e.refused.clone();
