@@ -74,6 +74,31 @@ pub struct Opts {
     )]
     pub service_cidrs: Vec<String>,
 
+    /// `spec.externalIPs` the agent honours (repeatable, IPv4 and IPv6; `0.0.0.0/0,::/0` for
+    /// all, as kube-proxy does). Default: none, as OpenShift's externalIP policy: an
+    /// externalIP lets whoever can create a Service in any namespace take over traffic to
+    /// that address (CVE-2020-8554), so it has to be allowed explicitly. Refused ones are
+    /// reported with their field path; the rest of the Service applies.
+    #[arg(
+        long = "external-ip-allowed-cidrs",
+        global = true,
+        env = "NODEPLANE_EXTERNAL_IP_ALLOWED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub external_ip_allowed_cidrs: Vec<String>,
+
+    /// `spec.externalIPs` the agent never honours, even inside --external-ip-allowed-cidrs
+    /// (rejected wins). Default: none.
+    #[arg(
+        long = "external-ip-rejected-cidrs",
+        global = true,
+        env = "NODEPLANE_EXTERNAL_IP_REJECTED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub external_ip_rejected_cidrs: Vec<String>,
+
     /// Print the nftables ruleset the agent would apply (nft -f syntax) and the address,
     /// route and rule changes as # comments, then exit. Changes nothing; needs no privileges.
     #[arg(long, env = "NODEPLANE_DRY_RUN", conflicts_with = "once")]

@@ -46,6 +46,12 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     pub cluster_cidrs: Vec<IpNet>,
     pub service_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` honoured: those in one of these and in none of
+    /// `external_ip_rejected_cidrs` (OpenShift's `Network.spec.externalIP.policy`). Empty
+    /// (the default) honours none.
+    pub external_ip_allowed_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` never honoured, even when allowed (rejected wins).
+    pub external_ip_rejected_cidrs: Vec<IpNet>,
     pub resync: Duration,
     pub log_level: String,
     /// Resolver configuration for EgressFirewall `dnsName` rules.
@@ -68,6 +74,8 @@ impl Config {
             kubeconfig: None,
             cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
+            external_ip_allowed_cidrs: Vec::new(),
+            external_ip_rejected_cidrs: Vec::new(),
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
@@ -105,6 +113,20 @@ impl Config {
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
             cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
+            external_ip_allowed_cidrs: parse_cidrs(
+                "--external-ip-allowed-cidrs",
+                &pick_list(
+                    &opts.external_ip_allowed_cidrs,
+                    file.external_ip_allowed_cidrs,
+                ),
+            )?,
+            external_ip_rejected_cidrs: parse_cidrs(
+                "--external-ip-rejected-cidrs",
+                &pick_list(
+                    &opts.external_ip_rejected_cidrs,
+                    file.external_ip_rejected_cidrs,
+                ),
+            )?,
             resync: Duration::from_secs(
                 opts.resync_seconds
                     .or(file.resync_seconds)
@@ -140,6 +162,15 @@ fn pick(flags: &[String], file: Option<Vec<String>>, default: &str) -> Vec<Strin
         flags.to_vec()
     } else {
         file.unwrap_or_else(|| vec![default.to_string()])
+    }
+}
+
+/// Like [`pick`] for a list whose default is empty.
+fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
+    if !flags.is_empty() {
+        flags.to_vec()
+    } else {
+        file.unwrap_or_default()
     }
 }
 
@@ -187,6 +218,8 @@ struct FileConfig {
     kubeconfig: Option<PathBuf>,
     cluster_cidr: Option<Vec<String>>,
     service_cidr: Option<Vec<String>>,
+    external_ip_allowed_cidrs: Option<Vec<String>>,
+    external_ip_rejected_cidrs: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
@@ -307,6 +340,38 @@ mod tests {
         };
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("bad.yaml") && e.contains("nodename"), "{e}");
+    }
+
+    #[test]
+    fn external_ip_policy_defaults_to_none_and_comes_from_flags_or_file() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert!(c.external_ip_allowed_cidrs.is_empty());
+        assert!(c.external_ip_rejected_cidrs.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "external-ip-allowed-cidrs: [198.51.100.0/24]\n\
+             external-ip-rejected-cidrs: [198.51.100.128/25]\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(
+            c.external_ip_allowed_cidrs,
+            vec!["198.51.100.0/24".parse().unwrap()]
+        );
+        assert_eq!(
+            c.external_ip_rejected_cidrs,
+            vec!["198.51.100.128/25".parse().unwrap()]
+        );
+        o.external_ip_allowed_cidrs = vec!["0.0.0.0/0".into(), "::/0".into()];
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.external_ip_allowed_cidrs.len(), 2);
+        o.external_ip_rejected_cidrs = vec!["198.51.100.1/24".into()];
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--external-ip-rejected-cidrs"), "{e}");
     }
 
     #[test]

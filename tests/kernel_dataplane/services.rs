@@ -245,7 +245,8 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         .to_string(),
     ];
     t.agent.write("services.yaml", &docs.join("---\n"));
-    t.agent.once(&[]);
+    // externalIPs are honoured only where allowed (none by default).
+    t.agent.once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
 
     let ext_ip: IpAddr = "192.168.1.100".parse().unwrap();
     // NodePort from outside: answered, masqueraded (eTP=Cluster), by every endpoint.
@@ -289,6 +290,65 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         t.ext.tcp_connect("203.0.113.51:80", SECOND),
         Outcome::Refused
     );
+}
+
+#[test]
+fn hostile_service_addresses_neither_break_the_node_nor_hijack_a_cluster_ip() {
+    let t = topo();
+    let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
+    // The node's own services: one on loopback, one on every address.
+    let _local = t.node.tcp_server("127.0.0.1:7000", "local");
+    let _any = t.node.tcp_server("0.0.0.0:7001", "node");
+    let port80 = "{name: http, port: 80, protocol: TCP}";
+    let docs = [
+        // A ClusterIP on loopback and one on the node's address.
+        service_ips("lo", &["127.0.0.1"], port80).to_string(),
+        endpoint_slice("lo", "lo", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        service_ips("nodeip", &["192.168.1.1"], port80).to_string(),
+        endpoint_slice("nodeip", "nodeip", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        // The victim, and a younger Service in another namespace (sorting first) whose
+        // externalIP is the victim's ClusterIP.
+        service_ips("db", &["172.30.0.30"], port80)
+            .in_namespace("zz")
+            .created("2024-01-01T00:00:00Z")
+            .to_string(),
+        endpoint_slice("db", "db", "IPv4", TCP_PORTS, &[ep(&b1, NODE)])
+            .in_namespace("zz")
+            .to_string(),
+        service_ips("grab", &["172.30.0.31"], port80)
+            .in_namespace("aa")
+            .spec("externalIPs: ['172.30.0.30']")
+            .created("2025-01-01T00:00:00Z")
+            .to_string(),
+        endpoint_slice("grab", "grab", "IPv4", TCP_PORTS, &[ep(&b2, OTHER)])
+            .in_namespace("aa")
+            .to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    // Even with every externalIP allowed, a ClusterIP is never taken over.
+    let allow_all = ["--external-ip-allowed-cidrs", "0.0.0.0/0,::/0"];
+    let mut dry = vec!["--dry-run"];
+    dry.extend_from_slice(&allow_all);
+    let printed = t.node.run_agent(&t.agent.args(&dry)).expect("agent --dry-run");
+    for want in [
+        "spec.clusterIPs[0]: 127.0.0.1 is a loopback address",
+        "spec.clusterIPs[0]: 192.168.1.1 is an address of node node-1",
+        "spec.externalIPs[0]: 172.30.0.30 is the ClusterIP of Service zz/db",
+    ] {
+        assert!(printed.contains(want), "{want:?} not in\n{printed}");
+    }
+    t.agent.once(&allow_all);
+
+    // Loopback TCP from the node to another local port still connects.
+    let r = t.node.tcp_connect("127.0.0.1:7000", SECOND).expect_reply();
+    assert_eq!(r.server, "local");
+    // External TCP to the node's address on another port still connects.
+    let r = t.ext.tcp_connect("192.168.1.1:7001", SECOND).expect_reply();
+    assert_eq!(r.server, "node");
+    // A pod's connection to the victim's ClusterIP reaches the victim's endpoint only.
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.30:80", 20), set(&["b1"]));
+    // The hijacker keeps its own ClusterIP.
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.31:80", 5), set(&["b2"]));
 }
 
 #[test]
