@@ -14,10 +14,16 @@ pub struct StatusPatch {
 
 /// `EgressFirewall Rules applied` or `EgressFirewall Rules not correctly applied: <reason>`
 /// (the same text for EgressQoS with its own kind name).
+///
+/// One line whatever the reason quotes ([`crate::text::one_line`]): `status.messages` entries
+/// are read as lines by `kubectl` and by the aggregation of every node's entry.
 pub fn verdict(kind: &str, failure: Option<&str>) -> String {
     match failure {
         None => format!("{kind} Rules applied"),
-        Some(reason) => format!("{kind} Rules not correctly applied: {reason}"),
+        Some(reason) => format!(
+            "{kind} Rules not correctly applied: {}",
+            crate::text::one_line(reason)
+        ),
     }
 }
 
