@@ -205,6 +205,15 @@ mod tests {
     }
 
     #[test]
+    fn nft_comments_share_the_classifier_and_replace_with_underscores() {
+        use crate::nft::render::sanitize_text;
+        assert_eq!(
+            sanitize_text("a\"b\\c;d#e\nf\rg\0h\u{2028}i\u{202e}j é"),
+            "a_b_c_d_e_f_g_h_i_j é"
+        );
+    }
+
+    #[test]
     fn log_lines_keep_their_end_and_nothing_else() {
         let event = "INFO EgressFirewall x\nERROR forged: y\u{2028}z\n";
         assert_eq!(

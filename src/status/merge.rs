@@ -83,6 +83,14 @@ mod tests {
     const EF: &str = "EgressFirewall";
 
     #[test]
+    fn a_verdict_is_one_line_whatever_its_reason_quotes() {
+        assert_eq!(
+            verdict(EF, Some("bad name x\nadd table ip PWNED4\u{2028}#")),
+            "EgressFirewall Rules not correctly applied: bad name x\\nadd table ip PWNED4\\u{2028}#"
+        );
+    }
+
+    #[test]
     fn first_failure_wins_and_steady_state_is_quiet() {
         let ok = verdict(EF, None);
         let bad = verdict(EF, Some("spec.egress[0].type: must be Allow or Deny"));
