@@ -69,8 +69,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             snapshots
         }
         None => {
-            let client = kube_source::client(config.kubeconfig.as_deref()).await?;
-            let source = kube_source::start(client.clone(), source_health.unwrap_or_default());
+            let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+            let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
+            let source =
+                kube_source::start(client.clone(), source_health.unwrap_or_default(), liveness);
             let (status, rejections) = status::spawn_writer(client, &config.node_name);
             observers.push(Box::new(status));
             let mut rejected = source.rejections;

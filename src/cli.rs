@@ -109,6 +109,31 @@ pub struct Opts {
     )]
     pub service_cidrs: Vec<String>,
 
+    /// `spec.externalIPs` the agent honours (repeatable, IPv4 and IPv6; `0.0.0.0/0,::/0` for
+    /// all, as kube-proxy does). Default: none, as OpenShift's externalIP policy: an
+    /// externalIP lets whoever can create a Service in any namespace take over traffic to
+    /// that address (CVE-2020-8554), so it has to be allowed explicitly. Refused ones are
+    /// reported with their field path; the rest of the Service applies.
+    #[arg(
+        long = "external-ip-allowed-cidrs",
+        global = true,
+        env = "NODEPLANE_EXTERNAL_IP_ALLOWED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub external_ip_allowed_cidrs: Vec<String>,
+
+    /// `spec.externalIPs` the agent never honours, even inside --external-ip-allowed-cidrs
+    /// (rejected wins). Default: none.
+    #[arg(
+        long = "external-ip-rejected-cidrs",
+        global = true,
+        env = "NODEPLANE_EXTERNAL_IP_REJECTED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub external_ip_rejected_cidrs: Vec<String>,
+
     /// Print the nftables ruleset the agent would apply (nft -f syntax) and the address,
     /// route and rule changes as # comments, then exit. Changes nothing; needs no privileges.
     #[arg(long, env = "NODEPLANE_DRY_RUN", conflicts_with = "once")]
@@ -169,4 +194,18 @@ pub struct Opts {
     /// the agent would apply.
     #[arg(long, global = true, env = "NODEPLANE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Server-side timeout (`timeoutSeconds`) of each watch of the Kubernetes API, 1 to 1800.
+    /// A watch silent for this long plus 5 s is taken for dead (a silently stalled
+    /// connection) and resumed on a new connection, and `/readyz` fails while a kind hears
+    /// nothing for this long plus 2 s. Each kind re-watches once per timeout (jittered down by
+    /// up to a fifth), from its last resourceVersion: no relist. Default: 25 (dead watches
+    /// noticed within 30 s, ~0.45 watch requests/s per node).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_API_WATCH_TIMEOUT_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub api_watch_timeout_seconds: Option<u64>,
 }

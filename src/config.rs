@@ -14,6 +14,15 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
+/// Server-side timeout of each watch. A healthy watch ends (and is resumed from its
+/// resourceVersion) at least this often, so one silent for this long plus 5 s is taken for
+/// dead: 25 s notices a silently stalled API connection within 30 s. Cost: one watch request
+/// per kind per ~22 s (jittered 20-25 s), about 0.45 requests/s per node for the ten kinds,
+/// each served from the API server's watch cache (no list, no etcd read).
+pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
+/// The API server caps nothing, but a watch longer than this hides a stall for too long to be
+/// a setting anyone wants (client-go uses 5 to 10 minutes).
+const MAX_API_WATCH_TIMEOUT: u64 = 1800;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -32,6 +41,8 @@ pub enum ConfigError {
         option: &'static str,
         reason: String,
     },
+    #[error("--api-watch-timeout-seconds: {0} is not between 1 and {MAX_API_WATCH_TIMEOUT}")]
+    WatchTimeout(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +54,12 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     pub cluster_cidrs: Vec<IpNet>,
     pub service_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` honoured: those in one of these and in none of
+    /// `external_ip_rejected_cidrs` (OpenShift's `Network.spec.externalIP.policy`). Empty
+    /// (the default) honours none.
+    pub external_ip_allowed_cidrs: Vec<IpNet>,
+    /// `spec.externalIPs` never honoured, even when allowed (rejected wins).
+    pub external_ip_rejected_cidrs: Vec<IpNet>,
     pub resync: Duration,
     pub log_level: String,
     /// Resolver configuration for EgressFirewall `dnsName` rules.
@@ -51,6 +68,9 @@ pub struct Config {
     pub admin_address: std::net::SocketAddr,
     /// Where the last valid objects are kept across restarts (`crate::state`).
     pub state_dir: PathBuf,
+    /// Server-side timeout of each watch of the API; also bounds how long a silently stalled
+    /// connection goes unnoticed (`source::kube::Liveness`).
+    pub api_watch_timeout: Duration,
 }
 
 impl Config {
@@ -63,11 +83,14 @@ impl Config {
             kubeconfig: None,
             cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
+            external_ip_allowed_cidrs: Vec::new(),
+            external_ip_rejected_cidrs: Vec::new(),
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
         }
     }
 
@@ -107,6 +130,13 @@ impl Config {
                 reason: "must be at least 1".into(),
             });
         }
+        let watch_timeout = opts
+            .api_watch_timeout_seconds
+            .or(file.api_watch_timeout_seconds)
+            .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
+        if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
+            return Err(ConfigError::WatchTimeout(watch_timeout));
+        }
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
@@ -114,6 +144,20 @@ impl Config {
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
             cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
+            external_ip_allowed_cidrs: parse_cidrs(
+                "--external-ip-allowed-cidrs",
+                &pick_list(
+                    &opts.external_ip_allowed_cidrs,
+                    file.external_ip_allowed_cidrs,
+                ),
+            )?,
+            external_ip_rejected_cidrs: parse_cidrs(
+                "--external-ip-rejected-cidrs",
+                &pick_list(
+                    &opts.external_ip_rejected_cidrs,
+                    file.external_ip_rejected_cidrs,
+                ),
+            )?,
             resync: Duration::from_secs(
                 opts.resync_seconds
                     .or(file.resync_seconds)
@@ -139,6 +183,7 @@ impl Config {
                 .clone()
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            api_watch_timeout: Duration::from_secs(watch_timeout),
         })
     }
 }
@@ -148,6 +193,15 @@ fn pick(flags: &[String], file: Option<Vec<String>>, default: &str) -> Vec<Strin
         flags.to_vec()
     } else {
         file.unwrap_or_else(|| vec![default.to_string()])
+    }
+}
+
+/// Like [`pick`] for a list whose default is empty.
+fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
+    if !flags.is_empty() {
+        flags.to_vec()
+    } else {
+        file.unwrap_or_default()
     }
 }
 
@@ -198,11 +252,14 @@ struct FileConfig {
     kubeconfig: Option<PathBuf>,
     cluster_cidr: Option<Vec<String>>,
     service_cidr: Option<Vec<String>>,
+    external_ip_allowed_cidrs: Option<Vec<String>>,
+    external_ip_rejected_cidrs: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
     admin_address: Option<std::net::SocketAddr>,
     state_dir: Option<PathBuf>,
+    api_watch_timeout_seconds: Option<u64>,
 }
 
 impl FileConfig {
@@ -240,6 +297,30 @@ mod tests {
         assert_eq!(c.resync, DEFAULT_RESYNC);
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/nodeplane"));
         assert_eq!(c.manifest_limits, Limits::default());
+        assert_eq!(c.api_watch_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn api_watch_timeout_from_file_flag_and_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "node-name: n\napi-watch-timeout-seconds: 300\n").unwrap();
+        let mut o = Opts {
+            config: Some(path),
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::resolve(&o).unwrap().api_watch_timeout,
+            Duration::from_secs(300)
+        );
+        o.api_watch_timeout_seconds = Some(5);
+        assert_eq!(
+            Config::resolve(&o).unwrap().api_watch_timeout,
+            Duration::from_secs(5)
+        );
+        o.api_watch_timeout_seconds = Some(0);
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--api-watch-timeout-seconds"), "{e}");
     }
 
     #[test]
@@ -321,6 +402,38 @@ mod tests {
         };
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("bad.yaml") && e.contains("nodename"), "{e}");
+    }
+
+    #[test]
+    fn external_ip_policy_defaults_to_none_and_comes_from_flags_or_file() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert!(c.external_ip_allowed_cidrs.is_empty());
+        assert!(c.external_ip_rejected_cidrs.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "external-ip-allowed-cidrs: [198.51.100.0/24]\n\
+             external-ip-rejected-cidrs: [198.51.100.128/25]\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(
+            c.external_ip_allowed_cidrs,
+            vec!["198.51.100.0/24".parse().unwrap()]
+        );
+        assert_eq!(
+            c.external_ip_rejected_cidrs,
+            vec!["198.51.100.128/25".parse().unwrap()]
+        );
+        o.external_ip_allowed_cidrs = vec!["0.0.0.0/0".into(), "::/0".into()];
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.external_ip_allowed_cidrs.len(), 2);
+        o.external_ip_rejected_cidrs = vec!["198.51.100.1/24".into()];
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--external-ip-rejected-cidrs"), "{e}");
     }
 
     #[test]

@@ -22,4 +22,5 @@ pub mod state;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod text;
 pub mod timing;

@@ -44,13 +44,15 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     Ok(runtime.block_on(app::run(config))?)
 }
 
-/// Logs go to stderr so that `--dry-run` output on stdout stays a clean ruleset.
+/// Logs go to stderr so that `--dry-run` output on stdout stays a clean ruleset; one event is
+/// one line whatever names it quotes (`text::LogWriter`).
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::stderr().is_terminal();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(move || nodeplane::text::LogWriter::new(std::io::stderr(), ansi))
+        .with_ansi(ansi)
         .init();
 }

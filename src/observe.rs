@@ -12,6 +12,7 @@ use crate::nft::ir::Table;
 use crate::nft::{ApplyStats, NftError};
 use crate::plan::{HealthChecks, ObjectStatus};
 use crate::snapshot::Snapshot;
+use crate::text::one_line;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -70,7 +71,9 @@ pub struct SyncReport {
     pub health_checks: HealthChecks,
 }
 
-/// An object's verdict as the log, `--dry-run` and the admin ruleset print it.
+/// An object's verdict as the log, `--dry-run` and the admin ruleset print it: one line
+/// whatever its name and message hold ([`crate::text::one_line`]), so that a namespace named
+/// `x\nadd table ip PWNED4` stays inside its `#` comment.
 pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
     let kind = s.kind.as_str();
     let verdict = match (&s.result, apply_error) {
@@ -78,5 +81,5 @@ pub fn status_line(s: &ObjectStatus, apply_error: Option<&str>) -> String {
         (Ok(()), Some(e)) => format!("{kind} Rules not correctly applied: {e}"),
         (Err(e), _) => format!("{kind} Rules not correctly applied: {e}"),
     };
-    format!("{kind} {}: {verdict}", s.key)
+    one_line(&format!("{kind} {}: {verdict}", s.key)).into_owned()
 }

@@ -17,6 +17,7 @@ use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
 use crate::state::{self, StateStore};
+use crate::text::one_line;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -166,9 +167,10 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
-    let client = kube_source::client(config.kubeconfig.as_deref()).await?;
+    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+    let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
     let health = SourceHealth::default();
-    let mut source = kube_source::start(client, health.clone());
+    let mut source = kube_source::start(client, health.clone(), liveness);
     let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
     match synced.await {
         Ok(Ok(snapshot)) => Ok(snapshot.clone().unwrap_or_default()),
@@ -191,34 +193,41 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
     loaded.log(&path);
     let memory = loaded.last_valid.into_memory();
     let desired = plan_with(&snapshot, config, &memory);
-    let mut out = format!(
-        "# nodeplane ruleset for node {} ({} objects read)\n",
+    // Every line before the table is one `#` comment, whatever the names in it hold.
+    let mut out = String::new();
+    let mut comment = |line: &str| {
+        out.push_str("# ");
+        out.push_str(&one_line(line));
+        out.push('\n');
+    };
+    comment(&format!(
+        "nodeplane ruleset for node {} ({} objects read)",
         config.node_name,
         snapshot.len()
-    );
+    ));
     let names = plan::dns_names(&snapshot, config, &memory);
     if !names.is_empty() {
         let names: Vec<String> = names.into_iter().collect();
-        out.push_str(&format!(
-            "# dnsName rules are resolved when applied, not in --dry-run: {}\n",
+        comment(&format!(
+            "dnsName rules are resolved when applied, not in --dry-run: {}",
             names.join(", ")
         ));
     }
     match RtnlBackend::new(NetConfig::default()).and_then(|mut b| b.plan(&desired.net)) {
         Ok(changes) => {
-            out.extend(changes.describe().iter().map(|l| format!("# {l}\n")));
+            changes.describe().iter().for_each(|l| comment(l));
             // Shown, not applied to the ruleset: the printed table stays the same on any host.
             for r in &changes.refused {
-                out.push_str(&format!(
-                    "# address {} cannot be placed on this host: {}\n",
+                comment(&format!(
+                    "address {} cannot be placed on this host: {}",
                     r.addr, r.reason
                 ));
             }
         }
-        Err(e) => out.push_str(&format!("# network changes unknown: {e}\n")),
+        Err(e) => comment(&format!("network changes unknown: {e}")),
     }
     for status in &desired.statuses {
-        out.push_str(&format!("# {}\n", status_line(status, None)));
+        comment(&status_line(status, None));
     }
     out.push_str(&render_full(&desired.ruleset));
     Ok(out)

@@ -22,6 +22,7 @@ use crate::nft::render::render_full;
 use crate::observe::{SyncObserver, SyncOutcome, status_line};
 use crate::source::kube::SourceHealth;
 use crate::source::loader::ManifestHealth;
+use crate::text::one_line;
 
 /// Shared between the run loop (writer) and the admin server (reader).
 #[derive(Default)]
@@ -129,7 +130,7 @@ impl SyncObserver for AdminObserver {
                 let objects = sync.snapshot.map(|s| s.len()).unwrap_or_default();
                 let mut header = format!(
                     "# nodeplane ruleset for node {} ({objects} objects read)\n",
-                    self.node_name
+                    one_line(&self.node_name)
                 );
                 for s in &report.statuses {
                     header.push_str(&format!("# {}\n", status_line(s, None)));
@@ -170,6 +171,56 @@ impl SyncObserver for DriftRepairs {
 mod tests {
     use super::*;
     use crate::nft::monitor::Changes;
+
+    #[test]
+    fn the_ruleset_header_keeps_hostile_names_in_their_comment_lines() {
+        use crate::observe::SyncReport;
+        use crate::plan::ObjectStatus;
+        use crate::snapshot::{Kind, ObjectKey};
+        let state = Arc::new(AdminState::new(None));
+        let mut observer = AdminObserver {
+            state: state.clone(),
+            node_name: "node-1\nadd table ip NODE".into(),
+        };
+        let pwned = "x\nadd table ip PWNED4\n#";
+        let report = SyncReport {
+            statuses: vec![
+                ObjectStatus {
+                    kind: Kind::EgressFirewall,
+                    key: ObjectKey::new(pwned, "default"),
+                    result: Ok(()),
+                },
+                ObjectStatus {
+                    kind: Kind::EgressQoS,
+                    key: ObjectKey::new("a\r\0b\u{2028}", pwned),
+                    result: Err(format!("bad value {pwned}")),
+                },
+            ],
+            ..SyncReport::default()
+        };
+        let table = Table::new("nodeplane");
+        observer.observe(&SyncOutcome {
+            snapshot: None,
+            result: &Ok(report),
+            duration: Duration::ZERO,
+            applied: Some(&table),
+            drift_seq: 0,
+        });
+        let ruleset = state.ruleset().unwrap();
+        let header: Vec<&str> = ruleset
+            .lines()
+            .take_while(|l| *l != "table inet nodeplane")
+            .collect();
+        assert_eq!(
+            header,
+            [
+                "# nodeplane ruleset for node node-1\\nadd table ip NODE (0 objects read)",
+                "# EgressFirewall x\\nadd table ip PWNED4\\n#/default: EgressFirewall Rules applied",
+                "# EgressQoS a\\r\\0b\\u{2028}/x\\nadd table ip PWNED4\\n#: EgressQoS Rules not correctly applied: bad value x\\nadd table ip PWNED4\\n#",
+            ],
+            "{ruleset}"
+        );
+    }
 
     #[test]
     fn a_detected_drift_is_not_ready_until_a_sync_repairs_it() {

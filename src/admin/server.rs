@@ -60,7 +60,7 @@ async fn respond(
                 Ok(()) => text(StatusCode::OK, format!("ready\n{repairs}")),
                 Err(reason) => text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("degraded: {reason}\n{repairs}"),
+                    format!("degraded: {}\n{repairs}", crate::text::one_line(&reason)),
                 ),
             }
         }

@@ -271,6 +271,10 @@ spec:
         let cases = [
             ("{type: Allow, to: {cidrSelector: 10.0.0.0/33}}",
              r#"EgressFirewall ns1/default: spec.egress[1].to.cidrSelector: invalid CIDR "10.0.0.0/33""#),
+            ("{type: Deny, to: {cidrSelector: '::ffff:203.0.113.0/120'}}",
+             "EgressFirewall ns1/default: spec.egress[1].to.cidrSelector: ::ffff:203.0.113.0/120 is an IPv4-mapped IPv6 CIDR, which no packet matches (write 203.0.113.0/24)"),
+            ("{type: Allow, to: {cidrSelector: '::ffff:0:0/96'}}",
+             "EgressFirewall ns1/default: spec.egress[1].to.cidrSelector: ::ffff:0.0.0.0/96 is an IPv4-mapped IPv6 CIDR, which no packet matches (write 0.0.0.0/0)"),
             ("{type: Allow, to: {cidrSelector: 10.0.0.1}}",
              r#"EgressFirewall ns1/default: spec.egress[1].to.cidrSelector: invalid CIDR "10.0.0.1": missing /prefix-length"#),
             ("{type: allow, to: {cidrSelector: 10.0.0.0/8}}",

@@ -203,6 +203,11 @@ status:
             "EgressIP egress-backend: spec.egressIPs[0]: 127.0.0.1 is not a unicast address",
         );
         check(
+            &|e| e.spec.egress_ips[0] = "::ffff:192.168.50.100".into(),
+            "EgressIP egress-backend: spec.egressIPs[0]: ::ffff:192.168.50.100 is an IPv4-mapped \
+             IPv6 address, which no packet carries (write 192.168.50.100)",
+        );
+        check(
             &|e| {
                 e.spec.namespace_selector.match_labels =
                     Some(BTreeMap::from([("team".into(), "a b".into())]))

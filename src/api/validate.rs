@@ -58,6 +58,10 @@ pub enum Invalid {
     IpAddr(String),
     #[error("{0} is not a unicast address")]
     NotUnicast(IpAddr),
+    #[error("{0} is an IPv4-mapped IPv6 address, which no packet carries (write {1})")]
+    Ipv4Mapped(IpAddr, std::net::Ipv4Addr),
+    #[error("{0} is an IPv4-mapped IPv6 CIDR, which no packet matches (write {1})")]
+    Ipv4MappedCidr(IpNet, IpNet),
     #[error("duplicate of {0}")]
     Duplicate(String),
     #[error(
@@ -239,8 +243,22 @@ pub(crate) fn parse_ports<'a>(
 
 /// Parses a CIDR. Host bits are cleared (`10.0.0.1/24` means `10.0.0.0/24`), matching Go's
 /// `net.ParseCIDR` as used by OVN-Kubernetes; a bare address without a prefix is rejected.
+///
+/// An IPv6 CIDR inside `::ffff:0:0/96` (IPv4-mapped) is rejected rather than applied: IPv4
+/// traffic is matched as IPv4, so such a rule would silently never match.
 pub fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
     match s.parse::<IpNet>() {
+        Ok(IpNet::V6(net)) if net.prefix_len() >= 96 && net.addr().to_ipv4_mapped().is_some() => {
+            let v4 = ipnet::Ipv4Net::new(
+                net.addr().to_ipv4_mapped().expect("checked"),
+                net.prefix_len() - 96,
+            )
+            .expect("prefix at most 32");
+            Err(Invalid::Ipv4MappedCidr(
+                IpNet::V6(net.trunc()),
+                IpNet::V4(v4.trunc()),
+            ))
+        }
         Ok(net) => Ok(net.trunc()),
         Err(_) if s.parse::<IpAddr>().is_ok() => Err(Invalid::CidrWithoutPrefix(s.to_string())),
         Err(_) => Err(Invalid::Cidr(s.to_string())),
@@ -295,9 +313,15 @@ pub fn parse_dns_name(s: &str) -> Result<String, Invalid> {
     Ok(name)
 }
 
-/// Parses an egress IP: a unicast IPv4 or IPv6 address.
+/// Parses an egress IP: a unicast IPv4 or IPv6 address (not IPv4-mapped IPv6, which would be
+/// added to an interface and SNAT to an address no IPv4 packet can carry).
 pub fn parse_unicast_ip(s: &str) -> Result<IpAddr, Invalid> {
     let ip: IpAddr = s.parse().map_err(|_| Invalid::IpAddr(s.to_string()))?;
+    if let IpAddr::V6(v6) = ip
+        && let Some(v4) = v6.to_ipv4_mapped()
+    {
+        return Err(Invalid::Ipv4Mapped(ip, v4));
+    }
     if ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()

@@ -31,12 +31,37 @@ pub fn choose_interface<'a>(
             dev: state.link_name(own.ifindex),
         });
     }
-    foreign()
-        .filter(|a| IpNet::new(a.addr, a.prefix_len).is_ok_and(|net| net.contains(&spec.addr)))
-        .filter_map(|a| state.link_by_index(a.ifindex).map(|l| (a.prefix_len, l)))
-        .max_by_key(|(len, link)| (*len, Reverse(link.name.as_str())))
-        .map(|(_, link)| link)
-        .ok_or(NetError::NoSubnet { addr: spec.addr })
+    let (net, link) = foreign()
+        .filter_map(|a| IpNet::new(a.addr, a.prefix_len).ok().map(|net| (net, a)))
+        .filter(|(net, _)| net.contains(&spec.addr))
+        .filter_map(|(net, a)| state.link_by_index(a.ifindex).map(|l| (net.trunc(), l)))
+        .max_by_key(|(net, link)| (net.prefix_len(), Reverse(link.name.as_str())))
+        .ok_or(NetError::NoSubnet { addr: spec.addr })?;
+    // The subnet's own network and broadcast addresses are nobody's to take (an EgressIP
+    // equal to one would be added and answer for the whole subnet). /31, /32, /127 and /128
+    // have no such addresses.
+    let (max, has_broadcast) = match net {
+        IpNet::V4(_) => (32, true),
+        IpNet::V6(_) => (128, false),
+    };
+    if net.prefix_len() + 1 < max {
+        let what = if spec.addr == net.network() {
+            Some("network")
+        } else if has_broadcast && spec.addr == net.broadcast() {
+            Some("broadcast")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(NetError::SubnetAddress {
+                addr: spec.addr,
+                what,
+                net,
+                dev: link.name.clone(),
+            });
+        }
+    }
+    Ok(link)
 }
 
 fn validate(spec: &AddressSpec) -> Result<(), NetError> {
@@ -95,7 +120,11 @@ pub(crate) fn plan(
         }
         let link = match choose_interface(state, spec, cfg) {
             Ok(link) => link,
-            Err(e @ (NetError::NoSubnet { .. } | NetError::OwnAddress { .. })) => {
+            Err(
+                e @ (NetError::NoSubnet { .. }
+                | NetError::OwnAddress { .. }
+                | NetError::SubnetAddress { .. }),
+            ) => {
                 let text = e.to_string();
                 let prefix = format!("address {}: ", spec.addr);
                 changes.refused.push(super::Refusal {
@@ -253,6 +282,32 @@ mod tests {
             err.to_string(),
             "address 192.168.50.100: no interface subnet contains it"
         );
+    }
+
+    #[test]
+    fn network_and_broadcast_addresses_of_the_subnet_are_refused() {
+        assert_eq!(
+            pick("10.0.5.0").unwrap_err().to_string(),
+            "address 10.0.5.0: it is the network address of 10.0.5.0/24 (on eth1)"
+        );
+        assert_eq!(
+            pick("10.0.255.255").unwrap_err().to_string(),
+            "address 10.0.255.255: it is the broadcast address of 10.0.0.0/16 (on eth0)"
+        );
+        // Through the plan step it is a refusal (the EgressIP feature reports it), not an
+        // error that stops the other addresses.
+        let desired = BTreeSet::from([
+            AddressSpec::host("10.0.5.255".parse().unwrap()),
+            AddressSpec::host("10.0.5.77".parse().unwrap()),
+        ]);
+        let mut changes = NetChanges::default();
+        plan(&state(), &desired, &NetConfig::default(), &mut changes).unwrap();
+        assert_eq!(changes.refused.len(), 1, "{changes:?}");
+        assert_eq!(
+            changes.refused[0].reason,
+            "it is the broadcast address of 10.0.5.0/24 (on eth1)"
+        );
+        assert_eq!(changes.addresses_add.len(), 1);
     }
 
     #[test]

@@ -380,6 +380,14 @@ pub enum NetError {
     NoSubnet { addr: IpAddr },
     #[error("address {addr}: it is one of the node's own addresses (on {dev})")]
     OwnAddress { addr: IpAddr, dev: String },
+    /// The network (or IPv4 broadcast) address of the interface subnet it would go in.
+    #[error("address {addr}: it is the {what} address of {net} (on {dev})")]
+    SubnetAddress {
+        addr: IpAddr,
+        what: &'static str,
+        net: ipnet::IpNet,
+        dev: String,
+    },
     /// A desired object that cannot be expressed or would not be owned by the agent.
     #[error("{object}: {reason}")]
     Invalid { object: String, reason: String },

@@ -422,7 +422,9 @@ pub fn quoted(s: &str) -> String {
 }
 
 /// The exact text stored for a comment/prefix: shared with the netlink encoder so the
-/// kernel holds the same bytes whichever path wrote them.
+/// kernel holds the same bytes whichever path wrote them. Inside nft's quotes, so quotes,
+/// backslashes, `;`, `#` and every [`crate::text::breaks_line`] character become `_`
+/// (the `#` lines around the table use [`crate::text::one_line`] instead).
 pub fn sanitize_text(s: &str) -> String {
     let mut out = Vec::with_capacity(s.len().min(SANITIZED_MAX));
     sanitize_into(s, &mut out);
@@ -438,8 +440,8 @@ pub fn sanitize_into(s: &str, out: &mut Vec<u8>) {
     let mut len = 0;
     for c in s.chars() {
         let c = match c {
-            '"' | '\\' | '\n' | '\r' | '\t' | ';' | '#' => '_',
-            c if c.is_control() => '_',
+            '"' | '\\' | ';' | '#' => '_',
+            c if crate::text::breaks_line(c) => '_',
             c => c,
         };
         if len + c.len_utf8() > SANITIZED_MAX {

@@ -54,27 +54,31 @@ pub fn same_objects<T: PartialEq, V>(a: &InForceMap<T, V>, b: &InForceMap<T, V>)
 }
 
 /// How objects of a kind govern: one object per namespace (EgressFirewall, EgressQoS: only
-/// the object named `default` counts), or each cluster-scoped object by its name (EgressIP).
+/// the object named `default` counts), each cluster-scoped object by its name (EgressIP), or
+/// each namespaced object by `namespace/name` (kinds of which a namespace has many).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// Keyed by namespace; only `default` falls back to its last valid version.
     Namespace,
     /// Keyed by name.
     Cluster,
+    /// Keyed by `namespace/name`.
+    Object,
 }
 
 impl Scope {
-    fn key(self, key: &ObjectKey) -> &str {
+    fn key(self, key: &ObjectKey) -> String {
         match self {
-            Scope::Namespace => &key.namespace,
-            Scope::Cluster => &key.name,
+            Scope::Namespace => key.namespace.clone(),
+            Scope::Cluster => key.name.clone(),
+            Scope::Object => format!("{}/{}", key.namespace, key.name),
         }
     }
 
     fn falls_back(self, key: &ObjectKey) -> bool {
         match self {
             Scope::Namespace => key.name == "default",
-            Scope::Cluster => true,
+            Scope::Cluster | Scope::Object => true,
         }
     }
 }
@@ -155,7 +159,7 @@ impl<T: PartialEq, V> Validated<T, V> {
                     result: validate(object).map(Arc::new),
                 },
             };
-            let governs = scope.key(&key).to_string();
+            let governs = scope.key(&key);
             let result = match &check.result {
                 Ok(valid) => {
                     let entry = InForce {
@@ -208,3 +212,81 @@ impl<T, V> Clone for Check<T, V> {
 
 /// Validation results per object.
 type Checks<T, V> = BTreeMap<ObjectKey, Check<T, V>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::validate::Invalid;
+
+    /// A stand-in kind: valid when its value is even.
+    #[derive(Debug, PartialEq)]
+    struct Obj(u32);
+
+    fn validate(o: &Obj) -> Result<u32, ValidationError> {
+        if o.0.is_multiple_of(2) {
+            Ok(o.0)
+        } else {
+            Err(ValidationError {
+                kind: "Obj",
+                object: String::new(),
+                field: "spec.value".into(),
+                reason: Invalid::Missing,
+            })
+        }
+    }
+
+    fn run(
+        memory: &Validated<Obj, u32>,
+        scope: Scope,
+        objects: &[(&str, &str, u32)],
+    ) -> Outcome<Obj, u32> {
+        let objects: Vec<(ObjectKey, Arc<Obj>)> = objects
+            .iter()
+            .map(|(ns, name, v)| (ObjectKey::new(*ns, *name), Arc::new(Obj(*v))))
+            .collect();
+        memory.update(
+            Kind::EgressQoS,
+            scope,
+            objects.iter().map(|(k, o)| (k.clone(), o)),
+            validate,
+        )
+    }
+
+    #[test]
+    fn each_scope_keys_and_falls_back_as_documented() {
+        let first = run(
+            &Validated::default(),
+            Scope::Object,
+            &[("a", "p", 2), ("a", "q", 4)],
+        );
+        assert_eq!(
+            first.validated.in_force.keys().collect::<Vec<_>>(),
+            ["a/p", "a/q"]
+        );
+        // q turns invalid: its last valid version stays in force, p is unaffected.
+        let next = run(
+            &first.validated,
+            Scope::Object,
+            &[("a", "p", 2), ("a", "q", 5)],
+        );
+        assert_eq!(*next.validated.in_force["a/q"].valid, 4);
+        assert!(next.fell_back.contains("a/q") && !next.fell_back.contains("a/p"));
+        assert_eq!(
+            next.statuses[1].result,
+            Err("spec.value: must be set".into())
+        );
+        // Namespace scope: only `default` falls back.
+        let ns = run(
+            &Validated::default(),
+            Scope::Namespace,
+            &[("a", "default", 2)],
+        );
+        let bad = run(&ns.validated, Scope::Namespace, &[("a", "default", 3)]);
+        assert_eq!(*bad.validated.in_force["a"].valid, 2);
+        let other = run(&ns.validated, Scope::Namespace, &[("a", "other", 3)]);
+        assert!(other.validated.in_force.is_empty());
+        // Cluster scope: keyed by name.
+        let c = run(&Validated::default(), Scope::Cluster, &[("", "e", 2)]);
+        assert!(c.validated.in_force.contains_key("e"));
+    }
+}

@@ -4,8 +4,9 @@
 //! may hold several documents, and a document may be a `kind: List` (as printed by
 //! `kubectl get ... -o yaml`) or a typed list such as `PodList`. One bad document never blocks
 //! the others: it becomes a [`LoadProblem`] naming the file, the line where the document starts,
-//! the document index and, inside a list, the item index. Kinds the agent does not use are
-//! skipped.
+//! the document index and, inside a list, the item index. A document with a duplicate mapping
+//! key at any depth is such a problem (naming the key and its path), not "the later key wins".
+//! Kinds the agent does not use are skipped.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -316,9 +317,14 @@ impl Loader {
                 self.file.breaches.push(loc.problem(breach.to_string()));
                 continue;
             }
-            match serde_norway::from_str::<Value>(doc.text) {
-                Ok(Value::Null) => {}
-                Ok(value) => self.load_value(&loc, value, Some(&doc)),
+            match serde_norway::from_str::<Checked>(doc.text) {
+                Ok(Checked {
+                    duplicate: Some(d), ..
+                }) => self.problem_at(&loc, d),
+                Ok(Checked {
+                    value: Value::Null, ..
+                }) => {}
+                Ok(Checked { value, .. }) => self.load_value(&loc, value, Some(&doc)),
                 Err(_) => {
                     let message =
                         yaml_error_in_file(&doc, |d| serde_norway::from_str::<Value>(d).map(drop));
@@ -330,7 +336,7 @@ impl Loader {
 
     /// A JSON file holds one value or several concatenated values.
     fn load_json(&mut self, file: &Path, text: &str) {
-        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Checked>();
         let mut document = 0;
         // Lines are counted incrementally: a stream may hold many values.
         let (mut counted_to, mut line) = (0, 1);
@@ -347,7 +353,10 @@ impl Loader {
             };
             match stream.next() {
                 None => break,
-                Some(Ok(value)) => self.load_value(&loc, value, None),
+                Some(Ok(Checked {
+                    duplicate: Some(d), ..
+                })) => self.problem_at(&loc, d),
+                Some(Ok(Checked { value, .. })) => self.load_value(&loc, value, None),
                 Some(Err(e)) => {
                     // The stream cannot resynchronise after a syntax error.
                     self.problem_at(&loc, format!("invalid JSON: {e}"));
@@ -497,6 +506,159 @@ fn decode_error(kind: Kind, value: &Value, doc: Option<&YamlDoc<'_>>) -> Option<
         Some(l) => message.replace(&format!(" at line {} column {}", l.line(), l.column()), ""),
         None => message,
     })
+}
+
+/// A document parsed like [`Value`] (the later of two equal keys wins) that also notes the
+/// first duplicate mapping key, at any depth: neither serde_json nor serde_norway reports
+/// one, and a document whose meaning depends on which of two keys counts is rejected.
+struct Checked {
+    value: Value,
+    /// `duplicate key "k" in a.b[0]`.
+    duplicate: Option<String>,
+}
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let duplicate = std::cell::RefCell::new(None);
+        let value = d.deserialize_any(Tracked {
+            duplicate: &duplicate,
+            at: None,
+        })?;
+        Ok(Checked {
+            value,
+            duplicate: duplicate.into_inner(),
+        })
+    }
+}
+
+/// Where a value sits in its document: a key of its parent mapping or an index of its
+/// parent sequence.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+struct PathTo<'a> {
+    parent: Option<&'a PathTo<'a>>,
+    step: Step<'a>,
+}
+
+impl fmt::Display for PathTo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(p) = self.parent {
+            write!(f, "{p}")?;
+        }
+        match self.step {
+            Step::Key(k) if self.parent.is_some() => write!(f, ".{k}"),
+            Step::Key(k) => write!(f, "{k}"),
+            Step::Index(i) => write!(f, "[{i}]"),
+        }
+    }
+}
+
+/// Builds the [`Value`] as its own `Deserialize` does, noting duplicates on the way.
+#[derive(Clone, Copy)]
+struct Tracked<'a> {
+    duplicate: &'a std::cell::RefCell<Option<String>>,
+    at: Option<&'a PathTo<'a>>,
+}
+
+impl<'a> Tracked<'a> {
+    fn below(self, at: &'a PathTo<'a>) -> Tracked<'a> {
+        Tracked {
+            duplicate: self.duplicate,
+            at: Some(at),
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Tracked<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// Scalars go through `Value`'s own `Deserialize`, so they convert exactly as before.
+fn scalar<'de, E: serde::de::Error>(
+    d: impl serde::Deserializer<'de, Error = serde::de::value::Error>,
+) -> Result<Value, E> {
+    <Value as serde::Deserialize>::deserialize(d).map_err(E::custom)
+}
+
+impl<'de> serde::de::Visitor<'de> for Tracked<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        scalar(serde::de::IntoDeserializer::into_deserializer(v))
+    }
+    fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Value, E> {
+        scalar(serde::de::IntoDeserializer::into_deserializer(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        scalar(serde::de::IntoDeserializer::into_deserializer(v))
+    }
+    fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Value, E> {
+        scalar(serde::de::IntoDeserializer::into_deserializer(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        scalar(serde::de::IntoDeserializer::into_deserializer(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        loop {
+            let at = PathTo {
+                parent: self.at,
+                step: Step::Index(out.len()),
+            };
+            match seq.next_element_seed(self.below(&at))? {
+                Some(v) => out.push(v),
+                None => return Ok(Value::Array(out)),
+            }
+        }
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let at = PathTo {
+                parent: self.at,
+                step: Step::Key(&key),
+            };
+            let value = map.next_value_seed(self.below(&at))?;
+            if out.contains_key(&key) {
+                let mut first = self.duplicate.borrow_mut();
+                if first.is_none() {
+                    *first = Some(match self.at {
+                        Some(p) => format!("duplicate key {key:?} in {p}"),
+                        None => format!("duplicate key {key:?} at the top level"),
+                    });
+                }
+            }
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// Runs `parse` on the document padded with the lines before it, so that the positions in the

@@ -14,10 +14,16 @@ pub struct StatusPatch {
 
 /// `EgressFirewall Rules applied` or `EgressFirewall Rules not correctly applied: <reason>`
 /// (the same text for EgressQoS with its own kind name).
+///
+/// One line whatever the reason quotes ([`crate::text::one_line`]): `status.messages` entries
+/// are read as lines by `kubectl` and by the aggregation of every node's entry.
 pub fn verdict(kind: &str, failure: Option<&str>) -> String {
     match failure {
         None => format!("{kind} Rules applied"),
-        Some(reason) => format!("{kind} Rules not correctly applied: {reason}"),
+        Some(reason) => format!(
+            "{kind} Rules not correctly applied: {}",
+            crate::text::one_line(reason)
+        ),
     }
 }
 
@@ -75,6 +81,14 @@ mod tests {
     use super::*;
 
     const EF: &str = "EgressFirewall";
+
+    #[test]
+    fn a_verdict_is_one_line_whatever_its_reason_quotes() {
+        assert_eq!(
+            verdict(EF, Some("bad name x\nadd table ip PWNED4\u{2028}#")),
+            "EgressFirewall Rules not correctly applied: bad name x\\nadd table ip PWNED4\\u{2028}#"
+        );
+    }
 
     #[test]
     fn first_failure_wins_and_steady_state_is_quiet() {

@@ -41,6 +41,9 @@ enum Job {
     },
 }
 
+/// Longest `note` the API server accepts on an Event, in bytes.
+const EVENT_NOTE_MAX: usize = 1024;
+
 /// Computes status patches and events on the reconcile thread; [`spawn_writer`] applies them.
 pub struct StatusObserver {
     node: String,
@@ -227,7 +230,8 @@ async fn writer(client: Client, node: String, mut rx: mpsc::UnboundedReceiver<Jo
                 let event = Event {
                     type_: EventType::Warning,
                     reason: reason.into(),
-                    note: Some(note),
+                    // One line, and within the API's 1 KiB limit on a note.
+                    note: Some(crate::text::one_line_within(&note, EVENT_NOTE_MAX).into_owned()),
                     action: "Apply".into(),
                     secondary: None,
                 };

@@ -343,6 +343,7 @@ pub struct Service {
     ports: String,
     spec: String,
     ingress: Vec<String>,
+    created: Option<String>,
 }
 
 /// Only `spec.clusterIP`, as a single-stack object written by hand.
@@ -355,6 +356,7 @@ pub fn service(name: &str, cluster_ip: &str, ports: &str) -> Service {
         ports: ports.into(),
         spec: String::new(),
         ingress: Vec::new(),
+        created: None,
     }
 }
 
@@ -383,6 +385,12 @@ impl Service {
         self.ingress = strings(ips);
         self
     }
+
+    /// `metadata.creationTimestamp` (RFC 3339): the older Service wins a contested frontend.
+    pub fn created(mut self, timestamp: &str) -> Service {
+        self.created = Some(timestamp.into());
+        self
+    }
 }
 
 impl Display for Service {
@@ -396,9 +404,13 @@ impl Display for Service {
         } else {
             format!(", {}", self.spec)
         };
+        let created = self
+            .created
+            .as_ref()
+            .map_or(String::new(), |t| format!(", creationTimestamp: '{t}'"));
         write!(
             f,
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}{created}}}\n\
              spec: {{clusterIP: '{ip}'{ips}, ports: [{ports}]{extra}}}\n"
         )?;
         if !self.ingress.is_empty() {

@@ -277,3 +277,44 @@ fn single_file_and_missing_path() {
         "{err}"
     );
 }
+
+#[test]
+fn duplicate_keys_reject_their_document_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n  name: c\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: a}}\n\
+         spec: {{containers: [{{name: c, image: i, image: j}}]}}\n---\n\
+         apiVersion: v1\nkind: List\nitems:\n- {{apiVersion: v1, kind: Namespace, metadata: {{name: d}}}}\n\
+         - {{apiVersion: v1, kind: Namespace, metadata: {{name: e, labels: {{x: '1', x: '2'}}}}}}\n",
+        ns("a"),
+    );
+    write(dir.path(), "dup.yaml", &yaml);
+    write(
+        dir.path(),
+        "dup.json",
+        "{\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"f\"}}\n\
+         {\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"g\"}}\n\
+         {\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"h\", \"name\": \"i\"}}\n\
+         {\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"j\"}}\n",
+    );
+    let r = load_dir(dir.path()).unwrap();
+    let root = dir.path().display();
+    assert_eq!(
+        messages(&r.problems),
+        vec![
+            format!("{root}/dup.json:2: document 1: duplicate key \"kind\" at the top level"),
+            format!("{root}/dup.json:3: document 2: duplicate key \"name\" in metadata"),
+            format!("{root}/dup.yaml:5: document 1: duplicate key \"name\" in metadata"),
+            format!(
+                "{root}/dup.yaml:11: document 2: duplicate key \"image\" in spec.containers[0]"
+            ),
+            format!(
+                "{root}/dup.yaml:16: document 3: duplicate key \"x\" in items[1].metadata.labels"
+            ),
+        ]
+    );
+    let names: Vec<&String> = r.snapshot.namespaces().keys().collect();
+    assert_eq!(names, ["a", "f", "j"]);
+    assert_eq!(r.snapshot.count(Kind::Pod), 0);
+}

@@ -2,7 +2,8 @@
 //! lab netns (the fake listens on the netns' loopback): nothing is applied before every
 //! initial list completes, the kernel follows create/update/delete, a malformed object is
 //! reported and skipped, a dead API server leaves the rules alone and a restarted one (also
-//! after `410 Gone`) resumes updates.
+//! after `410 Gone`) resumes updates, and a silently stalled API connection (open, no data) is
+//! noticed: `/readyz` says so and changes arrive again over new connections.
 
 use nodeplane::testing::listing;
 use std::io::{Read, Write};
@@ -123,7 +124,11 @@ fn setup() -> Setup {
 
 impl Setup {
     fn spawn(&self) -> AgentProcess {
-        self.node.spawn_agent(&[
+        self.spawn_with(&[])
+    }
+
+    fn spawn_with(&self, extra: &[&str]) -> AgentProcess {
+        let mut args = vec![
             "--kubeconfig",
             &self.kubeconfig,
             "--node-name",
@@ -132,7 +137,9 @@ impl Setup {
             "info,nodeplane=debug",
             "--admin-address",
             ADMIN,
-        ])
+        ];
+        args.extend_from_slice(extra);
+        self.node.spawn_agent(&args)
     }
 
     fn table(&self) -> Result<String, String> {
@@ -652,4 +659,105 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
             .ok_or(format!("{}", last.body))
     });
     agent.stop();
+}
+
+/// Server-side watch timeout for the stall test: dead watches are dropped after 5 + 5 s
+/// instead of the default 25 + 5 s, to keep the test short.
+const STALL_WATCH_TIMEOUT: &str = "5";
+/// How long the agent may take to notice a stalled connection with that setting and get a
+/// change through a new one: the idle deadline (10 s), a re-watch, a debounce and a sync, with
+/// slack for a loaded machine.
+const STALL_DETECT: Duration = Duration::from_secs(20);
+
+/// Waits up to `within` for the table to satisfy `pred`; returns how long it took.
+#[track_caller]
+fn time_table(
+    s: &Setup,
+    agent: &AgentProcess,
+    within: Duration,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let t = s.table();
+        if t.as_deref().is_ok_and(&pred) {
+            return start.elapsed();
+        }
+        if start.elapsed() > within {
+            panic!(
+                "{what}: not reached after {within:?}\ntable: {t:?}\nagent log:\n{}",
+                agent.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn silently_stalled_api_connections_are_noticed_and_changes_flow_again() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    let agent = s.spawn_with(&["--api-watch-timeout-seconds", STALL_WATCH_TIMEOUT]);
+    s.wait_table(&agent, "first apply", |t| t.contains("203.0.113.0/24"));
+    wait_admin(&s.node, "/readyz", 200, "ready");
+
+    // Every connection goes silent, new ones too (no RST, no FIN: the agent only sees that
+    // nothing arrives). A change made now cannot reach the agent.
+    s.api.stall_open();
+    s.api.stall_new(true);
+    let before = s.table().unwrap();
+    s.api.put(firewall("shop", "198.51.100.0/24"));
+    // Not ready, naming the kinds without fresh data and the unanswered probe.
+    eventually(STALL_DETECT, || match admin_get(&s.node, "/readyz") {
+        Ok((503, body))
+            if body.contains("no data from the API server for")
+                && body.contains("EgressFirewall") =>
+        {
+            Ok(body)
+        }
+        other => Err(format!(
+            "want 503 naming the stalled watches, got {other:?}"
+        )),
+    });
+    wait_admin(&s.node, "/readyz", 503, "/version");
+    wait_admin(&s.node, "/healthz", 200, "ok");
+    assert_eq!(s.table().unwrap(), before, "kernel changed without data");
+
+    // New connections work again (the stalled ones stay dead): the change arrives and
+    // readiness comes back.
+    s.api.stall_new(false);
+    let took = time_table(&s, &agent, STALL_DETECT, "change after the stall", |t| {
+        t.contains("198.51.100.0/24")
+    });
+    eprintln!("change reached the kernel {took:?} after new connections were served again");
+    wait_admin(&s.node, "/readyz", 200, "ready");
+
+    // Only the open connections stall (a middlebox lost their state); new ones are fine. The
+    // change still arrives within the idle deadline, without any error from the server.
+    s.api.stall_open();
+    let lists = s.api.lists("EgressFirewall");
+    s.api.put(firewall("shop", "192.0.2.0/24"));
+    let took = time_table(
+        &s,
+        &agent,
+        STALL_DETECT,
+        "change after open connections stalled",
+        |t| t.contains("192.0.2.0/24"),
+    );
+    eprintln!("change reached the kernel {took:?} after the open connections stalled");
+    wait_admin(&s.node, "/readyz", 200, "ready");
+    // Resumed from the last resourceVersion: no relist.
+    assert_eq!(
+        s.api.lists("EgressFirewall"),
+        lists,
+        "relisted after a stall"
+    );
+
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(logs.contains("no data for"), "stall not logged:\n{logs}");
 }

@@ -13,7 +13,7 @@
 //! compete for the CPU and blur each other's numbers.
 
 use nodeplane::testing::lab::{
-    self, AgentProcess, Lab, Ns, Outcome, Pod, Server, StreamTally, eventually,
+    self, AgentProcess, Lab, ManifestAgent, Ns, Outcome, Pod, Server, StreamTally, eventually,
 };
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use std::fmt::Write as _;
@@ -59,7 +59,7 @@ struct Topo {
     node: Ns,
     f1: Pod,
     c1: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     _lab: Lab,
@@ -86,19 +86,31 @@ fn topo(bulk: bool) -> Topo {
     for (i, b) in backends.iter().enumerate() {
         servers.push(b.ns.tcp_server("0.0.0.0:8080", &format!("b{}", i + 1)));
     }
+    let agent = ManifestAgent::new(
+        &node,
+        NODE,
+        &[
+            "--cluster-cidr",
+            "10.128.0.0/14",
+            "--service-cidr",
+            "172.30.0.0/16",
+            "--admin-address",
+            ADMIN,
+        ],
+    );
     let t = Topo {
         node,
         f1,
         c1,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         _lab: lab,
     };
-    t.write_file(
+    t.agent.write(
         "nodes.yaml",
         &objects::node(NODE, &["192.168.1.1"]).to_string(),
     );
-    t.write_file(
+    t.agent.write(
         "pods.yaml",
         &[
             pod_doc("alpha", "f1", &t.f1),
@@ -106,7 +118,7 @@ fn topo(bulk: bool) -> Topo {
         ]
         .join("---\n"),
     );
-    t.write_file(
+    t.agent.write(
         "fw-alpha.yaml",
         "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
          metadata: {name: default, namespace: alpha}\n\
@@ -133,9 +145,9 @@ fn topo(bulk: bool) -> Topo {
         )
         .to_string(),
     ];
-    t.write_file("sticky.yaml", &sticky.join("---\n"));
+    t.agent.write("sticky.yaml", &sticky.join("---\n"));
     if bulk {
-        t.write_file("bulk.yaml", &bulk_services());
+        t.agent.write("bulk.yaml", &bulk_services());
     }
     t
 }
@@ -190,31 +202,9 @@ enum Stop {
 }
 
 impl Topo {
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec![
-            "--manifests",
-            dir,
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14",
-            "--service-cidr",
-            "172.30.0.0/16",
-            "--admin-address",
-            ADMIN,
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
     /// Starts an agent and waits until it has synced; returns it and how long that took.
     fn start(&self, extra: &[&str]) -> (AgentProcess, Duration) {
-        let mut agent = self.node.spawn_agent(&self.args(extra));
+        let mut agent = self.agent.spawn(extra);
         let took = agent.wait_ready(admin(), READY_TIMEOUT);
         (agent, took)
     }
@@ -613,7 +603,7 @@ fn repeated_once_runs_let_no_denied_connection_through() {
     let _alone = lab::exclusive();
     let t = topo(true);
     t.node
-        .run_agent(&t.args(&["--once"]))
+        .run_agent(&t.agent.args(&["--once"]))
         .unwrap_or_else(|e| panic!("agent --once: {e}"));
     assert_verdicts(&t);
 
@@ -625,7 +615,7 @@ fn repeated_once_runs_let_no_denied_connection_through() {
         let before = stream.tally().attempts;
         let began = Instant::now();
         t.node
-            .run_agent(&t.args(&["--once"]))
+            .run_agent(&t.agent.args(&["--once"]))
             .unwrap_or_else(|e| panic!("run {}: agent --once: {e}", i + 1));
         let took = began.elapsed();
         let attempts = stream.tally().attempts - before;

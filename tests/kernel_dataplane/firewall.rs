@@ -7,7 +7,7 @@
 //! 192.168.1.100:53 that the agent in the node netns queries.
 
 use nodeplane::nft::names::object_name;
-use nodeplane::testing::lab::{self, AgentProcess, Lab, Ns, Pod, SECOND, Server, eventually};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, SECOND, Server, eventually};
 use nodeplane::testing::listing;
 use nodeplane::testing::objects;
 use std::net::{Ipv4Addr, UdpSocket};
@@ -29,7 +29,7 @@ struct Topo {
     a1: Pod,
     a2: Pod,
     b1: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     lab: Lab,
@@ -60,13 +60,14 @@ fn topo() -> Topo {
     // Pod-to-pod: a server in a2.
     servers.push(a2.ns.tcp_server("10.128.0.6:8080", "a2"));
     servers.push(a2.ns.tcp_server("[fd01::6]:8080", "a2"));
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
     Topo {
         node,
         ext,
         a1,
         a2,
         b1,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         lab,
     }
@@ -83,44 +84,16 @@ impl Topo {
             pod_doc("alpha", "a2", &self.a2),
             pod_doc("beta", "b1", &self.b1),
         ];
-        self.write_file("pods.yaml", &pods.join("---\n"));
+        self.agent.write("pods.yaml", &pods.join("---\n"));
     }
 
     /// Writes the pods and the `alpha` firewall.
     fn write(&self, alpha_rules: &str) {
         self.write_pods();
-        self.write_file(
+        self.agent.write(
             "fw-alpha.yaml",
             &objects::egress_firewall("alpha", alpha_rules).to_string(),
         );
-    }
-
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec![
-            "--manifests",
-            dir,
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14,fd01::/48",
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
-    fn once(&self) -> String {
-        self.node
-            .run_agent(&self.args(&["--once"]))
-            .unwrap_or_else(|e| panic!("agent --once: {e}"))
-    }
-
-    fn spawn(&self, extra: &[&str]) -> AgentProcess {
-        self.node.spawn_agent(&self.args(extra))
     }
 }
 
@@ -234,7 +207,7 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: {H10}/32}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
     ));
-    t.write_file(
+    t.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -242,7 +215,7 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
         )
         .to_string(),
     );
-    let out = t.once();
+    let out = t.agent.once(&[]);
     assert!(!out.contains("not correctly applied"), "{out}");
     for pod in [&t.a1, &t.a2] {
         assert!(tcp_ok(pod, &v4(H10, 80)), "allowed host");
@@ -295,7 +268,7 @@ fn ipv6_deny_all_after_allowing_one_host() {
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: '{H10_6}/128'}}}}, {{type: Deny, to: {{cidrSelector: '::/0'}}}}]"
     ));
-    t.once();
+    t.agent.once(&[]);
     for pod in [&t.a1, &t.a2] {
         assert!(tcp_ok(pod, &v6(H10_6, 80)));
         assert!(!tcp_ok(pod, &v6(H20_6, 80)));
@@ -314,7 +287,7 @@ fn allow_tcp_443_to_a_cidr_then_deny_the_rest() {
           {type: Allow, to: {cidrSelector: '2001:db8::/32'}, ports: [{protocol: TCP, port: 443}]}, \
           {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, {type: Deny, to: {cidrSelector: '::/0'}}]",
     );
-    t.once();
+    t.agent.once(&[]);
     for (h10, h20) in [
         (v4(H10, 443), v4(H20, 443)),
         (v6(H10_6, 443), v6(H20_6, 443)),
@@ -348,12 +321,12 @@ fn node_selector_follows_node_labels() {
         ]
         .join("---\n")
     };
-    t.write_file("nodes.yaml", &nodes("x", "y"));
-    let agent = t.spawn(&[]);
+    t.agent.write("nodes.yaml", &nodes("x", "y"));
+    let agent = t.agent.spawn(&[]);
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
     wait_for(10, (true, false), reach);
     let before = rule_handles(&t.node);
-    t.write_file("nodes.yaml", &nodes("y", "x"));
+    t.agent.write("nodes.yaml", &nodes("y", "x"));
     wait_for(10, (false, true), reach);
     assert_eq!(rule_handles(&t.node), before, "relabel rewrote a chain");
     let (status, logs) = agent.stop();
@@ -364,11 +337,11 @@ fn node_selector_follows_node_labels() {
 fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
     let t = topo();
     t.write(&format!("[{{type: Deny, to: {{cidrSelector: {H20}/32}}}}]"));
-    t.write_file(
+    t.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall("beta", "[]").to_string(),
     );
-    let agent = t.spawn(&[]);
+    let agent = t.agent.spawn(&[]);
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.b1, &v4(H10, 80)));
     wait_for(10, (false, true), reach);
 
@@ -377,7 +350,7 @@ fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
         "[{type: Allow, to: {cidrSelector: 203.0.113.20/32}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, \
           {type: Allow, to: {dnsName: example.com}}, {type: Deny, to: {cidrSelector: 203.0.113.300/32}}]",
     );
-    t.write_file(
+    t.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -495,7 +468,7 @@ fn dns_reply(query: &[u8], (addr, ttl): (Ipv4Addr, u32)) -> Option<Vec<u8>> {
 fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() {
     let t = topo();
     let dns = DnsServer::start(&t.ext, "192.168.1.100:53", H10.parse().unwrap(), 2);
-    let resolv = t.dir.path().join("resolv.conf.txt");
+    let resolv = t.agent.dir().join("resolv.conf.txt");
     std::fs::write(
         &resolv,
         "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
@@ -505,7 +478,7 @@ fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() 
         "[{type: Allow, to: {dnsName: Svc.FW.test}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]",
     );
     // The same name in another namespace: one resolution serves both.
-    t.write_file(
+    t.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -513,7 +486,7 @@ fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() 
         )
         .to_string(),
     );
-    let agent = t.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    let agent = t.agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
     let reach = || (tcp_ok(&t.a1, &v4(H10, 80)), tcp_ok(&t.a1, &v4(H20, 80)));
     wait_for(10, (true, false), reach);
     assert!(!tcp_ok(&t.b1, &v4(H10, 443)));
@@ -567,7 +540,7 @@ fn eight_thousand_rules_apply_and_packets_still_find_their_verdict() {
     rules.push("{type: Deny, to: {cidrSelector: 0.0.0.0/0}}".into());
     t.write(&format!("[{}]", rules.join(", ")));
     let started = Instant::now();
-    let out = t.once();
+    let out = t.agent.once(&[]);
     eprintln!("8000 rules applied in {:?}", started.elapsed());
     assert!(!out.contains("not correctly applied"), "{out}");
     assert!(tcp_ok(&t.a1, &v4(H10, 80)));
@@ -591,14 +564,17 @@ fn once_applies_exactly_what_dry_run_printed() {
           {type: Allow, to: {cidrSelector: '2001:db8:1::/48'}, ports: [{protocol: UDP, port: 53}]}, \
           {type: Deny, to: {cidrSelector: '::/0'}}, {type: Deny, to: {cidrSelector: 10.0.0.0/8}}]",
     );
-    t.write_file(
+    t.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall("beta", "[{type: Deny, to: {cidrSelector: 0.0.0.0/1}}]")
             .to_string(),
     );
-    let printed = t.node.run_agent(&t.args(&["--dry-run"])).expect("dry-run");
+    let printed = t
+        .node
+        .run_agent(&t.agent.args(&["--dry-run"]))
+        .expect("dry-run");
     assert!(!printed.contains("not correctly applied"), "{printed}");
-    t.once();
+    t.agent.once(&[]);
     let reference = t.lab.add_host("ref");
     reference
         .exec_stdin(&["nft", "-f", "-"], &printed)
@@ -634,7 +610,7 @@ impl Topo {
     /// `agent --once` run to completion as its own process; its logs (the status lines go
     /// to stderr). Panics with the logs if it fails.
     fn once_logs(&self, extra: &[&str]) -> String {
-        let mut args = self.args(extra);
+        let mut args = self.agent.args(extra);
         args.push("--once");
         let mut agent = self.node.spawn_agent(&args);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -734,7 +710,7 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     let flag = ["--state-dir", state.path().to_str().unwrap()];
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
     t.write(&deny_h20());
-    let agent = t.spawn(&flag);
+    let agent = t.agent.spawn(&flag);
     wait_for(10, (false, true), reach);
     t.write(INVALID);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
@@ -746,7 +722,7 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     assert!(!status.success(), "killed: {status}");
 
     // Restarted while the object is invalid: the deny stays.
-    let agent = t.spawn(&flag);
+    let agent = t.agent.spawn(&flag);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
     assert_eq!(
         reach(),
@@ -757,7 +733,7 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     assert!(status.success(), "{status}:\n{logs}");
 
     // And again after a clean stop (SIGTERM).
-    let agent = t.spawn(&flag);
+    let agent = t.agent.spawn(&flag);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
     assert_eq!(reach(), (false, true), "still denied after a restart");
     let (status, logs) = agent.stop();
@@ -768,7 +744,7 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
         .nft(&["delete", "table", "inet", "nodeplane"])
         .unwrap();
     assert_eq!(reach(), (true, true), "no table, no deny");
-    let agent = t.spawn(&flag);
+    let agent = t.agent.spawn(&flag);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
     assert_eq!(
         reach(),

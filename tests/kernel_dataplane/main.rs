@@ -6,6 +6,7 @@
 mod egress_ip;
 mod failclosed;
 mod firewall;
+mod hostile_input;
 mod lab_selftest;
 mod net;
 mod qos;

@@ -6,7 +6,7 @@
 //! 2001:db8:1::10 and 2001:db8:2::10 (on lo) behind 192.168.1.100 / fd00:1::100.
 
 use nodeplane::nft::names::object_name;
-use nodeplane::testing::lab::{self, AgentProcess, Lab, Ns, Pod, SECOND, Server, eventually};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, SECOND, Server, eventually};
 use nodeplane::testing::listing;
 use nodeplane::testing::objects;
 use std::time::Duration;
@@ -27,7 +27,7 @@ struct Topo {
     voip: Pod,
     web: Pod,
     plain: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     lab: Lab,
@@ -64,12 +64,13 @@ fn topo() -> Topo {
     ]
     .map(|addr| ext.udp_server(addr, "ext"))
     .into();
+    let agent = ManifestAgent::new(&node, NODE, &[]);
     Topo {
         node,
         voip,
         web,
         plain,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         lab,
     }
@@ -88,32 +89,11 @@ impl Topo {
             pod_doc("voice", "web", web_app, &self.web),
             pod_doc("plain", "plain", "voip", &self.plain),
         ];
-        self.write_file("pods.yaml", &pods.join("---\n"));
-        self.write_file(
+        self.agent.write("pods.yaml", &pods.join("---\n"));
+        self.agent.write(
             "qos-voice.yaml",
             &objects::egress_qos("voice", voice_rules).to_string(),
         );
-    }
-
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec!["--manifests", dir, "--node-name", NODE];
-        v.extend_from_slice(extra);
-        v
-    }
-
-    fn once(&self) -> String {
-        self.node
-            .run_agent(&self.args(&["--once"]))
-            .unwrap_or_else(|e| panic!("agent --once: {e}"))
-    }
-
-    fn spawn(&self) -> AgentProcess {
-        self.node.spawn_agent(&self.args(&[]))
     }
 }
 
@@ -156,7 +136,7 @@ fn rule_handles_and_packets(node: &Ns, chain: &str) -> Vec<(u64, u64)> {
 fn dst_cidr_rule_marks_only_packets_to_that_cidr_and_counts_them() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
-    t.once();
+    t.agent.once(&[]);
     assert_eq!(dscp_seen(&t.voip, IN_CIDR), 46);
     assert_eq!(dscp_seen(&t.web, IN_CIDR), 46);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR), 0);
@@ -179,7 +159,7 @@ fn of_two_overlapping_rules_the_first_wins() {
         "web",
         "[{dscp: 20, dstCIDR: 203.0.0.0/16}, {dscp: 10, dstCIDR: 203.0.113.0/24}, {dscp: 30}]",
     );
-    t.once();
+    t.agent.once(&[]);
     // The narrower second rule also matches, but the first one decides.
     assert_eq!(dscp_seen(&t.voip, IN_CIDR), 20);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR), 30);
@@ -194,7 +174,7 @@ fn ipv6_rules_mark_ipv6_traffic() {
         "web",
         "[{dscp: 34, dstCIDR: '2001:db8:1::/64'}, {dscp: 8, podSelector: {matchLabels: {app: voip}}}]",
     );
-    t.once();
+    t.agent.once(&[]);
     assert_eq!(dscp_seen(&t.voip, IN_CIDR6), 34);
     assert_eq!(dscp_seen(&t.web, IN_CIDR6), 34);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR6), 8);
@@ -210,7 +190,7 @@ fn ipv6_rules_mark_ipv6_traffic() {
 fn ecn_bits_set_by_the_sender_survive_the_marking() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46}]");
-    t.once();
+    t.agent.once(&[]);
     for dst in [IN_CIDR, IN_CIDR6] {
         for ecn in [0, ECT0, CE] {
             let sent = 10 << 2 | ecn;
@@ -227,7 +207,7 @@ fn ecn_bits_set_by_the_sender_survive_the_marking() {
 fn a_namespace_without_egress_qos_is_untouched() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46}]");
-    t.once();
+    t.agent.once(&[]);
     for dst in [IN_CIDR, IN_CIDR6] {
         // The sender's own DSCP and ECN go through unchanged, zero included.
         assert_eq!(tos_seen(&t.plain, dst, 10 << 2 | ECT0), 10 << 2 | ECT0);
@@ -244,7 +224,7 @@ fn ports_extension_marks_only_the_listed_ports() {
         "web",
         "[{dscp: 46, ports: [{protocol: UDP, port: 5060}]}, {dscp: 8, ports: [{protocol: TCP, port: 9000}]}]",
     );
-    t.once();
+    t.agent.once(&[]);
     for (sip, other) in [
         ("203.0.113.10:5060", IN_CIDR),
         ("[2001:db8:1::10]:5060", IN_CIDR6),
@@ -274,7 +254,7 @@ fn pod_selector_marks_only_selected_pods_and_relabelling_moves_them_by_element_u
     let rules = "[{dscp: 46, podSelector: {matchLabels: {app: voip}}}, \
                  {dscp: 10, podSelector: {matchExpressions: [{key: app, operator: In, values: [web]}]}}]";
     t.write("voip", "web", rules);
-    let agent = t.spawn();
+    let agent = t.agent.spawn(&[]);
     let marks = |dst| (dscp_seen(&t.voip, dst), dscp_seen(&t.web, dst));
     for dst in [IN_CIDR, IN_CIDR6] {
         wait_for(10, (46, 10), || marks(dst));
@@ -300,17 +280,17 @@ fn pod_selector_marks_only_selected_pods_and_relabelling_moves_them_by_element_u
 fn an_invalid_update_keeps_the_previous_marks_and_reports_the_reason() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46}]");
-    t.write_file(
+    t.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 12}]").to_string(),
     );
-    let agent = t.spawn();
+    let agent = t.agent.spawn(&[]);
     let marks = || (dscp_seen(&t.voip, IN_CIDR), dscp_seen(&t.plain, IN_CIDR));
     wait_for(10, (46, 12), marks);
 
     t.write("voip", "web", "[{dscp: 99}]");
     // The other namespace changes at the same time and is applied.
-    t.write_file(
+    t.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 14}]").to_string(),
     );
@@ -338,7 +318,7 @@ fn an_invalid_update_keeps_the_previous_marks_and_reports_the_reason() {
 fn marks_survive_later_snat_and_dst_cidr_sees_the_dnat_destination() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
-    t.once();
+    t.agent.once(&[]);
     // Someone else's NAT on the node: a DNAT of 192.0.2.80:80 to the external server, and
     // masquerade of all pod traffic leaving through eth0 (as EgressIP/services would do).
     let foreign = "table ip foreign {
@@ -381,13 +361,16 @@ fn once_applies_exactly_what_dry_run_printed() {
           {dscp: 18, dstCIDR: 10.0.0.0/9, podSelector: {matchExpressions: [{key: app, operator: NotIn, values: [db]}]}}, \
           {dscp: 1, dstCIDR: '::/0'}, {dscp: 0}]",
     );
-    t.write_file(
+    t.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 63, podSelector: {}}]").to_string(),
     );
-    let printed = t.node.run_agent(&t.args(&["--dry-run"])).expect("dry-run");
+    let printed = t
+        .node
+        .run_agent(&t.agent.args(&["--dry-run"]))
+        .expect("dry-run");
     assert!(!printed.contains("not correctly applied"), "{printed}");
-    t.once();
+    t.agent.once(&[]);
     let reference = t.lab.add_host("ref");
     reference
         .exec_stdin(&["nft", "-f", "-"], &printed)

@@ -5,9 +5,7 @@
 //! 5353). Endpoints say which node each backend is on, so `b1` is "local" and `b2`/`b3` are
 //! "remote" for the traffic policies even though every pod hangs off this node.
 
-use nodeplane::testing::lab::{
-    self, AgentProcess, Lab, Ns, Outcome, Pod, SECOND, Server, eventually,
-};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Outcome, Pod, SECOND, Server, eventually};
 use nodeplane::testing::objects::{self, Ep, endpoint_slice, ep, service_ips};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -28,7 +26,7 @@ struct Topo {
     b1: Pod,
     b2: Pod,
     b3: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     _lab: Lab,
@@ -59,6 +57,16 @@ fn topo() -> Topo {
         servers.push(pod.ns.tcp_server(format!("[{}]:8080", pod.addrs[1]), tag));
         servers.push(pod.ns.udp_server("0.0.0.0:5353", tag));
     }
+    let agent = ManifestAgent::new(
+        &node,
+        NODE,
+        &[
+            "--cluster-cidr",
+            "10.128.0.0/14,fd01::/48",
+            "--service-cidr",
+            "172.30.0.0/16,fd02::/112",
+        ],
+    );
     let t = Topo {
         node,
         ext,
@@ -67,11 +75,11 @@ fn topo() -> Topo {
         b1,
         b2,
         b3,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         _lab: lab,
     };
-    t.write_file(
+    t.agent.write(
         "nodes.yaml",
         &objects::node(NODE, &["192.168.1.1"]).to_string(),
     );
@@ -79,36 +87,6 @@ fn topo() -> Topo {
 }
 
 impl Topo {
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec![
-            "--manifests",
-            dir,
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14,fd01::/48",
-            "--service-cidr",
-            "172.30.0.0/16,fd02::/112",
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
-    fn once(&self) -> String {
-        self.node
-            .run_agent(&self.args(&["--once"]))
-            .unwrap_or_else(|e| panic!("agent --once: {e}"))
-    }
-
-    fn spawn(&self) -> AgentProcess {
-        self.node.spawn_agent(&self.args(&[]))
-    }
-
     fn v4(&self, pod: &Pod) -> String {
         pod.addrs[0].to_string()
     }
@@ -182,8 +160,8 @@ fn cluster_ip_balances_rejects_and_drops() {
         .to_string(),
         service_ips("headless", &["None"], "{port: 80, protocol: TCP}").to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
 
     let c1 = &t.c1.ns;
     // Several endpoints: all of them answer, over many connections, on both families.
@@ -266,8 +244,10 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         .spec("type: NodePort, externalIPs: ['203.0.113.51']")
         .to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    // externalIPs are honoured only where allowed (none by default).
+    t.agent
+        .once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
 
     let ext_ip: IpAddr = "192.168.1.100".parse().unwrap();
     // NodePort from outside: answered, masqueraded (eTP=Cluster), by every endpoint.
@@ -314,6 +294,68 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
 }
 
 #[test]
+fn hostile_service_addresses_neither_break_the_node_nor_hijack_a_cluster_ip() {
+    let t = topo();
+    let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
+    // The node's own services: one on loopback, one on every address.
+    let _local = t.node.tcp_server("127.0.0.1:7000", "local");
+    let _any = t.node.tcp_server("0.0.0.0:7001", "node");
+    let port80 = "{name: http, port: 80, protocol: TCP}";
+    let docs = [
+        // A ClusterIP on loopback and one on the node's address.
+        service_ips("lo", &["127.0.0.1"], port80).to_string(),
+        endpoint_slice("lo", "lo", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        service_ips("nodeip", &["192.168.1.1"], port80).to_string(),
+        endpoint_slice("nodeip", "nodeip", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        // The victim, and a younger Service in another namespace (sorting first) whose
+        // externalIP is the victim's ClusterIP.
+        service_ips("db", &["172.30.0.30"], port80)
+            .in_namespace("zz")
+            .created("2024-01-01T00:00:00Z")
+            .to_string(),
+        endpoint_slice("db", "db", "IPv4", TCP_PORTS, &[ep(&b1, NODE)])
+            .in_namespace("zz")
+            .to_string(),
+        service_ips("grab", &["172.30.0.31"], port80)
+            .in_namespace("aa")
+            .spec("externalIPs: ['172.30.0.30']")
+            .created("2025-01-01T00:00:00Z")
+            .to_string(),
+        endpoint_slice("grab", "grab", "IPv4", TCP_PORTS, &[ep(&b2, OTHER)])
+            .in_namespace("aa")
+            .to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    // Even with every externalIP allowed, a ClusterIP is never taken over.
+    let allow_all = ["--external-ip-allowed-cidrs", "0.0.0.0/0,::/0"];
+    let mut dry = vec!["--dry-run"];
+    dry.extend_from_slice(&allow_all);
+    let printed = t
+        .node
+        .run_agent(&t.agent.args(&dry))
+        .expect("agent --dry-run");
+    for want in [
+        "spec.clusterIPs[0]: 127.0.0.1 is a loopback address",
+        "spec.clusterIPs[0]: 192.168.1.1 is an address of node node-1",
+        "spec.externalIPs[0]: 172.30.0.30 is the ClusterIP of Service zz/db",
+    ] {
+        assert!(printed.contains(want), "{want:?} not in\n{printed}");
+    }
+    t.agent.once(&allow_all);
+
+    // Loopback TCP from the node to another local port still connects.
+    let r = t.node.tcp_connect("127.0.0.1:7000", SECOND).expect_reply();
+    assert_eq!(r.server, "local");
+    // External TCP to the node's address on another port still connects.
+    let r = t.ext.tcp_connect("192.168.1.1:7001", SECOND).expect_reply();
+    assert_eq!(r.server, "node");
+    // A pod's connection to the victim's ClusterIP reaches the victim's endpoint only.
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.30:80", 20), set(&["b1"]));
+    // The hijacker keeps its own ClusterIP.
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.31:80", 5), set(&["b2"]));
+}
+
+#[test]
 fn affinity_and_traffic_policies() {
     let t = topo();
     let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
@@ -351,8 +393,8 @@ fn affinity_and_traffic_policies() {
         )
         .to_string(),
     ];
-    t.write_file("services.yaml", &docs.join("---\n"));
-    t.once();
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
 
     // Session affinity: one client stays on one backend.
     let seen = tcp_servers(&t.c1.ns, "172.30.0.30:80", 20);
@@ -427,10 +469,10 @@ fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
             )
             .to_string(),
         ];
-        t.write_file("services.yaml", &docs.join("---\n"));
+        t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE)]);
-    let _agent = t.spawn();
+    let _agent = t.agent.spawn(&[]);
     let flow = udp_flow(&t.c1.ns);
     let first = eventually(Duration::from_secs(10), || {
         udp_ask(&flow, "172.30.0.40:53", SECOND).ok_or_else(|| "no UDP reply".to_string())
@@ -494,10 +536,10 @@ fn health_check_node_port_counts_local_endpoints() {
             .to_string(),
             endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
         ];
-        t.write_file("services.yaml", &docs.join("---\n"));
+        t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
-    let _agent = t.spawn();
+    let _agent = t.agent.spawn(&[]);
     let (code, body) = eventually(Duration::from_secs(10), || {
         health(&t.ext, "192.168.1.1:32095")
     });

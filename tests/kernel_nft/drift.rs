@@ -18,7 +18,9 @@ use nodeplane::nft::monitor::{Drift, Monitor};
 use nodeplane::nft::names::object_name;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::{Engine, TABLE_NAME};
-use nodeplane::testing::lab::{self, AgentProcess, Lab, Ns, Pod, Server, eventually, run_cmd};
+use nodeplane::testing::lab::{
+    self, AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually, run_cmd,
+};
 use nodeplane::testing::large;
 use nodeplane::testing::listing;
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
@@ -44,7 +46,7 @@ const FOREIGN_TABLE: &str = "table inet other {\n\tchain input {\n\t\t\
 struct Topo {
     node: Ns,
     a1: Pod,
-    dir: tempfile::TempDir,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     lab: Lab,
@@ -67,18 +69,28 @@ fn topo() -> Topo {
     ];
     node.exec_stdin(&["nft", "-f", "-"], FOREIGN_TABLE)
         .expect("someone else's table");
+    let agent = ManifestAgent::new(
+        &node,
+        NODE,
+        &[
+            "--cluster-cidr",
+            "10.128.0.0/14",
+            "--service-cidr",
+            "172.30.0.0/16",
+        ],
+    );
     let t = Topo {
         node,
         a1,
-        dir: tempfile::tempdir().unwrap(),
+        agent,
         _servers: servers,
         lab,
     };
-    t.write_file(
+    t.agent.write(
         "node.yaml",
         &objects::node(NODE, &["192.168.1.1"]).to_string(),
     );
-    t.write_file(
+    t.agent.write(
         "pods.yaml",
         &[
             pod_doc("alpha", "a1", "10.128.0.5"),
@@ -104,7 +116,7 @@ fn topo() -> Topo {
             .to_string(),
         );
     }
-    t.write_file("services.yaml", &services.join("---\n"));
+    t.agent.write("services.yaml", &services.join("---\n"));
     t
 }
 
@@ -113,17 +125,13 @@ fn pod_doc(ns: &str, name: &str, ip: &str) -> String {
 }
 
 impl Topo {
-    fn write_file(&self, name: &str, text: &str) {
-        lab::write_manifest(self.dir.path(), name, text);
-    }
-
     /// Namespace `alpha`'s EgressFirewall: deny each host.
     fn write_firewall(&self, denied: &[&str]) {
         let rules: Vec<String> = denied
             .iter()
             .map(|h| format!("{{type: Deny, to: {{cidrSelector: {h}/32}}}}"))
             .collect();
-        self.write_file(
+        self.agent.write(
             "fw-alpha.yaml",
             &format!(
                 "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
@@ -133,25 +141,9 @@ impl Topo {
         );
     }
 
-    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let dir = self.dir.path().to_str().unwrap();
-        let mut v = vec![
-            "--manifests",
-            dir,
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14",
-            "--service-cidr",
-            "172.30.0.0/16",
-        ];
-        v.extend_from_slice(extra);
-        v
-    }
-
     /// The agent in run mode, once its first sync made the firewall and services work.
     fn spawn(&self) -> AgentProcess {
-        let agent = self.node.spawn_agent(&self.args(&[]));
+        let agent = self.agent.spawn(&[]);
         wait_admin(&self.node, "/readyz", 200, "drift repairs: 0");
         eventually(WAIT, || self.check_traffic());
         agent
@@ -385,7 +377,10 @@ fn a_manifest_change_right_after_a_drift_applies() {
     assert!(t.a1.ns.tcp_connect(SERVICE, SHORT).is_reply(), "service");
     wait_admin(&t.node, "/readyz", 200, "drift repairs: 1");
     // The kernel holds exactly what `--dry-run` prints for the new manifests.
-    let printed = t.node.run_agent(&t.args(&["--dry-run"])).expect("dry-run");
+    let printed = t
+        .node
+        .run_agent(&t.agent.args(&["--dry-run"]))
+        .expect("dry-run");
     let reference = t.lab.add_host("ref");
     reference
         .exec_stdin(&["nft", "-f", "-"], &printed)

@@ -41,7 +41,9 @@ use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
 use crate::nft::ir::*;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-use model::Sources;
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use model::{AddressRules, Sources};
 use pools::Pool;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -50,7 +52,17 @@ use std::sync::Arc;
 /// What was planned for one service, kept to re-use it while its inputs are the same.
 #[derive(Debug, Clone)]
 struct Entry {
+    /// `want` without the frontends other services won (the same `Arc` when none).
     part: Option<Arc<Part>>,
+    /// The part as planned from the service alone.
+    want: Option<Arc<Part>>,
+    rank: Rank,
+    /// The frontends the service asks for, each with the field it comes from.
+    claims: Vec<(Claim, String)>,
+    /// What the service itself gets wrong (refused addresses, an invalid field).
+    refused: Vec<String>,
+    /// Refused addresses that are a node's (re-planned when node addresses change).
+    node_refused: Vec<IpAddr>,
     /// UDP backends (address, port): removed ones get their conntrack entries deleted.
     udp: Vec<(IpAddr, u16)>,
     health: Option<(u16, usize)>,
@@ -67,13 +79,20 @@ struct Entry {
 pub struct Memo {
     /// The snapshot the entries were planned from (to find what changed by pointer).
     snapshot: Option<Snapshot>,
-    node: String,
+    /// The configuration the entries were planned with; another one re-plans everything.
+    settings: Option<Settings>,
     entries: imbl::OrdMap<String, Arc<Entry>>,
     parts: Parts,
     errors: imbl::OrdMap<String, ObjectStatus>,
-    /// Which service put each element into a shared map: two services claiming the same
-    /// frontend (say one externalIP and port) would otherwise fight over one element.
-    claims: imbl::OrdMap<(String, ElemKey), String>,
+    /// Every frontend asked for, with the services asking, oldest first: the first owns
+    /// it (see [`winner`]), so the outcome depends on the objects, not on processing order.
+    /// A sorted `Vec`: almost every frontend has one asker (a tree set per frontend would
+    /// cost kilobytes each at 10,000 services).
+    claims: imbl::OrdMap<Claim, Vec<Rank>>,
+    /// Every Node's InternalIP/ExternalIP (no service frontend may be one).
+    node_ips: Arc<BTreeMap<IpAddr, String>>,
+    /// The services that had an address refused for being a node's, by address.
+    node_refused: imbl::OrdMap<IpAddr, imbl::OrdSet<ObjectKey>>,
     /// healthCheckNodePort -> (service, local endpoints) of eTP=Local services.
     health: HealthChecks,
     /// Shared objects by the number of services using them: each lives in its own part
@@ -90,6 +109,76 @@ impl Memo {
             .flat_map(|e| e.udp.iter().copied())
             .collect()
     }
+}
+
+/// The configuration a service plan depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Settings {
+    node: String,
+    service_cidrs: Vec<IpNet>,
+    allowed: Vec<IpNet>,
+    rejected: Vec<IpNet>,
+}
+
+impl Settings {
+    fn of(config: &Config) -> Settings {
+        Settings {
+            node: config.node_name.clone(),
+            service_cidrs: config.service_cidrs.clone(),
+            allowed: config.external_ip_allowed_cidrs.clone(),
+            rejected: config.external_ip_rejected_cidrs.clone(),
+        }
+    }
+}
+
+/// A frontend, as far as deciding which service owns it goes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Claim {
+    /// A ClusterIP: the whole address, every port, and it beats any externalIP or LB IP.
+    Cluster(IpAddr),
+    /// An externalIP or LoadBalancer IP on one protocol and port.
+    External(IpAddr, u8, u16),
+    /// A NodePort (both families).
+    NodePort(u8, u16),
+}
+
+/// Who wins a contested frontend: the older Service (`creationTimestamp`; objects without
+/// one after all that have one), then namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    undated: bool,
+    created: Option<Time>,
+    key: ObjectKey,
+}
+
+impl Rank {
+    fn of(key: &ObjectKey, svc: &Service) -> Rank {
+        let created = svc.metadata.creation_timestamp.clone();
+        Rank {
+            undated: created.is_none(),
+            created,
+            key: key.clone(),
+        }
+    }
+}
+
+/// The service owning `c`: the oldest asking, except that no externalIP or LB IP is
+/// anyone's while the address is a ClusterIP.
+fn winner<'a>(claims: &'a imbl::OrdMap<Claim, Vec<Rank>>, c: &Claim) -> Option<&'a Rank> {
+    if let Claim::External(ip, ..) = c
+        && claims.contains_key(&Claim::Cluster(*ip))
+    {
+        return None;
+    }
+    claims.get(c).and_then(|r| r.first())
+}
+
+/// The externalIP/LB IP claims on `ip`.
+fn externals_on(
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
+    ip: IpAddr,
+) -> impl Iterator<Item = (&Claim, &Vec<Rank>)> {
+    claims.range(Claim::External(ip, 0, 0)..=Claim::External(ip, u8::MAX, u16::MAX))
 }
 
 /// The services feature (see the module documentation).
@@ -121,28 +210,56 @@ fn part_key(k: &ObjectKey) -> String {
     format!("svc/{}/{}", k.namespace, k.name)
 }
 
-/// Adds the services objects to `table`, re-planning only services whose inputs changed.
+/// Adds the services objects to `table`, re-planning only services whose inputs changed,
+/// and the services that won or lost a frontend because of them.
 fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
     static_objects(table);
     let mut memo = memo.clone();
-    let changed: BTreeSet<ObjectKey> = match &memo.snapshot {
-        Some(prev) if memo.node == config.node_name => changed_services(prev, snapshot),
+    let settings = Settings::of(config);
+    let node_ips = node_ips(snapshot);
+    let mut changed: BTreeSet<ObjectKey> = match &memo.snapshot {
+        Some(prev) if memo.settings.as_ref() == Some(&settings) => changed_services(prev, snapshot),
         _ => {
             memo = Memo::default();
             snapshot.services().keys().cloned().collect()
         }
     };
-    memo.node = config.node_name.clone();
+    if *memo.node_ips != node_ips {
+        // An address that became or stopped being a node's: its services are re-planned.
+        let (old, new) = (&*memo.node_ips, &node_ips);
+        let flipped = old
+            .iter()
+            .filter(|(ip, n)| new.get(ip) != Some(n))
+            .chain(new.iter().filter(|(ip, n)| old.get(ip) != Some(n)))
+            .map(|(ip, _)| *ip);
+        for ip in flipped {
+            let users = memo.node_refused.get(&ip).into_iter().flatten();
+            changed.extend(users.cloned());
+            let cluster = memo.claims.get(&Claim::Cluster(ip)).into_iter();
+            let external = externals_on(&memo.claims, ip).map(|(_, r)| r);
+            for ranks in cluster.chain(external) {
+                changed.extend(ranks.iter().map(|r| r.key.clone()));
+            }
+        }
+        memo.node_ips = Arc::new(node_ips);
+    }
+    memo.settings = Some(settings);
+    let rules = AddressRules {
+        node_ips: &memo.node_ips.clone(),
+        service_cidrs: &config.service_cidrs,
+        external_allowed: &config.external_ip_allowed_cidrs,
+        external_rejected: &config.external_ip_rejected_cidrs,
+    };
     let mut stale_udp = Vec::new();
-    let mut planned = Vec::new();
-    // First every changed service lets go of what it had, then the new plans claim: two
-    // services swapping a frontend in one update both succeed.
+    // The owner of every claim a changed service drops or makes, before the change.
+    let mut before: BTreeMap<Claim, Option<Rank>> = BTreeMap::new();
+    let mut settle: BTreeSet<ObjectKey> = BTreeSet::new();
     for key in &changed {
         let pk = part_key(key);
         let new = snapshot
             .services()
             .get(key)
-            .map(|svc| plan_service(snapshot, config, key, svc));
+            .map(|svc| plan_service(snapshot, config, &rules, key, svc));
         if let Some(old) = memo.entries.remove(&pk) {
             let keep: BTreeSet<_> = new.iter().flat_map(|e| e.udp.iter()).collect();
             stale_udp.extend(old.udp.iter().filter(|b| !keep.contains(b)).copied());
@@ -150,41 +267,95 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
                 memo.health.remove(&port);
             }
             memo.release(&old);
-            for (set, elements) in old.part.iter().flat_map(|p| &p.elements) {
-                for k in elements.keys() {
-                    let claim = (set.clone(), k.clone());
-                    if memo.claims.get(&claim) == Some(&pk) {
-                        memo.claims.remove(&claim);
+            for (c, _) in &old.claims {
+                note(&memo.claims, &mut before, c);
+                if let Some(ranks) = memo.claims.get_mut(c) {
+                    if let Ok(i) = ranks.binary_search(&old.rank) {
+                        ranks.remove(i);
+                    }
+                    if ranks.is_empty() {
+                        memo.claims.remove(c);
+                    }
+                }
+            }
+            for ip in &old.node_refused {
+                if let Some(keys) = memo.node_refused.get_mut(ip) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        memo.node_refused.remove(ip);
                     }
                 }
             }
         }
         memo.errors.remove(&pk);
         memo.parts.remove(&pk);
-        if let Some(e) = new {
-            planned.push((key, pk, e));
+        let Some(e) = new else { continue };
+        for (c, _) in &e.claims {
+            note(&memo.claims, &mut before, c);
+            let ranks = memo.claims.entry(c.clone()).or_default();
+            if let Err(i) = ranks.binary_search(&e.rank) {
+                ranks.insert(i, e.rank.clone());
+            }
         }
-    }
-    for (key, pk, mut e) in planned {
-        if let Some(part) = e.part.as_mut() {
-            claim(&mut memo.claims, &pk, Arc::make_mut(part), &mut e.error);
-            memo.parts.insert(pk.clone(), part.clone());
+        for ip in &e.node_refused {
+            memo.node_refused
+                .entry(*ip)
+                .or_default()
+                .insert(key.clone());
         }
         if let Some(h) = e.health {
             memo.health.insert(h.0, (key.to_string(), h.1));
         }
         memo.acquire(&e);
-        if let Some(err) = &e.error {
-            memo.errors.insert(
+        memo.entries.insert(pk, Arc::new(e));
+        settle.insert(key.clone());
+    }
+    // Whoever asks for a frontend whose owner changed is settled again (it may have won or
+    // lost it, or lost it to someone else), unchanged or not.
+    for (c, was) in &before {
+        if winner(&memo.claims, c) == was.as_ref() {
+            continue;
+        }
+        let mut askers: Vec<&Vec<Rank>> = memo.claims.get(c).into_iter().collect();
+        if let Claim::Cluster(ip) = c {
+            askers.extend(externals_on(&memo.claims, *ip).map(|(_, r)| r));
+        }
+        settle.extend(askers.into_iter().flatten().map(|r| r.key.clone()));
+    }
+    for key in &settle {
+        let pk = part_key(key);
+        let Some(e) = memo.entries.get(&pk) else {
+            continue;
+        };
+        let (part, error) = settle_claims(&memo.claims, e);
+        let same = error == e.error
+            && match (&part, &e.part) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+        if !same {
+            let mut e = (**e).clone();
+            e.part = part;
+            e.error = error;
+            memo.entries.insert(pk.clone(), Arc::new(e));
+        }
+        let e = &memo.entries[&pk];
+        match &e.part {
+            Some(part) => memo.parts.insert(pk.clone(), part.clone()),
+            None => memo.parts.remove(&pk),
+        };
+        match &e.error {
+            Some(err) => memo.errors.insert(
                 pk.clone(),
                 ObjectStatus {
                     kind: Kind::Service,
                     key: key.clone(),
                     result: Err(err.clone()),
                 },
-            );
-        }
-        memo.entries.insert(pk, Arc::new(e));
+            ),
+            None => memo.errors.remove(&pk),
+        };
     }
     memo.snapshot = Some(snapshot.clone());
     table.extend_parts(&memo.parts);
@@ -192,6 +363,131 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         statuses: memo.errors.values().cloned().collect(),
         memo,
         stale_udp,
+    }
+}
+
+/// Every Node's InternalIP/ExternalIP with the (first by name) node that has it.
+fn node_ips(snapshot: &Snapshot) -> BTreeMap<IpAddr, String> {
+    let mut out = BTreeMap::new();
+    for (name, node) in snapshot.nodes() {
+        for ip in snapshot::node_ips(node) {
+            out.entry(ip).or_insert_with(|| name.clone());
+        }
+    }
+    out
+}
+
+/// Records the owner of `c` (and, for a ClusterIP, of the externalIPs on its address) before
+/// the first change to it.
+fn note(
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
+    before: &mut BTreeMap<Claim, Option<Rank>>,
+    c: &Claim,
+) {
+    if before.contains_key(c) {
+        return;
+    }
+    before.insert(c.clone(), winner(claims, c).cloned());
+    if let Claim::Cluster(ip) = c {
+        for (x, _) in externals_on(claims, *ip) {
+            before
+                .entry(x.clone())
+                .or_insert_with(|| winner(claims, x).cloned());
+        }
+    }
+}
+
+/// `e`'s part without the frontends it does not own, and its error: its own refusals, then
+/// one line per frontend lost (with the field it came from and the owner).
+fn settle_claims(
+    claims: &imbl::OrdMap<Claim, Vec<Rank>>,
+    e: &Entry,
+) -> (Option<Arc<Part>>, Option<String>) {
+    let mut messages = e.refused.clone();
+    let mut lost = Vec::new();
+    for (c, field) in &e.claims {
+        let owner = winner(claims, c);
+        if owner == Some(&e.rank) {
+            continue;
+        }
+        lost.push(c);
+        let cluster_owner = |ip: &IpAddr| {
+            let r = winner(claims, &Claim::Cluster(*ip)).map(|r| &r.key);
+            r.map_or_else(String::new, ToString::to_string)
+        };
+        let by = owner.map_or_else(String::new, |r| r.key.to_string());
+        let msg = match c {
+            Claim::Cluster(ip) => {
+                format!("{field}: {ip} is already the ClusterIP of Service {by}, created earlier")
+            }
+            Claim::External(ip, ..) if owner.is_none() => {
+                format!(
+                    "{field}: {ip} is the ClusterIP of Service {}",
+                    cluster_owner(ip)
+                )
+            }
+            Claim::External(ip, proto, port) => format!(
+                "{field}: {ip} port {port}/{} is already used by Service {by}, created earlier",
+                proto_name(*proto)
+            ),
+            Claim::NodePort(proto, port) => format!(
+                "{field}: {port}/{} is already used by Service {by}, created earlier",
+                proto_name(*proto)
+            ),
+        };
+        if !messages.contains(&msg) {
+            messages.push(msg);
+        }
+    }
+    let error = (!messages.is_empty()).then(|| messages.join("; "));
+    if lost.is_empty() {
+        return (e.want.clone(), error);
+    }
+    let part = e.want.as_ref().map(|want| {
+        let mut part = (**want).clone();
+        for (set, elements) in part.elements.iter_mut() {
+            elements.retain(|k, _| !lost.iter().any(|c| covers(c, set, k)));
+        }
+        Arc::new(part)
+    });
+    (part, error)
+}
+
+/// Whether the element `key` of the shared set `set` belongs to the frontend `c`.
+fn covers(c: &Claim, set: &str, key: &ElemKey) -> bool {
+    if let Some((frontend_set, frontend)) = maps::frontend_of(set, key) {
+        return covers(c, &frontend_set, &frontend);
+    }
+    let addr_sets = |fam| {
+        [
+            names::dispatch(fam),
+            names::no_endpoints(fam),
+            names::cluster_ips(fam),
+        ]
+    };
+    match c {
+        Claim::Cluster(ip) => {
+            addr_sets(IpFamily::of(*ip)).contains(&set)
+                && key.first() == Some(&Value::ip(*ip).into())
+        }
+        Claim::External(ip, proto, port) => {
+            addr_sets(IpFamily::of(*ip)).contains(&set)
+                && *key == maps::frontend_key(*ip, *proto, *port)
+        }
+        Claim::NodePort(proto, port) => {
+            (set == names::NODEPORTS || set == names::NOEP_NODEPORTS)
+                && key.get(1..)
+                    == Some(&[Value::Proto(*proto).into(), Value::Port(*port).into()][..])
+        }
+    }
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        proto::TCP => "TCP",
+        proto::UDP => "UDP",
+        proto::SCTP => "SCTP",
+        _ => "?",
     }
 }
 
@@ -246,55 +542,6 @@ fn bump<K: Ord + Clone>(counts: &mut imbl::OrdMap<K, usize>, key: K, by: isize) 
         counts.insert(key, n);
     }
     n
-}
-
-/// Claims the part's frontend elements for `owner`; an element another service holds is
-/// left out of the part (with the backends-map elements of that frontend) and named in
-/// `error`. Backends-map elements are not claimed themselves: their keys start with the
-/// frontend, so the frontend's claim covers them.
-fn claim(
-    claims: &mut imbl::OrdMap<(String, ElemKey), String>,
-    owner: &str,
-    part: &mut Part,
-    error: &mut Option<String>,
-) {
-    let mut refused = BTreeSet::new();
-    for (set, elements) in part.elements.iter_mut() {
-        if maps::backends_map(set).is_some() {
-            continue;
-        }
-        elements.retain(|k, _| {
-            let c = (set.clone(), k.clone());
-            match claims.get(&c) {
-                Some(other) if other != owner => {
-                    let what = crate::nft::render::elem_key_text(k);
-                    let msg = format!(
-                        "{what} in {set} is already used by {}",
-                        other.trim_start_matches("svc/")
-                    );
-                    *error = Some(match error.take() {
-                        Some(e) => format!("{e}; {msg}"),
-                        None => msg,
-                    });
-                    refused.insert((set.clone(), k.clone()));
-                    false
-                }
-                _ => {
-                    claims.insert(c, owner.to_string());
-                    true
-                }
-            }
-        });
-    }
-    if refused.is_empty() {
-        return;
-    }
-    for (set, elements) in part.elements.iter_mut() {
-        elements.retain(|k, _| match maps::frontend_of(set, k) {
-            Some(frontend) => !refused.contains(&frontend),
-            None => true,
-        });
-    }
 }
 
 /// Services whose Service, EndpointSlices or Endpoints differ (by pointer) between two
@@ -362,6 +609,7 @@ fn changed_keys<T>(
 fn plan_service(
     snapshot: &Snapshot,
     config: &Config,
+    rules: &AddressRules,
     key: &ObjectKey,
     svc: &Arc<Service>,
 ) -> Entry {
@@ -378,20 +626,46 @@ fn plan_service(
     };
     let mut entry = Entry {
         part: None,
+        want: None,
+        rank: Rank::of(key, svc),
+        claims: Vec::new(),
+        refused: Vec::new(),
+        node_refused: Vec::new(),
         udp: Vec::new(),
         health: None,
         error: None,
         pools: BTreeSet::new(),
         hairpin: BTreeSet::new(),
     };
-    let model = match model::parse(svc) {
+    let model = match model::parse(svc, rules) {
         Ok(Some(m)) => m,
         Ok(None) => return entry,
         Err(e) => {
-            entry.error = Some(e);
+            entry.refused.push(e);
             return entry;
         }
     };
+    entry.refused = model.refused.clone();
+    entry.node_refused = model.node_refused.clone();
+    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
+    for ip in &model.cluster_ips {
+        entry.claims.push((Claim::Cluster(*ip), field(ip)));
+    }
+    for ip in model.external_ips.iter().chain(&model.lb_ips) {
+        for p in &model.ports {
+            entry
+                .claims
+                .push((Claim::External(*ip, p.proto, p.port), field(ip)));
+        }
+    }
+    for (i, p) in model.ports.iter().enumerate() {
+        if let Some(np) = p.node_port {
+            let c = Claim::NodePort(p.proto, np);
+            entry.claims.push((c, format!("spec.ports[{i}].nodePort")));
+        }
+    }
+    entry.claims.sort();
+    entry.claims.dedup_by(|a, b| a.0 == b.0);
     let sources = if slices.is_empty() {
         Sources::Endpoints(endpoints.as_deref())
     } else {
@@ -425,7 +699,7 @@ fn plan_service(
         entry.hairpin = planned.hairpin;
         planned.part
     };
-    entry.part = Some(Arc::new(part));
+    entry.want = Some(Arc::new(part));
     entry
 }
 

@@ -4,6 +4,7 @@
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -49,6 +50,53 @@ pub struct Model {
     pub internal_local: bool,
     pub external_local: bool,
     pub health_check_node_port: Option<u16>,
+    /// The field path of every frontend address kept (`spec.clusterIP`, `spec.externalIPs[1]`,
+    /// `status.loadBalancer.ingress[0].ip`): what a lost conflict is reported by.
+    pub fields: BTreeMap<IpAddr, String>,
+    /// Addresses left out, each `field: ip reason`; the rest of the service applies. Also
+    /// ClusterIPs outside `--service-cidr`, which are applied but reported.
+    pub refused: Vec<String>,
+    /// The refused addresses that are a node's: re-planned when that node's addresses change.
+    pub node_refused: Vec<IpAddr>,
+}
+
+/// What decides whether a frontend address is usable, besides its own value.
+pub struct AddressRules<'a> {
+    /// Every Node's InternalIP/ExternalIP, with the node's name.
+    pub node_ips: &'a BTreeMap<IpAddr, String>,
+    pub service_cidrs: &'a [IpNet],
+    pub external_allowed: &'a [IpNet],
+    pub external_rejected: &'a [IpNet],
+}
+
+/// Why an address can never be a Service frontend, whoever asks: traffic to it is the node's
+/// own (loopback, a node address) or is not unicast traffic to one host, and a frontend there
+/// would take over or reset connections that have nothing to do with the service (a
+/// `clusterIP: 127.0.0.1` resets every loopback TCP connection to its other ports).
+pub fn unusable(ip: IpAddr, node_ips: &BTreeMap<IpAddr, String>) -> Option<String> {
+    let class = match ip {
+        IpAddr::V4(a) if a.is_loopback() => "a loopback address",
+        IpAddr::V4(a) if a.is_link_local() => "a link-local address",
+        IpAddr::V4(a) if a.is_multicast() => "a multicast address",
+        IpAddr::V4(a) if a.is_unspecified() => "the unspecified address",
+        IpAddr::V4(a) if a.is_broadcast() => "the broadcast address",
+        IpAddr::V6(a) if a.is_loopback() => "a loopback address",
+        IpAddr::V6(a) if a.is_unicast_link_local() => "a link-local address",
+        IpAddr::V6(a) if a.is_multicast() => "a multicast address",
+        IpAddr::V6(a) if a.is_unspecified() => "the unspecified address",
+        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => {
+            let v4 = a.to_ipv4_mapped().expect("checked");
+            return Some(format!(
+                "is an IPv4-mapped IPv6 address, which no packet carries (write {v4})"
+            ));
+        }
+        _ => {
+            return node_ips
+                .get(&ip)
+                .map(|node| format!("is an address of node {node}"));
+        }
+    };
+    Some(format!("is {class}"))
 }
 
 impl Model {
@@ -74,39 +122,63 @@ impl Model {
 }
 
 /// `Ok(None)` for services that are not proxied (headless, ExternalName); `Err` names the
-/// offending field.
-pub fn parse(svc: &Service) -> Result<Option<Model>, String> {
+/// offending field. An unusable address (see [`unusable`], an externalIP outside the policy,
+/// an unparsable one) is left out and named in [`Model::refused`]; the rest applies.
+pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, String> {
     let Some(spec) = &svc.spec else {
         return Ok(None);
     };
     if spec.type_.as_deref() == Some("ExternalName") {
         return Ok(None);
     }
-    let raw_ips: Vec<&str> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    let raw_ips: Vec<(String, &str)> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
+            .collect(),
+        _ => spec
+            .cluster_ip
+            .as_deref()
+            .map(|ip| ("spec.clusterIP".to_string(), ip))
+            .into_iter()
+            .collect(),
     };
-    if raw_ips.iter().any(|ip| *ip == "None" || ip.is_empty()) {
+    if raw_ips.iter().any(|(_, ip)| *ip == "None" || ip.is_empty()) {
         return Ok(None);
     }
-    let cluster_ips = parse_ips("spec.clusterIPs", raw_ips.iter().copied())?;
-    let external_ips = parse_ips(
-        "spec.externalIPs",
-        spec.external_ips.iter().flatten().map(String::as_str),
-    )?;
+    let mut addrs = Addresses {
+        rules,
+        fields: BTreeMap::new(),
+        refused: Vec::new(),
+        node_refused: Vec::new(),
+    };
+    let cluster_ips = addrs.take(raw_ips, Frontend::Cluster);
+    let external_ips = addrs.take(
+        spec.external_ips
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.externalIPs[{i}]"), ip.as_str())),
+        Frontend::External,
+    );
     let ingress = svc
         .status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());
-    let lb_ips = parse_ips(
-        "status.loadBalancer.ingress[].ip",
+    let lb_ips = addrs.take(
         ingress
             .into_iter()
             .flatten()
-            .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
-            .filter_map(|i| i.ip.as_deref()),
-    )?;
+            .enumerate()
+            .filter(|(_, i)| i.ip_mode.as_deref() != Some("Proxy"))
+            .filter_map(|(n, i)| {
+                let ip = i.ip.as_deref()?;
+                Some((format!("status.loadBalancer.ingress[{n}].ip"), ip))
+            }),
+        Frontend::LoadBalancer,
+    );
     let mut lb_source_ranges = Vec::new();
     for (i, r) in spec
         .load_balancer_source_ranges
@@ -172,21 +244,106 @@ pub fn parse(svc: &Service) -> Result<Option<Model>, String> {
             .map(port_number)
             .transpose()
             .map_err(|e| format!("spec.healthCheckNodePort: {e}"))?,
+        fields: addrs.fields,
+        refused: addrs.refused,
+        node_refused: addrs.node_refused,
     }))
 }
 
-fn parse_ips<'a>(field: &str, raw: impl Iterator<Item = &'a str>) -> Result<Vec<IpAddr>, String> {
-    let mut out: Vec<IpAddr> = Vec::new();
-    for (i, r) in raw.enumerate() {
-        let ip: IpAddr = r
-            .trim()
-            .parse()
-            .map_err(|e| format!("{field}[{i}]: invalid IP {r:?}: {e}"))?;
-        if !out.contains(&ip) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frontend {
+    Cluster,
+    External,
+    LoadBalancer,
+}
+
+/// Collects a service's frontend addresses, refusing the unusable ones.
+struct Addresses<'a> {
+    rules: &'a AddressRules<'a>,
+    fields: BTreeMap<IpAddr, String>,
+    refused: Vec<String>,
+    node_refused: Vec<IpAddr>,
+}
+
+impl Addresses<'_> {
+    /// The usable, distinct addresses of one field (an address named twice, or already a
+    /// frontend of the service through another field, counts once).
+    fn take<'s>(
+        &mut self,
+        raw: impl IntoIterator<Item = (String, &'s str)>,
+        kind: Frontend,
+    ) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for (field, r) in raw {
+            let ip: IpAddr = match r.trim().parse() {
+                Ok(ip) => ip,
+                Err(e) => {
+                    self.refused.push(format!("{field}: invalid IP {r:?}: {e}"));
+                    continue;
+                }
+            };
+            if let Some(first) = self.fields.get(&ip) {
+                if kind == Frontend::External && first.starts_with("spec.clusterIP") {
+                    self.refused
+                        .push(format!("{field}: {ip} is the Service's own ClusterIP"));
+                }
+                continue;
+            }
+            if let Some(why) = unusable(ip, self.rules.node_ips) {
+                if self.rules.node_ips.contains_key(&ip) {
+                    self.node_refused.push(ip);
+                }
+                self.refused.push(format!("{field}: {ip} {why}"));
+                continue;
+            }
+            match kind {
+                Frontend::Cluster => {
+                    let cidrs = self.rules.service_cidrs;
+                    if !cidrs.is_empty() && !cidrs.iter().any(|n| n.contains(&ip)) {
+                        self.refused.push(format!(
+                            "{field}: {ip} is outside --service-cidr {} (applied; check \
+                             --service-cidr)",
+                            list(cidrs)
+                        ));
+                    }
+                }
+                Frontend::External => {
+                    if let Some(net) = self
+                        .rules
+                        .external_rejected
+                        .iter()
+                        .find(|n| n.contains(&ip))
+                    {
+                        self.refused.push(format!(
+                            "{field}: {ip} is in --external-ip-rejected-cidrs {net}"
+                        ));
+                        continue;
+                    }
+                    let allowed = self.rules.external_allowed;
+                    if !allowed.iter().any(|n| n.contains(&ip)) {
+                        self.refused.push(format!(
+                            "{field}: {ip} is not in --external-ip-allowed-cidrs {}",
+                            if allowed.is_empty() {
+                                "(none)".to_string()
+                            } else {
+                                list(allowed)
+                            }
+                        ));
+                        continue;
+                    }
+                }
+                Frontend::LoadBalancer => {}
+            }
+            self.fields.insert(ip, field);
             out.push(ip);
         }
+        out
     }
-    Ok(out)
+}
+
+fn list(nets: &[IpNet]) -> String {
+    let v: Vec<String> = nets.iter().map(ToString::to_string).collect();
+    v.join(",")
 }
 
 /// An endpoint port (slice or Endpoints subset) that serves the service port: same name

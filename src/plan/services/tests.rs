@@ -86,7 +86,7 @@ fn removed_udp_backend_is_reported_stale() {
 
 #[test]
 fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
-    let cfg = Config::for_node("n1");
+    let cfg = honour_all_external_ips();
     let snap = base()
         .with(svc("bad", "not-an-ip", ""))
         .with(svc("x1", "172.30.0.7", "externalIPs: ['198.51.100.7']"))
@@ -102,12 +102,13 @@ fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
         .collect();
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(
-        errors[0].contains("ns/bad: spec.clusterIPs[0]: invalid IP"),
+        errors[0].contains("ns/bad: spec.clusterIP: invalid IP"),
         "{errors:?}"
     );
     assert!(
-        errors[1]
-            .contains("ns/x2: 198.51.100.7 . tcp . 80 in svc-dispatch-v4 is already used by ns/x1"),
+        errors[1].contains(
+            "ns/x2: spec.externalIPs[0]: 198.51.100.7 port 80/TCP is already used by Service ns/x1"
+        ),
         "{errors:?}"
     );
     let text = render_full(&d.ruleset);
@@ -175,4 +176,300 @@ fn endpoint_changes_are_element_updates_and_pool_chains_are_shared() {
         text.contains("172.30.0.1 . tcp . 80 : goto svc-v4-c3"),
         "{text}"
     );
+}
+
+/// The error statuses of a plan, as `ns/name: message`.
+fn errors(d: &crate::plan::Desired) -> Vec<String> {
+    d.statuses
+        .iter()
+        .filter_map(|s| s.result.clone().err().map(|e| format!("{}: {e}", s.key)))
+        .collect()
+}
+
+/// The dispatch and no-endpoint elements of the plan, rendered (`ip . proto . port : ...`).
+fn frontends(d: &crate::plan::Desired) -> String {
+    render_full(&d.ruleset)
+}
+
+/// A Service in namespace `ns` with port `http` 80/TCP, created at `created` (RFC 3339).
+fn aged(ns: &str, name: &str, ip: &str, created: &str, extra: &str) -> crate::api::Service {
+    let ports = "{name: http, port: 80, protocol: TCP}";
+    let s = objects::service(name, ip, ports).in_namespace(ns);
+    s.spec(extra).created(created).object()
+}
+
+/// The endpoints of Service `ns/service` on node n1, port `http` 8080/TCP.
+fn slice_in(ns: &str, service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
+    let ports = "{name: http, port: 8080, protocol: TCP}";
+    let eps: Vec<_> = ips
+        .iter()
+        .map(|ip| objects::ep(ip, "n1").unknown())
+        .collect();
+    let slice = objects::endpoint_slice(&format!("{service}-x"), service, "IPv4", ports, &eps);
+    slice.in_namespace(ns).object()
+}
+
+/// A config that honours every externalIP (kube-proxy's behaviour).
+fn honour_all_external_ips() -> Config {
+    let mut cfg = Config::for_node("n1");
+    cfg.external_ip_allowed_cidrs = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
+    cfg
+}
+
+#[test]
+fn unusable_cluster_and_lb_ips_are_refused_by_field_and_the_rest_applies() {
+    let cfg = Config::for_node("n1");
+    let ports = "{name: http, port: 80, protocol: TCP}";
+    let lo = objects::service("lo", "127.0.0.1", ports).in_namespace("ns");
+    let lo = lo
+        .spec("type: LoadBalancer")
+        .lb_ingress(&["169.254.169.254", "198.51.100.3", "ff02::1", "0.0.0.0"])
+        .object();
+    let dual = objects::service_ips("dual", &["172.30.0.9", "::ffff:172.30.0.9"], ports);
+    let snap = Snapshot::builder()
+        .with(objects::node("n1", &["192.168.1.1"]).object())
+        .with(objects::node("n2", &["192.168.1.2"]).object())
+        .with(lo)
+        .with(slice("lo", &["10.128.0.1"]))
+        .with(svc("nodeip", "192.168.1.2", ""))
+        .with(slice("nodeip", &["10.128.0.2"]))
+        .with(dual.in_namespace("ns").object())
+        .with(slice("dual", &["10.128.0.3"]))
+        .build();
+    let d = plan(&snap, &cfg);
+    let errs = errors(&d).join("\n");
+    for want in [
+        "ns/lo: spec.clusterIP: 127.0.0.1 is a loopback address",
+        "status.loadBalancer.ingress[0].ip: 169.254.169.254 is a link-local address",
+        "status.loadBalancer.ingress[2].ip: ff02::1 is a multicast address",
+        "status.loadBalancer.ingress[3].ip: 0.0.0.0 is the unspecified address",
+        "ns/nodeip: spec.clusterIP: 192.168.1.2 is an address of node n2",
+        "ns/dual: spec.clusterIPs[1]: ::ffff:172.30.0.9 is an IPv4-mapped IPv6 address",
+    ] {
+        assert!(errs.contains(want), "missing {want:?} in\n{errs}");
+    }
+    let text = frontends(&d);
+    // The refused addresses are nowhere; the service's other IPs are planned.
+    for gone in [
+        "127.0.0.1 . tcp",
+        "169.254.169.254",
+        "ff02::1",
+        "192.168.1.2 . tcp",
+        "::ffff:",
+    ] {
+        assert!(!text.contains(gone), "{gone} planned:\n{text}");
+    }
+    assert!(!text.contains("elements = { 127.0.0.1"), "{text}");
+    assert!(text.contains("198.51.100.3 . tcp . 80 : goto"), "{text}");
+    assert!(text.contains("172.30.0.9 . tcp . 80 : goto"), "{text}");
+}
+
+#[test]
+fn node_address_changes_replan_the_services_that_use_them() {
+    let cfg = Config::for_node("n1");
+    let one = Snapshot::builder()
+        .with(objects::node("n1", &["192.168.1.1"]).object())
+        .with(svc("a", "172.30.0.1", ""))
+        .with(slice("a", &["10.128.0.1"]))
+        .with(svc("b", "172.30.0.50", ""))
+        .with(slice("b", &["10.128.0.2"]))
+        .build();
+    let first = plan(&one, &cfg);
+    assert!(errors(&first).is_empty(), "{:?}", errors(&first));
+    // A node appears whose address is b's ClusterIP: b loses it, nothing else changes.
+    let mut b = one.to_builder();
+    b.insert(objects::node("n9", &["172.30.0.50"]).object());
+    let two = b.build();
+    let second = plan_with(&two, &cfg, &first.memory);
+    assert_eq!(
+        errors(&second),
+        vec!["ns/b: spec.clusterIP: 172.30.0.50 is an address of node n9"]
+    );
+    assert!(!frontends(&second).contains("172.30.0.50 . tcp"));
+    assert!(std::sync::Arc::ptr_eq(
+        first.ruleset.part("svc/ns/a").unwrap(),
+        second.ruleset.part("svc/ns/a").unwrap()
+    ));
+    // The node goes: b has its ClusterIP back.
+    let mut b = two.to_builder();
+    b.remove(Kind::Node, &crate::snapshot::ObjectKey::cluster("n9"));
+    let third = plan_with(&b.build(), &cfg, &second.memory);
+    assert!(errors(&third).is_empty(), "{:?}", errors(&third));
+    assert_eq!(render_full(&third.ruleset), render_full(&first.ruleset));
+}
+
+#[test]
+fn cluster_ip_outside_the_service_cidr_is_reported_and_applied() {
+    let cfg = Config::for_node("n1");
+    let snap = Snapshot::builder()
+        .with(svc("out", "10.200.0.1", ""))
+        .with(slice("out", &["10.128.0.1"]))
+        .build();
+    let d = plan(&snap, &cfg);
+    assert_eq!(
+        errors(&d),
+        vec![
+            "ns/out: spec.clusterIP: 10.200.0.1 is outside --service-cidr 172.30.0.0/16 \
+             (applied; check --service-cidr)"
+        ]
+    );
+    assert!(frontends(&d).contains("10.200.0.1 . tcp . 80 : goto"));
+}
+
+#[test]
+fn an_external_ip_never_takes_over_another_services_cluster_ip() {
+    let cfg = honour_all_external_ips();
+    // The hijacker is younger, in another namespace, and sorts first by name.
+    let victim = aged("zz-victim", "db", "172.30.0.10", "2024-01-01T00:00:00Z", "");
+    let hijacker = aged(
+        "aa-evil",
+        "grab",
+        "172.30.0.11",
+        "2025-01-01T00:00:00Z",
+        "externalIPs: ['172.30.0.10', '198.51.100.9']",
+    );
+    let snap = Snapshot::builder()
+        .with(victim)
+        .with(slice_in("zz-victim", "db", &["10.128.0.1"]))
+        .with(hijacker.clone())
+        .with(slice_in("aa-evil", "grab", &["10.128.0.66"]))
+        .build();
+    let d = plan(&snap, &cfg);
+    assert_eq!(
+        errors(&d),
+        vec![
+            "aa-evil/grab: spec.externalIPs[0]: 172.30.0.10 is the ClusterIP of Service \
+             zz-victim/db"
+        ]
+    );
+    let text = frontends(&d);
+    assert!(
+        text.contains("172.30.0.10 . tcp . 80 . 0 : 10.128.0.1 . 8080"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("172.30.0.10 . tcp . 80 . 0 : 10.128.0.66"),
+        "{text}"
+    );
+    // The hijacker's other externalIP and its ClusterIP still apply.
+    assert!(
+        text.contains("198.51.100.9 . tcp . 80 . 0 : 10.128.0.66 . 8080"),
+        "{text}"
+    );
+    assert!(
+        text.contains("172.30.0.11 . tcp . 80 . 0 : 10.128.0.66 . 8080"),
+        "{text}"
+    );
+
+    // Even when it is older, and on another port of the address.
+    let older = aged(
+        "aa-evil",
+        "grab",
+        "172.30.0.11",
+        "2020-01-01T00:00:00Z",
+        "externalIPs: ['172.30.0.10'], ports: [{name: http, port: 5432, protocol: TCP}]",
+    );
+    let mut b = snap.to_builder();
+    b.insert(older);
+    let d2 = plan_with(&b.build(), &cfg, &d.memory);
+    assert_eq!(errors(&d2).len(), 1, "{:?}", errors(&d2));
+    assert!(!frontends(&d2).contains("172.30.0.10 . tcp . 5432"));
+}
+
+#[test]
+fn the_older_service_wins_a_shared_external_ip_whatever_the_names() {
+    let cfg = honour_all_external_ips();
+    let ext = "externalIPs: ['198.51.100.7']";
+    let young = aged("aa", "young", "172.30.0.7", "2025-06-01T00:00:00Z", ext);
+    let old = aged("zz", "old", "172.30.0.8", "2021-06-01T00:00:00Z", ext);
+    let young_eps = slice_in("aa", "young", &["10.128.0.5"]);
+    let old_eps = slice_in("zz", "old", &["10.128.0.6"]);
+    let owner = |d: &crate::plan::Desired| {
+        let text = frontends(d);
+        match (
+            text.contains("198.51.100.7 . tcp . 80 . 0 : 10.128.0.5 . 8080"),
+            text.contains("198.51.100.7 . tcp . 80 . 0 : 10.128.0.6 . 8080"),
+        ) {
+            (true, false) => "young",
+            (false, true) => "old",
+            (false, false) => "nobody",
+            (true, true) => "both",
+        }
+    };
+    // Both at once.
+    let both = Snapshot::builder()
+        .with(young.clone())
+        .with(young_eps.clone())
+        .with(old.clone())
+        .with(old_eps.clone())
+        .build();
+    let fresh = plan(&both, &cfg);
+    assert_eq!(owner(&fresh), "old");
+    assert_eq!(
+        errors(&fresh),
+        vec![
+            "aa/young: spec.externalIPs[0]: 198.51.100.7 port 80/TCP is already used by \
+             Service zz/old, created earlier"
+        ]
+    );
+    // The younger first; then the older arrives and takes it over (the younger one is
+    // re-planned although it did not change); then the older goes and the younger has it
+    // back.
+    let only_young = Snapshot::builder()
+        .with(young.clone())
+        .with(young_eps.clone())
+        .build();
+    let first = plan(&only_young, &cfg);
+    assert_eq!(owner(&first), "young");
+    assert!(errors(&first).is_empty());
+    let second = plan_with(&both, &cfg, &first.memory);
+    assert_eq!(owner(&second), "old");
+    assert_eq!(errors(&second), errors(&fresh));
+    assert_eq!(render_full(&second.ruleset), render_full(&fresh.ruleset));
+    let third = plan_with(&only_young, &cfg, &second.memory);
+    assert_eq!(owner(&third), "young");
+    assert!(errors(&third).is_empty(), "{:?}", errors(&third));
+    assert_eq!(render_full(&third.ruleset), render_full(&first.ruleset));
+}
+
+#[test]
+fn external_ips_follow_the_allowed_and_rejected_cidrs() {
+    let ext = "externalIPs: ['198.51.100.7', '198.51.100.200', '203.0.113.1']";
+    let snap = Snapshot::builder()
+        .with(svc("x", "172.30.0.7", ext))
+        .with(slice("x", &["10.128.0.5"]))
+        .build();
+    // Default: no externalIP is honoured (OpenShift's default); the ClusterIP applies.
+    let d = plan(&snap, &Config::for_node("n1"));
+    let errs = errors(&d).join("\n");
+    assert!(
+        errs.contains(
+            "ns/x: spec.externalIPs[0]: 198.51.100.7 is not in --external-ip-allowed-cidrs (none)"
+        ),
+        "{errs}"
+    );
+    assert!(
+        errs.contains("spec.externalIPs[2]: 203.0.113.1 is not in"),
+        "{errs}"
+    );
+    let text = frontends(&d);
+    assert!(!text.contains("198.51.100."), "{text}");
+    assert!(text.contains("172.30.0.7 . tcp . 80 : goto"), "{text}");
+    // Allowed 198.51.100.0/24 except the rejected upper half: rejected wins.
+    let mut cfg = Config::for_node("n1");
+    cfg.external_ip_allowed_cidrs = vec!["198.51.100.0/24".parse().unwrap()];
+    cfg.external_ip_rejected_cidrs = vec!["198.51.100.128/25".parse().unwrap()];
+    let d = plan(&snap, &cfg);
+    assert_eq!(
+        errors(&d),
+        vec![
+            "ns/x: spec.externalIPs[1]: 198.51.100.200 is in --external-ip-rejected-cidrs \
+             198.51.100.128/25; spec.externalIPs[2]: 203.0.113.1 is not in \
+             --external-ip-allowed-cidrs 198.51.100.0/24"
+        ]
+    );
+    let text = frontends(&d);
+    assert!(text.contains("198.51.100.7 . tcp . 80 : goto"), "{text}");
+    assert!(!text.contains("198.51.100.200"), "{text}");
+    assert!(!text.contains("203.0.113.1"), "{text}");
 }

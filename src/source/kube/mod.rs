@@ -4,10 +4,12 @@
 //! debounced so that a burst of events becomes one snapshot (one transaction).
 //!
 //! When the API server goes away the store keeps its last view and nothing is published, so
-//! the kernel keeps its rules (fail static); `health` turns `/readyz` degraded meanwhile.
+//! the kernel keeps its rules (fail static); `health` turns `/readyz` degraded meanwhile, also
+//! when a connection stalls silently (see `follow` for how that is bounded).
 
 mod client;
 mod decode;
+mod follow;
 mod health;
 mod kinds;
 mod prune;
@@ -15,22 +17,21 @@ mod store;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 pub use client::client;
 pub use decode::{Rejection, decode};
+pub use follow::{Failure, Liveness};
 pub use health::SourceHealth;
 pub use kinds::{api_resource, watch_config};
 pub use store::{Store, Update};
 
 use crate::snapshot::{Kind, Snapshot};
-use crate::timing::{Backoff, Debounce};
+use crate::timing::Debounce;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -49,6 +50,9 @@ const BURST: Debounce = Debounce {
 };
 /// How often the API server is probed for `/readyz`.
 const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long the probe waits for `/version`, a trivial answer: longer means a stalled
+/// connection or an API server that cannot serve.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A running source. Dropping the receivers stops nothing; the tasks end with the runtime.
 pub struct KubeSource {
@@ -61,12 +65,15 @@ pub struct KubeSource {
 
 /// Starts one watch per kind and the store task, reporting into `health`. Must be called
 /// inside a tokio runtime.
-pub fn start(client: Client, health: SourceHealth) -> KubeSource {
+pub fn start(client: Client, health: SourceHealth, liveness: Liveness) -> KubeSource {
     let (tx, rx) = mpsc::unbounded_channel();
+    health.set_stale_after(liveness.stale());
     for kind in Kind::ALL {
-        tokio::spawn(watch_kind(
-            client.clone(),
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(*kind));
+        tokio::spawn(follow::follow(
+            api,
             *kind,
+            liveness,
             tx.clone(),
             health.clone(),
         ));
@@ -87,60 +94,7 @@ pub fn start(client: Client, health: SourceHealth) -> KubeSource {
 enum Msg {
     Update(Update),
     Rejected(Rejection),
-    Error(Kind, watcher::Error),
-}
-
-async fn watch_kind(
-    client: Client,
-    kind: Kind,
-    tx: mpsc::UnboundedSender<Msg>,
-    health: SourceHealth,
-) {
-    let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
-    let mut stream = std::pin::pin!(watcher(api, watch_config(kind)));
-    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
-    let mut recovered = health.recoveries();
-    while let Some(item) = stream.next().await {
-        let msg = match item {
-            Ok(event) => {
-                backoff.reset();
-                match to_update(kind, event) {
-                    Ok(Some(u)) => Msg::Update(u),
-                    Ok(None) => continue,
-                    Err(r) => Msg::Rejected(r),
-                }
-            }
-            Err(e) => {
-                if tx.send(Msg::Error(kind, e)).is_err() {
-                    return;
-                }
-                // Back off, but retry as soon as the API server is known to answer again
-                // (a resumed watch yields no event that would reset the backoff).
-                let delay = backoff.next_delay();
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = recovered.changed() => backoff.reset(),
-                }
-                continue;
-            }
-        };
-        if tx.send(msg).is_err() {
-            return;
-        }
-    }
-}
-
-fn to_update(
-    kind: Kind,
-    event: watcher::Event<DynamicObject>,
-) -> Result<Option<Update>, Rejection> {
-    Ok(Some(match event {
-        watcher::Event::Init => Update::Init(kind),
-        watcher::Event::InitDone => Update::InitDone(kind),
-        watcher::Event::InitApply(o) => Update::InitApply(decode(kind, o)?),
-        watcher::Event::Apply(o) => Update::Apply(decode(kind, o)?),
-        watcher::Event::Delete(o) => Update::Delete(kind, decode::key_of(kind, &o)),
-    }))
+    Error(Kind, Failure),
 }
 
 async fn store_task(
@@ -161,7 +115,7 @@ async fn store_task(
                 false
             }
             Msg::Error(kind, e) => {
-                if is_not_served(&e) && !store.is_synced(kind) {
+                if e.is_not_served() && !store.is_synced(kind) {
                     warn!(
                         "{kind} is not served by this API server (CRD not installed?); treating it as empty"
                     );
@@ -208,19 +162,17 @@ async fn store_task(
     }
 }
 
-fn is_not_served(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
-}
-
 async fn probe_api(client: Client, health: SourceHealth) {
     loop {
-        let result = client.apiserver_version().await;
-        health.set_api_error(result.err().map(|e| e.to_string()));
+        let error = match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("GET /version: {e}")),
+            Err(_) => Some(format!(
+                "GET /version: no answer within {}s",
+                PROBE_TIMEOUT.as_secs()
+            )),
+        };
+        health.set_api_error(error);
         tokio::time::sleep(PROBE_INTERVAL).await;
     }
 }
-
-/// 250 ms doubling to 8 s between retries of one watch: a dead API server is not hammered,
-/// and a recovered one is noticed by the probe, which cuts the wait short.
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(8);

@@ -175,3 +175,72 @@ impl Ns {
         }
     }
 }
+
+/// The agent of one lab node fed from a manifests directory: the directory, the command line
+/// every run shares (`--manifests DIR --node-name NODE` plus the test's own flags), and the
+/// ways a test runs it (`--once`, `--dry-run`, run mode). One place for what every kernel test
+/// that drives the agent binary needs.
+pub struct ManifestAgent {
+    node: Ns,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl ManifestAgent {
+    /// An empty manifests directory for the agent of `node`, which runs as `node_name` with
+    /// `flags` added to every command line.
+    pub fn new(node: &Ns, node_name: &str, flags: &[&str]) -> ManifestAgent {
+        let dir = tempfile::tempdir().expect("manifests tempdir");
+        let mut args = vec![
+            "--manifests".to_string(),
+            dir.path().to_str().expect("utf-8 path").to_string(),
+            "--node-name".to_string(),
+            node_name.to_string(),
+        ];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        ManifestAgent {
+            node: node.clone(),
+            dir,
+            args,
+        }
+    }
+
+    /// The manifests directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Writes (or replaces) the manifest `name` atomically.
+    pub fn write(&self, name: &str, text: &str) {
+        super::write_manifest(self.dir.path(), name, text);
+    }
+
+    /// The shared command line plus `extra`.
+    pub fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    /// `agent --once ...extra` in the node's namespace; panics with the agent's output on
+    /// failure.
+    pub fn once(&self, extra: &[&str]) -> String {
+        let mut args = self.args(&["--once"]);
+        args.extend_from_slice(extra);
+        self.node
+            .run_agent(&args)
+            .unwrap_or_else(|e| panic!("agent --once: {e}"))
+    }
+
+    /// `agent --dry-run ...extra` in the node's namespace.
+    pub fn dry_run(&self, extra: &[&str]) -> Result<String, CmdError> {
+        let mut args = self.args(&["--dry-run"]);
+        args.extend_from_slice(extra);
+        self.node.run_agent(&args)
+    }
+
+    /// The agent in run mode with `extra` flags.
+    pub fn spawn(&self, extra: &[&str]) -> AgentProcess {
+        self.node.spawn_agent(&self.args(extra))
+    }
+}

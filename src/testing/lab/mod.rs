@@ -19,7 +19,7 @@ mod traffic;
 
 use std::time::{Duration, Instant};
 
-pub use agent::{AgentProcess, agent_bin};
+pub use agent::{AgentProcess, ManifestAgent, agent_bin};
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
 };

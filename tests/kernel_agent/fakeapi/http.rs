@@ -29,6 +29,8 @@ pub struct Shared {
     pub released: Notify,
     /// Bumped to end every open watch stream (the API server closing watches).
     pub watch_generation: watch::Sender<u64>,
+    /// Which connections are silently stalled.
+    pub stalls: super::stall::Stalls,
 }
 
 impl Shared {
@@ -39,6 +41,7 @@ impl Shared {
             held: Mutex::new(BTreeSet::new()),
             released: Notify::new(),
             watch_generation: watch::channel(0).0,
+            stalls: super::stall::Stalls::default(),
         }
     }
 
@@ -228,6 +231,10 @@ fn watch(shared: Arc<Shared>, t: Target, query: &str) -> Response<Body> {
     let labels = param(query, "labelSelector").unwrap_or_default();
     let fields = param(query, "fieldSelector").unwrap_or_default();
     let bookmarks = param(query, "allowWatchBookmarks").as_deref() == Some("true");
+    // As the API server: the watch ends (cleanly) after timeoutSeconds.
+    let ends = param(query, "timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs);
     let resource = t.resource;
     let namespace = t.namespace;
     let matches = move |ev: &WatchEvent| {
@@ -271,6 +278,8 @@ fn watch(shared: Arc<Shared>, t: Target, query: &str) -> Response<Body> {
             }
         }
         let mut tick = tokio::time::interval(BOOKMARK_EVERY);
+        let end = tokio::time::sleep(ends.unwrap_or(Duration::from_secs(86_400)));
+        tokio::pin!(end);
         loop {
             tokio::select! {
                 ev = live.recv() => match ev {
@@ -289,6 +298,7 @@ fn watch(shared: Arc<Shared>, t: Target, query: &str) -> Response<Body> {
                     if tx.send(watch_line("BOOKMARK", &bm)).await.is_err() { return; }
                 }
                 _ = generation.changed() => return,
+                _ = &mut end, if ends.is_some() => return,
             }
         }
     });

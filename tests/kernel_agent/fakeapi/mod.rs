@@ -1,8 +1,10 @@
 //! A faithful in-process fake of the Kubernetes API server for the kube-mode tests: list with
 //! resourceVersion, label/field selectors, watch streams that replay history from a
-//! resourceVersion with bookmarks, `410 Gone` after compaction, connection drops (stop and
-//! restart on the same address), and a record of every write (status server-side apply,
-//! Events). It serves the ten kinds the agent watches; others are `404`.
+//! resourceVersion with bookmarks and `timeoutSeconds`, `410 Gone` after compaction,
+//! connection drops (stop and restart on the same address), silent stalls (connections that
+//! stay open and acknowledged by TCP but carry nothing, as behind a black-holing path or a
+//! hung server: [`stall_open`](FakeApi::stall_open), [`stall_new`](FakeApi::stall_new)), and a
+//! record of every write (status server-side apply, Events). It serves the ten kinds the agent watches; others are `404`.
 //!
 //! ```text
 //! let listener = node.enter(|| TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -13,6 +15,7 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 mod http;
+mod stall;
 mod store;
 
 use std::net::{SocketAddr, TcpListener};
@@ -65,6 +68,7 @@ impl FakeApi {
                     continue;
                 };
                 let shared = shared.clone();
+                let stream = shared.stalls.wrap(stream);
                 connections.spawn(async move {
                     let service = service_fn(move |req| http::handle(shared.clone(), req));
                     let _ = http1::Builder::new()
@@ -134,6 +138,19 @@ impl FakeApi {
     /// Ends every open watch stream (clients resume from their last resourceVersion).
     pub fn drop_watches(&self) {
         self.shared.watch_generation.send_modify(|g| *g += 1);
+    }
+
+    /// Every connection open now goes silent for good: it stays open (no FIN, no RST, TCP
+    /// still acknowledges what the agent sends) but the server reads and writes nothing more,
+    /// mid-watch or idle in the agent's pool. Watches resume only on new connections.
+    pub fn stall_open(&self) {
+        self.shared.stalls.stall_open();
+    }
+
+    /// While `on`, new connections are accepted and then stalled like
+    /// [`stall_open`](Self::stall_open) (they stay stalled after `stall_new(false)`).
+    pub fn stall_new(&self, on: bool) {
+        self.shared.stalls.stall_new(on);
     }
 
     /// Closes the listener and every connection, as a dying API server would.
