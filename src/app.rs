@@ -18,6 +18,7 @@ use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
 use crate::reconcile::LogReport;
 use crate::reconcile::run_loop::{self, Event, Snapshots};
 use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::source::loader::{self, ManifestHealth};
 use crate::source::watch::watch_dir;
 use crate::status;
 
@@ -31,7 +32,9 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let change_tx = tx.clone();
     // Up before the first list, so that probes see "alive, not ready" while it runs.
     let source_health = config.manifests.is_none().then(SourceHealth::default);
-    let admin = Arc::new(AdminState::new(source_health.clone()));
+    let manifest_health = config.manifests.is_some().then(ManifestHealth::default);
+    let admin =
+        Arc::new(AdminState::new(source_health.clone()).with_manifests(manifest_health.clone()));
     admin::serve(config.admin_address, admin.clone())
         .await
         .map_err(|e| {
@@ -41,17 +44,29 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         state: admin.clone(),
         node_name: config.node_name.clone(),
     })];
-    let snapshots = match &config.manifests {
+    let published = match &config.manifests {
         Some(dir) => {
+            // Watch first, so that no change falls between the first load and the watch.
             let mut changes = watch_dir(dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
+            let (load_tx, load_rx) = mpsc::channel();
             tokio::spawn(async move {
                 while changes.recv().await.is_some() {
-                    if change_tx.send(Event::Changed).is_err() {
+                    if load_tx.send(()).is_err() {
                         break;
                     }
                 }
             });
-            Snapshots::Manifests
+            // Parsing runs on the loader thread; the control loop gets finished snapshots.
+            let health = manifest_health.unwrap_or_default();
+            let mut snapshots = loader::spawn(dir.clone(), config.manifest_limits, load_rx, health)
+                .map_err(|e| ReconcileError::Runtime(format!("manifest loader thread: {e}")))?;
+            tokio::select! {
+                loaded = snapshots.wait_for(Option::is_some) => {
+                    loaded.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+                }
+                _ = wait_for_signal() => return Ok(()),
+            }
+            snapshots
         }
         None => {
             let liveness = kube_source::Liveness::new(config.api_watch_timeout);
@@ -75,16 +90,20 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                 }
                 _ = wait_for_signal() => return Ok(()),
             }
-            tokio::spawn(async move {
-                while changes.changed().await.is_ok() {
-                    if change_tx.send(Event::Changed).is_err() {
-                        break;
-                    }
-                }
-            });
-            Snapshots::Kube(source.snapshots)
+            source.snapshots
         }
     };
+    // Every newly published snapshot wakes the loop.
+    let mut changes = published.clone();
+    changes.mark_unchanged();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            if change_tx.send(Event::Changed).is_err() {
+                break;
+            }
+        }
+    });
+    let snapshots = Snapshots::Published(published);
     let dns_tx = Mutex::new(tx.clone());
     let lookup: Arc<dyn dns::Lookup> =
         match dns::HickoryLookup::from_resolv_conf(&config.resolv_conf) {

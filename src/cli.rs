@@ -43,9 +43,44 @@ pub struct Opts {
     pub node_name: Option<String>,
 
     /// Read objects from YAML/JSON files under this directory (recursively) instead of the
-    /// Kubernetes API. `kubectl get ... -o yaml` output works as is. Watched for changes.
+    /// Kubernetes API. `kubectl get ... -o yaml` output works as is. Watched for changes;
+    /// only changed files are parsed again. A file beyond a --manifest-max-* limit is
+    /// rejected and reported (in run mode /readyz is degraded until it is fixed); if a
+    /// version of it was accepted before in this run, that version stays in force.
     #[arg(long, global = true, env = "NODEPLANE_MANIFESTS", value_name = "DIR")]
     pub manifests: Option<PathBuf>,
+
+    /// Largest manifest file read, in bytes; a larger one is rejected (see --manifests).
+    /// Default: 8388608 (8 MiB).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_MANIFEST_MAX_BYTES",
+        value_name = "BYTES"
+    )]
+    pub manifest_max_bytes: Option<u64>,
+
+    /// Deepest nesting of sequences and mappings in a YAML manifest document (a document's
+    /// top-level mapping is depth 1); a deeper document is rejected before it is parsed.
+    /// Default: 100.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_MANIFEST_MAX_DEPTH",
+        value_name = "LEVELS"
+    )]
+    pub manifest_max_depth: Option<usize>,
+
+    /// How much a YAML manifest document's aliases (`*name`) may stand for, in bytes (the
+    /// anchored content each alias repeats, as if written out); more is rejected before the
+    /// document is parsed ("billion laughs"). Default: 1048576 (1 MiB).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_MANIFEST_MAX_ALIAS_EXPANSION",
+        value_name = "BYTES"
+    )]
+    pub manifest_max_alias_expansion: Option<u64>,
 
     /// Kubeconfig file for reaching the API server when not using --manifests.
     /// Default: in-cluster service account, then ~/.kube/config.

@@ -2,6 +2,7 @@
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
 use crate::cli::Opts;
+use crate::source::limits::Limits;
 use ipnet::IpNet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,11 @@ pub enum ConfigError {
     },
     #[error("node name: {0}")]
     NodeName(String),
+    #[error("{option}: {reason}")]
+    Invalid {
+        option: &'static str,
+        reason: String,
+    },
     #[error("--api-watch-timeout-seconds: {0} is not between 1 and {MAX_API_WATCH_TIMEOUT}")]
     WatchTimeout(u64),
 }
@@ -43,6 +49,8 @@ pub enum ConfigError {
 pub struct Config {
     pub node_name: String,
     pub manifests: Option<PathBuf>,
+    /// Resource limits on manifest files (`--manifest-max-*`).
+    pub manifest_limits: Limits,
     pub kubeconfig: Option<PathBuf>,
     pub cluster_cidrs: Vec<IpNet>,
     pub service_cidrs: Vec<IpNet>,
@@ -71,6 +79,7 @@ impl Config {
         Config {
             node_name: node_name.to_string(),
             manifests: None,
+            manifest_limits: Limits::default(),
             kubeconfig: None,
             cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
@@ -100,6 +109,27 @@ impl Config {
         }
         let cluster = pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR);
         let service = pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR);
+        let defaults = Limits::default();
+        let manifest_limits = Limits {
+            max_bytes: opts
+                .manifest_max_bytes
+                .or(file.manifest_max_bytes)
+                .unwrap_or(defaults.max_bytes),
+            max_depth: opts
+                .manifest_max_depth
+                .or(file.manifest_max_depth)
+                .unwrap_or(defaults.max_depth),
+            max_alias_expansion: opts
+                .manifest_max_alias_expansion
+                .or(file.manifest_max_alias_expansion)
+                .unwrap_or(defaults.max_alias_expansion),
+        };
+        if manifest_limits.max_depth == 0 {
+            return Err(ConfigError::Invalid {
+                option: "--manifest-max-depth",
+                reason: "must be at least 1".into(),
+            });
+        }
         let watch_timeout = opts
             .api_watch_timeout_seconds
             .or(file.api_watch_timeout_seconds)
@@ -110,6 +140,7 @@ impl Config {
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
+            manifest_limits,
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
             cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
@@ -215,6 +246,9 @@ fn default_node_name() -> Result<String, ConfigError> {
 struct FileConfig {
     node_name: Option<String>,
     manifests: Option<PathBuf>,
+    manifest_max_bytes: Option<u64>,
+    manifest_max_depth: Option<usize>,
+    manifest_max_alias_expansion: Option<u64>,
     kubeconfig: Option<PathBuf>,
     cluster_cidr: Option<Vec<String>>,
     service_cidr: Option<Vec<String>>,
@@ -262,6 +296,7 @@ mod tests {
         assert_eq!(c.service_cidrs, vec!["172.30.0.0/16".parse().unwrap()]);
         assert_eq!(c.resync, DEFAULT_RESYNC);
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/nodeplane"));
+        assert_eq!(c.manifest_limits, Limits::default());
         assert_eq!(c.api_watch_timeout, Duration::from_secs(25));
     }
 
@@ -286,6 +321,33 @@ mod tests {
         o.api_watch_timeout_seconds = Some(0);
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("--api-watch-timeout-seconds"), "{e}");
+    }
+
+    #[test]
+    fn manifest_limits_from_file_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "manifest-max-bytes: 1000\nmanifest-max-depth: 20\nmanifest-max-alias-expansion: 5\n",
+        )
+        .unwrap();
+        let mut o = Opts {
+            config: Some(path),
+            ..opts()
+        };
+        let c = Config::resolve(&o).unwrap();
+        let want = Limits {
+            max_bytes: 1000,
+            max_depth: 20,
+            max_alias_expansion: 5,
+        };
+        assert_eq!(c.manifest_limits, want);
+        o.manifest_max_depth = Some(30);
+        assert_eq!(Config::resolve(&o).unwrap().manifest_limits.max_depth, 30);
+        o.manifest_max_depth = Some(0);
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--manifest-max-depth"), "{e}");
     }
 
     #[test]

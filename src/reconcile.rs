@@ -155,7 +155,8 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
             .map_err(|e| ReconcileError::Runtime(e.to_string()))?;
         return runtime.block_on(list_kube_once(config));
     };
-    let report = manifests::load_dir(dir).map_err(|e| ReconcileError::Source(e.to_string()))?;
+    let report = manifests::load_dir_with(dir, &config.manifest_limits)
+        .map_err(|e| ReconcileError::Source(e.to_string()))?;
     for p in &report.problems {
         warn!("skipped: {p}");
     }

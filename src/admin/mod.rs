@@ -21,6 +21,7 @@ use crate::nft::monitor::Drift;
 use crate::nft::render::render_full;
 use crate::observe::{SyncObserver, SyncOutcome, status_line};
 use crate::source::kube::SourceHealth;
+use crate::source::loader::ManifestHealth;
 use crate::text::one_line;
 
 /// Shared between the run loop (writer) and the admin server (reader).
@@ -29,6 +30,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Set in Kubernetes mode.
     pub source: Option<SourceHealth>,
+    /// Set in manifests mode: degraded while a file is rejected or the directory unreadable.
+    pub manifests: Option<ManifestHealth>,
     last: Mutex<Last>,
     drift: Mutex<drift::DriftStatus>,
 }
@@ -47,6 +50,12 @@ impl AdminState {
             source,
             ..Default::default()
         }
+    }
+
+    /// Reports the manifests loader's health in `/readyz` too.
+    pub fn with_manifests(mut self, manifests: Option<ManifestHealth>) -> AdminState {
+        self.manifests = manifests;
+        self
     }
 
     fn last(&self) -> std::sync::MutexGuard<'_, Last> {
@@ -81,6 +90,9 @@ impl AdminState {
     pub fn ready(&self) -> Result<(), String> {
         if let Some(source) = &self.source {
             source.check()?;
+        }
+        if let Some(manifests) = &self.manifests {
+            manifests.check()?;
         }
         self.drift().check(Instant::now())?;
         let last = self.last();

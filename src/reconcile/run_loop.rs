@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use super::{ReconcileError, SyncObserver, SyncOutcome, load_snapshot, real_reconciler};
+use super::{ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
 use crate::config::Config;
 use crate::dns::DnsService;
 use crate::nft::TABLE_NAME;
@@ -31,19 +31,17 @@ pub enum Event {
     Shutdown,
 }
 
-/// Where the run loop reads its snapshots from.
+/// Where the run loop reads its snapshots from: the latest one its source published (the
+/// Kubernetes source, or the manifests loader thread of [`crate::source::loader`]). The loop
+/// never loads or parses anything itself, so a slow source cannot hold it.
 pub enum Snapshots {
-    /// Reloaded from the directory on every wake-up.
-    Manifests,
-    /// The latest snapshot the Kubernetes source published.
-    Kube(tokio::sync::watch::Receiver<Option<Snapshot>>),
+    Published(tokio::sync::watch::Receiver<Option<Snapshot>>),
 }
 
 impl Snapshots {
-    fn current(&self, config: &Config) -> Result<Snapshot, ReconcileError> {
+    fn current(&self) -> Result<Snapshot, ReconcileError> {
         match self {
-            Snapshots::Manifests => load_snapshot(config),
-            Snapshots::Kube(rx) => Ok(rx.borrow().clone().unwrap_or_default()),
+            Snapshots::Published(rx) => Ok(rx.borrow().clone().unwrap_or_default()),
         }
     }
 }
@@ -82,7 +80,7 @@ pub fn run(
         let repairing = drift_taken;
         let current = match last_snapshot.take() {
             Some(s) if !reload => Ok(s),
-            _ => snapshots.current(&config),
+            _ => snapshots.current(),
         };
         reload = false;
         let (snapshot, synced) = match current {

@@ -8,7 +8,7 @@
 //! key at any depth is such a problem (naming the key and its path), not "the later key wins".
 //! Kinds the agent does not use are skipped.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -18,7 +18,9 @@ use serde_json::Value;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::snapshot::{AnyObject, Kind, ObjectKey, Snapshot, SnapshotBuilder};
+use super::limits::{Breach, Limits};
+use super::loader::ManifestLoader;
+use crate::snapshot::{AnyObject, Kind, Snapshot};
 
 #[derive(Debug, Error)]
 pub enum LoadError {
@@ -63,6 +65,9 @@ pub struct LoadReport {
     pub files: usize,
     /// Well-formed objects of kinds the agent does not use.
     pub ignored: usize,
+    /// Files that exceeded a resource limit ([`Limits`]), one problem each (also among
+    /// `problems`), saying whether their previous version stayed in force.
+    pub rejected: Vec<LoadProblem>,
 }
 
 /// Loads every manifest under `path` (a directory, searched recursively, or a single file).
@@ -72,53 +77,68 @@ pub struct LoadReport {
 /// Problems are returned in the report for the caller to log (at `warn`) or print. Only an
 /// unreadable `path` itself is an error, so that a reconcile loop can keep its previous snapshot.
 pub fn load_dir(path: &Path) -> Result<LoadReport, LoadError> {
-    let meta = fs::metadata(path).map_err(|source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut loader = Loader::default();
-    let mut files = Vec::new();
-    if meta.is_dir() {
-        let mut visited = BTreeSet::new();
-        collect_files(path, &mut files, &mut visited, &mut loader.problems).map_err(|source| {
-            LoadError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-    } else {
-        files.push(path.to_path_buf());
-    }
-    for file in &files {
-        match fs::read(file) {
-            Err(e) => loader.problem(file, None, None, format!("cannot read: {e}")),
-            Ok(bytes) => match String::from_utf8(bytes) {
-                Err(_) => loader.problem(file, None, None, "not valid UTF-8".to_string()),
-                Ok(text) => loader.load_text(file, &text),
-            },
-        }
-    }
-    Ok(LoadReport {
-        snapshot: loader.builder.build(),
-        problems: loader.problems,
-        files: files.len(),
-        ignored: loader.ignored,
-    })
+    load_dir_with(path, &Limits::default())
+}
+
+/// [`load_dir`] with the given resource limits: a file larger than `limits.max_bytes` is not
+/// read, a YAML document nested too deep or expanding too much through aliases is not parsed;
+/// each is reported like a malformed document (see [`crate::source::limits`]).
+pub fn load_dir_with(path: &Path, limits: &Limits) -> Result<LoadReport, LoadError> {
+    ManifestLoader::new(*limits).load(path)
 }
 
 /// Parses one manifest text as if read from `file` (the extension picks JSON or YAML).
 pub fn load_str(file: &Path, text: &str) -> LoadReport {
-    let mut loader = Loader::default();
+    super::loader::merge(&[(
+        file.to_path_buf(),
+        load_file(file, text, &Limits::default()),
+    )])
+}
+
+/// What one file holds: its objects in order (with where each was defined), its problems and
+/// the limits it exceeded.
+#[derive(Debug, Default)]
+pub(super) struct FileLoad {
+    pub objects: Vec<Defined>,
+    pub problems: Vec<LoadProblem>,
+    /// Problems that are resource-limit breaches (not among `problems`).
+    pub breaches: Vec<LoadProblem>,
+    pub ignored: usize,
+}
+
+/// An object and where it was defined (a problem without message, and as text).
+#[derive(Debug)]
+pub(super) struct Defined {
+    pub object: AnyObject,
+    pub at: LoadProblem,
+    pub here: String,
+}
+
+/// Parses one file's text within `limits` (its size already checked).
+pub(super) fn load_file(file: &Path, text: &str, limits: &Limits) -> FileLoad {
+    let mut loader = Loader {
+        limits: *limits,
+        file: FileLoad::default(),
+    };
     loader.load_text(file, text);
-    LoadReport {
-        snapshot: loader.builder.build(),
-        problems: loader.problems,
-        files: 1,
-        ignored: loader.ignored,
+    loader.file
+}
+
+/// A file rejected whole, e.g. for its size.
+pub(super) fn rejected_file(file: &Path, breach: &Breach) -> FileLoad {
+    FileLoad {
+        breaches: vec![LoadProblem {
+            file: file.to_path_buf(),
+            line: None,
+            document: None,
+            item: None,
+            message: breach.to_string(),
+        }],
+        ..FileLoad::default()
     }
 }
 
-fn is_manifest(path: &Path) -> bool {
+pub(super) fn is_manifest(path: &Path) -> bool {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -133,7 +153,7 @@ fn is_json(path: &Path) -> bool {
 }
 
 /// Depth-first, entries sorted by name, so the load order (and which duplicate wins) is stable.
-fn collect_files(
+pub(super) fn collect_files(
     dir: &Path,
     out: &mut Vec<PathBuf>,
     visited: &mut BTreeSet<PathBuf>,
@@ -239,6 +259,18 @@ struct Loc<'a> {
     item: Option<usize>,
 }
 
+impl Loc<'_> {
+    fn problem(&self, message: String) -> LoadProblem {
+        LoadProblem {
+            file: self.file.to_path_buf(),
+            line: Some(self.line),
+            document: Some(self.document),
+            item: self.item,
+            message,
+        }
+    }
+}
+
 impl fmt::Display for Loc<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -255,40 +287,14 @@ impl fmt::Display for Loc<'_> {
     }
 }
 
-#[derive(Default)]
 struct Loader {
-    builder: SnapshotBuilder,
-    /// Where each stored object was defined, to name both places when one is defined twice.
-    origins: BTreeMap<(Kind, ObjectKey), String>,
-    problems: Vec<LoadProblem>,
-    ignored: usize,
+    limits: Limits,
+    file: FileLoad,
 }
 
 impl Loader {
-    fn problem(
-        &mut self,
-        file: &Path,
-        line: Option<usize>,
-        document: Option<usize>,
-        message: String,
-    ) {
-        self.problems.push(LoadProblem {
-            file: file.to_path_buf(),
-            line,
-            document,
-            item: None,
-            message,
-        });
-    }
-
     fn problem_at(&mut self, loc: &Loc<'_>, message: String) {
-        self.problems.push(LoadProblem {
-            file: loc.file.to_path_buf(),
-            line: Some(loc.line),
-            document: Some(loc.document),
-            item: loc.item,
-            message,
-        });
+        self.file.problems.push(loc.problem(message));
     }
 
     fn load_text(&mut self, file: &Path, text: &str) {
@@ -307,6 +313,10 @@ impl Loader {
                 document,
                 item: None,
             };
+            if let Err(breach) = self.limits.check_yaml(doc.text, doc.first_line) {
+                self.file.breaches.push(loc.problem(breach.to_string()));
+                continue;
+            }
             match serde_norway::from_str::<Checked>(doc.text) {
                 Ok(Checked {
                     duplicate: Some(d), ..
@@ -382,7 +392,7 @@ impl Loader {
                 );
             }
             debug!(%loc, api_version, kind, "kind not used by the agent, skipped");
-            self.ignored += 1;
+            self.file.ignored += 1;
             return;
         };
         if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -403,17 +413,11 @@ impl Loader {
                 format!("{kind} without metadata.name (generateName is not supported)"),
             );
         }
-        let key = object.key();
-        let here = loc.to_string();
-        if let Some(first) = self.origins.insert((k, key.clone()), here) {
-            self.problem_at(
-                loc,
-                format!(
-                    "{kind} {key} is defined again (first at {first}); the later definition wins"
-                ),
-            );
-        }
-        self.builder.insert(object);
+        self.file.objects.push(Defined {
+            object,
+            at: loc.problem(String::new()),
+            here: loc.to_string(),
+        });
     }
 
     fn load_list(&mut self, loc: &Loc<'_>, api_version: &str, kind: &str, items: Option<Value>) {

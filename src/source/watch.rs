@@ -42,8 +42,8 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<()>, WatchError> {
 }
 
 /// Watches `dir` recursively; the receiver yields `()` after each burst of changes. At most one
-/// notification is pending at a time (the channel holds one), since a reload reads everything
-/// anyway. Start watching before the initial load so that no change falls in between.
+/// notification is pending at a time (the channel holds one), since a reload looks at every
+/// file anyway (and parses those that changed). Start watching before the initial load so that no change falls in between.
 ///
 /// The watch runs on its own thread (no tokio runtime needed to call this) and stops when the
 /// receiver is dropped.

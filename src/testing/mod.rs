@@ -11,8 +11,10 @@
 //! - `large`: a large synthetic table (kernel tests and benches).
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
 //! - `args`: command-line options of the harness-less benches.
+//! - `bombs`: hostile manifests and running a command within a time and memory budget.
 
 pub mod args;
+pub mod bombs;
 pub mod lab;
 pub mod large;
 pub mod listing;

@@ -9,6 +9,7 @@ mod module_graph;
 mod nft_diff;
 mod render_golden;
 mod source_example_cluster;
+mod source_limits;
 mod source_manifests;
 mod source_robustness;
 mod source_snapshot;

@@ -2,7 +2,8 @@
 //! what `--dry-run` printed, run mode follows the manifests directory, SIGTERM leaves the
 //! rules in place, `cleanup` removes only what the agent owns.
 
-use nodeplane::testing::lab::{self, Lab, Ns, eventually};
+use nodeplane::testing::bombs::{alias_bomb, depth_bomb};
+use nodeplane::testing::lab::{self, Lab, Ns, eventually, write_manifest};
 use nodeplane::testing::listing;
 use std::path::Path;
 use std::time::Duration;
@@ -192,5 +193,82 @@ fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
         listing::json(&node, "nodeplane"),
         before,
         "SIGTERM must leave the rules in place"
+    );
+}
+
+/// The agent's resident memory in kB.
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(Path::new(EXAMPLES), dir.path());
+    let dir_str = dir.path().to_str().unwrap();
+    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let mut agent = node.spawn_agent(&args(dir_str, &[]));
+    agent.wait_ready(admin, Duration::from_secs(20));
+    let set = || {
+        node.nft(&["list", "set", "inet", "nodeplane", "node-ips-v4"])
+            .map_err(|e| e.to_string())
+    };
+    let has = |ip: &'static str, want: bool| {
+        move || {
+            set().and_then(|s| {
+                if s.contains(ip) == want {
+                    Ok(())
+                } else {
+                    Err(s)
+                }
+            })
+        }
+    };
+    let readyz = || node.http_get(admin, "/readyz", Duration::from_secs(1));
+
+    // A 5 MB nesting bomb (unchecked: every sync blocked for minutes) and a 340 KB alias
+    // bomb (unchecked: gigabytes); a change in another file still reaches the kernel promptly.
+    write_manifest(dir.path(), "depth-bomb.yaml", &depth_bomb(5 << 20));
+    write_manifest(dir.path(), "alias-bomb.yaml", &alias_bomb(57_000));
+    write_manifest(dir.path(), "worker-3.yaml", EXTRA_NODE);
+    eventually(Duration::from_secs(5), has("192.168.50.13", true));
+    eventually(Duration::from_secs(5), || match readyz() {
+        Ok((503, body)) if body.contains("depth-bomb.yaml") && body.contains("alias-bomb.yaml") => {
+            Ok(())
+        }
+        other => Err(format!("{other:?}")),
+    });
+
+    // A file that was valid and becomes a bomb keeps its objects in force.
+    write_manifest(dir.path(), "worker-3.yaml", &alias_bomb(57_000));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        set().unwrap().contains("192.168.50.13"),
+        "worker-3 vanished"
+    );
+    let rss = rss_kb(agent.pid());
+    assert!(rss < 300_000, "agent resident memory {rss} kB");
+
+    // Bombs removed and the file deleted: ready again, and the node's address goes.
+    for f in ["depth-bomb.yaml", "alias-bomb.yaml", "worker-3.yaml"] {
+        std::fs::remove_file(dir.path().join(f)).unwrap();
+    }
+    eventually(Duration::from_secs(5), has("192.168.50.13", false));
+    eventually(Duration::from_secs(5), || match readyz() {
+        Ok((200, _)) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(
+        logs.contains("depth-bomb.yaml:1: document 0: nested deeper than 100 levels"),
+        "{logs}"
     );
 }
