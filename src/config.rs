@@ -123,12 +123,15 @@ impl Config {
         if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
             return Err(ConfigError::WatchTimeout(watch_timeout));
         }
-        let duration = |option, flag: &Option<String>, file: Option<DurationValue>, default| {
-            match flag.clone().map(DurationValue::Text).or(file) {
+        let duration =
+            |option, flag: &Option<String>, file: Option<DurationValue>, default| match flag
+                .clone()
+                .map(DurationValue::Text)
+                .or(file)
+            {
                 Some(v) => v.parse(option),
                 None => Ok(default),
-            }
-        };
+            };
         let d = Timings::DEFAULT;
         let leader_elect = Timings {
             lease_duration: duration(
@@ -157,7 +160,11 @@ impl Config {
             .leader_elect_namespace
             .clone()
             .or(file.leader_elect_namespace)
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
             .unwrap_or_else(|| DEFAULT_LEADER_ELECT_NAMESPACE.into());
         if leader_elect_namespace.is_empty() {
             return Err(ConfigError::LeaderElection(
@@ -519,7 +526,10 @@ mod tests {
 
         o.leader_elect_renew_deadline = Some("20s".into());
         let e = Config::resolve(&o).unwrap_err().to_string();
-        assert!(e.contains("leader election") && e.contains("less than"), "{e}");
+        assert!(
+            e.contains("leader election") && e.contains("less than"),
+            "{e}"
+        );
         o.leader_elect_renew_deadline = Some("ten".into());
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("--leader-elect-renew-deadline"), "{e}");

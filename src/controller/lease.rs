@@ -351,9 +351,10 @@ impl Candidate {
         let name = format!("{}/{}", self.config.namespace, self.config.name);
         // The leader renews its own record directly.
         if self.renewed.is_some()
-            && let Some(o) = self.observed.as_ref().filter(|o| {
-                o.holder() == Some(self.config.identity.as_str())
-            })
+            && let Some(o) = self
+                .observed
+                .as_ref()
+                .filter(|o| o.holder() == Some(self.config.identity.as_str()))
         {
             let record = self.our_record(Some(o), wall);
             match api.replace(&record).await {
@@ -380,9 +381,10 @@ impl Candidate {
             };
         };
         // A changed record restarts the expiry countdown; an unchanged one keeps its age.
-        let changed = self.observed.as_ref().is_none_or(|o| {
-            o.resource_version() != current.metadata.resource_version.as_deref()
-        });
+        let changed = self
+            .observed
+            .as_ref()
+            .is_none_or(|o| o.resource_version() != current.metadata.resource_version.as_deref());
         if changed {
             self.observed = Some(Observed {
                 lease: current,
@@ -390,9 +392,7 @@ impl Candidate {
             });
         }
         let observed = self.observed.as_ref().expect("set above");
-        let other = observed
-            .holder()
-            .is_some_and(|h| h != self.config.identity);
+        let other = observed.holder().is_some_and(|h| h != self.config.identity);
         if other && now < observed.expires() {
             return self.failed(now);
         }

@@ -213,15 +213,27 @@ fn the_election_lease_is_granted_in_the_agents_namespace_only() {
         .env
         .clone()
         .unwrap();
-    let pod_ns = env.iter().find(|e| e.name == "POD_NAMESPACE").expect("POD_NAMESPACE");
-    let field = pod_ns.value_from.clone().unwrap().field_ref.unwrap().field_path;
+    let pod_ns = env
+        .iter()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .expect("POD_NAMESPACE");
+    let field = pod_ns
+        .value_from
+        .clone()
+        .unwrap()
+        .field_ref
+        .unwrap()
+        .field_path;
     assert_eq!(field, "metadata.namespace");
 
     let lease = nodeplane::app::EGRESS_IP_ASSIGNER_LEASE;
     let rules = role.rules.unwrap_or_default();
     let grants = |verb: &str| {
         rules.iter().any(|r| {
-            r.api_groups.iter().flatten().any(|g| g == "coordination.k8s.io")
+            r.api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "coordination.k8s.io")
                 && r.resources.iter().flatten().any(|x| x == "leases")
                 && r.verbs.iter().any(|v| v == verb)
                 && r.resource_names
@@ -236,7 +248,10 @@ fn the_election_lease_is_granted_in_the_agents_namespace_only() {
     for r in &rules {
         assert_eq!(r.resources.as_deref(), Some(&["leases".to_string()][..]));
         for verb in &r.verbs {
-            assert!(["get", "update", "create"].contains(&verb.as_str()), "{verb}");
+            assert!(
+                ["get", "update", "create"].contains(&verb.as_str()),
+                "{verb}"
+            );
             if verb != "create" {
                 assert_eq!(r.resource_names.as_deref(), Some(&[lease.to_string()][..]));
             }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use nodeplane::controller::lease::{
-    Candidate, ElectionConfig, Elector, KubeLeases, LeaseApi, LeaseError, Leadership, Timings,
+    Candidate, ElectionConfig, Elector, KubeLeases, Leadership, LeaseApi, LeaseError, Timings,
 };
 use nodeplane::source::kube::{Liveness, client};
 use tokio::sync::watch;
@@ -58,9 +58,12 @@ fn setup() -> Setup {
 
 impl Setup {
     async fn leases(&self) -> KubeLeases {
-        let c = client(Some(&self.kubeconfig), Liveness::new(Duration::from_secs(25)))
-            .await
-            .expect("client");
+        let c = client(
+            Some(&self.kubeconfig),
+            Liveness::new(Duration::from_secs(25)),
+        )
+        .await
+        .expect("client");
         KubeLeases::new(c, NAMESPACE, NAME)
     }
 
@@ -132,7 +135,10 @@ fn two_electors_exactly_one_leads() {
         // follower names the leader.
         let watch_until = Instant::now() + FAST.lease_duration * 5;
         loop {
-            let (la, lb) = (ra.borrow_and_update().clone(), rb.borrow_and_update().clone());
+            let (la, lb) = (
+                ra.borrow_and_update().clone(),
+                rb.borrow_and_update().clone(),
+            );
             assert!(!(la.leading && lb.leading), "two leaders: {la:?} {lb:?}");
             let (l, f) = if leader == "node-a" {
                 (&la, &lb)
@@ -164,10 +170,22 @@ fn a_dead_leader_is_replaced_within_the_lease_duration_and_a_retry() {
     s.rt.block_on(async {
         let a = s.elector("node-a", FAST).await;
         let mut ra = a.subscribe();
-        until(&mut ra, Duration::from_secs(5), "node-a leads", leads("node-a")).await;
+        until(
+            &mut ra,
+            Duration::from_secs(5),
+            "node-a leads",
+            leads("node-a"),
+        )
+        .await;
         let b = s.elector("node-b", FAST).await;
         let mut rb = b.subscribe();
-        until(&mut rb, Duration::from_secs(5), "node-b follows", follows("node-a")).await;
+        until(
+            &mut rb,
+            Duration::from_secs(5),
+            "node-b follows",
+            follows("node-a"),
+        )
+        .await;
         // node-a's node dies: no release, no more renewals.
         a.abort();
         let took = until(
@@ -200,10 +218,22 @@ fn graceful_shutdown_releases_and_the_next_takes_over_within_a_retry() {
         let t = Timings::DEFAULT;
         let a = s.elector("node-a", t).await;
         let mut ra = a.subscribe();
-        until(&mut ra, Duration::from_secs(5), "node-a leads", leads("node-a")).await;
+        until(
+            &mut ra,
+            Duration::from_secs(5),
+            "node-a leads",
+            leads("node-a"),
+        )
+        .await;
         let b = s.elector("node-b", t).await;
         let mut rb = b.subscribe();
-        until(&mut rb, Duration::from_secs(5), "node-b follows", follows("node-a")).await;
+        until(
+            &mut rb,
+            Duration::from_secs(5),
+            "node-b follows",
+            follows("node-a"),
+        )
+        .await;
         let start = Instant::now();
         a.shutdown().await;
         assert!(!ra.borrow().leading, "node-a published that it stopped");
@@ -268,7 +298,10 @@ fn a_replace_on_a_stale_read_gets_409_and_the_loser_does_not_lead() {
             timings: FAST,
         };
         let (api_a, api_b) = (s.leases().await, s.leases().await);
-        let (mut a, mut b) = (Candidate::new(config("node-a")), Candidate::new(config("node-b")));
+        let (mut a, mut b) = (
+            Candidate::new(config("node-a")),
+            Candidate::new(config("node-b")),
+        );
         let t0 = Instant::now();
 
         // Two creates race: one gets 409 AlreadyExists.
@@ -290,7 +323,10 @@ fn a_replace_on_a_stale_read_gets_409_and_the_loser_does_not_lead() {
             stale: Mutex::new(old),
         };
         assert!(!b.attempt(&b_api, t0, Timestamp::now()).await);
-        assert!(a.attempt(&api_a, t0 + FAST.retry_period, Timestamp::now()).await);
+        assert!(
+            a.attempt(&api_a, t0 + FAST.retry_period, Timestamp::now())
+                .await
+        );
         // node-b's cache still shows the old record: once it looks expired on node-b's clock
         // it tries to take over with the old resourceVersion, gets 409 and does not lead.
         let expired = t0 + FAST.lease_duration;

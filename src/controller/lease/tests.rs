@@ -75,7 +75,10 @@ impl LeaseApi for FakeLeases {
         if s.down {
             return Err(LeaseError::Other("connection refused".into()));
         }
-        let current = s.lease.as_ref().ok_or(LeaseError::Other("not found".into()))?;
+        let current = s
+            .lease
+            .as_ref()
+            .ok_or(LeaseError::Other("not found".into()))?;
         if current.metadata.resource_version != lease.metadata.resource_version {
             s.conflicts += 1;
             return Err(LeaseError::Conflict("the object has been modified".into()));
@@ -150,7 +153,11 @@ async fn the_leader_renews_without_reading_and_followers_wait() {
             }
         );
     }
-    assert_eq!(api.state().replaces, 10, "one replace per renewal, no takeover");
+    assert_eq!(
+        api.state().replaces,
+        10,
+        "one replace per renewal, no takeover"
+    );
     assert_eq!(api.transitions(), 0);
 }
 
@@ -200,7 +207,10 @@ async fn renew_times_from_a_skewed_clock_do_not_matter() {
     let behind = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(24 * 365);
     let ahead = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(24 * 365);
     assert!(a.attempt(&api, t0, behind).await);
-    assert!(!b.attempt(&api, t0 + MS, wall()).await, "an old renewTime is not expiry");
+    assert!(
+        !b.attempt(&api, t0 + MS, wall()).await,
+        "an old renewTime is not expiry"
+    );
     assert!(a.attempt(&api, t0 + RETRY, ahead).await);
     // A renewTime in the future does not keep a dead leader alive either.
     assert!(!b.attempt(&api, t0 + RETRY + MS, wall()).await);
@@ -306,7 +316,10 @@ async fn a_replace_on_a_stale_read_conflicts_and_the_loser_does_not_lead() {
     // Once the cache catches up node-c sees a live leader.
     api.state().stale = None;
     assert!(!c.attempt(&api, expired + RETRY, wall()).await);
-    assert_eq!(c.leadership(expired + RETRY).holder.as_deref(), Some("node-b"));
+    assert_eq!(
+        c.leadership(expired + RETRY).holder.as_deref(),
+        Some("node-b")
+    );
 }
 
 #[tokio::test]
@@ -359,8 +372,23 @@ fn timings_follow_client_go_rules() {
         retry_period: Duration::from_millis(p),
     };
     assert_eq!(t(15_000, 10_000, 2_000).validate(), Ok(()));
-    assert!(t(4_500, 3_000, 1_000).validate().unwrap_err().contains("whole"));
-    assert!(t(4_000, 4_000, 1_000).validate().unwrap_err().contains("less than"));
-    assert!(t(4_000, 3_000, 2_500).validate().unwrap_err().contains("jitter"));
+    assert!(
+        t(4_500, 3_000, 1_000)
+            .validate()
+            .unwrap_err()
+            .contains("whole")
+    );
+    assert!(
+        t(4_000, 4_000, 1_000)
+            .validate()
+            .unwrap_err()
+            .contains("less than")
+    );
+    assert!(
+        t(4_000, 3_000, 2_500)
+            .validate()
+            .unwrap_err()
+            .contains("jitter")
+    );
     assert!(t(4_000, 3_000, 0).validate().is_err());
 }

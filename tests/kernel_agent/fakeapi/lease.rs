@@ -53,7 +53,11 @@ pub fn write(
             let Some(stored) = stored else {
                 return full(
                     StatusCode::NOT_FOUND,
-                    status(404, "NotFound", format!("lease {}/{} not found", key.0, key.1)),
+                    status(
+                        404,
+                        "NotFound",
+                        format!("lease {}/{} not found", key.0, key.1),
+                    ),
                 );
             };
             let want = &body["metadata"]["resourceVersion"];
