@@ -1,7 +1,7 @@
 //! Run mode's wiring, in one place: the admin server and what feeds it ([`AdminObserver`],
 //! [`DriftRepairs`]), the source (manifests directory or Kubernetes API) and, with the API,
-//! the status writer, the DNS service, the nftables drift monitor, the health-check server and
-//! the signal handler. Everything is handed to the control loop
+//! the status writer and the election of the cluster's EgressIP assigner, the DNS service, the
+//! nftables drift monitor, the health-check server and the signal handler. Everything is handed to the control loop
 //! ([`crate::reconcile::run_loop`]) as an [`Event`] channel and a list of [`SyncObserver`]s.
 
 use std::sync::{Arc, Mutex, mpsc};
@@ -10,6 +10,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminObserver, AdminState, CountingLookup, DriftRepairs};
 use crate::config::Config;
+use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
 use crate::dns::{self, DnsService};
 use crate::healthcheck::HealthServer;
 use crate::nft::TABLE_NAME;
@@ -27,6 +28,11 @@ use crate::status;
 /// (1 s .. 60 s), resync fully every `config.resync`, and stop on SIGTERM/SIGINT leaving the
 /// rules in place. A change to the table by anyone else (nftables notifications, see
 /// [`crate::nft::monitor`]) is repaired at once by a sync from the kernel's state.
+/// The cluster-wide role elected in Kubernetes mode (metrics label, `/readyz` line, logs).
+pub const EGRESS_IP_ASSIGNER: &str = "egress-ip-assigner";
+/// Its Lease, in `--leader-elect-namespace`.
+pub const EGRESS_IP_ASSIGNER_LEASE: &str = "nodeplane-egress-assigner";
+
 pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let (tx, rx) = mpsc::channel();
     let change_tx = tx.clone();
@@ -44,6 +50,8 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         state: admin.clone(),
         node_name: config.node_name.clone(),
     })];
+    // Kubernetes mode with --egress-ip-assigner: released after the loop stops.
+    let mut elector = None;
     let published = match &config.manifests {
         Some(dir) => {
             // Watch first, so that no change falls between the first load and the watch.
@@ -73,7 +81,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
             let source =
                 kube_source::start(client.clone(), source_health.unwrap_or_default(), liveness);
-            let (status, rejections) = status::spawn_writer(client, &config.node_name);
+            let (status, rejections) = status::spawn_writer(client.clone(), &config.node_name);
             observers.push(Box::new(status));
             let mut rejected = source.rejections;
             tokio::spawn(async move {
@@ -89,6 +97,17 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                     synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
                 }
                 _ = wait_for_signal() => return Ok(()),
+            }
+            // Candidates only once every kind is listed: an assigner must not act on a
+            // partial view of the cluster.
+            if config.egress_ip_assigner {
+                let e = elect_egress_ip_assigner(client, &config);
+                tokio::spawn(report_leadership(
+                    EGRESS_IP_ASSIGNER,
+                    e.subscribe(),
+                    admin.clone(),
+                ));
+                elector = Some(e);
             }
             source.snapshots
         }
@@ -143,10 +162,59 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // The backends block on netlink: run the loop on its own thread, off the async workers.
     let worker =
         std::thread::spawn(move || run_loop::run(config, rx, resolver, snapshots, observers));
-    tokio::task::spawn_blocking(move || worker.join())
+    let result = tokio::task::spawn_blocking(move || worker.join())
         .await
-        .map_err(|e| ReconcileError::Runtime(e.to_string()))?
-        .map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into()))?
+        .map_err(|e| ReconcileError::Runtime(e.to_string()))
+        .and_then(|r| r.map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into())));
+    // Stopping: hand the role over at once instead of letting the lease expire.
+    if let Some(e) = elector {
+        e.shutdown().await;
+    }
+    result?
+}
+
+/// Starts this agent's candidacy for the EgressIP assigner role (Lease
+/// `EGRESS_IP_ASSIGNER_LEASE` in `--leader-elect-namespace`, holder identity the node name).
+/// The role's work subscribes to the returned [`Elector`] and acts only while
+/// [`Leadership::leading`].
+fn elect_egress_ip_assigner(client: kube::Client, config: &Config) -> Elector {
+    let election = ElectionConfig {
+        namespace: config.leader_elect_namespace.clone(),
+        name: EGRESS_IP_ASSIGNER_LEASE.into(),
+        identity: config.node_name.clone(),
+        timings: config.leader_elect,
+    };
+    info!(
+        "candidate for {EGRESS_IP_ASSIGNER} (lease {}/{}, duration {:?}, renew deadline {:?}, \
+         retry {:?})",
+        election.namespace,
+        election.name,
+        election.timings.lease_duration,
+        election.timings.renew_deadline,
+        election.timings.retry_period
+    );
+    let api = KubeLeases::new(client, &election.namespace, &election.name);
+    Elector::spawn(api, election)
+}
+
+/// Logs every change of who leads `role` and shows it in `/readyz` and `nodeplane_leader`.
+async fn report_leadership(
+    role: &'static str,
+    mut leadership: tokio::sync::watch::Receiver<Leadership>,
+    admin: Arc<AdminState>,
+) {
+    loop {
+        let now = leadership.borrow_and_update().clone();
+        admin.set_leadership(role, now.leading, now.holder.as_deref());
+        match (now.leading, now.holder.as_deref()) {
+            (true, _) => info!("{role}: this node leads"),
+            (false, Some(h)) => info!("{role}: following {}", crate::text::one_line(h)),
+            (false, None) => info!("{role}: no leader yet"),
+        }
+        if leadership.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn wait_for_signal() {

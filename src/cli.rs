@@ -208,4 +208,61 @@ pub struct Opts {
         value_name = "SECONDS"
     )]
     pub api_watch_timeout_seconds: Option<u64>,
+
+    /// Stand as a candidate for the cluster's EgressIP assigner (Kubernetes mode): at most one
+    /// agent at a time holds the role, elected with the Lease `nodeplane-egress-assigner`.
+    /// `false` keeps this agent out of the election (it still programs its node). Default:
+    /// true.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_EGRESS_IP_ASSIGNER",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub egress_ip_assigner: Option<bool>,
+
+    /// Namespace of the election Lease. Default: the POD_NAMESPACE environment variable (the
+    /// DaemonSet sets it from the downward API), then `nodeplane`.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_LEADER_ELECT_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub leader_elect_namespace: Option<String>,
+
+    /// How long followers wait, from the last change of the Lease they saw (their own
+    /// clock), before taking over from a leader that stopped renewing. Whole seconds, e.g.
+    /// `4s`. Default: 4s.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_LEADER_ELECT_LEASE_DURATION",
+        value_name = "DURATION"
+    )]
+    pub leader_elect_lease_duration: Option<String>,
+
+    /// A leader that could not renew the Lease for this long stops acting as leader. Less
+    /// than the lease duration, e.g. `3s`. Default: 3s.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_LEADER_ELECT_RENEW_DEADLINE",
+        value_name = "DURATION"
+    )]
+    pub leader_elect_renew_deadline: Option<String>,
+
+    /// Between two election attempts: the leader renews, each follower reads the Lease (up
+    /// to 20% later, jittered), e.g. `1s` or `500ms`. Default: 1s.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_LEADER_ELECT_RETRY_PERIOD",
+        value_name = "DURATION"
+    )]
+    pub leader_elect_retry_period: Option<String>,
 }

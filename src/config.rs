@@ -2,6 +2,7 @@
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
 use crate::cli::Opts;
+use crate::controller::lease::Timings;
 use crate::source::limits::Limits;
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -23,6 +24,8 @@ pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
 /// The API server caps nothing, but a watch longer than this hides a stall for too long to be
 /// a setting anyone wants (client-go uses 5 to 10 minutes).
 const MAX_API_WATCH_TIMEOUT: u64 = 1800;
+/// Namespace of the election Lease without `--leader-elect-namespace` or POD_NAMESPACE.
+pub const DEFAULT_LEADER_ELECT_NAMESPACE: &str = "nodeplane";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -43,6 +46,10 @@ pub enum ConfigError {
     },
     #[error("--api-watch-timeout-seconds: {0} is not between 1 and {MAX_API_WATCH_TIMEOUT}")]
     WatchTimeout(u64),
+    #[error("{option}: invalid duration {value:?} (e.g. 4s, 500ms, 1.5s)")]
+    Duration { option: &'static str, value: String },
+    #[error("leader election: {0}")]
+    LeaderElection(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +78,12 @@ pub struct Config {
     /// Server-side timeout of each watch of the API; also bounds how long a silently stalled
     /// connection goes unnoticed (`source::kube::Liveness`).
     pub api_watch_timeout: Duration,
+    /// Candidate for the cluster's EgressIP assigner (Kubernetes mode).
+    pub egress_ip_assigner: bool,
+    /// Namespace of the election Lease.
+    pub leader_elect_namespace: String,
+    /// Lease duration, renew deadline and retry period of the election.
+    pub leader_elect: Timings,
 }
 
 impl Config {
@@ -91,6 +104,9 @@ impl Config {
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
+            egress_ip_assigner: true,
+            leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
+            leader_elect: Timings::DEFAULT,
         }
     }
 
@@ -136,6 +152,54 @@ impl Config {
             .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
         if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
             return Err(ConfigError::WatchTimeout(watch_timeout));
+        }
+        let duration =
+            |option, flag: &Option<String>, file: Option<DurationValue>, default| match flag
+                .clone()
+                .map(DurationValue::Text)
+                .or(file)
+            {
+                Some(v) => v.parse(option),
+                None => Ok(default),
+            };
+        let d = Timings::DEFAULT;
+        let leader_elect = Timings {
+            lease_duration: duration(
+                "--leader-elect-lease-duration",
+                &opts.leader_elect_lease_duration,
+                file.leader_elect_lease_duration,
+                d.lease_duration,
+            )?,
+            renew_deadline: duration(
+                "--leader-elect-renew-deadline",
+                &opts.leader_elect_renew_deadline,
+                file.leader_elect_renew_deadline,
+                d.renew_deadline,
+            )?,
+            retry_period: duration(
+                "--leader-elect-retry-period",
+                &opts.leader_elect_retry_period,
+                file.leader_elect_retry_period,
+                d.retry_period,
+            )?,
+        };
+        leader_elect
+            .validate()
+            .map_err(ConfigError::LeaderElection)?;
+        let leader_elect_namespace = opts
+            .leader_elect_namespace
+            .clone()
+            .or(file.leader_elect_namespace)
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| DEFAULT_LEADER_ELECT_NAMESPACE.into());
+        if leader_elect_namespace.is_empty() {
+            return Err(ConfigError::LeaderElection(
+                "--leader-elect-namespace must not be empty".into(),
+            ));
         }
         Ok(Config {
             node_name,
@@ -184,6 +248,12 @@ impl Config {
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
             api_watch_timeout: Duration::from_secs(watch_timeout),
+            egress_ip_assigner: opts
+                .egress_ip_assigner
+                .or(file.egress_ip_assigner)
+                .unwrap_or(true),
+            leader_elect_namespace,
+            leader_elect,
         })
     }
 }
@@ -260,6 +330,50 @@ struct FileConfig {
     admin_address: Option<std::net::SocketAddr>,
     state_dir: Option<PathBuf>,
     api_watch_timeout_seconds: Option<u64>,
+    egress_ip_assigner: Option<bool>,
+    leader_elect_namespace: Option<String>,
+    leader_elect_lease_duration: Option<DurationValue>,
+    leader_elect_renew_deadline: Option<DurationValue>,
+    leader_elect_retry_period: Option<DurationValue>,
+}
+
+/// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum DurationValue {
+    Seconds(f64),
+    Text(String),
+}
+
+impl DurationValue {
+    fn parse(&self, option: &'static str) -> Result<Duration, ConfigError> {
+        let err = || ConfigError::Duration {
+            option,
+            value: match self {
+                DurationValue::Seconds(s) => s.to_string(),
+                DurationValue::Text(t) => t.clone(),
+            },
+        };
+        let secs = match self {
+            DurationValue::Seconds(s) => *s,
+            DurationValue::Text(t) => {
+                let t = t.trim();
+                let split = t
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .unwrap_or(t.len());
+                let (number, unit) = t.split_at(split);
+                let n: f64 = number.parse().map_err(|_| err())?;
+                let scale = match unit.trim() {
+                    "" | "s" => 1.0,
+                    "ms" => 1e-3,
+                    "m" => 60.0,
+                    _ => return Err(err()),
+                };
+                n * scale
+            }
+        };
+        Duration::try_from_secs_f64(secs).map_err(|_| err())
+    }
 }
 
 impl FileConfig {
@@ -434,6 +548,55 @@ mod tests {
         o.external_ip_rejected_cidrs = vec!["198.51.100.1/24".into()];
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("--external-ip-rejected-cidrs"), "{e}");
+    }
+
+    #[test]
+    fn leader_election_defaults_flags_file_and_rules() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert!(c.egress_ip_assigner);
+        assert_eq!(c.leader_elect, Timings::DEFAULT);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "egress-ip-assigner: false\nleader-elect-namespace: net\n\
+             leader-elect-lease-duration: 15\nleader-elect-renew-deadline: 10s\n\
+             leader-elect-retry-period: 2s\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert!(!c.egress_ip_assigner);
+        assert_eq!(c.leader_elect_namespace, "net");
+        assert_eq!(
+            c.leader_elect,
+            Timings {
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
+            }
+        );
+        o.egress_ip_assigner = Some(true);
+        o.leader_elect_namespace = Some("kube-system".into());
+        o.leader_elect_retry_period = Some("500ms".into());
+        let c = Config::resolve(&o).unwrap();
+        assert!(c.egress_ip_assigner);
+        assert_eq!(c.leader_elect_namespace, "kube-system");
+        assert_eq!(c.leader_elect.retry_period, Duration::from_millis(500));
+        assert_eq!(c.leader_elect.lease_duration, Duration::from_secs(15));
+
+        o.leader_elect_renew_deadline = Some("20s".into());
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(
+            e.contains("leader election") && e.contains("less than"),
+            "{e}"
+        );
+        o.leader_elect_renew_deadline = Some("ten".into());
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("--leader-elect-renew-deadline"), "{e}");
+        o.leader_elect_renew_deadline = Some("3h".into());
+        assert!(Config::resolve(&o).is_err());
     }
 
     #[test]

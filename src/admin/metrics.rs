@@ -48,6 +48,12 @@ pub struct ObjectLabel {
     pub object: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabel {
+    /// A cluster-wide role elected by Lease, e.g. `egress-ip-assigner`.
+    pub role: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     sync_duration: Histogram,
@@ -61,6 +67,7 @@ pub struct Metrics {
     drift_detected: Family<ObjectLabel, Counter>,
     drift_repairs: Counter,
     drift_last_repair: Gauge<f64, AtomicU64>,
+    leader: Family<RoleLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -86,6 +93,7 @@ impl Metrics {
             drift_detected: Family::default(),
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
+            leader: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -144,7 +152,21 @@ impl Metrics {
             "Time from detecting the last repaired drift to the end of the sync that repaired it",
             m.drift_last_repair.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this agent holds the cluster-wide role's Lease, else 0 (one series per \
+             role this agent is a candidate for)",
+            m.leader.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Whether this agent leads `role` now.
+    pub fn set_leader(&self, role: &str, leading: bool) {
+        let label = RoleLabel {
+            role: role.to_string(),
+        };
+        self.leader.get_or_create(&label).set(i64::from(leading));
     }
 
     /// The text exposition format.
@@ -334,6 +356,8 @@ mod tests {
         m.observe_drift("table");
         m.observe_drift_repair(Duration::from_millis(30));
         m.observe_drift_repair(Duration::from_millis(12));
+        m.set_leader("egress-ip-assigner", true);
+        m.set_leader("egress-ip-assigner", false);
         let text = m.encode();
         for name in [
             "nodeplane_sync_duration_seconds_bucket",
@@ -347,6 +371,7 @@ mod tests {
             "nodeplane_drift_detected_total{object=\"table\"} 1\n",
             "nodeplane_drift_repairs_total 2\n",
             "nodeplane_drift_last_repair_duration_seconds 0.012\n",
+            "nodeplane_leader{role=\"egress-ip-assigner\"} 0\n",
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }

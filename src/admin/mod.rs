@@ -7,6 +7,7 @@ mod drift;
 pub mod metrics;
 mod server;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub struct AdminState {
     pub manifests: Option<ManifestHealth>,
     last: Mutex<Last>,
     drift: Mutex<drift::DriftStatus>,
+    /// Per cluster-wide role this agent is a candidate for: a line for `/readyz`.
+    roles: Mutex<BTreeMap<String, String>>,
 }
 
 #[derive(Default)]
@@ -84,6 +87,27 @@ impl AdminState {
     /// Drifts repaired since the start.
     pub fn drift_repairs(&self) -> u64 {
         self.drift().repairs()
+    }
+
+    /// Who leads `role` as this agent sees it: the `nodeplane_leader` gauge and a line of the
+    /// `/readyz` body (information, never a reason to be unready: followers are healthy).
+    pub fn set_leadership(&self, role: &str, leading: bool, holder: Option<&str>) {
+        self.metrics.set_leader(role, leading);
+        let line = match (leading, holder) {
+            (true, _) => "leader".to_string(),
+            (false, Some(h)) => format!("follower (leader: {})", one_line(h)),
+            (false, None) => "follower (no leader)".to_string(),
+        };
+        self.roles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(role.to_string(), line);
+    }
+
+    /// One `<role>: leader|follower (leader: <holder>)` line per role, for `/readyz`.
+    pub fn leadership(&self) -> String {
+        let roles = self.roles.lock().unwrap_or_else(|p| p.into_inner());
+        roles.iter().map(|(r, l)| format!("{r}: {l}\n")).collect()
     }
 
     /// Ok, or why the node's view or rules may be stale.
@@ -219,6 +243,27 @@ mod tests {
                 "# EgressQoS a\\r\\0b\\u{2028}/x\\nadd table ip PWNED4\\n#: EgressQoS Rules not correctly applied: bad value x\\nadd table ip PWNED4\\n#",
             ],
             "{ruleset}"
+        );
+    }
+
+    #[test]
+    fn leadership_is_reported_not_judged() {
+        let state = AdminState::new(None);
+        state.last().applied = Some((Arc::new(Table::new("nodeplane")), String::new()));
+        assert_eq!(state.leadership(), "");
+        state.set_leadership("egress-ip-assigner", false, Some("node-b\nready"));
+        assert_eq!(
+            state.leadership(),
+            "egress-ip-assigner: follower (leader: node-b\\nready)\n"
+        );
+        assert_eq!(state.ready(), Ok(()), "a follower is ready");
+        state.set_leadership("egress-ip-assigner", true, Some("node-a"));
+        assert_eq!(state.leadership(), "egress-ip-assigner: leader\n");
+        assert!(
+            state
+                .metrics
+                .encode()
+                .contains("nodeplane_leader{role=\"egress-ip-assigner\"} 1\n")
         );
     }
 

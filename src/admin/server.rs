@@ -55,7 +55,11 @@ async fn respond(
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => {
-            let repairs = format!("drift repairs: {}\n", state.drift_repairs());
+            let repairs = format!(
+                "drift repairs: {}\n{}",
+                state.drift_repairs(),
+                state.leadership()
+            );
             match state.ready() {
                 Ok(()) => text(StatusCode::OK, format!("ready\n{repairs}")),
                 Err(reason) => text(

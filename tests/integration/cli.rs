@@ -193,6 +193,11 @@ fn help_explains_every_option() {
         "--once",
         "--resync-seconds",
         "--log-level",
+        "--egress-ip-assigner",
+        "--leader-elect-namespace",
+        "--leader-elect-lease-duration",
+        "--leader-elect-renew-deadline",
+        "--leader-elect-retry-period",
         "cleanup",
         "NODEPLANE_",
     ] {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use nodeplane::cli::Opts;
 use nodeplane::config::Config;
 use serde::de::DeserializeOwned;
@@ -196,6 +196,70 @@ fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
 }
 
 #[test]
+fn the_election_lease_is_granted_in_the_agents_namespace_only() {
+    let role: Role = load("deploy/role-leader-election.yaml");
+    let binding: RoleBinding = load("deploy/rolebinding-leader-election.yaml");
+    let sa: ServiceAccount = load("deploy/serviceaccount.yaml");
+    let ds: DaemonSet = load("deploy/daemonset.yaml");
+    assert_eq!(Some(binding.role_ref.name.clone()), role.metadata.name);
+    assert_eq!(binding.role_ref.kind, "Role");
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(Some(&subject.name), sa.metadata.name.as_ref());
+    // The Role lives where the agent looks for the Lease by default.
+    let namespace = nodeplane::config::DEFAULT_LEADER_ELECT_NAMESPACE;
+    assert_eq!(role.metadata.namespace.as_deref(), Some(namespace));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some(namespace));
+    let env = ds.spec.unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let pod_ns = env
+        .iter()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .expect("POD_NAMESPACE");
+    let field = pod_ns
+        .value_from
+        .clone()
+        .unwrap()
+        .field_ref
+        .unwrap()
+        .field_path;
+    assert_eq!(field, "metadata.namespace");
+
+    let lease = nodeplane::app::EGRESS_IP_ASSIGNER_LEASE;
+    let rules = role.rules.unwrap_or_default();
+    let grants = |verb: &str| {
+        rules.iter().any(|r| {
+            r.api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "coordination.k8s.io")
+                && r.resources.iter().flatten().any(|x| x == "leases")
+                && r.verbs.iter().any(|v| v == verb)
+                && r.resource_names
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|n| n == lease))
+        })
+    };
+    for verb in ["get", "create", "update"] {
+        assert!(grants(verb), "{verb} leases/{lease}");
+    }
+    // Least privilege: that Lease only (create cannot name one), no delete, no list/watch.
+    for r in &rules {
+        assert_eq!(r.resources.as_deref(), Some(&["leases".to_string()][..]));
+        for verb in &r.verbs {
+            assert!(
+                ["get", "update", "create"].contains(&verb.as_str()),
+                "{verb}"
+            );
+            if verb != "create" {
+                assert_eq!(r.resource_names.as_deref(), Some(&[lease.to_string()][..]));
+            }
+        }
+    }
+}
+
+#[test]
 fn daemonset_probes_the_admin_server() {
     let ds: DaemonSet = load("deploy/daemonset.yaml");
     let c = ds.spec.unwrap().template.spec.unwrap().containers[0].clone();
@@ -230,6 +294,11 @@ fn example_configs_are_accepted_by_the_agent() {
     std::fs::write(&path, &cm.data.unwrap()["config.yaml"]).unwrap();
     let c = resolve(&path);
     assert_eq!(c.manifests, None, "the DaemonSet reads the Kubernetes API");
+    assert!(c.egress_ip_assigner);
+    assert_eq!(
+        c.leader_elect,
+        nodeplane::controller::lease::Timings::DEFAULT
+    );
 }
 
 #[test]

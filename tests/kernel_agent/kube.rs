@@ -414,6 +414,37 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
 }
 
 #[test]
+fn the_agent_leads_the_egress_ip_assigner_and_releases_it_on_sigterm() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    let agent = s.spawn();
+    wait_admin(&s.node, "/readyz", 200, "egress-ip-assigner: leader\n");
+    wait_admin(
+        &s.node,
+        "/metrics",
+        200,
+        "nodeplane_leader{role=\"egress-ip-assigner\"} 1\n",
+    );
+    let lease = |field: &str| {
+        let l = s
+            .api
+            .object("Lease", "nodeplane", "nodeplane-egress-assigner");
+        l.expect("the Lease")["spec"][field].clone()
+    };
+    assert_eq!(lease("holderIdentity"), NODE);
+    assert_eq!(lease("leaseDurationSeconds"), 4);
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(
+        logs.contains("egress-ip-assigner: this node leads"),
+        "{logs}"
+    );
+    // Released: the next candidate need not wait for the lease to expire.
+    assert_eq!(lease("holderIdentity"), Value::Null, "{logs}");
+    assert_eq!(lease("leaseDurationSeconds"), 1);
+}
+
+#[test]
 fn malformed_object_is_reported_and_the_rest_applies() {
     let mut s = setup();
     s.api.put(node(NODE, "192.168.50.11"));
@@ -643,7 +674,11 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
     s.wait_table(&agent, "applied", |t| t.contains("203.0.113.0/24"));
     std::thread::sleep(Duration::from_millis(500));
     let patches = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "PATCH").count();
-    let events = |api: &FakeApi| api.writes().iter().filter(|w| w.method == "POST").count();
+    let events = |api: &FakeApi| {
+        let writes = api.writes();
+        let events = writes.iter().filter(|w| w.path.ends_with("/events"));
+        events.filter(|w| w.method == "POST").count()
+    };
     let (p0, e0) = (patches(&s.api), events(&s.api));
     s.api.put(node("worker-2", "192.168.50.12"));
     s.wait_table(&agent, "node added", |t| t.contains("192.168.50.12"));

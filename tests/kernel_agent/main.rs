@@ -5,3 +5,4 @@
 mod agent;
 mod fakeapi;
 mod kube;
+mod lease;

@@ -1,5 +1,6 @@
 //! HTTP side of the fake API server (hyper 1, HTTP/1.1): list, watch (history replay,
-//! bookmarks, `410 Gone`), status server-side apply, event creation; every write recorded.
+//! bookmarks, `410 Gone`), status server-side apply, event creation, Lease create/replace
+//! (`lease`); every write recorded.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -54,7 +55,7 @@ impl Shared {
     }
 }
 
-fn full(status: StatusCode, body: Value) -> Response<Body> {
+pub fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -62,7 +63,7 @@ fn full(status: StatusCode, body: Value) -> Response<Body> {
         .expect("response")
 }
 
-fn status(code: u16, reason: &str, message: String) -> Value {
+pub fn status(code: u16, reason: &str, message: String) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code})
 }
@@ -351,6 +352,9 @@ fn write(
             }
             None => not_found(&format!("{} {}/{}", t.resource.kind, key.0, key.1)),
         };
+    }
+    if t.resource.kind == "Lease" && t.subresource.is_none() {
+        return super::lease::write(shared, method, t.namespace, t.name, body);
     }
     full(
         StatusCode::METHOD_NOT_ALLOWED,

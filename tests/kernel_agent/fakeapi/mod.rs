@@ -4,7 +4,9 @@
 //! connection drops (stop and restart on the same address), silent stalls (connections that
 //! stay open and acknowledged by TCP but carry nothing, as behind a black-holing path or a
 //! hung server: [`stall_open`](FakeApi::stall_open), [`stall_new`](FakeApi::stall_new)), and a
-//! record of every write (status server-side apply, Events). It serves the ten kinds the agent watches; others are `404`.
+//! record of every write (status server-side apply, Events), and `coordination.k8s.io/v1`
+//! Leases with resourceVersion preconditions (`lease`: `409` on a stale replace or a taken
+//! name). It serves the ten kinds the agent watches and Leases; others are `404`.
 //!
 //! ```text
 //! let listener = node.enter(|| TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -15,6 +17,7 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 mod http;
+mod lease;
 mod stall;
 mod store;
 
@@ -171,6 +174,11 @@ impl FakeApi {
             "restart on the same address"
         );
         self.serve(listener);
+    }
+
+    /// Lease writes refused with `409 Conflict` / `409 AlreadyExists` so far.
+    pub fn lease_conflicts(&self) -> usize {
+        self.shared.state().lease_conflicts
     }
 
     /// Every write request received so far (PATCH, POST, ...).

@@ -44,6 +44,7 @@ pub const RESOURCES: &[Resource] = &[
         "CloudPrivateIPConfig",
         false,
     ),
+    r("coordination.k8s.io", "v1", "leases", "Lease", true),
 ];
 
 const fn r(
@@ -130,6 +131,8 @@ pub struct State {
     /// Server-side-applied status per object and field manager (for the set-merged
     /// `status.messages`).
     pub status_by_manager: BTreeMap<(Resource, Key), BTreeMap<String, Value>>,
+    /// Lease writes refused with `409` (stale resourceVersion, name taken).
+    pub lease_conflicts: usize,
 }
 
 pub fn key_of(resource: Resource, obj: &Value) -> Key {

@@ -1,0 +1,4 @@
+//! Cluster-wide roles: work that exactly one agent of the cluster does at a time, elected
+//! with a `coordination.k8s.io/v1` Lease ([`lease`]).
+
+pub mod lease;
