@@ -9,6 +9,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conntrack;
+pub mod controller;
 pub mod dns;
 pub mod healthcheck;
 pub mod net;
