@@ -6,10 +6,12 @@
 
 use std::sync::{Arc, Mutex, mpsc};
 
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminObserver, AdminState, CountingLookup, DriftRepairs};
 use crate::config::Config;
+use crate::controller::egress_ip;
 use crate::dns::{self, DnsService};
 use crate::healthcheck::HealthServer;
 use crate::nft::TABLE_NAME;
@@ -58,6 +60,20 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
             let source =
                 kube_source::start(client.clone(), source_health.unwrap_or_default(), liveness);
+            // Every agent publishes its own node's egress-capable subnets; the leader assigns.
+            let excluded = [config.cluster_cidrs.clone(), config.service_cidrs.clone()].concat();
+            tokio::spawn(egress_ip::host_cidrs::publish(
+                client.clone(),
+                config.node_name.clone(),
+                excluded,
+                source.snapshots.clone(),
+            ));
+            tokio::spawn(egress_ip::run(
+                client.clone(),
+                egress_ip_leadership(&client, &config),
+                source.snapshots.clone(),
+                config.node_name.clone(),
+            ));
             let (status, rejections) = status::spawn_writer(client, &config.node_name);
             observers.push(Box::new(status));
             let mut rejected = source.rejections;
@@ -128,6 +144,14 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))?
         .map_err(|_| ReconcileError::Runtime("reconcile thread panicked".into()))?
+}
+
+/// Wiring point of the EgressIP assigner's leadership: `true` while this agent leads. The
+/// Lease elector connects here; until it does, the sender is dropped at once, so no agent
+/// leads and the assigner task ends without writing anything (`status.items` stays whatever
+/// another controller or the manifests wrote).
+fn egress_ip_leadership(_client: &kube::Client, _config: &Config) -> watch::Receiver<bool> {
+    watch::channel(false).1
 }
 
 async fn wait_for_signal() {

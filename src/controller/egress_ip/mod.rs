@@ -405,3 +405,100 @@ fn describe(items: &[(IpAddr, String)]) -> String {
         parts.join(", ")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::objects::{egress_ip, node};
+
+    const LABEL: (&str, &str) = (EGRESS_ASSIGNABLE_LABEL, "");
+
+    fn snap(eips: &[crate::testing::objects::EgressIp]) -> Snapshot {
+        let mut b = Snapshot::builder()
+            .with(
+                node("w1", &["192.168.1.11"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.11/24"])
+                    .object(),
+            )
+            .with(
+                node("w2", &["192.168.1.12"])
+                    .labels(&[LABEL])
+                    .ready(false)
+                    .host_cidrs(&["192.168.1.12/24"])
+                    .object(),
+            )
+            // Ready and fitting, but not labelled.
+            .with(
+                node("w3", &["192.168.1.13"])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.13/24"])
+                    .object(),
+            );
+        for e in eips {
+            b.insert(e.object());
+        }
+        b.build()
+    }
+
+    #[test]
+    fn decides_from_the_snapshot_and_writes_only_what_differs() {
+        let a = egress_ip("a", &["192.168.1.100"], &[("team", "a")])
+            .created(Some("2024-01-01T00:00:00Z"))
+            // On w2, which is not Ready: it moves to w1.
+            .hosted(&[("192.168.1.100", "w2")]);
+        let b = egress_ip("b", &["192.168.1.100", "192.168.1.12"], &[("team", "b")])
+            .created(Some("2024-01-02T00:00:00Z"));
+        let d = decide(&snap(&[a, b]), |_| true);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].name, "a");
+        assert!(d[0].write);
+        assert_eq!(
+            d[0].assignment.items,
+            vec![("192.168.1.100".parse().unwrap(), "w1".to_string())]
+        );
+        assert_eq!(
+            d[0].moved,
+            vec![(
+                "192.168.1.100".parse().unwrap(),
+                "w2".to_string(),
+                "w1".to_string()
+            )]
+        );
+        let problems: Vec<String> = d[1]
+            .assignment
+            .problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                "spec.egressIPs[0]: 192.168.1.100 is not assigned: EgressIP a, created earlier, asks for the same IP",
+                "spec.egressIPs[1]: 192.168.1.12 is not assigned: it is an address of node w2",
+            ]
+        );
+        // b's status already has no items: nothing to write.
+        assert!(!d[1].write);
+        assert_eq!(
+            status_body("b", &d[1].assignment.items),
+            json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP", "metadata": {"name": "b"},
+                "status": {"items": []}})
+        );
+
+        // Status already says it.
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let d = decide(&snap(&[a]), |_| true);
+        assert!(!d[0].write && d[0].moved.is_empty());
+        // An unhealthy verdict from the probes moves it like a NotReady node.
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let d = decide(&snap(&[a]), |n| n != "w1");
+        assert_eq!(
+            d[0].assignment.problems[0].reason,
+            assign::Reason::NoCandidate
+        );
+    }
+}
