@@ -3,5 +3,6 @@
 //! without it (see docs/testing.md).
 
 mod agent;
+mod egress_ip_assign;
 mod fakeapi;
 mod kube;

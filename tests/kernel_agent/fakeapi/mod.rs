@@ -4,7 +4,8 @@
 //! connection drops (stop and restart on the same address), silent stalls (connections that
 //! stay open and acknowledged by TCP but carry nothing, as behind a black-holing path or a
 //! hung server: [`stall_open`](FakeApi::stall_open), [`stall_new`](FakeApi::stall_new)), and a
-//! record of every write (status server-side apply, Events). It serves the ten kinds the agent watches; others are `404`.
+//! record of every write (status server-side apply, optionally without a status subresource;
+//! JSON merge patches of objects; Events). It serves the ten kinds the agent watches; others are `404`.
 //!
 //! ```text
 //! let listener = node.enter(|| TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -171,6 +172,11 @@ impl FakeApi {
             "restart on the same address"
         );
         self.serve(listener);
+    }
+
+    /// Serves `kind` without a status subresource, as OVN-Kubernetes' EgressIP CRD.
+    pub fn without_status_subresource(&self, kind: &'static str) {
+        self.shared.state().no_status_subresource.insert(kind);
     }
 
     /// Every write request received so far (PATCH, POST, ...).
