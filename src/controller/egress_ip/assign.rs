@@ -7,7 +7,9 @@
 //!    refused;
 //! 2. an IP an older EgressIP already asks for is refused (the older one keeps it);
 //! 3. an IP whose current node (from `status.items`) is still a candidate whose subnets fit it
-//!    stays there (no reshuffle when nodes join);
+//!    stays there (no reshuffle when nodes join); so does one on a candidate that has not
+//!    published its subnets ([`NodeInfo::subnets_known`]: an agent not yet upgraded, or a
+//!    malformed annotation), so that missing data never tears down a working assignment;
 //! 4. otherwise it goes to the fitting candidate hosting the fewest IPs so far (ties: the
 //!    name that sorts first), never to a node already hosting another IP of the same
 //!    EgressIP.
@@ -42,6 +44,9 @@ pub struct NodeInfo {
     pub addresses: Vec<IpAddr>,
     /// The subnets the node can host egress IPs in (from `k8s.ovn.org/host-cidrs`).
     pub host_cidrs: Vec<IpNet>,
+    /// The annotation is present and valid. Without it the node gets no new IP but keeps
+    /// the ones it has.
+    pub subnets_known: bool,
 }
 
 /// Why a node is not a candidate (first failing check).
@@ -234,11 +239,10 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
                 continue;
             }
             owner.insert(*ip, e.name.as_str());
-            let stays = e
-                .current
-                .get(ip)
-                .and_then(|n| candidate(n))
-                .filter(|n| n.fits(*ip) && !used.contains(n.name.as_str()));
+            let stays =
+                e.current.get(ip).and_then(|n| candidate(n)).filter(|n| {
+                    (n.fits(*ip) || !n.subnets_known) && !used.contains(n.name.as_str())
+                });
             match stays {
                 Some(n) => {
                     used.insert(n.name.as_str());
@@ -331,6 +335,7 @@ mod tests {
             healthy: true,
             addresses: vec![ip(addr)],
             host_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            subnets_known: true,
         }
     }
 
@@ -473,13 +478,28 @@ mod tests {
             |n| n.assignable = false,
             |n| n.deleting = true,
             |n| n.healthy = false,
-            |n| n.host_cidrs.clear(),
+            |n| n.host_cidrs = vec!["192.168.9.0/24".parse().unwrap()],
         ] {
             let mut nodes = three();
             edit(&mut nodes[1]);
             let out = assign(&eips, &nodes);
             assert_eq!(items(&out["a"]), pairs(&[("192.168.1.100", "w1")]));
         }
+        // Subnets not published (yet): the IP stays, but nothing new goes there.
+        let mut nodes = three();
+        nodes[1].host_cidrs.clear();
+        nodes[1].subnets_known = false;
+        assert_eq!(
+            items(&assign(&eips, &nodes)["a"]),
+            pairs(&[("192.168.1.100", "w2")])
+        );
+        let fresh = [eip("b", 0, &["192.168.1.101", "192.168.1.102"], &[])];
+        let out = assign(&fresh, &nodes);
+        assert_eq!(items(&out["b"]), pairs(&[("192.168.1.101", "w1")]));
+        assert_eq!(
+            out["b"].problems[0].reason,
+            Reason::NoFreeNode { fitting: 1 }
+        );
         // A status naming two IPs of one EgressIP on one node keeps the first only.
         let eips = [eip(
             "a",
@@ -515,7 +535,7 @@ mod tests {
     prop_compose! {
         fn arb_node()(
             i in 0u8..6,
-            flags in proptest::collection::vec(any::<bool>(), 3),
+            flags in proptest::collection::vec(any::<bool>(), 4),
             subnets in proptest::collection::btree_set(0u8..3, 0..3),
         ) -> NodeInfo {
             NodeInfo {
@@ -529,6 +549,7 @@ mod tests {
                     .iter()
                     .map(|s| IpNet::new(IpAddr::from([10, 0, *s, 10 + i]), 24).unwrap())
                     .collect(),
+                subnets_known: flags[3] || !subnets.is_empty(),
             }
         }
     }
@@ -594,8 +615,10 @@ mod tests {
                     prop_assert!(on.insert(node.as_str()), "{} twice on {}", e.name, node);
                     let n = nodes.iter().find(|n| &n.name == node).unwrap();
                     prop_assert!(n.candidacy().is_ok());
-                    // Inside the node's host-cidrs.
-                    prop_assert!(n.fits(*ip));
+                    // Inside the node's host-cidrs (or kept on a node whose are unknown).
+                    prop_assert!(
+                        n.fits(*ip) || (!n.subnets_known && e.current.get(ip) == Some(node))
+                    );
                     // Never a node's address; never two EgressIPs on one IP.
                     prop_assert!(!node_addrs.contains(ip));
                     prop_assert!(hosted.insert(*ip));
@@ -603,7 +626,11 @@ mod tests {
                 // Sticky: a current assignment to a fitting candidate, not refused, stays
                 // unless it is the second IP of this EgressIP on that node.
                 for (ip, node) in &e.current {
-                    let kept = nodes.iter().any(|n| &n.name == node && n.candidacy().is_ok() && n.fits(*ip));
+                    let kept = nodes.iter().any(|n| {
+                        &n.name == node
+                            && n.candidacy().is_ok()
+                            && (n.fits(*ip) || !n.subnets_known)
+                    });
                     let refused = a.problems.iter().any(|p| p.ip == *ip);
                     let first_on_node = e.ips.iter().take_while(|i| *i != ip).all(|i| {
                         e.current.get(i) != Some(node)

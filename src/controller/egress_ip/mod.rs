@@ -66,8 +66,7 @@ pub fn inputs(
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(host_cidrs::ANNOTATION))
-                .map(|v| host_cidrs::parse(v).unwrap_or_default())
-                .unwrap_or_default();
+                .and_then(|v| host_cidrs::parse(v).ok());
             NodeInfo {
                 name: name.clone(),
                 assignable: snapshot::labels(&node.metadata).contains_key(EGRESS_ASSIGNABLE_LABEL),
@@ -75,7 +74,8 @@ pub fn inputs(
                 deleting: node.metadata.deletion_timestamp.is_some(),
                 healthy: healthy(name),
                 addresses: snapshot::node_ips(node),
-                host_cidrs,
+                subnets_known: host_cidrs.is_some(),
+                host_cidrs: host_cidrs.unwrap_or_default(),
             }
         })
         .collect();
@@ -226,6 +226,9 @@ pub async fn run(
     }
 }
 
+/// Items written and the object's resourceVersion they were decided on.
+type Sent = (Vec<(IpAddr, String)>, Option<String>);
+
 /// One leadership term's memory.
 struct Term<'a> {
     api: &'a Api<EgressIP>,
@@ -233,7 +236,7 @@ struct Term<'a> {
     path: StatusPath,
     /// Items written per EgressIP and the resourceVersion the decision was made on: not
     /// written again until the snapshot shows a newer version of the object.
-    sent: BTreeMap<String, (Vec<(IpAddr, String)>, Option<String>)>,
+    sent: BTreeMap<String, Sent>,
     /// Writes that failed, to retry.
     failed: BTreeSet<String>,
     /// The last reason reported per (EgressIP, IP): one Event per new reason.
@@ -284,6 +287,7 @@ impl<'a> Term<'a> {
                         describe(&d.assignment.items)
                     );
                     self.failed.remove(&d.name);
+                    self.report_moves(d).await;
                 }
                 Err(e) => {
                     warn!(
@@ -353,13 +357,7 @@ impl<'a> Term<'a> {
     }
 
     async fn report(&mut self, d: &Decision) {
-        let object = ObjectReference {
-            api_version: Some("k8s.ovn.org/v1".into()),
-            kind: Some("EgressIP".into()),
-            name: Some(d.name.clone()),
-            uid: d.uid.clone(),
-            ..Default::default()
-        };
+        let object = reference(d);
         let problems: BTreeMap<IpAddr, &Problem> =
             d.assignment.problems.iter().map(|p| (p.ip, p)).collect();
         self.reported
@@ -375,11 +373,14 @@ impl<'a> Term<'a> {
                 .await;
             self.reported.insert(key, note);
         }
-        if d.write {
-            for (ip, from, to) in &d.moved {
-                let note = format!("{ip} moved from node {from} to node {to}");
-                self.publish(&object, EventType::Normal, MOVED, &note).await;
-            }
+    }
+
+    /// Normal Events for the IPs a successful write moved.
+    async fn report_moves(&self, d: &Decision) {
+        let object = reference(d);
+        for (ip, from, to) in &d.moved {
+            let note = format!("{ip} moved from node {from} to node {to}");
+            self.publish(&object, EventType::Normal, MOVED, &note).await;
         }
     }
 
@@ -394,6 +395,16 @@ impl<'a> Term<'a> {
         if let Err(e) = self.recorder.publish(&event, object).await {
             warn!("cannot create Event for EgressIP {:?}: {e}", object.name);
         }
+    }
+}
+
+fn reference(d: &Decision) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("k8s.ovn.org/v1".into()),
+        kind: Some("EgressIP".into()),
+        name: Some(d.name.clone()),
+        uid: d.uid.clone(),
+        ..Default::default()
     }
 }
 
