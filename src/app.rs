@@ -6,10 +6,12 @@
 
 use std::sync::{Arc, Mutex, mpsc};
 
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminObserver, AdminState, CountingLookup, DriftRepairs};
 use crate::config::Config;
+use crate::controller::egress_ip;
 use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
 use crate::dns::{self, DnsService};
 use crate::healthcheck::HealthServer;
@@ -81,6 +83,14 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
             let source =
                 kube_source::start(client.clone(), source_health.unwrap_or_default(), liveness);
+            // Every agent publishes its own node's egress-capable subnets; the leader assigns.
+            let excluded = [config.cluster_cidrs.clone(), config.service_cidrs.clone()].concat();
+            tokio::spawn(egress_ip::host_cidrs::publish(
+                client.clone(),
+                config.node_name.clone(),
+                excluded,
+                source.snapshots.clone(),
+            ));
             let (status, rejections) = status::spawn_writer(client.clone(), &config.node_name);
             observers.push(Box::new(status));
             let mut rejected = source.rejections;
@@ -101,11 +111,17 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             // Candidates only once every kind is listed: an assigner must not act on a
             // partial view of the cluster.
             if config.egress_ip_assigner {
-                let e = elect_egress_ip_assigner(client, &config);
+                let e = elect_egress_ip_assigner(client.clone(), &config);
                 tokio::spawn(report_leadership(
                     EGRESS_IP_ASSIGNER,
                     e.subscribe(),
                     admin.clone(),
+                ));
+                tokio::spawn(egress_ip::run(
+                    client,
+                    leading(e.subscribe()),
+                    source.snapshots.clone(),
+                    config.node_name.clone(),
                 ));
                 elector = Some(e);
             }
@@ -215,6 +231,26 @@ async fn report_leadership(
             return;
         }
     }
+}
+
+/// Wiring point of the EgressIP assigner's leadership: `true` while this agent leads. The
+/// Lease elector connects here; until it does, the sender is dropped at once, so no agent
+/// leads and the assigner task ends without writing anything (`status.items` stays whatever
+/// another controller or the manifests wrote).
+/// Whether this agent leads, as the role's work consumes it: follows `leadership` until the
+/// elector is gone (then: not leading).
+fn leading(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(leadership.borrow().leading);
+    tokio::spawn(async move {
+        while leadership.changed().await.is_ok() {
+            let now = leadership.borrow().leading;
+            if tx.send(now).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(false);
+    });
+    rx
 }
 
 async fn wait_for_signal() {

@@ -140,6 +140,8 @@ pub struct Node {
     name: String,
     labels: Vec<(String, String)>,
     ips: Vec<String>,
+    ready: Option<bool>,
+    host_cidrs: Option<Vec<String>>,
 }
 
 pub fn node(name: &str, ips: &[impl Display]) -> Node {
@@ -147,6 +149,8 @@ pub fn node(name: &str, ips: &[impl Display]) -> Node {
         name: name.into(),
         labels: Vec::new(),
         ips: strings(ips),
+        ready: None,
+        host_cidrs: None,
     }
 }
 
@@ -155,19 +159,42 @@ impl Node {
         self.labels = owned(labels);
         self
     }
+
+    /// The Ready condition (none unless set).
+    pub fn ready(mut self, ready: bool) -> Node {
+        self.ready = Some(ready);
+        self
+    }
+
+    /// The `k8s.ovn.org/host-cidrs` annotation (`address/prefix` entries).
+    pub fn host_cidrs(mut self, cidrs: &[&str]) -> Node {
+        self.host_cidrs = Some(strings(cidrs));
+        self
+    }
 }
 
 impl Display for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let meta = metadata(&self.name, None, &self.labels);
+        let mut meta = metadata(&self.name, None, &self.labels);
+        if let Some(cidrs) = &self.host_cidrs {
+            let json = serde_json::to_string(cidrs).expect("strings serialise");
+            meta.pop();
+            meta.push_str(&format!(
+                ", annotations: {{'k8s.ovn.org/host-cidrs': '{json}'}}}}"
+            ));
+        }
         let addrs: Vec<String> = self
             .ips
             .iter()
             .map(|ip| format!("{{type: InternalIP, address: '{ip}'}}"))
             .collect();
+        let conditions = self.ready.map_or(String::new(), |r| {
+            let status = if r { "True" } else { "False" };
+            format!(", conditions: [{{type: Ready, status: '{status}'}}]")
+        });
         write!(
             f,
-            "apiVersion: v1\nkind: Node\n{meta}\nstatus: {{addresses: [{}]}}\n",
+            "apiVersion: v1\nkind: Node\n{meta}\nstatus: {{addresses: [{}]{conditions}}}\n",
             addrs.join(", ")
         )
     }

@@ -180,12 +180,22 @@ fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
         assert!(grants("k8s.ovn.org", resource, "patch"), "patch {resource}");
     }
     assert!(grants("events.k8s.io", "events", "create"));
-    // Least privilege: reads, those status patches and events, nothing else.
+    // EgressIP control plane: the host-cidrs annotation on the agent's Node, status.items
+    // (through /status, or with the object when the CRD has no status subresource).
+    assert!(grants("", "nodes", "patch"));
+    assert!(grants("k8s.ovn.org", "egressips/status", "patch"));
+    assert!(grants("k8s.ovn.org", "egressips", "patch"));
+    // Least privilege: reads, those patches and events, nothing else.
     for rule in role.rules.iter().flatten() {
         for resource in rule.resources.iter().flatten() {
             for verb in &rule.verbs {
                 let allowed = match resource.as_str() {
-                    "egressfirewalls/status" | "egressqoses/status" => verb == "patch",
+                    "egressfirewalls/status" | "egressqoses/status" | "egressips/status" => {
+                        verb == "patch"
+                    }
+                    "nodes" | "egressips" => {
+                        ["get", "list", "watch", "patch"].contains(&verb.as_str())
+                    }
                     "events" => verb == "create" || verb == "patch",
                     _ => ["get", "list", "watch"].contains(&verb.as_str()),
                 };

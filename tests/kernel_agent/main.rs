@@ -3,6 +3,7 @@
 //! without it (see docs/testing.md).
 
 mod agent;
+mod egress_ip_assign;
 mod fakeapi;
 mod kube;
 mod lease;

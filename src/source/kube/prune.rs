@@ -12,7 +12,12 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// typed Pod requires).
 const POD_SPEC: &[&str] = &["nodeName", "hostNetwork"];
 const POD_STATUS: &[&str] = &["phase", "podIP", "podIPs"];
-const NODE_STATUS: &[&str] = &["addresses"];
+const NODE_STATUS: &[&str] = &["addresses", "conditions"];
+/// The one node condition read (EgressIP candidates must be Ready), and its fields: the
+/// heartbeat times change with every kubelet status update and would make every node's
+/// update a new snapshot.
+const NODE_CONDITION: &str = "Ready";
+const CONDITION_FIELDS: &[&str] = &["type", "status"];
 
 /// Strips unused data from a raw object before it is decoded.
 pub fn prune(kind: Kind, value: &mut Value) {
@@ -36,6 +41,16 @@ pub fn prune(kind: Kind, value: &mut Value) {
         Kind::Node => {
             obj.remove("spec");
             keep_only(obj, "status", NODE_STATUS);
+            let conditions = obj
+                .get_mut("status")
+                .and_then(|s| s.get_mut("conditions"))
+                .and_then(Value::as_array_mut);
+            if let Some(conditions) = conditions {
+                conditions.retain(|c| c["type"] == NODE_CONDITION);
+                for c in conditions.iter_mut().filter_map(Value::as_object_mut) {
+                    c.retain(|k, _| CONDITION_FIELDS.contains(&k.as_str()));
+                }
+            }
         }
         _ => {}
     }
@@ -81,18 +96,28 @@ mod tests {
     }
 
     #[test]
-    fn nodes_keep_addresses_only() {
+    fn nodes_keep_addresses_ready_and_annotations_only() {
+        let cidrs = r#"["192.0.2.1/24"]"#;
         let mut node = json!({
-            "metadata": {"name": "w1", "labels": {"a": "b"}},
+            "metadata": {"name": "w1", "labels": {"a": "b"},
+                "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
             "spec": {"podCIDR": "10.0.0.0/24"},
             "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "lastHeartbeatTime": "2024-01-01T00:00:00Z"}],
                 "images": [{"names": ["x"], "sizeBytes": 1}]}
         });
         prune(Kind::Node, &mut node);
         assert_eq!(
             node,
-            json!({"metadata": {"name": "w1", "labels": {"a": "b"}},
-                "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}})
+            json!({"metadata": {"name": "w1", "labels": {"a": "b"},
+                    "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
+                "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}})
         );
+        let decoded = AnyObject::deserialize(Kind::Node, &node).unwrap();
+        assert_eq!(decoded.meta().name.as_deref(), Some("w1"));
     }
 }

@@ -330,13 +330,23 @@ fn write(
         content_type,
         body: body.clone(),
     };
-    shared.state().writes.push(recorded);
+    shared.state().writes.push(recorded.clone());
     if path.ends_with("/events") && method == Method::POST {
         return full(StatusCode::CREATED, body);
     }
     let Some(t) = parse_path(&path) else {
         return not_found(&path);
     };
+    let no_subresource = shared
+        .state()
+        .no_status_subresource
+        .contains(t.resource.kind);
+    if method == Method::PATCH && t.subresource.as_deref() == Some("status") && no_subresource {
+        return not_found(&path);
+    }
+    if method == Method::PATCH && t.subresource.is_none() && t.name.is_some() {
+        return patch_object(shared, t, &recorded.content_type, &body, no_subresource);
+    }
     if method == Method::PATCH && t.subresource.as_deref() == Some("status") {
         let key = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
         let manager = param(&query, "fieldManager").unwrap_or_default();
@@ -360,4 +370,43 @@ fn write(
         StatusCode::METHOD_NOT_ALLOWED,
         status(405, "MethodNotAllowed", format!("{method} {path}")),
     )
+}
+
+/// PATCH on an object: a JSON merge patch (what the agent sends for its Node's annotation), or
+/// a server-side apply of `status` alone, honoured only when the kind has no status
+/// subresource (with one, the API server ignores status written with the object).
+fn patch_object(
+    shared: &Shared,
+    t: Target,
+    content_type: &str,
+    body: &Value,
+    no_subresource: bool,
+) -> Response<Body> {
+    let key = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
+    let mut state = shared.state();
+    let Some(mut obj) = state
+        .objects
+        .get(&t.resource)
+        .and_then(|m| m.get(&key))
+        .cloned()
+    else {
+        return not_found(&format!("{} {}/{}", t.resource.kind, key.0, key.1));
+    };
+    if content_type.starts_with("application/merge-patch+json") {
+        super::store::merge_patch(&mut obj, body);
+    } else if content_type.starts_with("application/apply-patch") {
+        if no_subresource {
+            obj["status"] = body["status"].clone();
+        }
+    } else {
+        return full(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            status(415, "UnsupportedMediaType", content_type.to_string()),
+        );
+    }
+    let ev = state.put(obj);
+    drop(state);
+    let obj = ev.object.clone();
+    shared.publish(ev);
+    full(StatusCode::OK, obj)
 }

@@ -4,9 +4,10 @@
 //! connection drops (stop and restart on the same address), silent stalls (connections that
 //! stay open and acknowledged by TCP but carry nothing, as behind a black-holing path or a
 //! hung server: [`stall_open`](FakeApi::stall_open), [`stall_new`](FakeApi::stall_new)), and a
-//! record of every write (status server-side apply, Events), and `coordination.k8s.io/v1`
-//! Leases with resourceVersion preconditions (`lease`: `409` on a stale replace or a taken
-//! name). It serves the ten kinds the agent watches and Leases; others are `404`.
+//! record of every write (status server-side apply, optionally without a status subresource;
+//! JSON merge patches of objects; Events), and `coordination.k8s.io/v1` Leases with
+//! resourceVersion preconditions (`lease`: `409` on a stale replace or a taken name). It
+//! serves the ten kinds the agent watches and Leases; others are `404`.
 //!
 //! ```text
 //! let listener = node.enter(|| TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -179,6 +180,11 @@ impl FakeApi {
     /// Lease writes refused with `409 Conflict` / `409 AlreadyExists` so far.
     pub fn lease_conflicts(&self) -> usize {
         self.shared.state().lease_conflicts
+    }
+
+    /// Serves `kind` without a status subresource, as OVN-Kubernetes' EgressIP CRD.
+    pub fn without_status_subresource(&self, kind: &'static str) {
+        self.shared.state().no_status_subresource.insert(kind);
     }
 
     /// Every write request received so far (PATCH, POST, ...).

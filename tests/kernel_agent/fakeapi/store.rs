@@ -133,6 +133,9 @@ pub struct State {
     pub status_by_manager: BTreeMap<(Resource, Key), BTreeMap<String, Value>>,
     /// Lease writes refused with `409` (stale resourceVersion, name taken).
     pub lease_conflicts: usize,
+    /// Kinds served without a status subresource (as OVN-Kubernetes' EgressIP CRD): PATCH on
+    /// `/status` is `404` and status is written with the object.
+    pub no_status_subresource: std::collections::BTreeSet<&'static str>,
 }
 
 pub fn key_of(resource: Resource, obj: &Value) -> Key {
@@ -242,6 +245,25 @@ impl State {
         }
         obj["status"] = Value::Object(merged);
         Some(self.put(obj))
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(patch) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let obj = target.as_object_mut().expect("object");
+    for (k, v) in patch {
+        if v.is_null() {
+            obj.remove(k);
+        } else {
+            merge_patch(obj.entry(k.clone()).or_insert(Value::Null), v);
+        }
     }
 }
 

@@ -1,0 +1,515 @@
+//! The EgressIP control plane: which node hosts which egress IP.
+//!
+//! [`assign`] is the pure rule (candidates, spread, stickiness, conflicts); [`host_cidrs`]
+//! publishes each node's egress-capable subnets on its Node object (every agent, for its own
+//! node); [`run`] is the assigner task the leader runs: on every snapshot it recomputes the
+//! assignment ([`decide`]) and writes the `status.items` that differ, with Warning Events for
+//! IPs it cannot place and Normal Events for IPs it moves.
+//!
+//! Writing `status.items`: server-side apply with one field manager for the role,
+//! [`FIELD_MANAGER`] (not per node), and `force`, so a new leader owns exactly the fields the
+//! old one did and never conflicts with them. nodeplane's CRD has a status subresource,
+//! OVN-Kubernetes' EgressIP CRD does not: the assigner applies to `/status` first; a `404`
+//! there means either no subresource or no object, so it applies the same body to the object
+//! itself, and if that succeeds it writes there from then on ([`StatusPath::Object`]). A write
+//! to the object whose answer does not show the new status (the CRD gained a subresource, so
+//! the API server ignored the status) sends it back to `/status`. Each leadership term starts
+//! with `/status`.
+
+pub mod assign;
+pub mod host_cidrs;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::api::EgressIP;
+use crate::api::egress_ip::EGRESS_ASSIGNABLE_LABEL;
+use crate::snapshot::{self, Snapshot};
+use assign::{Assignment, EgressIpInfo, NodeInfo, Problem};
+
+/// The field manager of the assigner role, whichever agent leads.
+pub const FIELD_MANAGER: &str = "nodeplane-egress-ip-assigner";
+/// Warning Event reason for an IP that cannot be placed.
+pub const NOT_ASSIGNED: &str = "EgressIPNotAssigned";
+/// Normal Event reason for an IP moved to another node.
+pub const MOVED: &str = "EgressIPMoved";
+const RETRY: Duration = Duration::from_secs(2);
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// The assigner's view of the nodes and EgressIPs of a snapshot. `healthy` is the probes'
+/// verdict per node name. EgressIPs that do not validate are left out (their status is left
+/// alone; the node agents report why they are invalid).
+pub fn inputs(
+    snap: &Snapshot,
+    healthy: impl Fn(&str) -> bool,
+) -> (Vec<EgressIpInfo>, Vec<NodeInfo>) {
+    let nodes = snap
+        .nodes()
+        .iter()
+        .map(|(name, node)| {
+            let ready = node
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let host_cidrs = node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(host_cidrs::ANNOTATION))
+                .and_then(|v| host_cidrs::parse(v).ok());
+            NodeInfo {
+                name: name.clone(),
+                assignable: snapshot::labels(&node.metadata).contains_key(EGRESS_ASSIGNABLE_LABEL),
+                ready,
+                deleting: node.metadata.deletion_timestamp.is_some(),
+                healthy: healthy(name),
+                addresses: snapshot::node_ips(node),
+                subnets_known: host_cidrs.is_some(),
+                host_cidrs: host_cidrs.unwrap_or_default(),
+            }
+        })
+        .collect();
+    let eips = snap
+        .egress_ips()
+        .values()
+        .filter_map(|e| {
+            let v = e.validate().ok()?;
+            Some(EgressIpInfo {
+                created: e
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_nanosecond()),
+                name: v.name,
+                ips: v.ips,
+                current: v.assignments,
+            })
+        })
+        .collect();
+    (eips, nodes)
+}
+
+/// What the assigner wants for one EgressIP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub name: String,
+    pub uid: Option<String>,
+    /// The object's resourceVersion in the snapshot.
+    pub resource_version: Option<String>,
+    pub assignment: Assignment,
+    /// `status.items` differs from `assignment.items` (order aside).
+    pub write: bool,
+    /// `(ip, from, to)` for IPs moved off a node that still exists in `status.items`.
+    pub moved: Vec<(IpAddr, String, String)>,
+}
+
+/// The assignment of every valid EgressIP of the snapshot and whether its status must change.
+pub fn decide(snap: &Snapshot, healthy: impl Fn(&str) -> bool) -> Vec<Decision> {
+    let (eips, nodes) = inputs(snap, healthy);
+    let mut out = assign::assign(&eips, &nodes);
+    eips.iter()
+        .filter_map(|e| {
+            let assignment = out.remove(&e.name)?;
+            let obj = snap.egress_ips().get(&e.name)?;
+            let want: BTreeSet<(String, String)> = assignment
+                .items
+                .iter()
+                .map(|(ip, n)| (ip.to_string(), n.clone()))
+                .collect();
+            let raw = obj
+                .status
+                .as_ref()
+                .map(|s| s.items.as_slice())
+                .unwrap_or(&[]);
+            let have: BTreeSet<(String, String)> = raw
+                .iter()
+                .map(|i| (i.egress_ip.clone(), i.node.clone()))
+                .collect();
+            let write = obj.status.is_none() || have != want || raw.len() != want.len();
+            let moved = assignment
+                .items
+                .iter()
+                .filter_map(|(ip, to)| {
+                    let from = e.current.get(ip)?;
+                    (from != to).then(|| (*ip, from.clone(), to.clone()))
+                })
+                .collect();
+            Some(Decision {
+                name: e.name.clone(),
+                uid: obj.metadata.uid.clone(),
+                resource_version: obj.metadata.resource_version.clone(),
+                assignment,
+                write,
+                moved,
+            })
+        })
+        .collect()
+}
+
+/// The server-side-apply body of an EgressIP's `status.items`.
+pub fn status_body(name: &str, items: &[(IpAddr, String)]) -> Value {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|(ip, node)| json!({"egressIP": ip.to_string(), "node": node}))
+        .collect();
+    json!({
+        "apiVersion": "k8s.ovn.org/v1",
+        "kind": "EgressIP",
+        "metadata": {"name": name},
+        "status": {"items": items},
+    })
+}
+
+/// Where `status` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusPath {
+    /// The `/status` subresource (nodeplane's CRD).
+    Subresource,
+    /// The object itself (a CRD without a status subresource, as OVN-Kubernetes' own).
+    Object,
+}
+
+/// Runs the assigner: idle while `leading` is false; while true, recomputes on every snapshot
+/// and writes what differs. `instance` names this agent in Events. Ends when a channel closes.
+pub async fn run(
+    client: Client,
+    mut leading: watch::Receiver<bool>,
+    mut snapshots: watch::Receiver<Option<Snapshot>>,
+    instance: String,
+) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(instance),
+        },
+    );
+    let api: Api<EgressIP> = Api::all(client);
+    loop {
+        if !*leading.borrow_and_update() {
+            if leading.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        info!("EgressIP assigner: leading");
+        let mut term = Term::new(&api, &recorder);
+        loop {
+            let snap = snapshots.borrow_and_update().clone();
+            if let Some(snap) = snap {
+                term.sync(&snap, &leading).await;
+            }
+            tokio::select! {
+                changed = leading.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if !*leading.borrow() {
+                        info!("EgressIP assigner: no longer leading");
+                        break;
+                    }
+                }
+                changed = snapshots.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(RETRY), if term.retrying() => {}
+            }
+        }
+    }
+}
+
+/// Items written and the object's resourceVersion they were decided on.
+type Sent = (Vec<(IpAddr, String)>, Option<String>);
+
+/// One leadership term's memory.
+struct Term<'a> {
+    api: &'a Api<EgressIP>,
+    recorder: &'a Recorder,
+    path: StatusPath,
+    /// Items written per EgressIP and the resourceVersion the decision was made on: not
+    /// written again until the snapshot shows a newer version of the object.
+    sent: BTreeMap<String, Sent>,
+    /// Writes that failed, to retry.
+    failed: BTreeSet<String>,
+    /// The last reason reported per (EgressIP, IP): one Event per new reason.
+    reported: BTreeMap<(String, IpAddr), String>,
+}
+
+impl<'a> Term<'a> {
+    fn new(api: &'a Api<EgressIP>, recorder: &'a Recorder) -> Term<'a> {
+        Term {
+            api,
+            recorder,
+            path: StatusPath::Subresource,
+            sent: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            reported: BTreeMap::new(),
+        }
+    }
+
+    fn retrying(&self) -> bool {
+        !self.failed.is_empty()
+    }
+
+    async fn sync(&mut self, snap: &Snapshot, leading: &watch::Receiver<bool>) {
+        let decisions = decide(snap, |_| true);
+        let names: BTreeSet<&str> = decisions.iter().map(|d| d.name.as_str()).collect();
+        self.sent.retain(|n, _| names.contains(n.as_str()));
+        self.failed.retain(|n| names.contains(n.as_str()));
+        self.reported.retain(|(n, _), _| names.contains(n.as_str()));
+        for d in &decisions {
+            if !*leading.borrow() {
+                return;
+            }
+            self.report(d).await;
+            if !d.write {
+                self.sent.remove(&d.name);
+                self.failed.remove(&d.name);
+                continue;
+            }
+            let this = (d.assignment.items.clone(), d.resource_version.clone());
+            if self.sent.get(&d.name) == Some(&this) && !self.failed.contains(&d.name) {
+                continue;
+            }
+            match self.write(&d.name, &d.assignment.items).await {
+                Ok(()) => {
+                    info!(
+                        "EgressIP {}: status.items = {}",
+                        d.name,
+                        describe(&d.assignment.items)
+                    );
+                    self.failed.remove(&d.name);
+                    self.report_moves(d).await;
+                }
+                Err(e) => {
+                    warn!(
+                        "EgressIP {}: cannot write status.items, retrying: {e}",
+                        d.name
+                    );
+                    self.failed.insert(d.name.clone());
+                }
+            }
+            self.sent.insert(d.name.clone(), this);
+        }
+    }
+
+    /// Applies the items (see the module documentation for the path).
+    async fn write(&mut self, name: &str, items: &[(IpAddr, String)]) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = status_body(name, items);
+        let shows = |obj: &EgressIP| {
+            let got: Vec<(String, String)> = obj
+                .status
+                .iter()
+                .flat_map(|s| s.items.iter())
+                .map(|i| (i.egress_ip.clone(), i.node.clone()))
+                .collect();
+            let want: Vec<(String, String)> = items
+                .iter()
+                .map(|(i, n)| (i.to_string(), n.clone()))
+                .collect();
+            got == want
+        };
+        if self.path == StatusPath::Subresource {
+            match self
+                .api
+                .patch_status(name, &params, &Patch::Apply(&body))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                other => return other.map(|_| ()),
+            }
+        }
+        match self.api.patch(name, &params, &Patch::Apply(&body)).await {
+            Ok(obj) if shows(&obj) => {
+                if self.path != StatusPath::Object {
+                    info!(
+                        "EgressIP CRD has no status subresource: status is written with the object"
+                    );
+                    self.path = StatusPath::Object;
+                }
+                Ok(())
+            }
+            Ok(_) if self.path == StatusPath::Object => {
+                // The API server ignored the status: the CRD has a subresource now.
+                self.path = StatusPath::Subresource;
+                self.api
+                    .patch_status(name, &params, &Patch::Apply(&body))
+                    .await
+                    .map(|_| ())
+            }
+            Ok(_) => Ok(()),
+            // Gone: the next snapshot drops it.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                debug!("EgressIP {name}: gone before its status was written");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn report(&mut self, d: &Decision) {
+        let object = reference(d);
+        let problems: BTreeMap<IpAddr, &Problem> =
+            d.assignment.problems.iter().map(|p| (p.ip, p)).collect();
+        self.reported
+            .retain(|(n, ip), _| n != &d.name || problems.contains_key(ip));
+        for (ip, p) in problems {
+            let note = p.to_string();
+            let key = (d.name.clone(), ip);
+            if self.reported.get(&key) == Some(&note) {
+                continue;
+            }
+            warn!("EgressIP {}: {note}", d.name);
+            self.publish(&object, EventType::Warning, NOT_ASSIGNED, &note)
+                .await;
+            self.reported.insert(key, note);
+        }
+    }
+
+    /// Normal Events for the IPs a successful write moved.
+    async fn report_moves(&self, d: &Decision) {
+        let object = reference(d);
+        for (ip, from, to) in &d.moved {
+            let note = format!("{ip} moved from node {from} to node {to}");
+            self.publish(&object, EventType::Normal, MOVED, &note).await;
+        }
+    }
+
+    async fn publish(&self, object: &ObjectReference, type_: EventType, reason: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(crate::text::one_line_within(note, EVENT_NOTE_MAX).into_owned()),
+            action: "Assign".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, object).await {
+            warn!("cannot create Event for EgressIP {:?}: {e}", object.name);
+        }
+    }
+}
+
+fn reference(d: &Decision) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("k8s.ovn.org/v1".into()),
+        kind: Some("EgressIP".into()),
+        name: Some(d.name.clone()),
+        uid: d.uid.clone(),
+        ..Default::default()
+    }
+}
+
+fn describe(items: &[(IpAddr, String)]) -> String {
+    let parts: Vec<String> = items.iter().map(|(ip, n)| format!("{ip} on {n}")).collect();
+    if parts.is_empty() {
+        "[]".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::objects::{egress_ip, node};
+
+    const LABEL: (&str, &str) = (EGRESS_ASSIGNABLE_LABEL, "");
+
+    fn snap(eips: &[crate::testing::objects::EgressIp]) -> Snapshot {
+        let mut b = Snapshot::builder()
+            .with(
+                node("w1", &["192.168.1.11"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.11/24"])
+                    .object(),
+            )
+            .with(
+                node("w2", &["192.168.1.12"])
+                    .labels(&[LABEL])
+                    .ready(false)
+                    .host_cidrs(&["192.168.1.12/24"])
+                    .object(),
+            )
+            // Ready and fitting, but not labelled.
+            .with(
+                node("w3", &["192.168.1.13"])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.13/24"])
+                    .object(),
+            );
+        for e in eips {
+            b.insert(e.object());
+        }
+        b.build()
+    }
+
+    #[test]
+    fn decides_from_the_snapshot_and_writes_only_what_differs() {
+        let a = egress_ip("a", &["192.168.1.100"], &[("team", "a")])
+            .created(Some("2024-01-01T00:00:00Z"))
+            // On w2, which is not Ready: it moves to w1.
+            .hosted(&[("192.168.1.100", "w2")]);
+        let b = egress_ip("b", &["192.168.1.100", "192.168.1.12"], &[("team", "b")])
+            .created(Some("2024-01-02T00:00:00Z"));
+        let d = decide(&snap(&[a, b]), |_| true);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].name, "a");
+        assert!(d[0].write);
+        assert_eq!(
+            d[0].assignment.items,
+            vec![("192.168.1.100".parse().unwrap(), "w1".to_string())]
+        );
+        assert_eq!(
+            d[0].moved,
+            vec![(
+                "192.168.1.100".parse().unwrap(),
+                "w2".to_string(),
+                "w1".to_string()
+            )]
+        );
+        let problems: Vec<String> = d[1]
+            .assignment
+            .problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                "spec.egressIPs[0]: 192.168.1.100 is not assigned: EgressIP a, created earlier, asks for the same IP",
+                "spec.egressIPs[1]: 192.168.1.12 is not assigned: it is an address of node w2",
+            ]
+        );
+        // b's status already has no items: nothing to write.
+        assert!(!d[1].write);
+        assert_eq!(
+            status_body("b", &d[1].assignment.items),
+            json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP", "metadata": {"name": "b"},
+                "status": {"items": []}})
+        );
+
+        // Status already says it.
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let d = decide(&snap(&[a]), |_| true);
+        assert!(!d[0].write && d[0].moved.is_empty());
+        // An unhealthy verdict from the probes moves it like a NotReady node.
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let d = decide(&snap(&[a]), |n| n != "w1");
+        assert_eq!(
+            d[0].assignment.problems[0].reason,
+            assign::Reason::NoCandidate
+        );
+    }
+}
