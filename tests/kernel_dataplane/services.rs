@@ -246,7 +246,8 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
     ];
     t.agent.write("services.yaml", &docs.join("---\n"));
     // externalIPs are honoured only where allowed (none by default).
-    t.agent.once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
+    t.agent
+        .once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
 
     let ext_ip: IpAddr = "192.168.1.100".parse().unwrap();
     // NodePort from outside: answered, masqueraded (eTP=Cluster), by every endpoint.
@@ -329,7 +330,10 @@ fn hostile_service_addresses_neither_break_the_node_nor_hijack_a_cluster_ip() {
     let allow_all = ["--external-ip-allowed-cidrs", "0.0.0.0/0,::/0"];
     let mut dry = vec!["--dry-run"];
     dry.extend_from_slice(&allow_all);
-    let printed = t.node.run_agent(&t.agent.args(&dry)).expect("agent --dry-run");
+    let printed = t
+        .node
+        .run_agent(&t.agent.args(&dry))
+        .expect("agent --dry-run");
     for want in [
         "spec.clusterIPs[0]: 127.0.0.1 is a loopback address",
         "spec.clusterIPs[0]: 192.168.1.1 is an address of node node-1",
