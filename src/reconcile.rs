@@ -353,10 +353,25 @@ status: {items: [{egressIP: 192.168.99.9, node: n1}]}
         let eip = report.statuses.iter().find(|s| s.key.name == "e").unwrap();
         assert_eq!(
             eip.result,
-            Err("spec.egressIPs[0]: 192.168.99.9: no interface subnet contains it".into())
+            Err(
+                "spec.egressIPs[0]: 192.168.99.9: no interface subnet contains it; the traffic \
+                 of its 1 selected pod address(es) to destinations outside the cluster is \
+                 dropped on node n1"
+                    .into()
+            )
         );
         let table = rec.engine.current().unwrap().flatten();
         assert!(table.sets["eip-snat-v4"].elements.is_empty());
+        // Fail closed: the pod is not left to leave with the node's address.
+        let steer: Vec<_> = table.sets["eip-steer-v4"].elements.values().collect();
+        assert_eq!(steer.len(), 1);
+        assert_eq!(
+            steer[0].data,
+            Some(crate::nft::ir::ElemData::Verdict(
+                crate::nft::ir::Verdict::Jump("eip-unreachable".into())
+            ))
+        );
+        assert!(table.chains.contains_key("eip-unreachable"));
         assert!(
             table.sets["qos-pods-v4"].elements.len() == 1,
             "QoS still applied"

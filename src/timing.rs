@@ -86,6 +86,12 @@ where
         self.quiet_until = now + self.quiet;
     }
 
+    /// An event that must not wait came at `now`: the burst ends at `now` (what is already
+    /// queued is still taken in; nothing more is waited for).
+    pub fn hurry(&mut self, now: I) {
+        self.ends_by = self.ends_by.min(now);
+    }
+
     /// When the burst ends unless another event comes first.
     pub fn deadline(&self) -> I {
         self.quiet_until.min(self.ends_by)
@@ -178,6 +184,28 @@ mod tests {
         }
         assert_eq!(burst.deadline(), t0 + ms(800));
         assert!(burst.is_over(t0 + ms(800)));
+    }
+
+    #[test]
+    fn an_urgent_event_ends_the_burst_at_once() {
+        let d = Debounce {
+            quiet: ms(100),
+            max: ms(500),
+        };
+        let t0 = Instant::now();
+        let mut burst = d.start(t0);
+        burst.event(t0 + ms(10));
+        assert_eq!(burst.deadline(), t0 + ms(110));
+        burst.hurry(t0 + ms(20));
+        assert_eq!(burst.deadline(), t0 + ms(20));
+        assert!(burst.is_over(t0 + ms(20)));
+        // Later events of the same burst do not push it out again.
+        burst.event(t0 + ms(21));
+        assert!(burst.is_over(t0 + ms(21)));
+        // Urgent as the first event: no wait at all.
+        let mut burst = d.start(t0);
+        burst.hurry(t0);
+        assert!(burst.is_over(t0));
     }
 
     #[test]

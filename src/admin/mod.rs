@@ -213,11 +213,13 @@ mod tests {
                     kind: Kind::EgressFirewall,
                     key: ObjectKey::new(pwned, "default"),
                     result: Ok(()),
+                    event: None,
                 },
                 ObjectStatus {
                     kind: Kind::EgressQoS,
                     key: ObjectKey::new("a\r\0b\u{2028}", pwned),
                     result: Err(format!("bad value {pwned}")),
+                    event: None,
                 },
             ],
             ..SyncReport::default()

@@ -408,6 +408,9 @@ pub enum Field {
     CtState,
     /// `ct mark`.
     CtMark,
+    /// `ct direction` (match with a [`Value::CtDir`]): `original` for packets going the way
+    /// the connection's first packet went, `reply` for its answers.
+    CtDirection,
     /// `fib daddr type` (match with an [`Value::AddrType`]).
     FibDaddrType,
     /// `fib saddr type`: `local` for packets the node itself sends.
@@ -428,6 +431,7 @@ impl Field {
             Field::Mark | Field::CtMark => DataType::Mark,
             Field::IifName | Field::OifName => DataType::IfName,
             Field::CtState => DataType::CtState,
+            Field::CtDirection => DataType::CtDir,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::NumgenRandom(_) => DataType::Integer,
         }
@@ -454,6 +458,8 @@ pub enum DataType {
     IfName,
     NfProto,
     CtState,
+    /// `ct_dir`: a conntrack direction.
+    CtDir,
     AddrType,
     Integer,
     Verdict,
@@ -472,6 +478,8 @@ pub enum Value {
     NfProto(IpFamily),
     /// Address type for `fib daddr type` (only `local` is used).
     AddrType(AddrType),
+    /// A conntrack direction (`ct direction original`).
+    CtDir(CtDir),
     /// A plain 32-bit integer (numgen results).
     Integer(u32),
 }
@@ -488,6 +496,13 @@ impl Value {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AddrType {
     Local,
+}
+
+/// Conntrack directions (kernel `IP_CT_DIR_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CtDir {
+    Original,
+    Reply,
 }
 
 pub mod proto {

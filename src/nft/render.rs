@@ -184,6 +184,7 @@ pub fn data_type_name(t: DataType) -> &'static str {
         DataType::IfName => "ifname",
         DataType::NfProto => "nf_proto",
         DataType::CtState => "ct_state",
+        DataType::CtDir => "ct_dir",
         DataType::AddrType => "fib_addrtype",
         DataType::Integer => "integer",
         DataType::Verdict => "verdict",
@@ -372,6 +373,7 @@ pub fn field(f: Field) -> String {
         Field::OifName => "oifname".into(),
         Field::CtState => "ct state".into(),
         Field::CtMark => "ct mark".into(),
+        Field::CtDirection => "ct direction".into(),
         Field::FibDaddrType => "fib daddr type".into(),
         Field::FibSaddrType => "fib saddr type".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
@@ -400,6 +402,8 @@ pub fn value(v: &Value) -> String {
         Value::NfProto(IpFamily::V4) => "ipv4".into(),
         Value::NfProto(IpFamily::V6) => "ipv6".into(),
         Value::AddrType(AddrType::Local) => "local".into(),
+        Value::CtDir(CtDir::Original) => "original".into(),
+        Value::CtDir(CtDir::Reply) => "reply".into(),
         Value::Integer(i) => i.to_string(),
     }
 }

@@ -19,6 +19,31 @@
 //!   the hosting node receives the pod's address (the first NAT chain that binds wins).
 //!
 //! Destinations in the cluster, service and node sets are never SNATed nor steered.
+//!
+//! Only packets of connections the pod opened are steered (`ct direction original`): the
+//! replies of a connection opened from outside to a selected pod (a NodePort or LoadBalancer
+//! with `externalTrafficPolicy: Local`, or the pod address routed directly) leave as they
+//! came, from the pod's address. The SNAT chain needs no such match: NAT chains only see the
+//! first packet of a connection, and a reply never is one.
+//!
+//! **Fail closed.** A selected pod whose EgressIP has an IP of the pod's family assigned in
+//! `status.items` gets that IP or nothing: when none of the nodes hosting it can be reached
+//! from here (no Node object, no InternalIP of the tunnel's family, this node has no
+//! InternalIP, more than 255 distinct sets of hosting nodes), its steering element jumps to
+//! [`UNREACHABLE`], which drops its packets to destinations outside the cluster (cluster,
+//! service and node destinations still pass); and on a hosting node that cannot hold the IP
+//! (refused by the net backend) the pods SNATed to it are dropped the same way instead of
+//! leaving with the node's address. Both are reported (status line and a Warning Event).
+//! An EgressIP with no IP of the family assigned at all (`status.items` empty, nothing
+//! assignable) is the one documented case in which the pods leave as if not selected.
+//!
+//! **Reports.** The EgressIP CRD has no `status.messages` (its status is `items`, which the
+//! assigning controller owns), so this planner's problems become Warning Events
+//! (`EgressIPNotApplied`, [`ObjectStatus::event`]) besides the status line of the log: a
+//! problem of this node's own dataplane (an unreachable hosting node, a refused address) is
+//! reported by this node; a problem every node sees alike (invalid spec, conflicts,
+//! assignments) only by one node, the object's [`reporter`], so thousands of nodes do not
+//! each create the same Event.
 
 use super::base::sets;
 use super::in_force::{Scope, Validated};
@@ -41,9 +66,13 @@ pub const PART: &str = "eip";
 /// traffic).
 pub const SNAT_V4: &str = "eip-snat-v4";
 pub const SNAT_V6: &str = "eip-snat-v6";
-/// Verdict maps: local pod address -> `jump eip-steer-<n>` (marks the packet).
+/// Verdict maps: local pod address -> `jump eip-steer-<n>` (marks the packet), or
+/// `jump eip-unreachable` (fail closed).
 pub const STEER_V4: &str = "eip-steer-v4";
 pub const STEER_V6: &str = "eip-steer-v6";
+/// Where selected pods go whose egress IP is assigned but cannot be used from here: their
+/// packets to destinations outside the cluster are counted and dropped.
+pub const UNREACHABLE: &str = "eip-unreachable";
 /// nat postrouting at srcnat - 10: before a CNI's masquerade at srcnat.
 pub const POSTROUTING: &str = "eip-postrouting";
 pub const POSTROUTING_PRIORITY: i32 = priority::SRCNAT - 10;
@@ -82,6 +111,8 @@ struct Entry {
     object: Arc<EgressIP>,
     valid: Arc<ValidatedEgressIp>,
     problems: Vec<String>,
+    /// Problems of this node's own dataplane (reported by this node whatever the reporter).
+    local: Vec<String>,
     /// Usable `(ip, node)` assignments.
     hosted: Vec<(IpAddr, String)>,
 }
@@ -116,7 +147,7 @@ impl Feature for EgressIp {
     }
 
     /// An address the net backend cannot place (no interface subnet contains it, or it is
-    /// the node's own) gets its SNAT elements dropped, and its EgressIP's status says why.
+    /// the node's own): the pods SNATed to it fail closed, and its EgressIP's status says why.
     fn settle(
         inputs: &Inputs,
         _memory: &EgressIpMemory,
@@ -126,6 +157,7 @@ impl Feature for EgressIp {
         for r in report.refused {
             address_refused(
                 inputs.snapshot,
+                &inputs.config.node_name,
                 &mut out.ruleset,
                 &mut out.statuses,
                 r.addr,
@@ -148,10 +180,10 @@ fn plan(
     if snapshot.egress_ips().is_empty() {
         return (statuses, EgressIpMemory::default());
     }
-    let (mut entries, validated) = validate_all(snapshot, memory, &mut statuses);
+    let node = config.node_name.as_str();
+    let (mut entries, validated) = validate_all(snapshot, memory, node, &mut statuses);
     check_addresses(snapshot, &mut entries);
     let claims = claim_pods(snapshot, &mut entries);
-    let node = config.node_name.as_str();
 
     let mut part = Part::default();
     let mut snat = [
@@ -164,6 +196,10 @@ fn plan(
     ];
     let mut groups: BTreeMap<Vec<String>, BTreeSet<Family>> = BTreeMap::new();
     let mut steered: Vec<(IpAddr, Vec<String>)> = Vec::new();
+    let local = underlay(snapshot, node);
+    // Per entry: hosting nodes this node cannot reach, and its local pods dropped per family.
+    let mut unreachable: BTreeMap<usize, BTreeMap<(IpAddr, String), String>> = BTreeMap::new();
+    let mut dropped: BTreeMap<(usize, Family), Vec<IpAddr>> = BTreeMap::new();
     for (ip, claim) in &claims {
         let e = &entries[claim.entry];
         let fam = Family::of(ip);
@@ -175,9 +211,22 @@ fn plan(
         if let Some((egress, _)) = hosts.iter().find(|(_, n)| n == node) {
             snat[idx(ip)].insert_mapping(key(*ip), data(*egress));
         } else if claim.node == node && !hosts.is_empty() {
-            let nodes: Vec<String> = hosts.iter().map(|(_, n)| n.clone()).collect();
-            groups.entry(nodes.clone()).or_default().insert(fam);
-            steered.push((*ip, nodes));
+            let mut nodes: Vec<String> = Vec::new();
+            for (egress, host) in &hosts {
+                match reach(snapshot, local, host, fam) {
+                    Ok(()) => nodes.push(host.clone()),
+                    Err(why) => {
+                        let e = unreachable.entry(claim.entry).or_default();
+                        e.insert((*egress, host.clone()), why);
+                    }
+                }
+            }
+            if nodes.is_empty() {
+                dropped.entry((claim.entry, fam)).or_default().push(*ip);
+            } else {
+                groups.entry(nodes.clone()).or_default().insert(fam);
+                steered.push((*ip, nodes));
+            }
         }
     }
     for e in entries.iter_mut() {
@@ -189,8 +238,49 @@ fn plan(
             );
         }
     }
-    let groups: Vec<(Vec<String>, BTreeSet<Family>)> =
-        groups.into_iter().take(MAX_GROUPS).collect();
+    let mut groups: Vec<(Vec<String>, BTreeSet<Family>)> = groups.into_iter().collect();
+    // No mark is left for more groups: their pods fail closed.
+    for (nodes, _) in groups.split_off(MAX_GROUPS.min(groups.len())) {
+        for (ip, _) in steered.iter().filter(|(_, g)| *g == nodes) {
+            let entry = claims[ip].entry;
+            dropped
+                .entry((entry, Family::of(ip)))
+                .or_default()
+                .push(*ip);
+            entries[entry].local.push(format!(
+                "node {node}: more than {MAX_GROUPS} distinct sets of hosting nodes to steer \
+                 to; the set {} gets no mark",
+                nodes.join(",")
+            ));
+        }
+    }
+    for (i, hosts) in unreachable {
+        for ((egress, host), why) in hosts {
+            entries[i].local.push(format!(
+                "status.items: {egress} is assigned to node {host}, which node {node} cannot \
+                 reach through the tunnel: {why}"
+            ));
+        }
+    }
+    for ((i, fam), ips) in &dropped {
+        let family = match fam {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        };
+        entries[*i].local.push(format!(
+            "{} selected pod address(es) on node {node} ({}{}) cannot use any {family} egress \
+             IP of this EgressIP: their traffic to destinations outside the cluster is dropped",
+            ips.len(),
+            ips[0],
+            if ips.len() > 1 { ", ..." } else { "" },
+        ));
+        for ip in ips {
+            steer[idx(ip)].insert_mapping(
+                key(*ip),
+                ElemData::Verdict(Verdict::Jump(UNREACHABLE.into())),
+            );
+        }
+    }
     let tunnel = tunnel_spec(snapshot, node, &entries, &groups);
     for (n, (nodes, families)) in groups.iter().enumerate() {
         let Some(tunnel) = &tunnel else { break };
@@ -212,25 +302,98 @@ fn plan(
         }
     }
     net.tunnel = tunnel;
+    if !dropped.is_empty() {
+        unreachable_chain(&mut part);
+    }
     add_base_chains(&mut part);
     for set in snat.into_iter().chain(steer) {
         part.add_set(set);
     }
     table.insert_part(PART, Arc::new(part));
-    for e in entries {
-        let result = if e.problems.is_empty() {
+    for (i, e) in entries.into_iter().enumerate() {
+        let reports = reporter(snapshot, &e, i, &claims).as_deref() == Some(node);
+        let all: Vec<&String> = e.problems.iter().chain(&e.local).collect();
+        let result = if all.is_empty() {
             Ok(())
         } else {
-            Err(e.problems.join("; "))
+            Err(join(&all))
         };
+        let shown: Vec<&String> = if reports {
+            all
+        } else {
+            e.local.iter().collect()
+        };
+        let event = (!shown.is_empty()).then(|| event_note(node, &join(&shown)));
         statuses.push(ObjectStatus {
             kind: Kind::EgressIP,
             key: ObjectKey::cluster(e.key),
             result,
+            event,
         });
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
     (statuses, validated)
+}
+
+fn join(problems: &[&String]) -> String {
+    problems
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The note of the Warning Event this node creates (names the node, reporting or not).
+fn event_note(node: &str, problems: &str) -> String {
+    format!("node {node}: {problems}")
+}
+
+/// The one node that reports the problems every node sees alike in an EgressIP as an Event:
+/// the first (by name) of the nodes hosting its IPs, else of the nodes running pods it
+/// selects, else of all nodes. All are nodes running an agent that plans this object, and
+/// every agent computes the same answer from the same snapshot.
+fn reporter(
+    snapshot: &Snapshot,
+    e: &Entry,
+    index: usize,
+    claims: &BTreeMap<IpAddr, Claim>,
+) -> Option<String> {
+    let hosting = e.hosted.iter().map(|(_, n)| n.as_str()).min();
+    let selecting = || {
+        claims
+            .values()
+            .filter(|c| c.entry == index)
+            .map(|c| c.node.as_str())
+            .min()
+    };
+    hosting
+        .or_else(selecting)
+        .or_else(|| snapshot.nodes().keys().next().map(String::as_str))
+        .map(str::to_string)
+}
+
+/// Whether this node (tunnel source `local`) can steer `fam` traffic to `host`, else why not.
+fn reach(
+    snapshot: &Snapshot,
+    local: Option<IpAddr>,
+    host: &str,
+    fam: Family,
+) -> Result<(), String> {
+    let Some(local) = local else {
+        return Err("this node has no InternalIP to send the tunnel from".into());
+    };
+    let version = if local.is_ipv4() { "IPv4" } else { "IPv6" };
+    if snapshot.node(host).is_none() {
+        return Err(format!("there is no Node {host}"));
+    }
+    match underlay(snapshot, host) {
+        Some(a) if a.is_ipv4() == local.is_ipv4() => {}
+        _ => return Err(format!("node {host} has no {version} InternalIP")),
+    }
+    if fam == Family::V4 && gateway4(snapshot, host).is_none() {
+        return Err(format!("node {host} has no IPv4 address"));
+    }
+    Ok(())
 }
 
 fn map(name: &str, t: DataType) -> Set {
@@ -255,6 +418,7 @@ fn data(ip: IpAddr) -> ElemData {
 fn validate_all(
     snapshot: &Snapshot,
     memory: &EgressIpMemory,
+    node: &str,
     statuses: &mut Vec<ObjectStatus>,
 ) -> (Vec<Entry>, EgressIpMemory) {
     let outcome = memory.update(
@@ -269,13 +433,25 @@ fn validate_all(
     let mut entries = Vec::new();
     for status in outcome.statuses {
         let name = &status.key.name;
-        let problems = match status.result {
+        let problems = match &status.result {
             Ok(()) => Vec::new(),
             Err(err) if outcome.fell_back.contains(name) => {
                 vec![format!("{err} (the last valid version stays in force)")]
             }
-            Err(_) => {
-                statuses.push(status);
+            Err(err) => {
+                // Nothing of it is in force: reported by the first node its status names, else
+                // by the first node.
+                let object = snapshot.egress_ips().get(name);
+                let items = object
+                    .iter()
+                    .flat_map(|o| o.status.iter().flat_map(|s| &s.items));
+                let first = items
+                    .map(|i| i.node.as_str())
+                    .filter(|n| !n.is_empty())
+                    .min();
+                let first = first.or_else(|| snapshot.nodes().keys().next().map(String::as_str));
+                let event = (first == Some(node)).then(|| event_note(node, err));
+                statuses.push(ObjectStatus { event, ..status });
                 continue;
             }
         };
@@ -285,6 +461,7 @@ fn validate_all(
             object: in_force.object.clone(),
             valid: in_force.valid.clone(),
             problems,
+            local: Vec::new(),
             hosted: Vec::new(),
         });
     }
@@ -498,6 +675,20 @@ fn steer_chain(part: &mut Part, n: usize) -> String {
     name
 }
 
+/// [`UNREACHABLE`]: packets to destinations outside the cluster are counted and dropped.
+fn unreachable_chain(part: &mut Part) {
+    let mut chain = Chain::regular(UNREACHABLE);
+    for rule in leaves_cluster() {
+        chain.push(rule);
+    }
+    chain.push(Rule::new(vec![
+        Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local)),
+        Stmt::Verdict(Verdict::Return),
+    ]));
+    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
+    part.add_chain(chain);
+}
+
 pub fn mark(n: usize) -> u32 {
     ((n as u32) + 1) << 16
 }
@@ -583,8 +774,16 @@ fn add_base_chains(part: &mut Part) {
         PREROUTING,
         base(ChainType::Filter, Hook::Prerouting, PREROUTING_PRIORITY),
     );
-    pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip4Saddr], STEER_V4)]));
-    pre.push(Rule::new(vec![Stmt::vmap(vec![Field::Ip6Saddr], STEER_V6)]));
+    // Only connections the pods opened: replies to inbound connections are not steered.
+    let original = || Stmt::matches(Field::CtDirection, Value::CtDir(CtDir::Original));
+    pre.push(Rule::new(vec![
+        original(),
+        Stmt::vmap(vec![Field::Ip4Saddr], STEER_V4),
+    ]));
+    pre.push(Rule::new(vec![
+        original(),
+        Stmt::vmap(vec![Field::Ip6Saddr], STEER_V6),
+    ]));
     part.add_chain(pre);
     let mut post = Chain::base(
         POSTROUTING,
@@ -619,18 +818,40 @@ fn add_base_chains(part: &mut Part) {
 }
 
 /// Attributes an address the net backend could not place (no interface subnet contains it,
-/// or it is the node's own) to the EgressIP that asked for it, and removes the SNAT elements
-/// that would send traffic from an address the node does not hold.
+/// or it is the node's own) to the EgressIP that asked for it, and replaces the SNAT
+/// elements that would send traffic from an address the node does not hold by steering
+/// elements to [`UNREACHABLE`] (fail closed: the pods' traffic, local or arriving through the
+/// tunnel, must not leave with the node's address instead).
 fn address_refused(
     snapshot: &Snapshot,
+    node: &str,
     table: &mut Table,
     statuses: &mut [ObjectStatus],
     ip: IpAddr,
     reason: &str,
 ) {
-    for set in [SNAT_V4, SNAT_V6] {
-        if let Some(s) = table.part_mut(PART).and_then(|p| p.sets.get_mut(set)) {
-            s.elements.retain(|_, v| v.data != Some(data(ip)));
+    let mut pods = 0;
+    if let Some(part) = table.part_mut(PART) {
+        for (snat, steer) in [(SNAT_V4, STEER_V4), (SNAT_V6, STEER_V6)] {
+            let mut gone = Vec::new();
+            if let Some(s) = part.sets.get_mut(snat) {
+                s.elements.retain(|k, v| {
+                    let keep = v.data != Some(data(ip));
+                    if !keep {
+                        gone.push(k.clone());
+                    }
+                    keep
+                });
+            }
+            pods += gone.len();
+            if let Some(s) = part.sets.get_mut(steer) {
+                for k in gone {
+                    s.insert_mapping(k, ElemData::Verdict(Verdict::Jump(UNREACHABLE.into())));
+                }
+            }
+        }
+        if pods > 0 && !part.chains.contains_key(UNREACHABLE) {
+            unreachable_chain(part);
         }
     }
     for (name, object) in snapshot.egress_ips() {
@@ -640,13 +861,24 @@ fn address_refused(
         let Some(i) = valid.ips.iter().position(|x| *x == ip) else {
             continue;
         };
-        let msg = format!("spec.egressIPs[{i}]: {ip}: {reason}");
+        let mut msg = format!("spec.egressIPs[{i}]: {ip}: {reason}");
+        if pods > 0 {
+            msg.push_str(&format!(
+                "; the traffic of its {pods} selected pod address(es) to destinations outside \
+                 the cluster is dropped on node {node}"
+            ));
+        }
         for s in statuses.iter_mut() {
             if s.kind == Kind::EgressIP && s.key.name == *name {
                 s.result = match &s.result {
                     Ok(()) => Err(msg.clone()),
                     Err(e) => Err(format!("{e}; {msg}")),
                 };
+                // This node's own problem: reported by it whichever node reports the rest.
+                s.event = Some(match s.event.take() {
+                    None => event_note(node, &msg),
+                    Some(e) => format!("{e}; {msg}"),
+                });
             }
         }
     }

@@ -183,6 +183,7 @@ impl<T: PartialEq, V> Validated<T, V> {
                 kind,
                 key: key.clone(),
                 result,
+                event: None,
             });
             next.checks.insert(key, check);
         }

@@ -94,6 +94,10 @@ pub struct ObjectStatus {
     pub kind: Kind,
     pub key: ObjectKey,
     pub result: Result<(), String>,
+    /// What this node reports on the object as a Warning Event, for kinds whose status the
+    /// agent does not write (EgressIP: see `egress_ip`): `None` when there is nothing to
+    /// report or it is another node's to report.
+    pub event: Option<String>,
 }
 
 /// Plans the node's desired state from the cluster snapshot, with no memory of earlier plans.

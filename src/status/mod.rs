@@ -1,5 +1,7 @@
 //! Status write-back for EgressFirewall and EgressQoS, and Kubernetes Events for rejected
-//! input. The run loop's [`StatusObserver`] works out, after every sync, which objects need a
+//! input and for EgressIP problems (the EgressIP status is `items` only, owned by the
+//! assigning controller: an agent reports there through Warning Events `EgressIPNotApplied`,
+//! one per new problem text, whose note names the node; see `plan::egress_ip`). The run loop's [`StatusObserver`] works out, after every sync, which objects need a
 //! different status (see [`merge`]) and hands the patches to a tokio task that applies them
 //! with server-side apply under the field manager `nodeplane-<node>`, retrying failures; the
 //! reconcile thread never waits on the API server.
@@ -52,6 +54,8 @@ pub struct StatusObserver {
     sent: BTreeMap<(Kind, ObjectKey), StatusPatch>,
     /// The last rejection reported as an Event per object (one Event per new reason).
     reported: BTreeMap<(Kind, ObjectKey), String>,
+    /// The last EgressIP problem reported as an Event per object.
+    reported_eip: BTreeMap<ObjectKey, String>,
 }
 
 /// The field manager of this node's agent.
@@ -64,14 +68,12 @@ pub fn field_manager(node: &str) -> String {
 pub fn spawn_writer(client: Client, node: &str) -> (StatusObserver, RejectionSink) {
     let (jobs, rx) = mpsc::unbounded_channel();
     tokio::spawn(writer(client, node.to_string(), rx));
-    let observer = StatusObserver {
-        node: node.to_string(),
-        jobs: jobs.clone(),
-        sent: BTreeMap::new(),
-        reported: BTreeMap::new(),
-    };
+    let observer = StatusObserver::new(node, jobs.clone());
     (observer, RejectionSink { jobs })
 }
+
+/// Reason of the Warning Event an agent creates on an EgressIP it cannot apply as asked.
+pub const EGRESS_IP_REASON: &str = "EgressIPNotApplied";
 
 /// Turns objects that could not be decoded into Warning Events on them.
 #[derive(Clone)]
@@ -117,6 +119,43 @@ fn current_status(obj: &AnyObject) -> (Option<String>, Vec<String>) {
 }
 
 impl StatusObserver {
+    fn new(node: &str, jobs: mpsc::UnboundedSender<Job>) -> StatusObserver {
+        StatusObserver {
+            node: node.to_string(),
+            jobs,
+            sent: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            reported_eip: BTreeMap::new(),
+        }
+    }
+
+    /// EgressIP problems this node is to report ([`crate::plan::ObjectStatus::event`]): an
+    /// Event per new text, nothing while it stays the same, forgotten once solved (so a
+    /// recurrence is reported again).
+    fn egress_ip_events(&mut self, sync: &SyncOutcome<'_>, snapshot: &Snapshot) {
+        let Ok(report) = sync.result else {
+            return;
+        };
+        let mut seen = BTreeSet::new();
+        for s in report.statuses.iter().filter(|s| s.kind == Kind::EgressIP) {
+            let Some(note) = &s.event else { continue };
+            let Some(obj) = snapshot.get(Kind::EgressIP, &s.key) else {
+                continue;
+            };
+            seen.insert(s.key.clone());
+            if self.reported_eip.get(&s.key) == Some(note) {
+                continue;
+            }
+            self.reported_eip.insert(s.key.clone(), note.clone());
+            let _ = self.jobs.send(Job::Event {
+                object: reference(Kind::EgressIP, &s.key, obj.meta().uid.clone()),
+                reason: EGRESS_IP_REASON,
+                note: note.clone(),
+            });
+        }
+        self.reported_eip.retain(|k, _| seen.contains(k));
+    }
+
     /// The verdict per object: the planner's, or the apply error for all of them.
     fn verdicts(
         sync: &SyncOutcome<'_>,
@@ -190,6 +229,7 @@ impl SyncObserver for StatusObserver {
         }
         self.sent.retain(|id, _| seen.contains(id));
         self.reported.retain(|id, _| seen.contains(id));
+        self.egress_ip_events(sync, snapshot);
     }
 }
 
@@ -279,4 +319,69 @@ async fn apply(
     api.patch_status(&key.name, params, &Patch::Apply(&body))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::ir::Table;
+    use crate::observe::SyncReport;
+    use crate::plan::ObjectStatus;
+    use crate::testing::objects;
+
+    fn observe(o: &mut StatusObserver, snap: &Snapshot, event: Option<&str>) {
+        let report = SyncReport {
+            statuses: vec![ObjectStatus {
+                kind: Kind::EgressIP,
+                key: ObjectKey::cluster("backend"),
+                result: Err("x".into()),
+                event: event.map(str::to_string),
+            }],
+            ..SyncReport::default()
+        };
+        let table = Table::new("nodeplane");
+        o.observe(&SyncOutcome {
+            snapshot: Some(snap),
+            result: &Ok(report),
+            duration: Duration::ZERO,
+            applied: Some(&table),
+            drift_seq: 0,
+        });
+    }
+
+    fn events(rx: &mut mpsc::UnboundedReceiver<Job>) -> Vec<(String, &'static str, String)> {
+        let mut out = Vec::new();
+        while let Ok(job) = rx.try_recv() {
+            match job {
+                Job::Event {
+                    object,
+                    reason,
+                    note,
+                } => out.push((object.kind.unwrap_or_default(), reason, note)),
+                Job::Status { kind, key, .. } => panic!("no status for {kind} {key}"),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn egress_ip_problems_become_one_event_per_new_problem_and_no_status_patch() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut o = StatusObserver::new("worker-2", tx);
+        let eip = objects::egress_ip("backend", &["192.168.50.200"], &[("team", "backend")]);
+        let snap = Snapshot::builder().with(eip.object()).build();
+        let note = "node worker-2: traffic of 1 selected pod address(es) is dropped";
+        observe(&mut o, &snap, Some(note));
+        assert_eq!(
+            events(&mut rx),
+            vec![("EgressIP".to_string(), EGRESS_IP_REASON, note.to_string())]
+        );
+        observe(&mut o, &snap, Some(note));
+        assert!(events(&mut rx).is_empty(), "same problem: no new Event");
+        // Not this node's to report, or solved: nothing; a recurrence is reported again.
+        observe(&mut o, &snap, None);
+        assert!(events(&mut rx).is_empty());
+        observe(&mut o, &snap, Some(note));
+        assert_eq!(events(&mut rx).len(), 1);
+    }
 }

@@ -409,3 +409,88 @@ fn several_hosting_nodes_each_flow_leaves_through_one_of_them() {
         assert_eq!(source_seen(&t.api1, false).unwrap().to_string(), EIP4);
     }
 }
+
+/// The packet count of the first `counter` in `chain` of the agent's table on `ns`.
+fn chain_packets(ns: &Ns, chain: &str) -> u64 {
+    let text = ns
+        .nft(&["list", "chain", "inet", "nodeplane", chain])
+        .unwrap_or_default();
+    let mut words = text.split_whitespace().skip_while(|w| *w != "packets");
+    words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn replies_to_connections_opened_from_outside_are_not_steered() {
+    let t = topo();
+    // The external host reaches api2 directly (a routed pod network, or what a NodePort
+    // with externalTrafficPolicy Local leaves after DNAT): api2 answers from its address.
+    t.ext
+        .run(&["ip", "route", "add", "10.128.2.0/24", "via", &node_ip(1)]);
+    t.host_on("node-1");
+    let _agents = t.spawn_agents();
+    // api2 is steered through node-1 for the connections it opens.
+    eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
+    let steered = chain_packets(&t.nodes[1], "eip-steer-0");
+    assert!(steered > 0, "api2's own connection was steered");
+    for _ in 0..3 {
+        // The reply (SYN-ACK, data) comes from the pod address, not the egress IP: steering
+        // it to node-1 would have it SNATed there or lost.
+        match t.ext.tcp_connect("10.128.2.5:9000", SECOND) {
+            lab::Outcome::Reply(r) => {
+                assert_eq!(r.server, "api2");
+                assert_eq!(r.src_ip().to_string(), "192.168.50.100", "no SNAT inbound");
+            }
+            other => panic!("ext -> api2: {other:?}"),
+        }
+    }
+    assert_eq!(
+        chain_packets(&t.nodes[1], "eip-steer-0"),
+        steered,
+        "no reply packet was steered"
+    );
+    // And the pod's own connections still are.
+    eventually_source(&t.api2, false, EIP4, CONVERGE);
+}
+
+#[test]
+fn an_egress_ip_on_an_unreachable_node_fails_closed() {
+    let t = topo();
+    // A leaked packet with the pod's address would get its answer.
+    t.ext
+        .run(&["ip", "route", "add", "10.128.2.0/24", "via", &node_ip(1)]);
+    // node-9 has no Node object: no node can tunnel to it.
+    t.write_file(
+        "eip.yaml",
+        &egress_ip_doc("backend", &[EIP4], &[(EIP4, "node-9")]),
+    );
+    let agents = t.spawn_agents();
+    eventually(CONVERGE * 2, || {
+        let s = eip_state(&t.nodes[1]);
+        s.contains("eip-unreachable")
+            .then_some(())
+            .ok_or_else(|| format!("node-2 has not failed closed yet:\n{s}"))
+    });
+    // Neither leaves: not with the pod address, not with the node's (as if not selected).
+    for pod in [&t.api2, &t.api1] {
+        let out = pod.ns.tcp_connect(EXT4, SECOND);
+        assert_eq!(out, lab::Outcome::Timeout, "{}", pod.ns.name());
+    }
+    assert!(chain_packets(&t.nodes[1], "eip-unreachable") > 0);
+    // Cluster traffic and unselected pods are untouched.
+    let reply = t
+        .api1
+        .ns
+        .tcp_connect("10.128.2.5:9000", SECOND)
+        .expect_reply();
+    assert_eq!(reply.src_ip(), t.api1.ip());
+    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
+    // IPv6 has no egress IP assigned: it leaves as without EgressIP (the documented case).
+    assert_eq!(source_seen(&t.api2, true).unwrap().to_string(), node_ip6(1));
+    // Reported, naming the node.
+    eventually(CONVERGE, || {
+        let logs = agents[1].logs();
+        logs.contains("is assigned to node node-9, which node node-2 cannot reach")
+            .then_some(())
+            .ok_or_else(|| format!("node-2 log:\n{logs}"))
+    });
+}

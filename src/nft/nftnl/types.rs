@@ -4,7 +4,7 @@
 
 use super::udata::Udata;
 use crate::nft::engine::NftError;
-use crate::nft::ir::{AddrType, DataType, Field, IpFamily, Value};
+use crate::nft::ir::{AddrType, CtDir, DataType, Field, IpFamily, Value};
 use crate::nft::render::sanitize_text;
 
 /// nft's `enum byteorder`, as stored in set userdata.
@@ -44,6 +44,7 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
         DataType::InetService => (13, 2, ByteOrder::Big),
         DataType::Mark => (19, 4, ByteOrder::Host),
         DataType::CtState => (26, 4, ByteOrder::Host),
+        DataType::CtDir => (27, 1, ByteOrder::Invalid),
         DataType::AddrType => (38, 4, ByteOrder::Host),
         DataType::IfName => (41, 16, ByteOrder::Host),
     };
@@ -111,6 +112,7 @@ pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_CT_STATE: u32 = 0;
+pub const NFT_CT_DIRECTION: u32 = 1;
 pub const NFT_CT_MARK: u32 = 3;
 pub const NFTA_FIB_F_SADDR: u32 = 1;
 pub const NFTA_FIB_F_DADDR: u32 = 1 << 1;
@@ -188,6 +190,7 @@ pub fn field_info(f: Field) -> FieldInfo {
         }
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
+        Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),
         Field::FibDaddrType => info(
             Load::Fib {
                 flags: NFTA_FIB_F_DADDR,
@@ -275,6 +278,7 @@ pub fn value_type(v: &Value) -> DataType {
         Value::IfName(_) => DataType::IfName,
         Value::NfProto(_) => DataType::NfProto,
         Value::AddrType(_) => DataType::AddrType,
+        Value::CtDir(_) => DataType::CtDir,
         Value::Integer(_) => DataType::Integer,
     }
 }
@@ -395,6 +399,8 @@ pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), Nft
         }
         Value::NfProto(f) => out.push(&[nfproto(*f)]),
         Value::AddrType(AddrType::Local) => out.push(&RTN_LOCAL.to_ne_bytes()),
+        Value::CtDir(CtDir::Original) => out.push(&[0]),
+        Value::CtDir(CtDir::Reply) => out.push(&[1]),
     }
     Ok(())
 }

@@ -303,6 +303,7 @@ fn refused_address_removes_its_snat_elements_and_is_reported() {
     let ip: IpAddr = "192.168.50.200".parse().unwrap();
     address_refused(
         &snap,
+        "worker-1",
         &mut d.ruleset,
         &mut d.statuses,
         ip,
@@ -311,7 +312,12 @@ fn refused_address_removes_its_snat_elements_and_is_reported() {
     assert!(elements(&d, SNAT_V4).is_empty());
     assert_eq!(
         eip_status(&d, "backend"),
-        Err("spec.egressIPs[0]: 192.168.50.200: no interface subnet contains it".into())
+        Err(
+            "spec.egressIPs[0]: 192.168.50.200: no interface subnet contains it; the traffic \
+             of its 2 selected pod address(es) to destinations outside the cluster is dropped \
+             on node worker-1"
+                .into()
+        )
     );
 }
 
@@ -342,4 +348,198 @@ fn an_invalid_edit_keeps_the_last_valid_version_in_force() {
     // Without memory (a fresh agent) nothing is planned for it.
     let fresh = on("worker-1", &snap);
     assert!(elements(&fresh, SNAT_V4).is_empty());
+}
+
+fn event(d: &Desired, name: &str) -> Option<String> {
+    d.statuses
+        .iter()
+        .find(|s| s.kind == Kind::EgressIP && s.key.name == name)
+        .expect("status")
+        .event
+        .clone()
+}
+
+fn unreachable_jump() -> String {
+    format!("{:?}", Verdict::Jump(UNREACHABLE.into()))
+}
+
+#[test]
+fn a_hosting_node_without_a_node_object_fails_closed_and_is_reported() {
+    // worker-9 has no Node: nothing can route to it, so api2's traffic must not leave with
+    // its pod address (identity SNAT) nor as if it were not selected.
+    let snap = cluster(&[("192.168.50.200", "worker-9")]).build();
+    let d = on("worker-2", &snap);
+    assert_eq!(
+        elements(&d, STEER_V4),
+        vec![("10.128.2.5".to_string(), unreachable_jump())]
+    );
+    assert!(elements(&d, SNAT_V4).is_empty(), "no identity SNAT");
+    assert!(d.net.routes.is_empty() && d.net.rules.is_empty());
+    let chain = &d.ruleset.flatten().chains[UNREACHABLE];
+    let text = crate::nft::render::render_table(&{
+        let mut t = Table::new("t");
+        t.add_chain(chain.clone());
+        t
+    });
+    assert!(
+        text.contains("ip daddr @"),
+        "cluster destinations pass:\n{text}"
+    );
+    assert!(text.contains("counter drop"), "{text}");
+    let err = eip_status(&d, "backend").unwrap_err();
+    assert!(
+        err.contains(
+            "status.items: 192.168.50.200 is assigned to node worker-9, which node worker-2 \
+             cannot reach through the tunnel: there is no Node worker-9"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "1 selected pod address(es) on node worker-2 (10.128.2.5) cannot use any IPv4 egress IP"
+        ),
+        "{err}"
+    );
+    // worker-2's own problem: it reports it itself, naming the node.
+    let ev = event(&d, "backend").expect("event");
+    assert!(ev.starts_with("node worker-2: "), "{ev}");
+    assert!(ev.contains("dropped"), "{ev}");
+    // worker-3 has no selected pod: nothing to drop, and the event is not its to make.
+    let d3 = on("worker-3", &snap);
+    assert!(elements(&d3, STEER_V4).is_empty());
+    assert!(!d3.ruleset.flatten().chains.contains_key(UNREACHABLE));
+    assert_eq!(event(&d3, "backend"), None);
+}
+
+#[test]
+fn an_unroutable_hosting_node_is_skipped_and_the_others_still_carry_the_traffic() {
+    // worker-3 has only an IPv6 InternalIP: the IPv4 tunnel from worker-2 cannot reach it.
+    let snap = cluster(&[
+        ("192.168.50.200", "worker-1"),
+        ("192.168.50.201", "worker-3"),
+    ])
+    .with(node("worker-3", &["fd00:50::13"]))
+    .build();
+    let d = on("worker-2", &snap);
+    assert_eq!(
+        elements(&d, STEER_V4),
+        pairs(&[("10.128.2.5", "Jump(\"eip-steer-0\")")])
+    );
+    let route = d.net.routes.iter().next().expect("route");
+    let vias: Vec<String> = route
+        .nexthops
+        .iter()
+        .map(|h| h.via.unwrap().to_string())
+        .collect();
+    assert_eq!(vias, vec!["192.168.50.11"]);
+    let err = eip_status(&d, "backend").unwrap_err();
+    assert!(err.contains("worker-3 has no IPv4 InternalIP"), "{err}");
+    assert!(!err.contains("dropped"), "{err}");
+    // Only worker-3 hosting: the pod fails closed.
+    let snap = cluster(&[("192.168.50.201", "worker-3")])
+        .with(node("worker-3", &["fd00:50::13"]))
+        .build();
+    let d = on("worker-2", &snap);
+    assert_eq!(
+        elements(&d, STEER_V4),
+        vec![("10.128.2.5".to_string(), unreachable_jump())]
+    );
+}
+
+#[test]
+fn a_node_without_an_internal_ip_fails_closed_for_its_steered_pods() {
+    let snap = cluster(&[("192.168.50.200", "worker-1")])
+        .with(node("worker-2", &[]))
+        .build();
+    let d = on("worker-2", &snap);
+    assert_eq!(
+        elements(&d, STEER_V4),
+        vec![("10.128.2.5".to_string(), unreachable_jump())]
+    );
+    assert!(d.net.tunnel.is_none());
+    let err = eip_status(&d, "backend").unwrap_err();
+    assert!(err.contains("this node has no InternalIP"), "{err}");
+}
+
+#[test]
+fn only_connections_the_pods_open_are_steered() {
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
+    let d = on("worker-2", &snap);
+    let pre = &d.ruleset.flatten().chains[PREROUTING];
+    let text = crate::nft::render::render_table(&{
+        let mut t = Table::new("t");
+        t.add_chain(pre.clone());
+        t
+    });
+    assert!(
+        text.contains("ct direction original ip saddr vmap @eip-steer-v4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ct direction original ip6 saddr vmap @eip-steer-v6"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_refused_address_fails_closed_for_the_pods_snated_to_it() {
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
+    let mut d = on("worker-1", &snap);
+    let ip: IpAddr = "192.168.50.200".parse().unwrap();
+    address_refused(
+        &snap,
+        "worker-1",
+        &mut d.ruleset,
+        &mut d.statuses,
+        ip,
+        "no interface subnet contains it",
+    );
+    assert!(elements(&d, SNAT_V4).is_empty());
+    assert_eq!(
+        elements(&d, STEER_V4),
+        vec![
+            ("10.128.1.5".to_string(), unreachable_jump()),
+            ("10.128.2.5".to_string(), unreachable_jump())
+        ],
+        "the local pod and the one arriving through the tunnel"
+    );
+    assert!(d.ruleset.flatten().chains.contains_key(UNREACHABLE));
+    let ev = event(&d, "backend").expect("event");
+    assert!(
+        ev.starts_with("node worker-1: spec.egressIPs[0]: 192.168.50.200: no interface"),
+        "{ev}"
+    );
+}
+
+#[test]
+fn problems_every_node_sees_are_reported_by_one_node_only() {
+    // The double assignment is the same on every node: only the first hosting node
+    // (worker-1) makes it an Event; every node still logs it.
+    let snap = cluster(&[
+        ("192.168.50.200", "worker-1"),
+        ("192.168.50.201", "worker-1"),
+    ])
+    .build();
+    let d1 = on("worker-1", &snap);
+    let d2 = on("worker-2", &snap);
+    assert!(eip_status(&d2, "backend").is_err());
+    assert_eq!(event(&d2, "backend"), None);
+    let ev = event(&d1, "backend").expect("the reporter's event");
+    assert!(
+        ev.starts_with("node worker-1: status.items: 192.168.50.201 is assigned"),
+        "{ev}"
+    );
+    // Unassigned: reported by the first node running a selected pod.
+    let snap = cluster(&[]).build();
+    assert!(event(&on("worker-1", &snap), "backend").is_some());
+    assert_eq!(event(&on("worker-2", &snap), "backend"), None);
+    // Invalid without a last valid version: by the first node its status names.
+    let mut bad = egress_ip("bad", None, &["300.1.1.1"], &[("300.1.1.1", "worker-3")]);
+    bad.metadata.name = Some("bad".into());
+    let snap = cluster(&[]).with(bad).build();
+    assert!(event(&on("worker-3", &snap), "bad").is_some());
+    assert_eq!(event(&on("worker-1", &snap), "bad"), None);
+    // No problem, no event.
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
+    assert_eq!(event(&on("worker-1", &snap), "backend"), None);
 }

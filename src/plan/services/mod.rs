@@ -352,6 +352,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
                     kind: Kind::Service,
                     key: key.clone(),
                     result: Err(err.clone()),
+                    event: None,
                 },
             ),
             None => memo.errors.remove(&pk),

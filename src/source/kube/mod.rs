@@ -28,10 +28,10 @@ pub use decode::{Rejection, decode};
 pub use follow::{Failure, Liveness};
 pub use health::SourceHealth;
 pub use kinds::{api_resource, watch_config};
-pub use store::{Store, Update};
+pub use store::{Change, Store, Update};
 
 use crate::snapshot::{Kind, Snapshot};
-use crate::timing::Debounce;
+use crate::timing::{Burst, Debounce};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -104,7 +104,7 @@ async fn store_task(
     health: SourceHealth,
 ) {
     let mut store = Store::default();
-    let handle = |msg: Msg, store: &mut Store| -> bool {
+    let handle = |msg: Msg, store: &mut Store| -> Change {
         match msg {
             Msg::Update(u) => store.apply(u),
             Msg::Rejected(r) => {
@@ -112,7 +112,7 @@ async fn store_task(
                 // make a namespace fall open.
                 warn!("skipped {r}");
                 let _ = rejections.try_send(r);
-                false
+                Change::None
             }
             Msg::Error(kind, e) => {
                 if e.is_not_served() && !store.is_synced(kind) {
@@ -120,7 +120,7 @@ async fn store_task(
                         "{kind} is not served by this API server (CRD not installed?); treating it as empty"
                     );
                     store.mark_absent(kind);
-                    return true;
+                    return Change::Changed;
                 }
                 debug!("watch {kind}: {e}");
                 if store.is_synced(kind) {
@@ -128,22 +128,28 @@ async fn store_task(
                 } else {
                     warn!("cannot list {kind}, retrying: {e}");
                 }
-                false
+                Change::None
             }
         }
     };
     loop {
         let Some(msg) = rx.recv().await else { return };
-        if !handle(msg, &mut store) {
+        let change = handle(msg, &mut store);
+        if !change.any() {
             continue;
         }
-        // Coalesce the burst.
-        let mut burst = BURST.start(Instant::now());
+        // Coalesce the burst; a moved egress IP ends it at once (what is queued is still
+        // taken in, see `take`).
+        let now = Instant::now();
+        let mut burst = BURST.start(now);
+        take(&mut burst, change, now);
         loop {
             match tokio::time::timeout_at(burst.deadline(), rx.recv()).await {
                 Ok(Some(msg)) => {
-                    handle(msg, &mut store);
-                    burst.event(Instant::now());
+                    let change = handle(msg, &mut store);
+                    let now = Instant::now();
+                    burst.event(now);
+                    take(&mut burst, change, now);
                 }
                 Ok(None) => return,
                 Err(_) => break,
@@ -162,6 +168,16 @@ async fn store_task(
     }
 }
 
+/// Takes a change into the burst at `now`: an urgent one ends it (see [`Change::Urgent`]).
+fn take<I>(burst: &mut Burst<I>, change: Change, now: I)
+where
+    I: Copy + Ord + std::ops::Add<Duration, Output = I>,
+{
+    if change == Change::Urgent {
+        burst.hurry(now);
+    }
+}
+
 async fn probe_api(client: Client, health: SourceHealth) {
     loop {
         let error = match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
@@ -174,5 +190,34 @@ async fn probe_api(client: Client, health: SourceHealth) {
         };
         health.set_api_error(error);
         tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_moved_egress_ip_is_published_without_the_debounce() {
+        let t0 = std::time::Instant::now();
+        // An ordinary change waits for quiet.
+        let mut burst = BURST.start(t0);
+        take(&mut burst, Change::Changed, t0);
+        assert_eq!(burst.deadline(), t0 + DEBOUNCE);
+        // A status.items change arriving first is published at once...
+        let mut burst = BURST.start(t0);
+        take(&mut burst, Change::Urgent, t0);
+        assert!(burst.is_over(t0));
+        // ... and one arriving in the middle of a burst ends it when it arrives.
+        let mut burst = BURST.start(t0);
+        burst.event(t0 + ms(40));
+        take(&mut burst, Change::Changed, t0 + ms(40));
+        burst.event(t0 + ms(50));
+        take(&mut burst, Change::Urgent, t0 + ms(50));
+        assert_eq!(burst.deadline(), t0 + ms(50));
     }
 }

@@ -16,6 +16,45 @@ pub enum Update {
     Delete(Kind, ObjectKey),
 }
 
+/// What an update did to the store's objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    None,
+    /// Published after the debounce.
+    Changed,
+    /// Published at once: an EgressIP's `status.items` changed (an egress IP moved, was
+    /// assigned or released), where every debounced millisecond is takeover time.
+    Urgent,
+}
+
+impl Change {
+    pub fn any(self) -> bool {
+        self != Change::None
+    }
+}
+
+/// The `status.items` of an EgressIP (empty for another kind or no object).
+fn egress_ip_items(obj: Option<&AnyObject>) -> Vec<(String, String)> {
+    match obj {
+        Some(AnyObject::EgressIP(e)) => e
+            .status
+            .iter()
+            .flat_map(|s| &s.items)
+            .map(|i| (i.egress_ip.clone(), i.node.clone()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn classify(before: Option<&AnyObject>, after: Option<&AnyObject>) -> Change {
+    let eip = |o: Option<&AnyObject>| o.is_some_and(|o| o.kind() == Kind::EgressIP);
+    if (eip(before) || eip(after)) && egress_ip_items(before) != egress_ip_items(after) {
+        Change::Urgent
+    } else {
+        Change::Changed
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Store {
     objects: SnapshotBuilder,
@@ -26,16 +65,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Applies one update; true if the objects changed.
-    pub fn apply(&mut self, update: Update) -> bool {
+    /// Applies one update; says whether (and how urgently) the objects changed.
+    pub fn apply(&mut self, update: Update) -> Change {
         match update {
             Update::Init(kind) => {
                 self.listing.insert(kind, Vec::new());
-                false
+                Change::None
             }
             Update::InitApply(obj) => {
                 self.listing.entry(obj.kind()).or_default().push(obj);
-                false
+                Change::None
             }
             Update::InitDone(kind) => {
                 // A relist (after 410 Gone or a restart) replaces the kind wholesale, so
@@ -45,13 +84,17 @@ impl Store {
                     self.objects.insert(obj);
                 }
                 self.synced.insert(kind);
-                true
+                Change::Changed
             }
             Update::Apply(obj) => {
-                self.objects.insert(obj);
-                true
+                let after = (obj.kind() == Kind::EgressIP).then(|| obj.clone());
+                let before = self.objects.insert(obj);
+                classify(before.as_ref(), after.as_ref())
             }
-            Update::Delete(kind, key) => self.objects.remove(kind, &key).is_some(),
+            Update::Delete(kind, key) => match self.objects.remove(kind, &key) {
+                Some(before) => classify(Some(&before), None),
+                None => Change::None,
+            },
         }
     }
 
@@ -105,7 +148,7 @@ mod tests {
             0,
             "nothing before InitDone"
         );
-        assert!(s.apply(Update::InitDone(Kind::Namespace)));
+        assert!(s.apply(Update::InitDone(Kind::Namespace)).any());
         assert_eq!(s.snapshot().count(Kind::Namespace), 2);
         assert!(s.is_synced(Kind::Namespace) && !s.all_synced());
 
@@ -124,11 +167,54 @@ mod tests {
                 .is_some()
         );
 
-        assert!(s.apply(Update::Delete(Kind::Namespace, ObjectKey::cluster("c"))));
-        assert!(!s.apply(Update::Delete(Kind::Namespace, ObjectKey::cluster("c"))));
+        assert_eq!(
+            s.apply(Update::Delete(Kind::Namespace, ObjectKey::cluster("c"))),
+            Change::Changed
+        );
+        assert_eq!(
+            s.apply(Update::Delete(Kind::Namespace, ObjectKey::cluster("c"))),
+            Change::None
+        );
         for k in Kind::ALL {
             s.mark_absent(*k);
         }
         assert!(s.all_synced() && s.unsynced().is_empty());
+    }
+
+    #[test]
+    fn a_moved_egress_ip_is_urgent_and_other_changes_are_not() {
+        use crate::testing::objects;
+        let eip = |hosts: &[(&str, &str)], label: &str| -> AnyObject {
+            objects::egress_ip("e", &["192.168.50.200"], &[("team", label)])
+                .hosted(hosts)
+                .object()
+                .into()
+        };
+        let mut s = Store::default();
+        let on1 = [("192.168.50.200", "node-1")];
+        let on3 = [("192.168.50.200", "node-3")];
+        assert_eq!(s.apply(Update::Apply(eip(&[], "a"))), Change::Changed);
+        assert_eq!(
+            s.apply(Update::Apply(eip(&on1, "a"))),
+            Change::Urgent,
+            "assigned"
+        );
+        assert_eq!(
+            s.apply(Update::Apply(eip(&on1, "b"))),
+            Change::Changed,
+            "spec only"
+        );
+        assert_eq!(
+            s.apply(Update::Apply(eip(&on3, "b"))),
+            Change::Urgent,
+            "moved"
+        );
+        assert_eq!(s.apply(Update::Apply(ns("x"))), Change::Changed);
+        let key = ObjectKey::cluster("e");
+        assert_eq!(
+            s.apply(Update::Delete(Kind::EgressIP, key)),
+            Change::Urgent,
+            "released"
+        );
     }
 }

@@ -30,6 +30,17 @@ pub fn forward(t: &mut Table) {
         ])
         .with_comment("drop \"invalid\"; state\n#1"),
         Rule::new(vec![
+            Stmt::matches(Field::CtDirection, Value::CtDir(CtDir::Reply)),
+            Stmt::matches(Field::Ip4Saddr, v4("10.244.1.9")),
+            verdict(Verdict::Accept),
+        ]),
+        Rule::new(vec![
+            Stmt::not_matches(Field::CtDirection, Value::CtDir(CtDir::Original)),
+            Stmt::matches(Field::CtDirection, Value::CtDir(CtDir::Reply)),
+            Stmt::Counter,
+            verdict(Verdict::Return),
+        ]),
+        Rule::new(vec![
             Stmt::matches(Field::NfProto, Value::NfProto(IpFamily::V4)),
             Stmt::matches(Field::Ip4Saddr, v4("10.244.1.2")),
             Stmt::not_matches(Field::Ip4Daddr, v4("10.244.1.3")),
