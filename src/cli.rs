@@ -211,8 +211,9 @@ pub struct Opts {
 
     /// Stand as a candidate for the cluster's EgressIP assigner (Kubernetes mode): at most one
     /// agent at a time holds the role, elected with the Lease `nodeplane-egress-assigner`.
-    /// `false` keeps this agent out of the election (it still programs its node). Default:
-    /// true.
+    /// `false` keeps this agent out of the election (it still programs its node); set it on
+    /// every agent where another controller (OVN-Kubernetes' cluster manager) writes EgressIP
+    /// `status.items`, or the two assigners fight. Default: true.
     #[arg(
         long,
         global = true,

@@ -186,7 +186,9 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     s.api.put(firewall("shop", "203.0.113.0/24"));
     // One kind's list hangs: the agent must not program the others' partial view.
     s.api.hold_lists("EgressQoS");
-    let agent = s.spawn();
+    // The test writes EgressIP `status.items` itself, as an outside assigner (OVN-Kubernetes'
+    // cluster manager) would: this agent must not be the assigner too.
+    let agent = s.spawn_with(&["--egress-ip-assigner=false"]);
     eventually(WAIT, || {
         (s.api.lists("Node") > 0 && s.api.lists("EgressFirewall") > 0)
             .then_some(())
