@@ -1,7 +1,7 @@
 //! Run mode's wiring, in one place: the admin server and what feeds it ([`AdminObserver`],
 //! [`DriftRepairs`]), the source (manifests directory or Kubernetes API) and, with the API,
 //! the status writer and the election of the cluster's EgressIP assigner, the DNS service, the
-//! nftables drift monitor, the health-check server and the signal handler. Everything is handed to the control loop
+//! nftables drift monitor, the health-check server, the proxy health and the signal handler. Everything is handed to the control loop
 //! ([`crate::reconcile::run_loop`]) as an [`Event`] channel and a list of [`SyncObserver`]s.
 
 use std::sync::{Arc, Mutex, mpsc};
