@@ -1,7 +1,7 @@
 //! Run mode's wiring, in one place: the admin server and what feeds it ([`AdminObserver`],
 //! [`DriftRepairs`]), the source (manifests directory or Kubernetes API) and, with the API,
 //! the status writer and the election of the cluster's EgressIP assigner, the DNS service, the
-//! nftables drift monitor, the health-check server and the signal handler. Everything is handed to the control loop
+//! nftables drift monitor, the health-check server, the proxy health and the signal handler. Everything is handed to the control loop
 //! ([`crate::reconcile::run_loop`]) as an [`Event`] channel and a list of [`SyncObserver`]s.
 
 use std::sync::{Arc, Mutex, mpsc};
@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::controller::egress_ip;
 use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
 use crate::dns::{self, DnsService};
-use crate::healthcheck::HealthServer;
+use crate::healthcheck::proxy::{HEALTH_TIMEOUT, ProxyHealth, Stamp};
+use crate::healthcheck::{self, HealthServer};
 use crate::nft::TABLE_NAME;
 use crate::nft::monitor::Monitor;
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
@@ -48,6 +49,12 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         .map_err(|e| {
             ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
         })?;
+    // kube-proxy's proxy health: healthy and eligible while starting up; up before the first
+    // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
+    let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
+    if let Some(addr) = config.healthz_bind_address {
+        healthcheck::spawn_proxy_health(addr, proxy_health.clone());
+    }
     let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
         state: admin.clone(),
         node_name: config.node_name.clone(),
@@ -128,11 +135,15 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             source.snapshots
         }
     };
-    // Every newly published snapshot wakes the loop.
+    // Every newly published snapshot wakes the loop, and is an update the proxy health waits
+    // for (the first one included: the first sync is pending from now).
     let mut changes = published.clone();
     changes.mark_unchanged();
+    proxy_health.queued(std::time::Instant::now());
+    let queued = proxy_health.clone();
     tokio::spawn(async move {
         while changes.changed().await.is_ok() {
+            queued.queued(std::time::Instant::now());
             if change_tx.send(Event::Changed).is_err() {
                 break;
             }
@@ -159,8 +170,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // Up before the first sync; readiness drops as soon as a drift is seen, not when the
     // loop gets to it. Lives until the loop ends.
     let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
+    let drift_health = proxy_health.clone();
     let _monitor = Monitor::start(TABLE_NAME, move |drift| {
         let seq = drift_admin.drift_detected(&drift);
+        drift_health.queued(std::time::Instant::now());
         let drift = Box::new(drift);
         drift_tx.send(Event::Drift { seq, drift }).is_ok()
     })
@@ -173,7 +186,11 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // the log, the drift repair (readiness back), the health-check ports.
     observers.push(Box::new(LogReport));
     observers.push(Box::new(DriftRepairs { state: admin }));
-    let health = HealthServer::new(tokio::runtime::Handle::current());
+    observers.push(Box::new(SyncHealth {
+        health: proxy_health.clone(),
+        node_name: config.node_name.clone(),
+    }));
+    let health = HealthServer::new(tokio::runtime::Handle::current(), proxy_health);
     observers.push(Box::new(HealthCheckServer(health)));
     // The backends block on netlink: run the loop on its own thread, off the async workers.
     let worker =
@@ -277,6 +294,31 @@ impl SyncObserver for HealthCheckServer {
         if let Ok(report) = sync.result {
             self.0
                 .update(report.health_checks.clone().into_iter().collect());
+        }
+    }
+}
+
+/// Feeds the proxy health from every sync attempt: a success is the new `lastUpdated` and
+/// clears what was pending, a failure leaves an update pending since the sync started, and
+/// the snapshot's own Node decides the node's eligibility.
+struct SyncHealth {
+    health: Arc<ProxyHealth>,
+    node_name: String,
+}
+
+impl SyncObserver for SyncHealth {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        if let Some(snapshot) = sync.snapshot {
+            self.health
+                .set_node(snapshot.node(&self.node_name).map(|n| &**n));
+        }
+        let now = Stamp::now();
+        match sync.result {
+            Ok(_) => self.health.updated(now),
+            Err(_) => {
+                let started = now.at.checked_sub(sync.duration).unwrap_or(now.at);
+                self.health.queued(started);
+            }
         }
     }
 }

@@ -169,6 +169,18 @@ pub struct Opts {
     )]
     pub admin_address: Option<std::net::SocketAddr>,
 
+    /// kube-proxy's node-level health server in run mode: `/healthz` (200 while the dataplane
+    /// is in sync and the node is not being deleted, else 503; what cloud load balancers probe
+    /// for `externalTrafficPolicy: Cluster`) and `/livez`. Empty disables it. Default:
+    /// 0.0.0.0:10256 (dual-stack where the host has IPv6, as kube-proxy's).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_HEALTHZ_BIND_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
+    pub healthz_bind_address: Option<String>,
+
     /// Resolver configuration (resolv.conf syntax) used to resolve EgressFirewall `dnsName`
     /// rules; names are re-resolved when their shortest TTL expires. Default: /etc/resolv.conf.
     #[arg(

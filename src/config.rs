@@ -14,6 +14,8 @@ pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
+/// kube-proxy's default `--healthz-bind-address`.
+pub const DEFAULT_HEALTHZ_BIND_ADDRESS: &str = "0.0.0.0:10256";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
 /// Server-side timeout of each watch. A healthy watch ends (and is resumed from its
 /// resourceVersion) at least this often, so one silent for this long plus 5 s is taken for
@@ -73,6 +75,9 @@ pub struct Config {
     pub resolv_conf: PathBuf,
     /// Where the admin HTTP server listens in run mode.
     pub admin_address: std::net::SocketAddr,
+    /// kube-proxy's `--healthz-bind-address`: the node-level proxy health server (`/healthz`,
+    /// `/livez`) in run mode; `None` (an empty value) disables it.
+    pub healthz_bind_address: Option<std::net::SocketAddr>,
     /// Where the last valid objects are kept across restarts (`crate::state`).
     pub state_dir: PathBuf,
     /// Server-side timeout of each watch of the API; also bounds how long a silently stalled
@@ -102,6 +107,9 @@ impl Config {
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
+            healthz_bind_address: Some(
+                DEFAULT_HEALTHZ_BIND_ADDRESS.parse().expect("valid default"),
+            ),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
             egress_ip_assigner: true,
@@ -201,6 +209,18 @@ impl Config {
                 "--leader-elect-namespace must not be empty".into(),
             ));
         }
+        let healthz = opts
+            .healthz_bind_address
+            .as_deref()
+            .or(file.healthz_bind_address.as_deref())
+            .unwrap_or(DEFAULT_HEALTHZ_BIND_ADDRESS);
+        let healthz_bind_address = match healthz.trim() {
+            "" => None,
+            a => Some(a.parse().map_err(|e| ConfigError::Invalid {
+                option: "--healthz-bind-address",
+                reason: format!("{a:?} is not HOST:PORT (empty disables): {e}"),
+            })?),
+        };
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
@@ -242,6 +262,7 @@ impl Config {
                 .admin_address
                 .or(file.admin_address)
                 .unwrap_or_else(|| DEFAULT_ADMIN_ADDRESS.parse().expect("valid default")),
+            healthz_bind_address,
             state_dir: opts
                 .state_dir
                 .clone()
@@ -328,6 +349,7 @@ struct FileConfig {
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
     admin_address: Option<std::net::SocketAddr>,
+    healthz_bind_address: Option<String>,
     state_dir: Option<PathBuf>,
     api_watch_timeout_seconds: Option<u64>,
     egress_ip_assigner: Option<bool>,
@@ -412,6 +434,36 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/nodeplane"));
         assert_eq!(c.manifest_limits, Limits::default());
         assert_eq!(c.api_watch_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn healthz_bind_address_defaults_to_kube_proxys_and_empty_disables() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert_eq!(
+            c.healthz_bind_address,
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        let with = |a: &str| {
+            Config::resolve(&Opts {
+                healthz_bind_address: Some(a.into()),
+                ..opts()
+            })
+        };
+        assert_eq!(with("").unwrap().healthz_bind_address, None);
+        assert_eq!(
+            with("[::1]:10300").unwrap().healthz_bind_address,
+            Some("[::1]:10300".parse().unwrap())
+        );
+        assert!(with("10256").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "node-name: n\nhealthz-bind-address: ''\n").unwrap();
+        let c = Config::resolve(&Opts {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.healthz_bind_address, None);
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub struct Planned {
     pub health_checks: HealthChecks,
 }
 
-/// healthCheckNodePort -> (service, local endpoints) of `externalTrafficPolicy: Local`
+/// healthCheckNodePort -> (service, ready local endpoints) of `externalTrafficPolicy: Local`
 /// services. A persistent map: handing it on is O(1).
 pub type HealthChecks = imbl::OrdMap<u16, (String, usize)>;
 

@@ -142,6 +142,8 @@ pub struct Node {
     ips: Vec<String>,
     ready: Option<bool>,
     host_cidrs: Option<Vec<String>>,
+    taints: Vec<String>,
+    deleting: bool,
 }
 
 pub fn node(name: &str, ips: &[impl Display]) -> Node {
@@ -151,6 +153,8 @@ pub fn node(name: &str, ips: &[impl Display]) -> Node {
         ips: strings(ips),
         ready: None,
         host_cidrs: None,
+        taints: Vec::new(),
+        deleting: false,
     }
 }
 
@@ -163,6 +167,18 @@ impl Node {
     /// The Ready condition (none unless set).
     pub fn ready(mut self, ready: bool) -> Node {
         self.ready = Some(ready);
+        self
+    }
+
+    /// A `NoSchedule` taint with this key (e.g. `ToBeDeletedByClusterAutoscaler`).
+    pub fn taint(mut self, key: &str) -> Node {
+        self.taints.push(key.into());
+        self
+    }
+
+    /// Being deleted: a `deletionTimestamp` (and a finalizer, as such a node has).
+    pub fn deleting(mut self) -> Node {
+        self.deleting = true;
         self
     }
 
@@ -183,6 +199,22 @@ impl Display for Node {
                 ", annotations: {{'k8s.ovn.org/host-cidrs': '{json}'}}}}"
             ));
         }
+        if self.deleting {
+            meta.pop();
+            meta.push_str(
+                ", deletionTimestamp: '2026-01-01T00:00:00Z', finalizers: [example.com/hold]}",
+            );
+        }
+        let spec = if self.taints.is_empty() {
+            String::new()
+        } else {
+            let taints: Vec<String> = self
+                .taints
+                .iter()
+                .map(|k| format!("{{key: '{k}', effect: NoSchedule}}"))
+                .collect();
+            format!("spec: {{taints: [{}]}}\n", taints.join(", "))
+        };
         let addrs: Vec<String> = self
             .ips
             .iter()
@@ -194,7 +226,7 @@ impl Display for Node {
         });
         write!(
             f,
-            "apiVersion: v1\nkind: Node\n{meta}\nstatus: {{addresses: [{}]{conditions}}}\n",
+            "apiVersion: v1\nkind: Node\n{meta}\n{spec}status: {{addresses: [{}]{conditions}}}\n",
             addrs.join(", ")
         )
     }
@@ -465,6 +497,7 @@ pub struct Ep {
     ip: String,
     node: String,
     ready: Option<bool>,
+    terminating: bool,
 }
 
 /// A ready, serving, not terminating endpoint (conditions written out).
@@ -473,6 +506,7 @@ pub fn ep(ip: &str, node: &str) -> Ep {
         ip: ip.into(),
         node: node.into(),
         ready: Some(true),
+        terminating: false,
     }
 }
 
@@ -480,6 +514,14 @@ impl Ep {
     /// Ready and serving as given, not terminating.
     pub fn ready(mut self, ready: bool) -> Ep {
         self.ready = Some(ready);
+        self
+    }
+
+    /// Terminating but still serving (`ready: false, serving: true, terminating: true`): a
+    /// pod in its grace period.
+    pub fn terminating(mut self) -> Ep {
+        self.ready = Some(false);
+        self.terminating = true;
         self
     }
 
@@ -533,7 +575,8 @@ impl Display for EndpointSlice {
             .iter()
             .map(|e| {
                 let conditions = e.ready.map_or(String::new(), |r| {
-                    format!(", conditions: {{ready: {r}, serving: {r}, terminating: false}}")
+                    let (serving, t) = (r || e.terminating, e.terminating);
+                    format!(", conditions: {{ready: {r}, serving: {serving}, terminating: {t}}}")
                 });
                 format!(
                     "{{addresses: ['{}'], nodeName: {}{conditions}}}",

@@ -496,15 +496,15 @@ fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
     assert_eq!(moved, "b2");
 }
 
-/// `GET /` on the health-check port: (status code, body).
-fn health(ns: &Ns, addr: &str) -> Result<(u16, String), String> {
-    let addr = addr.to_string();
+/// `GET path` over HTTP from `ns`: (status code, body).
+fn http_get(ns: &Ns, addr: &str, path: &str) -> Result<(u16, String), String> {
+    let (addr, path) = (addr.to_string(), path.to_string());
     ns.enter(move || {
         let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), SECOND)
             .map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(SECOND)).unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .map_err(|e| e.to_string())?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
         let mut text = String::new();
         s.read_to_string(&mut text).map_err(|e| e.to_string())?;
         let code = text
@@ -521,8 +521,18 @@ fn health(ns: &Ns, addr: &str) -> Result<(u16, String), String> {
     })
 }
 
+/// `GET /` on a health-check port: (status code, JSON body).
+fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), String> {
+    let (code, body) = http_get(ns, addr, "/")?;
+    let json = serde_json::from_str(&body).map_err(|e| format!("{e}: {body:?}"))?;
+    Ok((code, json))
+}
+
+/// The health-check port counts this node's *ready* endpoints: with only a terminating one
+/// left the node fails the check (load balancers drain it) while that endpoint still serves
+/// the connections that arrive (kube-proxy's TestHealthCheckNodePortWhenTerminating).
 #[test]
-fn health_check_node_port_counts_local_endpoints() {
+fn health_check_node_port_counts_ready_local_endpoints() {
     let t = topo();
     let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
     let write = |eps: &[Ep]| {
@@ -538,18 +548,68 @@ fn health_check_node_port_counts_local_endpoints() {
         ];
         t.agent.write("services.yaml", &docs.join("---\n"));
     };
+    let expect = |code: u16, local: u64| {
+        eventually(Duration::from_secs(10), || {
+            match health(&t.ext, "192.168.1.1:32095") {
+                Ok((c, body)) if c == code && body["localEndpoints"] == local => Ok(body),
+                other => Err(format!("{other:?}")),
+            }
+        })
+    };
     write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
     let _agent = t.agent.spawn(&[]);
-    let (code, body) = eventually(Duration::from_secs(10), || {
-        health(&t.ext, "192.168.1.1:32095")
-    });
-    assert_eq!(code, 200, "{body}");
-    assert!(body.contains("\"localEndpoints\":1"), "{body}");
+    let body = expect(200, 1);
+    assert_eq!(
+        body,
+        serde_json::json!({"service": {"namespace": "default", "name": "local"},
+            "localEndpoints": 1, "serviceProxyHealthy": true})
+    );
+    write(&[ep(&b1, NODE).terminating(), ep(&b2, OTHER)]);
+    let body = expect(503, 0);
+    assert_eq!(body["serviceProxyHealthy"], true, "{body}");
+    // Draining, not dropping: the terminating local endpoint still answers the NodePort.
+    let served = tcp_servers(&t.ext, "192.168.1.1:30095", 3);
+    assert_eq!(served, set(&["b1"]));
     write(&[ep(&b2, OTHER)]);
-    eventually(Duration::from_secs(10), || {
-        match health(&t.ext, "192.168.1.1:32095") {
-            Ok((503, body)) if body.contains("\"localEndpoints\":0") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    expect(503, 0);
+}
+
+/// kube-proxy's node-level health on `--healthz-bind-address` (default 0.0.0.0:10256, both
+/// families): `/healthz` fails while the Node is tainted ToBeDeletedByClusterAutoscaler or
+/// being deleted, `/livez` does not.
+#[test]
+fn proxy_healthz_follows_node_eligibility() {
+    let t = topo();
+    let _agent = t.agent.spawn(&[]);
+    let get = |addr: &str, path: &str, code: u16| {
+        eventually(Duration::from_secs(10), || {
+            match http_get(&t.ext, addr, path) {
+                Ok((c, body)) if c == code => serde_json::from_str::<serde_json::Value>(&body)
+                    .map_err(|e| format!("{e}: {body}")),
+                other => Err(format!("{path}: {other:?}")),
+            }
+        })
+    };
+    for addr in ["192.168.1.1:10256", "[fd00:1::1]:10256"] {
+        let body = get(addr, "/healthz", 200);
+        assert_eq!(body["nodeEligible"], true, "{body}");
+        assert_eq!(body["lastUpdated"], body["currentTime"], "{body}");
+        get(addr, "/livez", 200);
+    }
+    let node = objects::node(NODE, &["192.168.1.1"]);
+    t.agent.write(
+        "nodes.yaml",
+        &node
+            .clone()
+            .taint("ToBeDeletedByClusterAutoscaler")
+            .to_string(),
+    );
+    let body = get("192.168.1.1:10256", "/healthz", 503);
+    assert_eq!(body["nodeEligible"], false, "{body}");
+    get("192.168.1.1:10256", "/livez", 200);
+    t.agent.write("nodes.yaml", &node.to_string());
+    get("192.168.1.1:10256", "/healthz", 200);
+    t.agent.write("nodes.yaml", &node.deleting().to_string());
+    get("192.168.1.1:10256", "/healthz", 503);
+    get("192.168.1.1:10256", "/livez", 200);
 }

@@ -93,7 +93,7 @@ pub struct Memo {
     node_ips: Arc<BTreeMap<IpAddr, String>>,
     /// The services that had an address refused for being a node's, by address.
     node_refused: imbl::OrdMap<IpAddr, imbl::OrdSet<ObjectKey>>,
-    /// healthCheckNodePort -> (service, local endpoints) of eTP=Local services.
+    /// healthCheckNodePort -> (service, ready local endpoints) of eTP=Local services.
     health: HealthChecks,
     /// Shared objects by the number of services using them: each lives in its own part
     /// (`svc-pool/<chain>`, `svc-hairpin/<ip>`) while the count is above zero.
@@ -673,14 +673,18 @@ fn plan_service(
         Sources::Slices(&slices)
     };
     let mut ports = Vec::new();
-    let mut local_count = BTreeSet::new();
+    let mut local_ready = BTreeSet::new();
     for fam in model.families() {
         for p in &model.ports {
-            let (all, local) = model::backends(&sources, p, fam, &config.node_name);
+            let model::Chosen {
+                all,
+                local,
+                local_ready: ready,
+            } = model::backends(&sources, p, fam, &config.node_name);
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
             }
-            local_count.extend(local.iter().map(|b| b.ip));
+            local_ready.extend(ready);
             ports.push(model::PortBackends {
                 port: p,
                 family: fam,
@@ -691,7 +695,7 @@ fn plan_service(
     }
     entry.udp.sort();
     entry.udp.dedup();
-    entry.health = model.health_check_node_port.map(|p| (p, local_count.len()));
+    entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
     let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
         chains::service_part(&key.to_string(), &model, &ports)
     } else {

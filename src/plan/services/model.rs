@@ -382,14 +382,21 @@ struct Candidate {
     serving_terminating: bool,
 }
 
+/// The backends of one port in one family, as [`backends`] chooses them.
+pub struct Chosen {
+    /// Ready backends; if none, serving-terminating ones.
+    pub all: Vec<Backend>,
+    /// The same choice among this node's backends alone.
+    pub local: Vec<Backend>,
+    /// This node's *ready* backend addresses: what the health-check port counts. A node whose
+    /// local backends are all terminating still forwards to them (`local`) but fails the
+    /// check, so load balancers drain it (kube-proxy counts the same way).
+    pub local_ready: Vec<IpAddr>,
+}
+
 /// The backends of `port` in `fam`: ready ones; if none, serving-terminating ones (chosen
 /// separately for the whole set and for the node-local subset, as kube-proxy does).
-pub fn backends(
-    sources: &Sources,
-    port: &Port,
-    fam: IpFamily,
-    node: &str,
-) -> (Vec<Backend>, Vec<Backend>) {
+pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Chosen {
     let mut cands = Vec::new();
     match sources {
         Sources::Slices(slices) => {
@@ -480,5 +487,14 @@ pub fn backends(
         out.dedup();
         out
     };
-    (choose(false), choose(true))
+    let local_ready = cands
+        .iter()
+        .filter(|c| c.ready && c.backend.local)
+        .map(|c| c.backend.ip)
+        .collect();
+    Chosen {
+        all: choose(false),
+        local: choose(true),
+        local_ready,
+    }
 }

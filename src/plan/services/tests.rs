@@ -473,3 +473,43 @@ fn external_ips_follow_the_allowed_and_rejected_cidrs() {
     assert!(!text.contains("198.51.100.200"), "{text}");
     assert!(!text.contains("203.0.113.1"), "{text}");
 }
+
+/// kube-proxy's TestHealthCheckNodePortWhenTerminating: the health-check port counts only
+/// *ready* local endpoints, so a node whose local endpoints are all terminating fails the
+/// check and load balancers drain it, while those endpoints still serve the traffic that
+/// arrives (the forwarding choice, ready else serving-terminating, is unchanged).
+#[test]
+fn health_check_counts_only_ready_local_endpoints() {
+    let cfg = Config::for_node("n1");
+    let ports = "{name: http, port: 8080, protocol: TCP}";
+    let local = |eps: &[objects::Ep]| {
+        let s = objects::endpoint_slice("l-x", "l", "IPv4", ports, eps);
+        s.in_namespace("ns").object()
+    };
+    let service = objects::service(
+        "l",
+        "172.30.0.9",
+        "{name: http, port: 80, protocol: TCP, nodePort: 30100}",
+    )
+    .in_namespace("ns")
+    .spec("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32100")
+    .object();
+    let count = |eps: &[objects::Ep]| {
+        let snap = Snapshot::builder().with(service.clone()).with(local(eps));
+        let desired = plan(&snap.build(), &cfg);
+        desired.health_checks.get(&32100).cloned()
+    };
+    let ep = objects::ep;
+    assert_eq!(
+        count(&[ep("10.128.0.1", "n1"), ep("10.128.0.2", "n1").terminating()]),
+        Some(("ns/l".to_string(), 1))
+    );
+    let terminating = [ep("10.128.0.1", "n1").terminating(), ep("10.128.0.3", "n2")];
+    assert_eq!(count(&terminating), Some(("ns/l".to_string(), 0)));
+    // The terminating local endpoint still receives the node's eTP=Local traffic.
+    let snap = Snapshot::builder()
+        .with(service.clone())
+        .with(local(&terminating));
+    let text = render_full(&plan(&snap.build(), &cfg).ruleset);
+    assert!(text.contains("10.128.0.1"), "{text}");
+}

@@ -1,6 +1,7 @@
 //! Cached objects keep only what planners read. A pod carries its containers, volumes and
-//! conditions; a node its images; every object its managedFields and last-applied annotation.
-//! In a large cluster that is most of the memory a reflector would hold.
+//! conditions; a node its images and its spec but the taints; every object its managedFields
+//! and last-applied annotation. In a large cluster that is most of the memory a reflector
+//! would hold.
 
 use serde_json::{Map, Value};
 
@@ -18,6 +19,11 @@ const NODE_STATUS: &[&str] = &["addresses", "conditions"];
 /// update a new snapshot.
 const NODE_CONDITION: &str = "Ready";
 const CONDITION_FIELDS: &[&str] = &["type", "status"];
+/// The node spec keeps only its taints (the proxy health server's node eligibility reads
+/// `ToBeDeletedByClusterAutoscaler`), each only its key and effect: a taint's value and
+/// `timeAdded` are nobody's input.
+const NODE_SPEC: &[&str] = &["taints"];
+const TAINT_FIELDS: &[&str] = &["key", "effect"];
 
 /// Strips unused data from a raw object before it is decoded.
 pub fn prune(kind: Kind, value: &mut Value) {
@@ -39,7 +45,18 @@ pub fn prune(kind: Kind, value: &mut Value) {
             keep_only(obj, "status", POD_STATUS);
         }
         Kind::Node => {
-            obj.remove("spec");
+            keep_only(obj, "spec", NODE_SPEC);
+            let taints = obj
+                .get_mut("spec")
+                .and_then(|s| s.get_mut("taints"))
+                .and_then(Value::as_array_mut);
+            for t in taints
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                t.retain(|k, _| TAINT_FIELDS.contains(&k.as_str()));
+            }
             keep_only(obj, "status", NODE_STATUS);
             let conditions = obj
                 .get_mut("status")
@@ -96,12 +113,13 @@ mod tests {
     }
 
     #[test]
-    fn nodes_keep_addresses_ready_and_annotations_only() {
+    fn nodes_keep_addresses_ready_taints_and_annotations_only() {
         let cidrs = r#"["192.0.2.1/24"]"#;
         let mut node = json!({
             "metadata": {"name": "w1", "labels": {"a": "b"},
                 "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
-            "spec": {"podCIDR": "10.0.0.0/24"},
+            "spec": {"podCIDR": "10.0.0.0/24", "taints": [{"key": "ToBeDeletedByClusterAutoscaler",
+                "value": "1700000000", "effect": "NoSchedule"}]},
             "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
                 "conditions": [
                     {"type": "MemoryPressure", "status": "False"},
@@ -114,6 +132,7 @@ mod tests {
             node,
             json!({"metadata": {"name": "w1", "labels": {"a": "b"},
                     "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
+                "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
                 "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
                     "conditions": [{"type": "Ready", "status": "True"}]}})
         );
