@@ -569,4 +569,63 @@ mod tests {
             assign::Reason::NoCandidate
         );
     }
+
+    #[test]
+    fn a_dead_verdict_moves_the_ip_and_an_alive_one_keeps_it() {
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let snap = Snapshot::builder()
+            .with(
+                node("w1", &["192.168.1.11"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.11/24"])
+                    .object(),
+            )
+            .with(
+                node("w2", &["192.168.1.12"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.12/24"])
+                    .object(),
+            )
+            .with(node("w3", &["192.168.1.13"]).ready(true).object())
+            .with(a.object())
+            .build();
+        // The probes watch the assignable nodes by InternalIP.
+        let targets = probe_targets(&snap);
+        assert_eq!(
+            targets.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["w1", "w2"]
+        );
+        assert_eq!(
+            targets["w1"],
+            vec!["192.168.1.11".parse::<IpAddr>().unwrap()]
+        );
+
+        // No verdict yet (a new term), then alive: the IP stays.
+        for verdicts in [
+            probe::Verdicts::new(),
+            probe::Verdicts::from([("w1".into(), true), ("w2".into(), true)]),
+        ] {
+            let d = decide(&snap, healthy_from(&verdicts));
+            assert!(!d[0].write && d[0].moved.is_empty(), "{verdicts:?}");
+        }
+        // w1 dead: the IP moves to w2, with an Event's worth of move.
+        let verdicts = probe::Verdicts::from([("w1".into(), false), ("w2".into(), true)]);
+        let d = decide(&snap, healthy_from(&verdicts));
+        assert!(d[0].write);
+        assert_eq!(
+            d[0].assignment.items,
+            vec![("192.168.1.100".parse().unwrap(), "w2".to_string())]
+        );
+        assert_eq!(
+            d[0].moved,
+            vec![(
+                "192.168.1.100".parse().unwrap(),
+                "w1".to_string(),
+                "w2".to_string()
+            )]
+        );
+    }
 }
