@@ -129,6 +129,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                     leading(e.subscribe()),
                     source.snapshots.clone(),
                     config.node_name.clone(),
+                    config.egress_ip_probe,
                 ));
                 elector = Some(e);
             }

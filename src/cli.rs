@@ -278,4 +278,28 @@ pub struct Opts {
         value_name = "DURATION"
     )]
     pub leader_elect_retry_period: Option<String>,
+
+    /// Time between two rounds of the EgressIP assigner's node health probes (ICMP echo to
+    /// each egress-assignable node's InternalIPs, answered by the node's kernel, so an agent
+    /// restart is not a failure), 10ms to 10s, e.g. `100ms`. Only the leading assigner
+    /// probes. Default: 100ms.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_EGRESS_IP_PROBE_INTERVAL",
+        value_name = "DURATION"
+    )]
+    pub egress_ip_probe_interval: Option<String>,
+
+    /// Consecutive unanswered probe rounds after which a node is dead and its egress IPs move
+    /// (it gets them back after 3 answered rounds): a failure is acted on within interval ×
+    /// (misses + 1). 0 turns the probes off (failures are seen only through Node Ready).
+    /// Default: 3 (400 ms at most with the default interval).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_EGRESS_IP_PROBE_MISSES",
+        value_name = "COUNT"
+    )]
+    pub egress_ip_probe_misses: Option<u32>,
 }

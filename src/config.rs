@@ -2,6 +2,7 @@
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
 use crate::cli::Opts;
+use crate::controller::egress_ip::probe;
 use crate::controller::lease::Timings;
 use crate::source::limits::Limits;
 use ipnet::IpNet;
@@ -28,6 +29,10 @@ pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
 const MAX_API_WATCH_TIMEOUT: u64 = 1800;
 /// Namespace of the election Lease without `--leader-elect-namespace` or POD_NAMESPACE.
 pub const DEFAULT_LEADER_ELECT_NAMESPACE: &str = "nodeplane";
+/// Bounds of `--egress-ip-probe-interval`: below 10 ms the probes cost more than they tell;
+/// above 10 s Node Ready is about as fast.
+const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(10);
+const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -89,6 +94,8 @@ pub struct Config {
     pub leader_elect_namespace: String,
     /// Lease duration, renew deadline and retry period of the election.
     pub leader_elect: Timings,
+    /// The EgressIP assigner's node health probes (interval, misses).
+    pub egress_ip_probe: probe::Settings,
 }
 
 impl Config {
@@ -115,6 +122,7 @@ impl Config {
             egress_ip_assigner: true,
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
+            egress_ip_probe: probe::Settings::default(),
         }
     }
 
@@ -194,6 +202,30 @@ impl Config {
         leader_elect
             .validate()
             .map_err(ConfigError::LeaderElection)?;
+        let probe_interval = duration(
+            "--egress-ip-probe-interval",
+            &opts.egress_ip_probe_interval,
+            file.egress_ip_probe_interval,
+            probe::DEFAULT_INTERVAL,
+        )?;
+        if !(MIN_PROBE_INTERVAL..=MAX_PROBE_INTERVAL).contains(&probe_interval) {
+            return Err(ConfigError::Invalid {
+                option: "--egress-ip-probe-interval",
+                reason: format!(
+                    "{probe_interval:?} is not between {MIN_PROBE_INTERVAL:?} and \
+                     {MAX_PROBE_INTERVAL:?}"
+                ),
+            });
+        }
+        let probe_misses = opts
+            .egress_ip_probe_misses
+            .or(file.egress_ip_probe_misses)
+            .unwrap_or(probe::DEFAULT_MISSES);
+        let egress_ip_probe = probe::Settings {
+            interval: probe_interval,
+            misses: probe_misses,
+            ..probe::Settings::default()
+        };
         let leader_elect_namespace = opts
             .leader_elect_namespace
             .clone()
@@ -275,6 +307,7 @@ impl Config {
                 .unwrap_or(true),
             leader_elect_namespace,
             leader_elect,
+            egress_ip_probe,
         })
     }
 }
@@ -357,6 +390,8 @@ struct FileConfig {
     leader_elect_lease_duration: Option<DurationValue>,
     leader_elect_renew_deadline: Option<DurationValue>,
     leader_elect_retry_period: Option<DurationValue>,
+    egress_ip_probe_interval: Option<DurationValue>,
+    egress_ip_probe_misses: Option<u32>,
 }
 
 /// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.
@@ -649,6 +684,37 @@ mod tests {
         assert!(e.contains("--leader-elect-renew-deadline"), "{e}");
         o.leader_elect_renew_deadline = Some("3h".into());
         assert!(Config::resolve(&o).is_err());
+    }
+
+    #[test]
+    fn egress_ip_probe_defaults_flags_file_and_bounds() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert_eq!(c.egress_ip_probe, probe::Settings::default());
+        assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(100));
+        assert_eq!(c.egress_ip_probe.misses, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "egress-ip-probe-interval: 200ms\negress-ip-probe-misses: 5\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(200));
+        assert_eq!(c.egress_ip_probe.misses, 5);
+        // Flags win; 0 misses turns the probes off.
+        o.egress_ip_probe_interval = Some("50ms".into());
+        o.egress_ip_probe_misses = Some(0);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(50));
+        assert!(!c.egress_ip_probe.enabled());
+        for bad in ["0", "5ms", "11s", "fast"] {
+            o.egress_ip_probe_interval = Some(bad.into());
+            let e = Config::resolve(&o).unwrap_err().to_string();
+            assert!(e.contains("--egress-ip-probe-interval"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -198,6 +198,8 @@ fn help_explains_every_option() {
         "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline",
         "--leader-elect-retry-period",
+        "--egress-ip-probe-interval",
+        "--egress-ip-probe-misses",
         "cleanup",
         "NODEPLANE_",
     ] {

@@ -67,6 +67,12 @@ fn start(api: FakeApi, leading: bool) -> Assigner {
             rx,
             source.snapshots,
             "test-node".into(),
+            // The fake nodes' addresses exist nowhere: no probes (tests/kernel_dataplane/probe.rs
+            // has them).
+            egress_ip::probe::Settings {
+                misses: 0,
+                ..Default::default()
+            },
         ));
     });
     Assigner {

@@ -9,5 +9,6 @@ mod firewall;
 mod hostile_input;
 mod lab_selftest;
 mod net;
+mod probe;
 mod qos;
 mod services;

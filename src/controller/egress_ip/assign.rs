@@ -15,8 +15,8 @@
 //!    EgressIP.
 //!
 //! A candidate is a node labelled `k8s.ovn.org/egress-assignable` (any value), Ready, not
-//! being deleted, and healthy ([`NodeInfo::healthy`]: the probe verdict, `true` until probes
-//! exist). A candidate *fits* an IP when one of its `k8s.ovn.org/host-cidrs` networks
+//! being deleted, and healthy ([`NodeInfo::healthy`]: the verdict of the leader's ICMP probes,
+//! `super::probe`). A candidate *fits* an IP when one of its `k8s.ovn.org/host-cidrs` networks
 //! contains it and the IP is neither that network's network nor broadcast address.
 //!
 //! Cost: O(EgressIPs × IPs × candidates × subnets per node).
@@ -37,8 +37,8 @@ pub struct NodeInfo {
     pub ready: bool,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
-    /// The health probes' verdict (always `true` until probes exist): one more input of the
-    /// candidate filter.
+    /// The health probes' verdict (`true` without one): one more input of the candidate
+    /// filter.
     pub healthy: bool,
     /// The node's own addresses (Node `status.addresses` and the `host-cidrs` addresses).
     pub addresses: Vec<IpAddr>,

@@ -2,9 +2,10 @@
 //!
 //! [`assign`] is the pure rule (candidates, spread, stickiness, conflicts); [`host_cidrs`]
 //! publishes each node's egress-capable subnets on its Node object (every agent, for its own
-//! node); [`run`] is the assigner task the leader runs: on every snapshot it recomputes the
-//! assignment ([`decide`]) and writes the `status.items` that differ, with Warning Events for
-//! IPs it cannot place and Normal Events for IPs it moves.
+//! node); [`run`] is the assigner task the leader runs: on every snapshot and every change of
+//! the [`probe`] verdicts it recomputes the assignment ([`decide`]) and writes the
+//! `status.items` that differ, with Warning Events for IPs it cannot place and Normal Events
+//! for IPs it moves. The probes run only while leading, on the nodes of [`probe_targets`].
 //!
 //! Writing `status.items`: server-side apply with one field manager for the role,
 //! [`FIELD_MANAGER`] (not per node), and `force`, so a new leader owns exactly the fields the
@@ -18,6 +19,7 @@
 
 pub mod assign;
 pub mod host_cidrs;
+pub mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -97,6 +99,29 @@ pub fn inputs(
         })
         .collect();
     (eips, nodes)
+}
+
+/// What the probes watch: every node labelled egress-assignable and not being deleted (Ready
+/// or not, so that a node coming back is known to answer), by its InternalIPs.
+pub fn probe_targets(snap: &Snapshot) -> probe::Targets {
+    snap.nodes()
+        .iter()
+        .filter(|(_, node)| {
+            snapshot::labels(&node.metadata).contains_key(EGRESS_ASSIGNABLE_LABEL)
+                && node.metadata.deletion_timestamp.is_none()
+        })
+        .map(|(name, node)| {
+            (
+                name.clone(),
+                snapshot::node_addresses(node, &["InternalIP"]),
+            )
+        })
+        .collect()
+}
+
+/// The health function of [`decide`] from published verdicts: a node without one is healthy.
+pub fn healthy_from(verdicts: &probe::Verdicts) -> impl Fn(&str) -> bool + '_ {
+    |n| verdicts.get(n).copied().unwrap_or(true)
 }
 
 /// What the assigner wants for one EgressIP.
@@ -179,13 +204,15 @@ pub enum StatusPath {
     Object,
 }
 
-/// Runs the assigner: idle while `leading` is false; while true, recomputes on every snapshot
-/// and writes what differs. `instance` names this agent in Events. Ends when a channel closes.
+/// Runs the assigner: idle while `leading` is false; while true, probes the candidates
+/// (`probes`), recomputes on every snapshot and verdict change and writes what differs.
+/// `instance` names this agent in Events. Ends when a channel closes.
 pub async fn run(
     client: Client,
     mut leading: watch::Receiver<bool>,
     mut snapshots: watch::Receiver<Option<Snapshot>>,
     instance: String,
+    probes: probe::Settings,
 ) {
     let recorder = Recorder::new(
         client.clone(),
@@ -204,10 +231,24 @@ pub async fn run(
         }
         info!("EgressIP assigner: leading");
         let mut term = Term::new(&api, &recorder);
+        // The probes of this term: every node alive until they say otherwise.
+        let (targets_tx, targets_rx) = watch::channel(probe::Targets::new());
+        let (verdicts_tx, mut verdicts) = watch::channel(probe::Verdicts::new());
+        let prober = tokio::spawn(probe::run(probes, targets_rx, verdicts_tx));
+        let _stop_prober = AbortOnDrop(prober);
         loop {
             let snap = snapshots.borrow_and_update().clone();
             if let Some(snap) = snap {
-                term.sync(&snap, &leading).await;
+                let targets = probe_targets(&snap);
+                targets_tx.send_if_modified(|t| {
+                    let differ = *t != targets;
+                    if differ {
+                        *t = targets;
+                    }
+                    differ
+                });
+                let v = verdicts.borrow_and_update().clone();
+                term.sync(&snap, &leading, &v).await;
             }
             tokio::select! {
                 changed = leading.changed() => {
@@ -220,9 +261,20 @@ pub async fn run(
                     }
                 }
                 changed = snapshots.changed() => if changed.is_err() { return },
+                // The prober ends only with its targets: a closed channel cannot happen here.
+                Ok(()) = verdicts.changed() => {}
                 _ = tokio::time::sleep(RETRY), if term.retrying() => {}
             }
         }
+    }
+}
+
+/// Aborts the task when dropped (the prober of a leadership term).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -259,8 +311,13 @@ impl<'a> Term<'a> {
         !self.failed.is_empty()
     }
 
-    async fn sync(&mut self, snap: &Snapshot, leading: &watch::Receiver<bool>) {
-        let decisions = decide(snap, |_| true);
+    async fn sync(
+        &mut self,
+        snap: &Snapshot,
+        leading: &watch::Receiver<bool>,
+        verdicts: &probe::Verdicts,
+    ) {
+        let decisions = decide(snap, healthy_from(verdicts));
         let names: BTreeSet<&str> = decisions.iter().map(|d| d.name.as_str()).collect();
         self.sent.retain(|n, _| names.contains(n.as_str()));
         self.failed.retain(|n| names.contains(n.as_str()));
@@ -510,6 +567,65 @@ mod tests {
         assert_eq!(
             d[0].assignment.problems[0].reason,
             assign::Reason::NoCandidate
+        );
+    }
+
+    #[test]
+    fn a_dead_verdict_moves_the_ip_and_an_alive_one_keeps_it() {
+        let a =
+            egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
+        let snap = Snapshot::builder()
+            .with(
+                node("w1", &["192.168.1.11"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.11/24"])
+                    .object(),
+            )
+            .with(
+                node("w2", &["192.168.1.12"])
+                    .labels(&[LABEL])
+                    .ready(true)
+                    .host_cidrs(&["192.168.1.12/24"])
+                    .object(),
+            )
+            .with(node("w3", &["192.168.1.13"]).ready(true).object())
+            .with(a.object())
+            .build();
+        // The probes watch the assignable nodes by InternalIP.
+        let targets = probe_targets(&snap);
+        assert_eq!(
+            targets.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["w1", "w2"]
+        );
+        assert_eq!(
+            targets["w1"],
+            vec!["192.168.1.11".parse::<IpAddr>().unwrap()]
+        );
+
+        // No verdict yet (a new term), then alive: the IP stays.
+        for verdicts in [
+            probe::Verdicts::new(),
+            probe::Verdicts::from([("w1".into(), true), ("w2".into(), true)]),
+        ] {
+            let d = decide(&snap, healthy_from(&verdicts));
+            assert!(!d[0].write && d[0].moved.is_empty(), "{verdicts:?}");
+        }
+        // w1 dead: the IP moves to w2, with an Event's worth of move.
+        let verdicts = probe::Verdicts::from([("w1".into(), false), ("w2".into(), true)]);
+        let d = decide(&snap, healthy_from(&verdicts));
+        assert!(d[0].write);
+        assert_eq!(
+            d[0].assignment.items,
+            vec![("192.168.1.100".parse().unwrap(), "w2".to_string())]
+        );
+        assert_eq!(
+            d[0].moved,
+            vec![(
+                "192.168.1.100".parse().unwrap(),
+                "w1".to_string(),
+                "w2".to_string()
+            )]
         );
     }
 }
