@@ -7,7 +7,7 @@
 //! Manifests are written as JSON (any string survives JSON encoding; the YAML builders of
 //! `testing::objects` print names raw).
 
-use nodeplane::testing::lab::{self, Lab, Ns};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns};
 use nodeplane::testing::nft_check::nft_check;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -56,18 +56,10 @@ fn manifests(ns: &str, name: &str, label: &str, dns: &str) -> Value {
 /// Runs `--dry-run` over the manifests in `node`, loads the output into a fresh netns and
 /// checks that it holds exactly the agent's table; returns the output.
 fn dry_run_loads_only_our_table(lab: &mut Lab, node: &Ns, case: usize, doc: &Value) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    lab::write_manifest(dir.path(), "hostile.json", &doc.to_string());
-    let printed = node
-        .run_agent(&[
-            "--dry-run",
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--node-name",
-            NODE,
-            "--cluster-cidr",
-            "10.128.0.0/14,fd01::/48",
-        ])
+    let agent = ManifestAgent::new(node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
+    agent.write("hostile.json", &doc.to_string());
+    let printed = agent
+        .dry_run(&[])
         .unwrap_or_else(|e| panic!("dry-run: {e}"));
     let table_at = printed
         .lines()
