@@ -1,6 +1,8 @@
-//! Deletes the UDP conntrack entries of service backends that went away (ctnetlink over a
-//! netlink socket, in process). Without this a UDP client that keeps its source port keeps
-//! being sent to the dead backend for as long as it sends (each packet refreshes the entry).
+//! Deletes stale UDP conntrack entries of services (ctnetlink over a netlink socket, in
+//! process): those of backends that went away, and those that met no endpoint at a frontend
+//! that now has one (never DNATed). Without this a UDP client that keeps its source port
+//! keeps being sent to the dead backend, or past the service, for as long as it sends (each
+//! packet refreshes the entry).
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -23,6 +25,41 @@ pub fn delete_udp_flows_to(backends: &[(IpAddr, u16)]) -> io::Result<usize> {
         return Ok(0);
     }
     let wanted: BTreeSet<(IpAddr, u16)> = backends.iter().copied().collect();
+    delete_matching(|orig, reply| {
+        udp_source(reply).is_some_and(|src| wanted.contains(&src))
+            && udp_source(orig) != udp_source(reply)
+    })
+}
+
+/// A UDP service frontend: an address and port (ClusterIP, external IP, LB IP), or a
+/// NodePort (any local address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UdpFrontend {
+    Addr(IpAddr, u16),
+    NodePort(u16),
+}
+
+/// Deletes UDP entries whose original destination is one of `frontends` and that were not
+/// DNATed (the reply comes from the original destination): flows that met no endpoint there
+/// and would keep missing the DNAT. DNATed flows are left alone. Returns how many entries
+/// were deleted.
+pub fn delete_udp_flows_not_dnated_to(frontends: &[UdpFrontend]) -> io::Result<usize> {
+    if frontends.is_empty() {
+        return Ok(0);
+    }
+    let wanted: BTreeSet<UdpFrontend> = frontends.iter().copied().collect();
+    delete_matching(|orig, reply| {
+        let Some((ip, port)) = udp_endpoint(orig, Side::Destination) else {
+            return false;
+        };
+        udp_source(reply) == Some((ip, port))
+            && (wanted.contains(&UdpFrontend::Addr(ip, port))
+                || wanted.contains(&UdpFrontend::NodePort(port)))
+    })
+}
+
+/// Deletes the entries for which `doomed(original, reply)` holds, in both families.
+fn delete_matching(doomed: impl Fn(&[Tuple], &[Tuple]) -> bool) -> io::Result<usize> {
     let mut sock = Socket::new(NETLINK_NETFILTER)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
@@ -30,10 +67,7 @@ pub fn delete_udp_flows_to(backends: &[(IpAddr, u16)]) -> io::Result<usize> {
     for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
         let doomed: Vec<Vec<Tuple>> = dump(&sock, family)?
             .into_iter()
-            .filter(|(orig, reply)| {
-                udp_source(reply).is_some_and(|src| wanted.contains(&src))
-                    && udp_source(orig) != udp_source(reply)
-            })
+            .filter(|(orig, reply)| doomed(orig, reply))
             .map(|(orig, _)| orig)
             .collect();
         for orig in doomed {
@@ -53,16 +87,29 @@ pub fn delete_udp_flows_to(backends: &[(IpAddr, u16)]) -> io::Result<usize> {
     Ok(deleted)
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Source,
+    Destination,
+}
+
 /// The UDP source (address, port) of a tuple.
 fn udp_source(tuple: &[Tuple]) -> Option<(IpAddr, u16)> {
+    udp_endpoint(tuple, Side::Source)
+}
+
+/// The UDP source or destination (address, port) of a tuple.
+fn udp_endpoint(tuple: &[Tuple], side: Side) -> Option<(IpAddr, u16)> {
     let mut ip = None;
     let (mut udp, mut port) = (false, None);
     for t in tuple {
         match t {
             Tuple::Ip(ips) => {
                 for i in ips {
-                    if let IPTuple::SourceAddress(a) = i {
-                        ip = Some(*a);
+                    match (i, side) {
+                        (IPTuple::SourceAddress(a), Side::Source)
+                        | (IPTuple::DestinationAddress(a), Side::Destination) => ip = Some(*a),
+                        _ => {}
                     }
                 }
             }
@@ -70,7 +117,10 @@ fn udp_source(tuple: &[Tuple]) -> Option<(IpAddr, u16)> {
                 for p in ps {
                     match p {
                         ProtoTuple::Protocol(Protocol::Udp) => udp = true,
-                        ProtoTuple::SourcePort(sp) => port = Some(*sp),
+                        ProtoTuple::SourcePort(sp) if side == Side::Source => port = Some(*sp),
+                        ProtoTuple::DestinationPort(dp) if side == Side::Destination => {
+                            port = Some(*dp)
+                        }
                         _ => {}
                     }
                 }

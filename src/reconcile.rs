@@ -103,6 +103,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             statuses,
             memory,
             stale_udp,
+            new_udp_frontends,
             health_checks,
             ..
         } = desired;
@@ -112,6 +113,11 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             && let Err(e) = crate::conntrack::delete_udp_flows_to(&stale_udp)
         {
             warn!("conntrack: stale UDP service flows not deleted: {e}");
+        }
+        if self.conntrack_cleanup
+            && let Err(e) = crate::conntrack::delete_udp_flows_not_dnated_to(&new_udp_frontends)
+        {
+            warn!("conntrack: UDP flows that met no endpoint not deleted: {e}");
         }
         let changes = planned?;
         self.net.apply(&changes)?;

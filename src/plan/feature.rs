@@ -41,6 +41,9 @@ pub struct Planned {
     pub statuses: Vec<ObjectStatus>,
     /// UDP service backends that went away: their conntrack entries are to be deleted.
     pub stale_udp: Vec<(IpAddr, u16)>,
+    /// UDP service frontends that just got their first endpoint: the entries of flows
+    /// that met no endpoint there (never DNATed) are to be deleted.
+    pub new_udp_frontends: Vec<crate::conntrack::UdpFrontend>,
     /// The health-check ports to serve (see [`HealthChecks`]).
     pub health_checks: HealthChecks,
 }

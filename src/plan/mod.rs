@@ -83,6 +83,9 @@ pub struct Desired {
     pub memory: Memory,
     /// UDP service backends that went away: their conntrack entries are to be deleted.
     pub stale_udp: Vec<(IpAddr, u16)>,
+    /// UDP service frontends that just got their first endpoint: the entries of flows
+    /// that met no endpoint there (never DNATed) are to be deleted.
+    pub new_udp_frontends: Vec<crate::conntrack::UdpFrontend>,
     /// The health-check ports to serve.
     pub health_checks: HealthChecks,
 }
@@ -128,6 +131,7 @@ pub fn plan_with_dns(
         net: NetDesired::default(),
         statuses: Vec::new(),
         stale_udp: Vec::new(),
+        new_udp_frontends: Vec::new(),
         health_checks: HealthChecks::new(),
     };
     // Each feature reads its own memory and returns the next one: nothing is cloned (a deep
@@ -139,6 +143,7 @@ pub fn plan_with_dns(
         statuses: out.statuses,
         memory,
         stale_udp: out.stale_udp,
+        new_udp_frontends: out.new_udp_frontends,
         health_checks: out.health_checks,
     }
 }
@@ -162,6 +167,7 @@ pub fn settle(
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
         stale_udp: std::mem::take(&mut desired.stale_udp),
+        new_udp_frontends: std::mem::take(&mut desired.new_udp_frontends),
         health_checks: std::mem::take(&mut desired.health_checks),
     };
     settle_features(&inputs, &desired.memory, report, &mut out);
@@ -169,6 +175,7 @@ pub fn settle(
     desired.net = out.net;
     desired.statuses = out.statuses;
     desired.stale_udp = out.stale_udp;
+    desired.new_udp_frontends = out.new_udp_frontends;
     desired.health_checks = out.health_checks;
 }
 

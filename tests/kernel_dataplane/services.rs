@@ -613,3 +613,63 @@ fn proxy_healthz_follows_node_eligibility() {
     get("192.168.1.1:10256", "/healthz", 503);
     get("192.168.1.1:10256", "/livez", 200);
 }
+
+/// A UDP flow to a NodePort that is not programmed yet gets a conntrack entry the node answers
+/// itself (never DNATed); it must go once the first endpoint comes, or the flow keeps
+/// missing the service for as long as it sends. Datagrams rejected for want of endpoints
+/// leave no entry (checked on the ClusterIP and the NodePort of the same socket).
+#[test]
+fn udp_flow_sent_before_the_first_endpoint_reaches_it() {
+    let t = topo();
+    let b1 = t.v4(&t.b1);
+    let write = |eps: &[Ep]| {
+        let docs = [
+            service_ips(
+                "dns",
+                &["172.30.0.41"],
+                "{name: dns, port: 53, protocol: UDP, nodePort: 30053}, \
+                 {name: http, port: 80, protocol: TCP, nodePort: 30054}",
+            )
+            .spec("type: NodePort")
+            .to_string(),
+            endpoint_slice(
+                "dns",
+                "dns",
+                "IPv4",
+                "{name: dns, port: 5353, protocol: UDP}, {name: http, port: 8080, protocol: TCP}",
+                eps,
+            )
+            .to_string(),
+        ];
+        t.agent.write("services.yaml", &docs.join("---\n"));
+    };
+    // No service yet: the node answers the NodePort datagrams itself (port unreachable).
+    t.agent.once(&[]);
+    let flow = udp_flow(&t.c1.ns);
+    assert_eq!(udp_ask(&flow, "192.168.1.1:30053", SHORT), None);
+    let _agent = t.agent.spawn(&[]);
+    write(&[]);
+    eventually(Duration::from_secs(10), || {
+        match t.c1.ns.tcp_connect("172.30.0.41:80", SECOND) {
+            Outcome::Refused => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // The flows' next datagrams find no endpoint.
+    assert_eq!(udp_ask(&flow, "172.30.0.41:53", SHORT), None);
+    assert_eq!(udp_ask(&flow, "192.168.1.1:30053", SHORT), None);
+    write(&[ep(&b1, NODE)]);
+    eventually(Duration::from_secs(10), || {
+        match t.c1.ns.tcp_connect("172.30.0.41:80", SECOND) {
+            Outcome::Reply(r) if r.server == "b1" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // The same socket (same 5-tuples) now reaches the endpoint.
+    for dst in ["172.30.0.41:53", "192.168.1.1:30053"] {
+        let answered = eventually(Duration::from_secs(5), || {
+            udp_ask(&flow, dst, SECOND).ok_or_else(|| format!("no UDP reply from {dst}"))
+        });
+        assert_eq!(answered, "b1", "{dst}");
+    }
+}

@@ -39,6 +39,7 @@ use super::base::sets as base_sets;
 use super::{Feature, HealthChecks, Inputs, ObjectStatus, Planned};
 use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
+use crate::conntrack::UdpFrontend;
 use crate::nft::ir::*;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
 use ipnet::IpNet;
@@ -65,6 +66,9 @@ struct Entry {
     node_refused: Vec<IpAddr>,
     /// UDP backends (address, port): removed ones get their conntrack entries deleted.
     udp: Vec<(IpAddr, u16)>,
+    /// The UDP frontends with at least one endpoint: the ones new since the last plan get
+    /// the entries of flows that met no endpoint there deleted.
+    udp_frontends: Vec<UdpFrontend>,
     health: Option<(u16, usize)>,
     error: Option<String>,
     /// Shared pool chains the service's dispatch elements go to.
@@ -192,6 +196,7 @@ impl Feature for Services {
         let outcome = plan(inputs.snapshot, inputs.config, memo, &mut out.ruleset);
         out.statuses.extend(outcome.statuses);
         out.stale_udp.extend(outcome.stale_udp);
+        out.new_udp_frontends.extend(outcome.new_udp_frontends);
         out.health_checks = outcome.memo.health.clone();
         outcome.memo
     }
@@ -204,6 +209,8 @@ struct Outcome {
     pub memo: Memo,
     /// UDP backends that stopped being used since the last plan (flows to them must go).
     pub stale_udp: Vec<(IpAddr, u16)>,
+    /// UDP frontends that got their first endpoint since the last plan.
+    pub new_udp_frontends: Vec<UdpFrontend>,
 }
 
 fn part_key(k: &ObjectKey) -> String {
@@ -251,6 +258,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         external_rejected: &config.external_ip_rejected_cidrs,
     };
     let mut stale_udp = Vec::new();
+    let mut new_udp_frontends = Vec::new();
     // The owner of every claim a changed service drops or makes, before the change.
     let mut before: BTreeMap<Claim, Option<Rank>> = BTreeMap::new();
     let mut settle: BTreeSet<ObjectKey> = BTreeSet::new();
@@ -260,6 +268,11 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
             .services()
             .get(key)
             .map(|svc| plan_service(snapshot, config, &rules, key, svc));
+        let old_frontends = memo.entries.get(&pk).map(|e| e.udp_frontends.clone());
+        if let Some(e) = &new {
+            let old = old_frontends.unwrap_or_default();
+            new_udp_frontends.extend(e.udp_frontends.iter().filter(|f| !old.contains(f)));
+        }
         if let Some(old) = memo.entries.remove(&pk) {
             let keep: BTreeSet<_> = new.iter().flat_map(|e| e.udp.iter()).collect();
             stale_udp.extend(old.udp.iter().filter(|b| !keep.contains(b)).copied());
@@ -364,6 +377,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         statuses: memo.errors.values().cloned().collect(),
         memo,
         stale_udp,
+        new_udp_frontends,
     }
 }
 
@@ -633,6 +647,7 @@ fn plan_service(
         refused: Vec::new(),
         node_refused: Vec::new(),
         udp: Vec::new(),
+        udp_frontends: Vec::new(),
         health: None,
         error: None,
         pools: BTreeSet::new(),
@@ -674,6 +689,7 @@ fn plan_service(
     };
     let mut ports = Vec::new();
     let mut local_ready = BTreeSet::new();
+    let mut served = BTreeSet::new();
     for fam in model.families() {
         for p in &model.ports {
             let model::Chosen {
@@ -683,6 +699,9 @@ fn plan_service(
             } = model::backends(&sources, p, fam, &config.node_name);
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
+                if !all.is_empty() {
+                    served.insert((p.port, p.node_port));
+                }
             }
             local_ready.extend(ready);
             ports.push(model::PortBackends {
@@ -695,6 +714,23 @@ fn plan_service(
     }
     entry.udp.sort();
     entry.udp.dedup();
+    let addrs = || {
+        model
+            .cluster_ips
+            .iter()
+            .chain(&model.external_ips)
+            .chain(&model.lb_ips)
+    };
+    for (port, node_port) in served {
+        entry
+            .udp_frontends
+            .extend(addrs().map(|ip| UdpFrontend::Addr(*ip, port)));
+        entry
+            .udp_frontends
+            .extend(node_port.map(UdpFrontend::NodePort));
+    }
+    entry.udp_frontends.sort();
+    entry.udp_frontends.dedup();
     entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
     let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
         chains::service_part(&key.to_string(), &model, &ports)

@@ -85,6 +85,46 @@ fn removed_udp_backend_is_reported_stale() {
 }
 
 #[test]
+fn udp_frontends_are_reported_new_only_on_their_first_endpoint() {
+    use crate::conntrack::UdpFrontend;
+    let udp = |ips: &[&str]| -> crate::api::EndpointSlice {
+        let mut s = slice("u", ips);
+        s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        s
+    };
+    let mut s = svc(
+        "u",
+        "172.30.0.5",
+        "type: NodePort, externalIPs: ['198.51.100.5']",
+    );
+    let port = &mut s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0];
+    port.protocol = Some("UDP".into());
+    port.node_port = Some(30053);
+    let none = Snapshot::builder().with(s.clone()).with(udp(&[])).build();
+    let first = plan(&none, &honour_all_external_ips());
+    assert!(first.new_udp_frontends.is_empty());
+    // 0 -> 1 endpoint: every frontend of the port.
+    let mut b = none.to_builder();
+    b.insert(udp(&["10.128.0.1"]));
+    let one = b.build();
+    let second = plan_with(&one, &honour_all_external_ips(), &first.memory);
+    let ip = |s: &str| s.parse().unwrap();
+    assert_eq!(
+        second.new_udp_frontends,
+        vec![
+            UdpFrontend::Addr(ip("172.30.0.5"), 80),
+            UdpFrontend::Addr(ip("198.51.100.5"), 80),
+            UdpFrontend::NodePort(30053),
+        ]
+    );
+    // 1 -> 2 endpoints: nothing.
+    let mut b = one.to_builder();
+    b.insert(udp(&["10.128.0.1", "10.128.0.2"]));
+    let third = plan_with(&b.build(), &honour_all_external_ips(), &second.memory);
+    assert!(third.new_udp_frontends.is_empty());
+}
+
+#[test]
 fn bad_service_and_conflicting_frontend_are_reported_without_harming_others() {
     let cfg = honour_all_external_ips();
     let snap = base()
