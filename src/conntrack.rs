@@ -18,19 +18,6 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
-/// Deletes UDP entries whose reply comes from one of `backends` (address, port), i.e. flows
-/// that were DNATed to them. Returns how many entries were deleted.
-pub fn delete_udp_flows_to(backends: &[(IpAddr, u16)]) -> io::Result<usize> {
-    if backends.is_empty() {
-        return Ok(0);
-    }
-    let wanted: BTreeSet<(IpAddr, u16)> = backends.iter().copied().collect();
-    delete_matching(|orig, reply| {
-        udp_source(reply).is_some_and(|src| wanted.contains(&src))
-            && udp_source(orig) != udp_source(reply)
-    })
-}
-
 /// A UDP service frontend: an address and port (ClusterIP, external IP, LB IP), or a
 /// NodePort (any local address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,22 +26,33 @@ pub enum UdpFrontend {
     NodePort(u16),
 }
 
-/// Deletes UDP entries whose original destination is one of `frontends` and that were not
-/// DNATed (the reply comes from the original destination): flows that met no endpoint there
-/// and would keep missing the DNAT. DNATed flows are left alone. Returns how many entries
-/// were deleted.
-pub fn delete_udp_flows_not_dnated_to(frontends: &[UdpFrontend]) -> io::Result<usize> {
-    if frontends.is_empty() {
+/// Deletes, in one dump of the table, the UDP entries
+/// - whose reply comes from one of `backends` (address, port): flows DNATed to a backend that
+///   went away;
+/// - whose original destination is one of `frontends` and that were not DNATed (the reply
+///   comes from the original destination): flows that met no endpoint there and would keep
+///   missing the DNAT now that it has one. DNATed flows to them are left alone.
+///
+/// Returns how many entries were deleted.
+pub fn delete_stale_udp_flows(
+    backends: &[(IpAddr, u16)],
+    frontends: &[UdpFrontend],
+) -> io::Result<usize> {
+    if backends.is_empty() && frontends.is_empty() {
         return Ok(0);
     }
-    let wanted: BTreeSet<UdpFrontend> = frontends.iter().copied().collect();
+    let backends: BTreeSet<(IpAddr, u16)> = backends.iter().copied().collect();
+    let frontends: BTreeSet<UdpFrontend> = frontends.iter().copied().collect();
     delete_matching(|orig, reply| {
-        let Some((ip, port)) = udp_endpoint(orig, Side::Destination) else {
-            return false;
-        };
-        udp_source(reply) == Some((ip, port))
-            && (wanted.contains(&UdpFrontend::Addr(ip, port))
-                || wanted.contains(&UdpFrontend::NodePort(port)))
+        let (from, to) = (udp_source(reply), udp_endpoint(orig, Side::Destination));
+        let to_dead_backend =
+            from.is_some_and(|src| backends.contains(&src)) && udp_source(orig) != from;
+        let missed_frontend = to.is_some_and(|(ip, port)| {
+            from == to
+                && (frontends.contains(&UdpFrontend::Addr(ip, port))
+                    || frontends.contains(&UdpFrontend::NodePort(port)))
+        });
+        to_dead_backend || missed_frontend
     })
 }
 

@@ -108,16 +108,12 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             ..
         } = desired;
         let nft = self.engine.sync(ruleset)?;
-        // After the new rules are in: a deleted flow's next packet picks a live backend.
+        // After the new rules are in: a deleted flow's next packet picks a live backend, or
+        // reaches the frontend that now has one.
         if self.conntrack_cleanup
-            && let Err(e) = crate::conntrack::delete_udp_flows_to(&stale_udp)
+            && let Err(e) = crate::conntrack::delete_stale_udp_flows(&stale_udp, &new_udp_frontends)
         {
             warn!("conntrack: stale UDP service flows not deleted: {e}");
-        }
-        if self.conntrack_cleanup
-            && let Err(e) = crate::conntrack::delete_udp_flows_not_dnated_to(&new_udp_frontends)
-        {
-            warn!("conntrack: UDP flows that met no endpoint not deleted: {e}");
         }
         let changes = planned?;
         self.net.apply(&changes)?;
