@@ -78,6 +78,26 @@ impl Setup {
     }
 
     /// `spec` of the stored Lease.
+    /// node-a leading and node-b following it, each with its leadership receiver.
+    async fn leader_and_follower(
+        &self,
+        timings: Timings,
+    ) -> (
+        Elector,
+        watch::Receiver<Leadership>,
+        Elector,
+        watch::Receiver<Leadership>,
+    ) {
+        let a = self.elector("node-a", timings).await;
+        let mut ra = a.subscribe();
+        let wait = Duration::from_secs(5);
+        until(&mut ra, wait, "node-a leads", leads("node-a")).await;
+        let b = self.elector("node-b", timings).await;
+        let mut rb = b.subscribe();
+        until(&mut rb, wait, "node-b follows", follows("node-a")).await;
+        (a, ra, b, rb)
+    }
+
     fn spec(&self) -> serde_json::Value {
         self.api.object("Lease", NAMESPACE, NAME).expect("lease")["spec"].clone()
     }
@@ -168,24 +188,7 @@ fn two_electors_exactly_one_leads() {
 fn a_dead_leader_is_replaced_within_the_lease_duration_and_a_retry() {
     let s = setup();
     s.rt.block_on(async {
-        let a = s.elector("node-a", FAST).await;
-        let mut ra = a.subscribe();
-        until(
-            &mut ra,
-            Duration::from_secs(5),
-            "node-a leads",
-            leads("node-a"),
-        )
-        .await;
-        let b = s.elector("node-b", FAST).await;
-        let mut rb = b.subscribe();
-        until(
-            &mut rb,
-            Duration::from_secs(5),
-            "node-b follows",
-            follows("node-a"),
-        )
-        .await;
+        let (a, _ra, b, mut rb) = s.leader_and_follower(FAST).await;
         // node-a's node dies: no release, no more renewals.
         a.abort();
         let took = until(
@@ -216,24 +219,7 @@ fn graceful_shutdown_releases_and_the_next_takes_over_within_a_retry() {
     s.rt.block_on(async {
         // The default timings: a takeover well before the 4 s lease duration shows the release.
         let t = Timings::DEFAULT;
-        let a = s.elector("node-a", t).await;
-        let mut ra = a.subscribe();
-        until(
-            &mut ra,
-            Duration::from_secs(5),
-            "node-a leads",
-            leads("node-a"),
-        )
-        .await;
-        let b = s.elector("node-b", t).await;
-        let mut rb = b.subscribe();
-        until(
-            &mut rb,
-            Duration::from_secs(5),
-            "node-b follows",
-            follows("node-a"),
-        )
-        .await;
+        let (a, ra, b, mut rb) = s.leader_and_follower(t).await;
         let start = Instant::now();
         a.shutdown().await;
         assert!(!ra.borrow().leading, "node-a published that it stopped");
