@@ -481,22 +481,20 @@ mod tests {
 
     const LABEL: (&str, &str) = (EGRESS_ASSIGNABLE_LABEL, "");
 
+    /// Node `name` at 192.168.1.1`n`/24, labelled egress-assignable, with its host-cidrs.
+    fn assignable(name: &str, n: &str, ready: bool) -> k8s_openapi::api::core::v1::Node {
+        let ip = format!("192.168.1.1{n}");
+        node(name, &[ip.as_str()])
+            .labels(&[LABEL])
+            .ready(ready)
+            .host_cidrs(&[format!("{ip}/24").as_str()])
+            .object()
+    }
+
     fn snap(eips: &[crate::testing::objects::EgressIp]) -> Snapshot {
         let mut b = Snapshot::builder()
-            .with(
-                node("w1", &["192.168.1.11"])
-                    .labels(&[LABEL])
-                    .ready(true)
-                    .host_cidrs(&["192.168.1.11/24"])
-                    .object(),
-            )
-            .with(
-                node("w2", &["192.168.1.12"])
-                    .labels(&[LABEL])
-                    .ready(false)
-                    .host_cidrs(&["192.168.1.12/24"])
-                    .object(),
-            )
+            .with(assignable("w1", "1", true))
+            .with(assignable("w2", "2", false))
             // Ready and fitting, but not labelled.
             .with(
                 node("w3", &["192.168.1.13"])
@@ -575,20 +573,8 @@ mod tests {
         let a =
             egress_ip("a", &["192.168.1.100"], &[("team", "a")]).hosted(&[("192.168.1.100", "w1")]);
         let snap = Snapshot::builder()
-            .with(
-                node("w1", &["192.168.1.11"])
-                    .labels(&[LABEL])
-                    .ready(true)
-                    .host_cidrs(&["192.168.1.11/24"])
-                    .object(),
-            )
-            .with(
-                node("w2", &["192.168.1.12"])
-                    .labels(&[LABEL])
-                    .ready(true)
-                    .host_cidrs(&["192.168.1.12/24"])
-                    .object(),
-            )
+            .with(assignable("w1", "1", true))
+            .with(assignable("w2", "2", true))
             .with(node("w3", &["192.168.1.13"]).ready(true).object())
             .with(a.object())
             .build();
