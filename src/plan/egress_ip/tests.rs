@@ -59,6 +59,21 @@ fn cluster(hosts: &[(&str, &str)]) -> SnapshotBuilder {
         ))
 }
 
+/// The plan for `node` after its net backend refused `ip` for `reason` (the second planning
+/// step, as the reconciler runs it).
+fn refused_on(node: &str, snap: &Snapshot, ip: &str, reason: &str) -> Desired {
+    let config = Config::for_node(node);
+    let mut d = plan_all(snap, &config);
+    let refused = [crate::net::Refusal {
+        addr: ip.parse().unwrap(),
+        reason: reason.into(),
+    }];
+    let report = crate::plan::BackendReport { refused: &refused };
+    let dns = crate::dns::DnsAnswers::default();
+    crate::plan::settle(snap, &config, &dns, &mut d, &report);
+    d
+}
+
 fn on(node: &str, snap: &Snapshot) -> Desired {
     plan_all(snap, &Config::for_node(node))
 }
@@ -299,14 +314,10 @@ fn no_egress_ip_adds_nothing_to_the_table() {
 #[test]
 fn refused_address_removes_its_snat_elements_and_is_reported() {
     let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
-    let mut d = on("worker-1", &snap);
-    let ip: IpAddr = "192.168.50.200".parse().unwrap();
-    address_refused(
-        &snap,
+    let d = refused_on(
         "worker-1",
-        &mut d.ruleset,
-        &mut d.statuses,
-        ip,
+        &snap,
+        "192.168.50.200",
         "no interface subnet contains it",
     );
     assert!(elements(&d, SNAT_V4).is_empty());
@@ -484,14 +495,10 @@ fn only_connections_the_pods_open_are_steered() {
 #[test]
 fn a_refused_address_fails_closed_for_the_pods_snated_to_it() {
     let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
-    let mut d = on("worker-1", &snap);
-    let ip: IpAddr = "192.168.50.200".parse().unwrap();
-    address_refused(
-        &snap,
+    let d = refused_on(
         "worker-1",
-        &mut d.ruleset,
-        &mut d.statuses,
-        ip,
+        &snap,
+        "192.168.50.200",
         "no interface subnet contains it",
     );
     assert!(elements(&d, SNAT_V4).is_empty());
