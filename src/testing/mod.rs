@@ -12,9 +12,11 @@
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
 //! - `args`: command-line options of the harness-less benches.
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
+//! - `fakeapi`: an in-process Kubernetes API server (lists, watches, status writes, Leases).
 
 pub mod args;
 pub mod bombs;
+pub mod fakeapi;
 pub mod lab;
 pub mod large;
 pub mod listing;

@@ -14,7 +14,7 @@ use nodeplane::testing::lab::{Lab, eventually};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::fakeapi::{FakeApi, Recorded};
+use nodeplane::testing::fakeapi::{FakeApi, Recorded};
 
 const WAIT: Duration = Duration::from_secs(10);
 const LABEL: &str = "k8s.ovn.org/egress-assignable";

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::fakeapi::{self, FakeApi};
+use nodeplane::testing::fakeapi::{self, FakeApi};
 use nodeplane::testing::lab::{AgentProcess, Lab, Ns, eventually};
 use serde_json::{Value, json};
 

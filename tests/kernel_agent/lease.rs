@@ -19,7 +19,7 @@ use nodeplane::source::kube::{Liveness, client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::fakeapi::FakeApi;
+use nodeplane::testing::fakeapi::FakeApi;
 
 const NAMESPACE: &str = "nodeplane";
 const NAME: &str = "nodeplane-egress-assigner";

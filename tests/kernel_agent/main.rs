@@ -4,6 +4,5 @@
 
 mod agent;
 mod egress_ip_assign;
-mod fakeapi;
 mod kube;
 mod lease;

@@ -15,8 +15,6 @@
 //! api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}}));
 //! let kubeconfig = api.kubeconfig(dir.path());
 //! ```
-#![allow(dead_code)] // each test crate uses a different subset
-
 mod http;
 mod lease;
 mod stall;
