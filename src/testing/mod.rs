@@ -12,10 +12,12 @@
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
 //! - `args`: command-line options of the harness-less benches.
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
+//! - `eip_cluster`: a multi-node EgressIP cluster in netns, in Kubernetes mode against `fakeapi`.
 //! - `fakeapi`: an in-process Kubernetes API server (lists, watches, status writes, Leases).
 
 pub mod args;
 pub mod bombs;
+pub mod eip_cluster;
 pub mod fakeapi;
 pub mod lab;
 pub mod large;

@@ -19,7 +19,9 @@ use serde::de::DeserializeOwned;
 
 /// `{k: v, ...}`; empty for no labels.
 fn flow_map(pairs: &[(String, String)]) -> String {
-    let items: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    // Quoted: an empty value (a label such as `k8s.ovn.org/egress-assignable: ""`) or `true`
+    // is still a string.
+    let items: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: '{v}'")).collect();
     format!("{{{}}}", items.join(", "))
 }
 

@@ -4,5 +4,6 @@
 
 mod agent;
 mod egress_ip_assign;
+mod egress_ip_failover;
 mod kube;
 mod lease;
