@@ -183,6 +183,14 @@ impl EipCluster {
         agents[i] = Some(self.nodes[i].spawn_agent(&args));
     }
 
+    /// Waits until node `i`'s agent answers `/readyz` with 200 (its first sync is done).
+    pub fn wait_ready(&self, i: usize, within: Duration) {
+        let admin: SocketAddr = "127.0.0.1:9942".parse().expect("admin address");
+        let mut agents = self.agents.lock().unwrap();
+        let agent = agents[i].as_mut().expect("agent runs");
+        agent.wait_ready(admin, within);
+    }
+
     /// SIGKILL: the kernel state stays as the agent left it. Returns the agent's log.
     pub fn kill_agent(&self, i: usize) -> String {
         let agent = self.agents.lock().unwrap()[i].take().expect("agent runs");
