@@ -19,8 +19,8 @@ use crate::healthcheck::{self, HealthServer};
 use crate::nft::TABLE_NAME;
 use crate::nft::monitor::Monitor;
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
-use crate::reconcile::LogReport;
 use crate::reconcile::run_loop::{self, Event, Snapshots};
+use crate::reconcile::{Fence, LogReport};
 use crate::source::kube::{self as kube_source, SourceHealth};
 use crate::source::loader::{self, ManifestHealth};
 use crate::source::watch::watch_dir;
@@ -61,6 +61,8 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     })];
     // Kubernetes mode with --egress-ip-assigner: released after the loop stops.
     let mut elector = None;
+    // Set while this node withholds its egress IPs (Kubernetes mode: `egress_ip::fence`).
+    let fence = Fence::default();
     let published = match &config.manifests {
         Some(dir) => {
             // Watch first, so that no change falls between the first load and the watch.
@@ -97,6 +99,22 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                 config.node_name.clone(),
                 excluded,
                 source.snapshots.clone(),
+            ));
+            // Every agent fences itself when cut off from the assigner and the API server.
+            let (fence_flag, fence_tx) = (fence.clone(), Mutex::new(tx.clone()));
+            tokio::spawn(egress_ip::fence::run(
+                egress_ip::fence::KubeCheck {
+                    client: client.clone(),
+                    timeout: config.egress_ip_probe.interval * (config.egress_ip_probe.misses + 1),
+                },
+                config.node_name.clone(),
+                source.snapshots.clone(),
+                config.egress_ip_probe,
+                move |on| {
+                    if fence_flag.set(on) {
+                        let _ = fence_tx.lock().map(|t| t.send(Event::Changed));
+                    }
+                },
             ));
             let (status, rejections) = status::spawn_writer(client.clone(), &config.node_name);
             observers.push(Box::new(status));
@@ -194,8 +212,9 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let health = HealthServer::new(tokio::runtime::Handle::current(), proxy_health);
     observers.push(Box::new(HealthCheckServer(health)));
     // The backends block on netlink: run the loop on its own thread, off the async workers.
-    let worker =
-        std::thread::spawn(move || run_loop::run(config, rx, resolver, snapshots, observers));
+    let worker = std::thread::spawn(move || {
+        run_loop::run(config, rx, resolver, snapshots, fence, observers)
+    });
     let result = tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ReconcileError::Runtime(e.to_string()))

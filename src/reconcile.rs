@@ -7,7 +7,7 @@ pub mod run_loop;
 
 use crate::config::Config;
 use crate::dns::{self, DnsAnswers};
-use crate::net::{NetBackend, NetChanges, NetConfig, RtnlBackend};
+use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{Engine, NftBackend, TABLE_NAME};
@@ -35,6 +35,29 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     conntrack_cleanup: bool,
     /// Where the last valid objects are saved after a sync (None: kept in memory only).
     state: Option<StateStore>,
+    /// Set while this node must withhold its egress IPs.
+    fence: Fence,
+}
+
+/// Whether this node withholds the egress IPs it would host: set by the EgressIP fence
+/// (`controller::egress_ip::fence`) when the node is cut off from the assigner and the API
+/// server, read by every sync. Clones share the flag.
+#[derive(Clone, Debug, Default)]
+pub struct Fence(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+/// The reason a fenced node's egress IPs carry in status and Events.
+pub const FENCED: &str = "withheld: this node is cut off from the EgressIP assigner and the \
+                          API server (fenced), so the IP may already be hosted elsewhere";
+
+impl Fence {
+    /// Sets the flag; true if that changed it.
+    pub fn set(&self, on: bool) -> bool {
+        self.0.swap(on, std::sync::atomic::Ordering::SeqCst) != on
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
@@ -47,7 +70,14 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             dns: DnsAnswers::default(),
             conntrack_cleanup: false,
             state: None,
+            fence: Fence::default(),
         }
+    }
+
+    /// Withholds the egress IPs while `fence` is set.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// Starts from the last valid objects saved in `store` (each validated again; problems
@@ -86,17 +116,31 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
     /// before an address starts attracting traffic; removal order is handled per backend.
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
         let mut desired = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
+        // Fenced: every egress address is refused like one no interface can take, so the
+        // backends remove it and the features fail closed (NetDesired holds only those).
+        let withheld: Vec<Refusal> = if self.fence.is_set() {
+            std::mem::take(&mut desired.net.addresses)
+                .into_iter()
+                .map(|a| Refusal {
+                    addr: a.addr,
+                    reason: FENCED.into(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         // A network planning error still lets the nftables side (other features) apply.
         let planned = self.net.plan(&desired.net);
-        let refused = planned
+        let mut refused = planned
             .as_ref()
-            .map(|c| c.refused.as_slice())
-            .unwrap_or(&[]);
-        for r in refused {
+            .map(|c| c.refused.clone())
+            .unwrap_or_default();
+        refused.extend(withheld);
+        for r in &refused {
             warn!("address {}: {}", r.addr, r.reason);
         }
-        let report = BackendReport { refused };
+        let report = BackendReport { refused: &refused };
         plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
         let Desired {
             ruleset,
@@ -238,7 +282,7 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
 /// `--once`: one sync against the real kernel.
 pub fn once(config: &Config) -> Result<(), ReconcileError> {
     let snapshot = load_snapshot(config)?;
-    let mut rec = real_reconciler(config)?;
+    let mut rec = real_reconciler(config, Fence::default())?;
     let names = rec.dns_names(&snapshot);
     match dns::resolve_once(&config.resolv_conf, &names) {
         Ok(answers) => rec.set_dns(answers),
@@ -266,6 +310,7 @@ pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
 
 fn real_reconciler(
     config: &Config,
+    fence: Fence,
 ) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
     Ok(Reconciler::new(
         config.clone(),
@@ -273,6 +318,7 @@ fn real_reconciler(
         RtnlBackend::new(NetConfig::default())?,
     )
     .with_conntrack_cleanup()
+    .with_fence(fence)
     .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
 

@@ -334,7 +334,9 @@ impl Default for NetConfig {
             protocol: NODEPLANE_PROTO,
             route_tables: DEFAULT_ROUTE_TABLES,
             rule_priorities: DEFAULT_RULE_PRIORITIES,
-            announce_count: 3,
+            // 0 ms .. 1 s after a takeover: neighbours that ignore a gratuitous ARP inside
+            // their lock time (Linux `arp_accept` paths, `locktime` 1 s) still get a later one.
+            announce_count: 6,
             announce_interval: Duration::from_millis(200),
         }
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use super::{ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
+use super::{Fence, ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
 use crate::config::Config;
 use crate::dns::DnsService;
 use crate::nft::TABLE_NAME;
@@ -59,9 +59,10 @@ pub fn run(
     events: mpsc::Receiver<Event>,
     resolver: DnsService,
     snapshots: Snapshots,
+    fence: Fence,
     mut observers: Vec<Box<dyn SyncObserver>>,
 ) -> Result<(), ReconcileError> {
-    let mut rec = real_reconciler(&config)?;
+    let mut rec = real_reconciler(&config, fence)?;
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     // The last drift detection the loop took in (and invalidated the engine for).

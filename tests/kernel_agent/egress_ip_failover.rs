@@ -257,3 +257,43 @@ fn when_the_assigners_own_node_dies_a_new_assigner_moves_its_ip() {
     assert!(c.has_eip(1));
     assert_eq!(o.leaked, 0);
 }
+
+#[test]
+fn a_node_cut_off_from_the_assigner_and_the_api_server_drops_its_ip_and_keeps_it_dropped() {
+    let c = cluster_led_by_node_3();
+    c.put_egress_ip();
+    let cut = c.wait_hosted(WAIT);
+    let other = 1 - cut;
+    // Its agent keeps running: only its uplink goes (a partition, not a crash).
+    let t0 = Instant::now();
+    c.uplink(cut, false);
+    let dropped = c.wait(WAIT, || {
+        (!c.has_eip(cut))
+            .then(|| t0.elapsed())
+            .ok_or_else(|| format!("{} still holds EIP", node_name(cut)))
+    });
+    c.wait(WAIT, || {
+        (c.host() == Some(node_name(other)) && c.has_eip(other))
+            .then_some(())
+            .ok_or_else(|| format!("EIP not moved to {}: {}", node_name(other), c.status()))
+    });
+    eprintln!(
+        "{} cut off: dropped EIP after {dropped:?}; {} took it after {:?}",
+        node_name(cut),
+        node_name(other),
+        t0.elapsed()
+    );
+    assert!(
+        c.logs(cut).contains("EgressIP fencing: no probe"),
+        "{}",
+        c.logs(cut)
+    );
+    // The partition heals: the stale node learns the move from the API server before it
+    // could host anything again.
+    c.uplink(cut, true);
+    let seen = watch_placement(&c, other, || std::thread::sleep(Duration::from_secs(3)));
+    assert_eq!(seen, Vec::<String>::new(), "{}", c.all_logs());
+    assert_eq!(c.ext_neighbour(), Some(c.macs[other].clone()));
+    let log = c.logs(cut);
+    assert!(log.contains("EgressIP fencing lifted"), "{log}");
+}

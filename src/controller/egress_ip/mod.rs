@@ -18,6 +18,7 @@
 //! with `/status`.
 
 pub mod assign;
+pub mod fence;
 pub mod host_cidrs;
 pub mod probe;
 

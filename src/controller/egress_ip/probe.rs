@@ -370,6 +370,8 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO: u8 = 8;
 const ICMP6_ECHO: u8 = 128;
 const ICMP6_ECHO_REPLY: u8 = 129;
+/// What every probe carries: how a probed node recognises them (`Listener`).
+const PAYLOAD: &[u8; 8] = b"nodeplan";
 
 impl Sockets {
     fn open() -> std::io::Result<Sockets> {
@@ -432,6 +434,55 @@ impl Sockets {
     }
 }
 
+/// The receiving side of the probes, on a node being probed (fencing, `super::fence`): raw
+/// ICMP and ICMPv6 sockets that pick out the assigner's echo requests by their payload.
+pub struct Listener {
+    v4: Option<UdpSocket>,
+    v6: Option<UdpSocket>,
+}
+
+impl Listener {
+    pub fn open() -> std::io::Result<Listener> {
+        let v4 = raw(AddressFamily::Inet, SockProtocol::Icmp).and_then(datagram);
+        let v6 = raw(AddressFamily::Inet6, SockProtocol::IcmpV6).and_then(datagram);
+        match (v4, v6) {
+            (Err(e), Err(_)) => Err(e),
+            (v4, v6) => Ok(Listener {
+                v4: v4.ok(),
+                v6: v6.ok(),
+            }),
+        }
+    }
+
+    /// Waits for the next ICMP message; true if it is an assigner's probe.
+    pub async fn probe(&self, b4: &mut [u8], b6: &mut [u8]) -> bool {
+        async fn one(fd: Option<&UdpSocket>, buf: &mut [u8]) -> std::io::Result<usize> {
+            match fd {
+                Some(fd) => fd.recv_from(buf).await.map(|(n, _)| n),
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            r = one(self.v4.as_ref(), b4) => r.is_ok_and(|n| is_probe(true, &b4[..n])),
+            r = one(self.v6.as_ref(), b6) => r.is_ok_and(|n| is_probe(false, &b6[..n])),
+        }
+    }
+}
+
+/// An echo request as [`echo`] builds them (IPv4 raw packets start with the IP header).
+fn is_probe(v4: bool, pkt: &[u8]) -> bool {
+    let (icmp, want) = if v4 {
+        let Some(first) = pkt.first() else {
+            return false;
+        };
+        let ihl = usize::from(first & 0x0f) * 4;
+        (pkt.get(ihl..).unwrap_or_default(), ICMP_ECHO)
+    } else {
+        (pkt, ICMP6_ECHO)
+    };
+    icmp.len() >= 16 && icmp[0] == want && icmp[1] == 0 && &icmp[8..16] == PAYLOAD
+}
+
 /// A raw socket in tokio's reactor. It is handed to tokio as a `UdpSocket`: a raw ICMP socket
 /// is a datagram socket, and `UdpSocket` only calls `sendto`/`recvfrom` on it (the port of the
 /// address is ignored for raw sockets). Tokio's own wrappers for arbitrary descriptors are
@@ -455,7 +506,7 @@ fn echo(type_: u8, ident: u16, seq: u16, checksum: bool) -> [u8; 16] {
     p[0] = type_;
     p[4..6].copy_from_slice(&ident.to_be_bytes());
     p[6..8].copy_from_slice(&seq.to_be_bytes());
-    p[8..16].copy_from_slice(b"nodeplan");
+    p[8..16].copy_from_slice(PAYLOAD);
     if checksum {
         let sum = inet_checksum(&p);
         p[2..4].copy_from_slice(&sum.to_be_bytes());
@@ -644,6 +695,23 @@ mod tests {
         assert!(p.self_suspect());
         assert!(p.verdicts().values().all(|a| *a));
         assert_eq!(p.alive("b"), Some(false));
+    }
+
+    #[test]
+    fn a_probed_node_recognises_probes_by_their_payload() {
+        let v6 = echo(ICMP6_ECHO, 7, 1, false);
+        assert!(is_probe(false, &v6));
+        let mut v4 = vec![0x45u8];
+        v4.resize(20, 0);
+        v4.extend_from_slice(&echo(ICMP_ECHO, 7, 1, true));
+        assert!(is_probe(true, &v4));
+        // Another ping, a reply, a truncated packet: not probes.
+        let mut other = v4.clone();
+        other[28..36].copy_from_slice(b"abcdefgh");
+        assert!(!is_probe(true, &other));
+        assert!(!is_probe(false, &echo(ICMP6_ECHO_REPLY, 7, 1, false)));
+        assert!(!is_probe(true, &v4[..30]));
+        assert!(!is_probe(true, &[]));
     }
 
     #[test]
