@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use nodeplane::testing::args::arg;
-use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster, node_name};
+use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster};
 use nodeplane::testing::lab::{DatagramSender, DatagramSink};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -95,11 +95,7 @@ fn event(c: &EipCluster, case: &str, host: usize) -> fn(&EipCluster, usize) {
             c.kill_agent(host);
             c.uplink(host, false);
             |c, dead| {
-                c.wait(WAIT, || {
-                    (c.host().is_some_and(|h| h != node_name(dead)))
-                        .then_some(())
-                        .ok_or("not moved".to_string())
-                });
+                c.wait_moved_off(dead, WAIT);
                 c.forget_kernel_state(dead);
                 c.uplink(dead, true);
                 c.start_agent(dead);
@@ -111,11 +107,7 @@ fn event(c: &EipCluster, case: &str, host: usize) -> fn(&EipCluster, usize) {
         "planned" => {
             c.put_node(host, false);
             |c, old| {
-                c.wait(WAIT, || {
-                    (c.host().is_some_and(|h| h != node_name(old)))
-                        .then_some(())
-                        .ok_or("not moved".to_string())
-                });
+                c.wait_moved_off(old, WAIT);
                 c.put_node(old, true);
             }
         }

@@ -256,6 +256,19 @@ impl EipCluster {
         })
     }
 
+    /// Waits until `status.items` places EIP on a node other than `i` and that node holds
+    /// the address; returns its index.
+    #[track_caller]
+    pub fn wait_moved_off(&self, i: usize, within: Duration) -> usize {
+        self.wait(within, || {
+            let host = self.host().ok_or("EIP not in status.items")?;
+            let j = self.index(&host);
+            (j != i && self.has_eip(j))
+                .then_some(j)
+                .ok_or_else(|| format!("EIP still on {host} (or not yet on its new node)"))
+        })
+    }
+
     /// The holder of the assigner's Lease.
     pub fn leader(&self) -> Option<String> {
         let lease = self.api.object("Lease", LEASE.0, LEASE.1)?;
