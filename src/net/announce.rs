@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use pnet_datalink::{Channel, DataLinkSender, MacAddr, NetworkInterface};
 
-const ETH_P_ARP: u16 = 0x0806;
-const ETH_P_IPV6: u16 = 0x86dd;
+pub(super) const ETH_P_ARP: u16 = 0x0806;
+pub(super) const ETH_P_IPV6: u16 = 0x86dd;
 const BROADCAST: [u8; 6] = [0xff; 6];
 /// The Ethernet group of ff02::1 (all nodes).
 const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
@@ -42,7 +42,7 @@ impl Announcement {
     }
 }
 
-fn ethernet_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
+pub(super) fn ethernet_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
     let mut f = Vec::with_capacity(ETH_MIN_FRAME + 32);
     f.extend_from_slice(&dst);
     f.extend_from_slice(&src);
@@ -88,7 +88,7 @@ pub fn na_frame(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
 }
 
 /// Internet checksum of an ICMPv6 message over the IPv6 pseudo-header.
-fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
+pub(super) fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
     let mut pseudo = Vec::with_capacity(40 + msg.len());
     pseudo.extend_from_slice(&src.octets());
     pseudo.extend_from_slice(&dst.octets());

@@ -21,6 +21,7 @@
 
 pub mod addresses;
 pub mod announce;
+pub mod conflict;
 pub mod fake;
 pub mod links;
 pub mod routes;
@@ -326,6 +327,11 @@ pub struct NetConfig {
     pub announce_count: u32,
     /// Delay between two announcements of the same address.
     pub announce_interval: Duration,
+    /// How long to wait for another host's answer to a conflict probe before adding an
+    /// address (`conflict`); zero skips the probes.
+    pub conflict_probe: Duration,
+    /// How long to wait at most for another holder of an address to let it go.
+    pub conflict_max_wait: Duration,
 }
 
 impl Default for NetConfig {
@@ -338,6 +344,8 @@ impl Default for NetConfig {
             // their lock time (Linux `arp_accept` paths, `locktime` 1 s) still get a later one.
             announce_count: 6,
             announce_interval: Duration::from_millis(200),
+            conflict_probe: Duration::from_millis(20),
+            conflict_max_wait: Duration::from_secs(1),
         }
     }
 }

@@ -31,6 +31,7 @@ use rtnetlink::packet_core::{
 use tokio::sync::mpsc;
 
 use super::announce::{self, Announcement};
+use super::conflict;
 use super::links::{self, OwnedLink, ParsedNeigh, TunnelChanges};
 use super::state::{KernelLink, KernelState};
 use super::{NetBackend, NetChanges, NetConfig, NetDesired, NetError, addresses, routes, rules};
@@ -398,6 +399,8 @@ async fn apply(handle: &Handle, cfg: &NetConfig, changes: &NetChanges) -> ApplyO
             };
         }
     };
+    // Before any address goes on: never two holders of one IP on the segment.
+    wait_for_holders(changes, &links, cfg);
     let mut added = Vec::new();
     let result = add_addresses(handle, changes, &links, &mut added).await;
     let announcer = announce_added(&added, &links, cfg);
@@ -495,6 +498,65 @@ async fn apply_rest(
         .await?;
     }
     Ok(())
+}
+
+/// Probes every address about to be added on an Ethernet-like link (in parallel) and returns
+/// once no other host claims them, or after the maximum wait (see `conflict`). Blocks the
+/// worker: the reconcile loop waits for the apply anyway.
+fn wait_for_holders(changes: &NetChanges, links: &[KernelLink], cfg: &NetConfig) {
+    if cfg.conflict_probe.is_zero() {
+        return;
+    }
+    let candidates: Vec<conflict::Candidate> = changes
+        .addresses_add
+        .iter()
+        .filter_map(|a| {
+            let link = links.iter().find(|l| l.name == a.dev)?;
+            Some(conflict::Candidate {
+                ifindex: link.index,
+                dev: link.name.clone(),
+                mac: link.mac?,
+                addr: a.spec.addr,
+            })
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for c in &candidates {
+            s.spawn(move || {
+                match conflict::wait_until_free(c, cfg.conflict_probe, cfg.conflict_max_wait) {
+                    Ok(conflict::Outcome::Free) => {}
+                    Ok(conflict::Outcome::Released(after)) => tracing::info!(
+                        "address {}: its previous holder let it go after {after:?}",
+                        c.addr
+                    ),
+                    Ok(conflict::Outcome::StillHeld(mac)) => tracing::warn!(
+                        "address {}: {} still answers for it after {:?}; adding it anyway",
+                        c.addr,
+                        MacDisplay(mac),
+                        cfg.conflict_max_wait
+                    ),
+                    Err(e) => tracing::warn!(
+                        "address {}: conflict probe on {} failed ({e}); adding it",
+                        c.addr,
+                        c.dev
+                    ),
+                }
+            });
+        }
+    });
+}
+
+struct MacDisplay([u8; 6]);
+
+impl std::fmt::Display for MacDisplay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
 }
 
 /// Announces the added addresses that sit on Ethernet-like links. Failures are logged: the
