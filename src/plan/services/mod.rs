@@ -122,15 +122,22 @@ struct Settings {
     service_cidrs: Vec<IpNet>,
     allowed: Vec<IpNet>,
     rejected: Vec<IpNet>,
+    /// This node's primary addresses (from its Node object): they rarely change, and a
+    /// change re-plans every service.
+    node_primary: Vec<IpAddr>,
 }
 
 impl Settings {
-    fn of(config: &Config) -> Settings {
+    fn of(config: &Config, snapshot: &Snapshot) -> Settings {
+        let node = snapshot.nodes().get(&config.node_name);
         Settings {
             node: config.node_name.clone(),
             service_cidrs: config.service_cidrs.clone(),
             allowed: config.external_ip_allowed_cidrs.clone(),
             rejected: config.external_ip_rejected_cidrs.clone(),
+            node_primary: node
+                .map(|n| snapshot::node_primary_ips(n))
+                .unwrap_or_default(),
         }
     }
 }
@@ -222,7 +229,7 @@ fn part_key(k: &ObjectKey) -> String {
 fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
     static_objects(table);
     let mut memo = memo.clone();
-    let settings = Settings::of(config);
+    let settings = Settings::of(config, snapshot);
     let node_ips = node_ips(snapshot);
     let mut changed: BTreeSet<ObjectKey> = match &memo.snapshot {
         Some(prev) if memo.settings.as_ref() == Some(&settings) => changed_services(prev, snapshot),
@@ -250,9 +257,9 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         }
         memo.node_ips = Arc::new(node_ips);
     }
-    memo.settings = Some(settings);
     let rules = AddressRules {
         node_ips: &memo.node_ips.clone(),
+        node_primary: &settings.node_primary,
         service_cidrs: &config.service_cidrs,
         external_allowed: &config.external_ip_allowed_cidrs,
         external_rejected: &config.external_ip_rejected_cidrs,
@@ -372,6 +379,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         };
     }
     memo.snapshot = Some(snapshot.clone());
+    memo.settings = Some(settings);
     table.extend_parts(&memo.parts);
     Outcome {
         statuses: memo.errors.values().cloned().collect(),
@@ -905,3 +913,5 @@ fn static_objects(t: &mut Table) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_parity;

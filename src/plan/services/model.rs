@@ -43,6 +43,8 @@ pub struct Model {
     pub external_ips: Vec<IpAddr>,
     /// `status.loadBalancer.ingress[].ip`, except `ipMode: Proxy`.
     pub lb_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, plus the LB IPs themselves when a range holds this
+    /// node's address (see [`node_may_use_lb_ips`]).
     pub lb_source_ranges: Vec<IpNet>,
     pub ports: Vec<Port>,
     /// Affinity timeout when `sessionAffinity: ClientIP`.
@@ -64,6 +66,8 @@ pub struct Model {
 pub struct AddressRules<'a> {
     /// Every Node's InternalIP/ExternalIP, with the node's name.
     pub node_ips: &'a BTreeMap<IpAddr, String>,
+    /// This node's primary addresses (see [`crate::snapshot::node_primary_ips`]).
+    pub node_primary: &'a [IpAddr],
     pub service_cidrs: &'a [IpNet],
     pub external_allowed: &'a [IpNet],
     pub external_rejected: &'a [IpNet],
@@ -192,6 +196,8 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map_err(|e| format!("spec.loadBalancerSourceRanges[{i}]: invalid CIDR {r:?}: {e}"))?;
         lb_source_ranges.push(net.trunc());
     }
+    let from_node = node_may_use_lb_ips(&lb_source_ranges, &lb_ips, rules.node_primary);
+    lb_source_ranges.extend(from_node);
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{i}]");
@@ -339,6 +345,24 @@ impl Addresses<'_> {
         }
         out
     }
+}
+
+/// kube-proxy's rule for VIP-style load balancers: the LB IP is often a local address of the
+/// node, so a connection from the node to it loops back with the LB IP as its source instead
+/// of coming through the load balancer. When a source range holds this node's primary
+/// address of a family, the LB IPs of that family are allowed sources too.
+fn node_may_use_lb_ips(ranges: &[IpNet], lb_ips: &[IpAddr], node: &[IpAddr]) -> Vec<IpNet> {
+    let allowed = |ip: &IpAddr| {
+        node.iter()
+            .filter(|n| n.is_ipv4() == ip.is_ipv4())
+            .any(|n| ranges.iter().any(|r| r.contains(n)))
+    };
+    lb_ips
+        .iter()
+        .filter(|ip| allowed(ip))
+        .map(|ip| IpNet::from(*ip))
+        .filter(|net| !ranges.contains(net))
+        .collect()
 }
 
 fn list(nets: &[IpNet]) -> String {

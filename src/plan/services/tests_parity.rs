@@ -1,0 +1,57 @@
+//! kube-proxy parity cases of the services planner (the packet-level checks are in the
+//! kernel tests).
+
+use super::tests::slice;
+use crate::config::Config;
+use crate::nft::render::render_full;
+use crate::plan::{plan, plan_with};
+use crate::snapshot::Snapshot;
+use crate::testing::objects;
+
+/// The rule of the source-filter chain of `ns/name` that lists the allowed sources.
+fn allowed_sources(d: &crate::plan::Desired, name: &str) -> String {
+    let text = render_full(&d.ruleset);
+    let mut in_filter = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("chain ") {
+            in_filter = line.contains("chain svf-") && line.contains(&format!("-ns_{name}_"));
+        } else if in_filter && line.contains("saddr {") {
+            return line.trim().to_string();
+        }
+    }
+    panic!("no source filter for {name} in:\n{text}")
+}
+
+fn lb(name: &str, ip: &str, range: &str, ingress: &str) -> crate::api::Service {
+    let ports = "{name: http, port: 80, protocol: TCP}";
+    let spec = format!("type: LoadBalancer, loadBalancerSourceRanges: ['{range}']");
+    let s = objects::service(name, ip, ports).in_namespace("ns");
+    s.spec(&spec).lb_ingress(&[ingress]).object()
+}
+
+#[test]
+fn source_ranges_holding_the_node_address_allow_the_lb_ips() {
+    let cfg = Config::for_node("n1");
+    let snap = Snapshot::builder()
+        .with(objects::node("n1", &["192.168.1.1"]).object())
+        .with(lb("near", "172.30.0.1", "192.168.1.0/24", "203.0.113.60"))
+        .with(slice("near", &["10.128.0.1"]))
+        .with(lb("far", "172.30.0.2", "10.0.0.0/8", "203.0.113.61"))
+        .with(slice("far", &["10.128.0.1"]))
+        .build();
+    let first = plan(&snap, &cfg);
+    assert!(allowed_sources(&first, "near").contains("{ 192.168.1.0/24, 203.0.113.60/32 }"));
+    assert!(!allowed_sources(&first, "far").contains("203.0.113.61"));
+
+    // The node's address moves into the other range: re-planned as a fresh plan would.
+    let mut b = snap.to_builder();
+    b.insert(objects::node("n1", &["10.1.2.3"]).object());
+    let moved = b.build();
+    let incremental = plan_with(&moved, &cfg, &first.memory);
+    assert_eq!(
+        render_full(&incremental.ruleset),
+        render_full(&plan(&moved, &cfg).ruleset)
+    );
+    assert!(!allowed_sources(&incremental, "near").contains("203.0.113.60"));
+    assert!(allowed_sources(&incremental, "far").contains("{ 10.0.0.0/8, 203.0.113.61/32 }"));
+}

@@ -1,0 +1,71 @@
+//! kube-proxy parity cases of Services against the kernel with real packets (the flows of
+//! kube-proxy's own nftables tests that nodeplane did not hold at first). Same lab as
+//! [`crate::services`].
+
+use crate::services::{NODE, SHORT, TCP_PORTS, topo};
+use nodeplane::testing::lab::{Outcome, SECOND};
+use nodeplane::testing::objects::{endpoint_slice, ep, service_ips};
+use std::net::IpAddr;
+
+/// kube-proxy's TestLoadBalancer, "same node to LB1, SNATted to LB1 (implicitly allowed)":
+/// a VIP-style LB IP is a local address of the node, so the node's own connection to it
+/// leaves with the LB IP as source. It is allowed when a source range holds the node's
+/// address, and masqueraded; otherwise the source filter drops it.
+#[test]
+fn lb_source_ranges_holding_the_node_address_let_the_node_use_its_lb_ip() {
+    let t = topo();
+    let b1 = t.v4(&t.b1);
+    let lb = |name: &str, cluster_ip: &str, range: &str, ingress: &str| {
+        service_ips(name, &[cluster_ip], "{name: http, port: 80, protocol: TCP}")
+            .spec(&format!(
+                "type: LoadBalancer, loadBalancerSourceRanges: ['{range}']"
+            ))
+            .lb_ingress(&[ingress])
+            .to_string()
+    };
+    let docs = [
+        // 192.168.1.1 is the node's InternalIP.
+        lb("near", "172.30.0.40", "192.168.1.0/24", "203.0.113.70"),
+        endpoint_slice("near", "near", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        lb("far", "172.30.0.41", "198.51.100.0/24", "203.0.113.71"),
+        endpoint_slice("far", "far", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+    ];
+    // On the uplink, as kube-vip or MetalLB's layer 2 mode put them; added after the node's
+    // own address, so masquerading picks that one.
+    let listing = t
+        .node
+        .run(&["ip", "-o", "-4", "addr", "show", "to", "192.168.1.1"]);
+    let uplink = listing
+        .split_whitespace()
+        .nth(1)
+        .expect("the node's uplink");
+    for vip in ["203.0.113.70/32", "203.0.113.71/32"] {
+        t.node.run(&["ip", "addr", "add", vip, "dev", uplink]);
+    }
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    let near: IpAddr = "203.0.113.70".parse().unwrap();
+    let r = t
+        .node
+        .tcp_connect_from(near, "203.0.113.70:80", SECOND)
+        .expect_reply();
+    assert_eq!(r.server, "b1");
+    assert_eq!(
+        r.src_ip(),
+        "192.168.1.1".parse::<IpAddr>().unwrap(),
+        "the LB IP source is masqueraded"
+    );
+    let far: IpAddr = "203.0.113.71".parse().unwrap();
+    assert_eq!(
+        t.node.tcp_connect_from(far, "203.0.113.71:80", SHORT),
+        Outcome::Timeout,
+        "no source range holds the node's address: the LB IP source is dropped"
+    );
+    // The ranges themselves still decide for everyone else.
+    assert!(t.ext.tcp_connect("203.0.113.70:80", SECOND).is_reply());
+    assert_eq!(
+        t.ext.tcp_connect("203.0.113.71:80", SHORT),
+        Outcome::Timeout
+    );
+}
