@@ -43,6 +43,7 @@ pub(crate) fn topo() -> Topo {
     let ext2 = lab.add_host("ext2");
     lab.link(&node, &["192.168.2.1/24"], &ext2, &["192.168.2.100/24"]);
     lab.add_route(&ext2, "10.128.0.0/14", "192.168.2.1");
+    lab.add_route(&ext2, "192.168.1.1/32", "192.168.2.1");
     for (host, gw) in [(&ext, "192.168.1.1"), (&ext2, "192.168.2.1")] {
         for net in ["172.30.0.0/16", "203.0.113.0/24"] {
             lab.add_route(host, net, gw);
@@ -264,8 +265,12 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         tcp_servers(&t.ext, "192.168.1.1:30080", 30),
         set(&["b1", "b2"])
     );
-    // The NodePort on the node's other address too.
-    assert!(t.ext2.tcp_connect("192.168.2.1:30080", SECOND).is_reply());
+    // Not on the node's other address: --nodeport-addresses defaults to the primary one
+    // (the node's own stack answers there).
+    assert_eq!(
+        t.ext2.tcp_connect("192.168.2.1:30080", SECOND),
+        Outcome::Refused
+    );
     // externalIP.
     assert!(t.ext.tcp_connect("203.0.113.50:80", SECOND).is_reply());
     // LB IP: allowed source range answers, other sources are dropped...
@@ -281,7 +286,7 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         Outcome::Timeout
     );
     // ...but not on the NodePort, which source ranges do not cover.
-    assert!(t.ext2.tcp_connect("192.168.2.1:30081", SECOND).is_reply());
+    assert!(t.ext2.tcp_connect("192.168.1.1:30081", SECOND).is_reply());
     // No endpoints: NodePort and externalIP are rejected.
     assert_eq!(
         t.ext.tcp_connect("192.168.1.1:30082", SECOND),

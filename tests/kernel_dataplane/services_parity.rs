@@ -69,3 +69,48 @@ fn lb_source_ranges_holding_the_node_address_let_the_node_use_its_lb_ip() {
         Outcome::Timeout
     );
 }
+
+/// kube-proxy's `--nodeport-addresses`: NodePorts are served on the local addresses inside
+/// the CIDRs given, not on the node's other addresses; the default (`primary`) is the Node's
+/// InternalIP alone.
+#[test]
+fn nodeports_are_served_only_on_the_nodeport_addresses() {
+    let t = topo();
+    let b1 = t.v4(&t.b1);
+    let docs = [
+        service_ips(
+            "np",
+            &["172.30.0.42"],
+            "{name: http, port: 80, protocol: TCP, nodePort: 30100}",
+        )
+        .spec("type: NodePort")
+        .to_string(),
+        endpoint_slice("np", "np", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+    assert!(t.ext.tcp_connect("192.168.1.1:30100", SECOND).is_reply());
+    assert_eq!(
+        t.ext2.tcp_connect("192.168.2.1:30100", SECOND),
+        Outcome::Refused,
+        "the node's own stack answers: no NodePort on a non-primary address"
+    );
+
+    t.agent.once(&["--nodeport-addresses", "192.168.2.0/24"]);
+    assert_eq!(
+        t.ext2
+            .tcp_connect("192.168.2.1:30100", SECOND)
+            .expect_reply()
+            .server,
+        "b1"
+    );
+    // Neither the primary address, from outside or from a pod, serves it any more.
+    assert_eq!(
+        t.ext.tcp_connect("192.168.1.1:30100", SHORT),
+        Outcome::Refused
+    );
+    assert_eq!(
+        t.c1.ns.tcp_connect("192.168.1.1:30100", SHORT),
+        Outcome::Refused
+    );
+}

@@ -32,6 +32,7 @@ pub mod chains;
 pub mod maps;
 pub mod model;
 pub mod names;
+pub mod nodeports;
 pub mod pools;
 
 use super::base::chains as base_chains;
@@ -125,6 +126,7 @@ struct Settings {
     /// This node's primary addresses (from its Node object): they rarely change, and a
     /// change re-plans every service.
     node_primary: Vec<IpAddr>,
+    nodeport_addresses: crate::config::NodePortAddresses,
 }
 
 impl Settings {
@@ -138,6 +140,7 @@ impl Settings {
             node_primary: node
                 .map(|n| snapshot::node_primary_ips(n))
                 .unwrap_or_default(),
+            nodeport_addresses: config.nodeport_addresses.clone(),
         }
     }
 }
@@ -235,6 +238,9 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         Some(prev) if memo.settings.as_ref() == Some(&settings) => changed_services(prev, snapshot),
         _ => {
             memo = Memo::default();
+            let addrs =
+                nodeports::addresses_part(&settings.nodeport_addresses, &settings.node_primary);
+            memo.parts.insert(nodeports::PART.into(), Arc::new(addrs));
             snapshot.services().keys().cloned().collect()
         }
     };
@@ -779,8 +785,6 @@ fn static_objects(t: &mut Table) {
     t.add_set(verdict_map(names::NOEP_NODEPORTS, nodeport.clone()));
 
     let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
-    let nodeport_key = vec![Field::NfProto, Field::L4Proto, Field::ThDport];
-    let local_dst = Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local));
 
     let mut d = Chain::regular(names::DISPATCH);
     d.push(Rule::new(vec![Stmt::vmap(
@@ -805,11 +809,11 @@ fn static_objects(t: &mut Table) {
         Stmt::matches(Field::Ip6Daddr, Value::Ipv6(std::net::Ipv6Addr::LOCALHOST)),
         Stmt::Verdict(Verdict::Return),
     ]));
-    d.push(Rule::new(vec![
-        local_dst.clone(),
-        Stmt::vmap(nodeport_key.clone(), names::NODEPORTS),
-    ]));
+    for rule in nodeports::lookups(names::NODEPORTS) {
+        d.push(rule);
+    }
     t.add_chain(d);
+    nodeports::add_sets(t);
 
     let mut mark = Chain::regular(names::MARK_MASQ);
     mark.push(Rule::new(vec![Stmt::MarkOr(names::MASQ_BIT)]));
@@ -856,10 +860,9 @@ fn static_objects(t: &mut Table) {
             names::no_endpoints(fam),
         )]));
     }
-    check.push(Rule::new(vec![
-        local_dst,
-        Stmt::vmap(nodeport_key, names::NOEP_NODEPORTS),
-    ]));
+    for rule in nodeports::lookups(names::NOEP_NODEPORTS) {
+        check.push(rule);
+    }
     for (f, fam, cidrs) in [
         (Field::Ip4Daddr, IpFamily::V4, base_sets::SERVICE_V4),
         (Field::Ip6Daddr, IpFamily::V6, base_sets::SERVICE_V6),

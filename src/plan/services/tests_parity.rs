@@ -55,3 +55,49 @@ fn source_ranges_holding_the_node_address_allow_the_lb_ips() {
     assert!(!allowed_sources(&incremental, "near").contains("203.0.113.60"));
     assert!(allowed_sources(&incremental, "far").contains("{ 10.0.0.0/8, 203.0.113.61/32 }"));
 }
+
+#[test]
+fn nodeport_addresses_are_the_primary_ones_or_the_cidrs_per_family() {
+    use crate::config::NodePortAddresses;
+    use crate::plan::services::nodeports::addresses_part;
+    let elements = |p: &crate::nft::ir::Part| -> Vec<String> {
+        let mut out: Vec<String> = p
+            .elements
+            .values()
+            .flat_map(|e| e.keys())
+            .map(|k| format!("{k:?}"))
+            .collect();
+        out.sort();
+        out
+    };
+    let ip = |s: &str| s.parse().unwrap();
+    let net = |s: &str| s.parse().unwrap();
+    let primary = addresses_part(&NodePortAddresses::Primary, &[ip("192.168.1.1")]);
+    assert_eq!(elements(&primary), vec!["[Prefix(192.168.1.1/32)]"]);
+    // No address known for the node: no NodePort anywhere.
+    assert!(elements(&addresses_part(&NodePortAddresses::Primary, &[])).is_empty());
+    // CIDRs: overlapping ones merged; a family without any gets all of its addresses.
+    let cidrs = NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("10.1.0.0/16")]);
+    assert_eq!(
+        elements(&addresses_part(&cidrs, &[ip("192.168.1.1")])),
+        vec!["[Prefix(10.0.0.0/8)]", "[Prefix(::/0)]"]
+    );
+}
+
+#[test]
+fn nodeport_lookups_are_limited_to_the_address_sets() {
+    let mut cfg = Config::for_node("n1");
+    cfg.nodeport_addresses =
+        crate::config::NodePortAddresses::Cidrs(vec!["192.168.2.0/24".parse().unwrap()]);
+    let snap = Snapshot::builder()
+        .with(objects::node("n1", &["192.168.1.1"]).object())
+        .build();
+    let text = render_full(&plan(&snap, &cfg).ruleset);
+    for map in ["@svc-nodeports", "@svc-noep-nodeports"] {
+        let lookups: Vec<&str> = text.lines().filter(|l| l.contains(map)).collect();
+        assert_eq!(lookups.len(), 2, "{text}");
+        assert!(lookups[0].contains("ip daddr @svc-nodeport-addrs-v4 fib daddr type local"));
+        assert!(lookups[1].contains("ip6 daddr @svc-nodeport-addrs-v6 fib daddr type local"));
+    }
+    assert!(text.contains("192.168.2.0/24"), "{text}");
+}
