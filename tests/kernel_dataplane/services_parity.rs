@@ -2,7 +2,7 @@
 //! kube-proxy's own nftables tests that nodeplane did not hold at first). Same lab as
 //! [`crate::services`].
 
-use crate::services::{NODE, SHORT, TCP_PORTS, topo};
+use crate::services::{NODE, OTHER, SHORT, TCP_PORTS, set, tcp_servers, topo};
 use nodeplane::testing::lab::{Outcome, SECOND};
 use nodeplane::testing::objects::{endpoint_slice, ep, service_ips};
 use std::net::IpAddr;
@@ -113,4 +113,75 @@ fn nodeports_are_served_only_on_the_nodeport_addresses() {
         t.c1.ns.tcp_connect("192.168.1.1:30100", SHORT),
         Outcome::Refused
     );
+}
+
+/// kube-proxy's internal-and-external-Local case: with both traffic policies Local, pods
+/// (and the node) reaching an external IP or NodePort of the service follow the internal
+/// policy, so they reach only this node's endpoints too, and nothing when it has none. In
+/// both layouts: the shared pools and a service's own chains (session affinity).
+#[test]
+fn pods_reaching_an_external_ip_follow_the_internal_policy_when_both_are_local() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let both_local = "externalTrafficPolicy: Local, internalTrafficPolicy: Local";
+    let svc = |name: &str, ip: &str, node_port: u16, external_ip: &str, extra: &str| {
+        let ports = format!("{{name: http, port: 80, protocol: TCP, nodePort: {node_port}}}");
+        service_ips(name, &[ip], &ports)
+            .spec(&format!(
+                "type: NodePort, externalIPs: ['{external_ip}'], {both_local}{extra}"
+            ))
+            .to_string()
+    };
+    let sticky = ", sessionAffinity: ClientIP";
+    let everywhere = [ep(&b1, NODE), ep(&b2, OTHER), ep(&b3, OTHER)];
+    let remote = [ep(&b2, OTHER), ep(&b3, OTHER)];
+    let docs = [
+        svc("local", "172.30.0.50", 30110, "203.0.113.80", ""),
+        endpoint_slice("local", "local", "IPv4", TCP_PORTS, &everywhere).to_string(),
+        svc("remote", "172.30.0.51", 30111, "203.0.113.81", ""),
+        endpoint_slice("remote", "remote", "IPv4", TCP_PORTS, &remote).to_string(),
+        svc("sticky-local", "172.30.0.52", 30112, "203.0.113.82", sticky),
+        endpoint_slice(
+            "sticky-local",
+            "sticky-local",
+            "IPv4",
+            TCP_PORTS,
+            &everywhere,
+        )
+        .to_string(),
+        svc(
+            "sticky-remote",
+            "172.30.0.53",
+            30113,
+            "203.0.113.83",
+            sticky,
+        ),
+        endpoint_slice("sticky-remote", "sticky-remote", "IPv4", TCP_PORTS, &remote).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent
+        .once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
+
+    let only_b1 = set(&["b1"]);
+    for dst in [
+        "203.0.113.80:80",
+        "192.168.1.1:30110",
+        "203.0.113.82:80",
+        "192.168.1.1:30112",
+    ] {
+        assert_eq!(tcp_servers(&t.c1.ns, dst, 20), only_b1, "pod to {dst}");
+        assert_eq!(tcp_servers(&t.ext, dst, 5), only_b1, "outside to {dst}");
+    }
+    for dst in [
+        "203.0.113.81:80",
+        "192.168.1.1:30111",
+        "203.0.113.83:80",
+        "192.168.1.1:30113",
+    ] {
+        assert_eq!(
+            t.c1.ns.tcp_connect(dst, SHORT),
+            Outcome::Timeout,
+            "pod to {dst}: no local endpoint, dropped"
+        );
+    }
 }
