@@ -4,8 +4,10 @@
 
 use crate::services::{NODE, OTHER, SHORT, TCP_PORTS, set, tcp_servers, topo};
 use nodeplane::testing::lab::{Outcome, SECOND};
-use nodeplane::testing::objects::{endpoint_slice, ep, service_ips};
+use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use std::net::IpAddr;
+
+const ZONE: &str = "topology.kubernetes.io/zone";
 
 /// kube-proxy's TestLoadBalancer, "same node to LB1, SNATted to LB1 (implicitly allowed)":
 /// a VIP-style LB IP is a local address of the node, so the node's own connection to it
@@ -182,6 +184,54 @@ fn pods_reaching_an_external_ip_follow_the_internal_policy_when_both_are_local()
             t.c1.ns.tcp_connect(dst, SHORT),
             Outcome::Timeout,
             "pod to {dst}: no local endpoint, dropped"
+        );
+    }
+}
+
+/// Topology-aware routing: a Service asking for it (`trafficDistribution: PreferClose`, the
+/// `topology-mode: Auto` annotation) reaches only the endpoints hinted for the node's zone,
+/// and every endpoint when the hints are incomplete (kube-proxy's fallback).
+#[test]
+fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
+    t.agent.write("nodes.yaml", &node.to_string());
+    let hinted = [
+        ep(&b1, NODE).for_zones(&["zone-a"]),
+        ep(&b2, OTHER).for_zones(&["zone-b"]),
+        ep(&b3, OTHER).for_zones(&["zone-a"]),
+    ];
+    let incomplete = [
+        ep(&b1, NODE).for_zones(&["zone-a"]),
+        ep(&b2, OTHER),
+        ep(&b3, OTHER).for_zones(&["zone-a"]),
+    ];
+    let http = "{name: http, port: 80, protocol: TCP}";
+    let docs = [
+        service_ips("close", &["172.30.0.60"], http)
+            .spec("trafficDistribution: PreferClose")
+            .to_string(),
+        endpoint_slice("close", "close", "IPv4", TCP_PORTS, &hinted).to_string(),
+        service_ips("partial", &["172.30.0.61"], http)
+            .spec("trafficDistribution: PreferClose")
+            .to_string(),
+        endpoint_slice("partial", "partial", "IPv4", TCP_PORTS, &incomplete).to_string(),
+        service_ips("plain", &["172.30.0.62"], http).to_string(),
+        endpoint_slice("plain", "plain", "IPv4", TCP_PORTS, &hinted).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.60:80", 30),
+        set(&["b1", "b3"])
+    );
+    for dst in ["172.30.0.61:80", "172.30.0.62:80"] {
+        assert_eq!(
+            tcp_servers(&t.c1.ns, dst, 40),
+            set(&["b1", "b2", "b3"]),
+            "{dst}: every endpoint"
         );
     }
 }

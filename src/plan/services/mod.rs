@@ -34,6 +34,7 @@ pub mod model;
 pub mod names;
 pub mod nodeports;
 pub mod pools;
+pub mod topology;
 
 use super::base::chains as base_chains;
 use super::base::sets as base_sets;
@@ -127,6 +128,8 @@ struct Settings {
     /// change re-plans every service.
     node_primary: Vec<IpAddr>,
     nodeport_addresses: crate::config::NodePortAddresses,
+    /// This node's `topology.kubernetes.io/zone` label.
+    zone: Option<String>,
 }
 
 impl Settings {
@@ -141,6 +144,13 @@ impl Settings {
                 .map(|n| snapshot::node_primary_ips(n))
                 .unwrap_or_default(),
             nodeport_addresses: config.nodeport_addresses.clone(),
+            zone: node
+                .and_then(|n| {
+                    snapshot::labels(&n.metadata)
+                        .get(topology::ZONE_LABEL)
+                        .cloned()
+                })
+                .filter(|z| !z.is_empty()),
         }
     }
 }
@@ -280,7 +290,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         let new = snapshot
             .services()
             .get(key)
-            .map(|svc| plan_service(snapshot, config, &rules, key, svc));
+            .map(|svc| plan_service(snapshot, config, &rules, settings.zone.as_deref(), key, svc));
         let old_frontends = memo.entries.get(&pk).map(|e| e.udp_frontends.clone());
         if let Some(e) = &new {
             let old = old_frontends.unwrap_or_default();
@@ -639,6 +649,7 @@ fn plan_service(
     snapshot: &Snapshot,
     config: &Config,
     rules: &AddressRules,
+    zone: Option<&str>,
     key: &ObjectKey,
     svc: &Arc<Service>,
 ) -> Entry {
@@ -710,7 +721,13 @@ fn plan_service(
                 all,
                 local,
                 local_ready: ready,
-            } = model::backends(&sources, p, fam, &config.node_name);
+            } = model::backends(
+                &sources,
+                p,
+                fam,
+                &config.node_name,
+                zone.filter(|_| model.topology),
+            );
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
                 if !all.is_empty() {

@@ -1,6 +1,7 @@
 //! Service, EndpointSlice and Endpoints -> the validated facts the chains are built from:
 //! frontends (addresses and ports), policies, and the usable backends of each port.
 
+use super::topology::{self, Hint};
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
@@ -52,6 +53,8 @@ pub struct Model {
     pub internal_local: bool,
     pub external_local: bool,
     pub health_check_node_port: Option<u16>,
+    /// The Service asks for topology-aware routing (see [`topology::requested`]).
+    pub topology: bool,
     /// The field path of every frontend address kept (`spec.clusterIP`, `spec.externalIPs[1]`,
     /// `status.loadBalancer.ingress[0].ip`): what a lost conflict is reported by.
     pub fields: BTreeMap<IpAddr, String>,
@@ -250,6 +253,7 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map(port_number)
             .transpose()
             .map_err(|e| format!("spec.healthCheckNodePort: {e}"))?,
+        topology: topology::requested(svc),
         fields: addrs.fields,
         refused: addrs.refused,
         node_refused: addrs.node_refused,
@@ -404,6 +408,7 @@ struct Candidate {
     backend: Backend,
     ready: bool,
     serving_terminating: bool,
+    hint: Hint,
 }
 
 /// The backends of one port in one family, as [`backends`] chooses them.
@@ -419,8 +424,16 @@ pub struct Chosen {
 }
 
 /// The backends of `port` in `fam`: ready ones; if none, serving-terminating ones (chosen
-/// separately for the whole set and for the node-local subset, as kube-proxy does).
-pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Chosen {
+/// separately for the whole set and for the node-local subset, as kube-proxy does). With
+/// `zone` (this node's, when the service asks for topology-aware routing) the ready ones of
+/// the whole set are narrowed to those hinted for the zone when [`topology::use_hints`].
+pub fn backends(
+    sources: &Sources,
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+    zone: Option<&str>,
+) -> Chosen {
     let mut cands = Vec::new();
     match sources {
         Sources::Slices(slices) => {
@@ -448,6 +461,12 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                     let serving = c.and_then(|c| c.serving).unwrap_or(ready);
                     let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
                     let local = e.node_name.as_deref() == Some(node);
+                    let zones = e.hints.as_ref().map_or(&[][..], |h| &h.for_zones[..]);
+                    let hint = match zone {
+                        _ if zones.is_empty() => Hint::None,
+                        Some(z) if zones.iter().any(|f| f.name == z) => Hint::Here,
+                        _ => Hint::Elsewhere,
+                    };
                     for a in &e.addresses {
                         if let Ok(ip) = a.parse::<IpAddr>()
                             && IpFamily::of(ip) == fam
@@ -460,6 +479,7 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                                 },
                                 ready,
                                 serving_terminating: serving && terminating,
+                                hint,
                             });
                         }
                     }
@@ -489,16 +509,23 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                             },
                             ready: true,
                             serving_terminating: false,
+                            hint: Hint::None,
                         });
                     }
                 }
             }
         }
     }
+    let zoned =
+        zone.is_some() && topology::use_hints(cands.iter().filter(|c| c.ready).map(|c| c.hint));
     let choose = |only_local: bool| {
         let pool = || cands.iter().filter(move |c| !only_local || c.backend.local);
+        // Zone hints narrow cluster-wide choices only; the serving-terminating fallback
+        // ignores them, as kube-proxy's does.
+        let in_zone = |c: &&Candidate| only_local || !zoned || c.hint == Hint::Here;
         let mut out: Vec<Backend> = pool()
             .filter(|c| c.ready)
+            .filter(in_zone)
             .map(|c| c.backend.clone())
             .collect();
         if out.is_empty() {

@@ -101,3 +101,96 @@ fn nodeport_lookups_are_limited_to_the_address_sets() {
     }
     assert!(text.contains("192.168.2.0/24"), "{text}");
 }
+
+/// The backend addresses rendered for the plan (the `svc-backends-v4` elements).
+fn backend_ips(d: &crate::plan::Desired) -> Vec<String> {
+    let text = render_full(&d.ruleset);
+    let mut ips: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split(" : ").nth(1))
+        .filter_map(|v| v.split(" . ").next())
+        .filter(|ip| ip.starts_with("10.128."))
+        .map(|ip| ip.trim_end_matches(',').to_string())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+#[test]
+fn zone_hints_narrow_cluster_traffic_with_kube_proxys_fallbacks() {
+    let cfg = Config::for_node("n1");
+    let zoned = |hints: &[(&str, &[&str])]| {
+        let ports = "{name: http, port: 8080, protocol: TCP}";
+        let eps: Vec<_> = hints
+            .iter()
+            .map(|(ip, zones)| objects::ep(ip, "n2").for_zones(zones))
+            .collect();
+        let s = objects::endpoint_slice("a-x", "a", "IPv4", ports, &eps);
+        s.in_namespace("ns").object()
+    };
+    let asked = |extra: &str| {
+        let ports = "{name: http, port: 80, protocol: TCP}";
+        let s = objects::service("a", "172.30.0.1", ports).in_namespace("ns");
+        s.spec(extra).object()
+    };
+    let node = |zone: &str| {
+        objects::node("n1", &["192.168.1.1"])
+            .labels(&[("topology.kubernetes.io/zone", zone)])
+            .object()
+    };
+    let hinted = zoned(&[
+        ("10.128.0.1", &["a"]),
+        ("10.128.0.2", &["b"]),
+        ("10.128.0.3", &["a", "b"]),
+    ]);
+    let snap = Snapshot::builder()
+        .with(node("a"))
+        .with(asked("trafficDistribution: PreferClose"))
+        .with(hinted.clone())
+        .build();
+    let first = plan(&snap, &cfg);
+    assert_eq!(backend_ips(&first), ["10.128.0.1", "10.128.0.3"]);
+
+    // The node moves to zone b: re-planned as a fresh plan would be.
+    let mut b = snap.to_builder();
+    b.insert(node("b"));
+    let moved = b.build();
+    let incremental = plan_with(&moved, &cfg, &first.memory);
+    assert_eq!(backend_ips(&incremental), ["10.128.0.2", "10.128.0.3"]);
+    assert_eq!(
+        render_full(&incremental.ruleset),
+        render_full(&plan(&moved, &cfg).ruleset)
+    );
+
+    let all = ["10.128.0.1", "10.128.0.2", "10.128.0.3"];
+    let with = |node_zone: &str, svc: crate::api::Service, slice| {
+        let snap = Snapshot::builder()
+            .with(node(node_zone))
+            .with(svc)
+            .with(slice)
+            .build();
+        backend_ips(&plan(&snap, &cfg))
+    };
+    // Not asked for: hints are ignored.
+    assert_eq!(with("a", asked(""), hinted.clone()), all);
+    // No endpoint hinted for this zone.
+    assert_eq!(
+        with(
+            "c",
+            asked("trafficDistribution: PreferClose"),
+            hinted.clone()
+        ),
+        all
+    );
+    // One ready endpoint without a hint.
+    let partial = zoned(&[
+        ("10.128.0.1", &["a"]),
+        ("10.128.0.2", &[]),
+        ("10.128.0.3", &["a"]),
+    ]);
+    assert_eq!(
+        with("a", asked("trafficDistribution: PreferClose"), partial),
+        all
+    );
+}
