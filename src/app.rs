@@ -53,7 +53,9 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
     let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
     if let Some(addr) = config.healthz_bind_address {
-        healthcheck::spawn_proxy_health(addr, proxy_health.clone());
+        let admin = admin.clone();
+        let count = Arc::new(move |livez, code| admin.metrics.kubeproxy.probe(livez, code));
+        healthcheck::spawn_proxy_health(addr, proxy_health.clone(), count);
     }
     let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
         state: admin.clone(),

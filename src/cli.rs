@@ -134,6 +134,20 @@ pub struct Opts {
     )]
     pub external_ip_rejected_cidrs: Vec<String>,
 
+    /// kube-proxy's --nodeport-addresses: the local addresses NodePorts are served on.
+    /// `primary` (the default, as kube-proxy's nftables mode): the node's primary address per
+    /// family (the first InternalIP, else ExternalIP, of its Node object). Or CIDRs
+    /// (repeatable): the local addresses inside them; a family with no CIDR listed serves on
+    /// all its local addresses (`0.0.0.0/0,::/0`: every local address). Loopback never.
+    #[arg(
+        long = "nodeport-addresses",
+        global = true,
+        env = "NODEPLANE_NODEPORT_ADDRESSES",
+        value_delimiter = ',',
+        value_name = "primary|CIDR"
+    )]
+    pub nodeport_addresses: Vec<String>,
+
     /// Print the nftables ruleset the agent would apply (nft -f syntax) and the address,
     /// route and rule changes as # comments, then exit. Changes nothing; needs no privileges.
     #[arg(long, env = "NODEPLANE_DRY_RUN", conflicts_with = "once")]

@@ -74,6 +74,8 @@ pub struct Config {
     pub external_ip_allowed_cidrs: Vec<IpNet>,
     /// `spec.externalIPs` never honoured, even when allowed (rejected wins).
     pub external_ip_rejected_cidrs: Vec<IpNet>,
+    /// kube-proxy's `--nodeport-addresses`.
+    pub nodeport_addresses: NodePortAddresses,
     pub resync: Duration,
     pub log_level: String,
     /// Resolver configuration for EgressFirewall `dnsName` rules.
@@ -110,6 +112,7 @@ impl Config {
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
             external_ip_allowed_cidrs: Vec::new(),
             external_ip_rejected_cidrs: Vec::new(),
+            nodeport_addresses: NodePortAddresses::Primary,
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
@@ -274,6 +277,10 @@ impl Config {
                     file.external_ip_rejected_cidrs,
                 ),
             )?,
+            nodeport_addresses: NodePortAddresses::parse(&pick_list(
+                &opts.nodeport_addresses,
+                file.nodeport_addresses,
+            ))?,
             resync: Duration::from_secs(
                 opts.resync_seconds
                     .or(file.resync_seconds)
@@ -350,6 +357,33 @@ fn parse_cidrs(option: &'static str, values: &[String]) -> Result<Vec<IpNet>, Co
         .collect()
 }
 
+/// kube-proxy's `--nodeport-addresses`: which local addresses NodePorts are served on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The node's primary address per family (kube-proxy's nftables default).
+    Primary,
+    /// The local addresses inside these CIDRs; in a family none of them is of, every local
+    /// address (kube-proxy's rule).
+    Cidrs(Vec<IpNet>),
+}
+
+impl NodePortAddresses {
+    /// `primary` alone, or CIDRs; an empty list is `primary`.
+    fn parse(values: &[String]) -> Result<NodePortAddresses, ConfigError> {
+        const OPTION: &str = "--nodeport-addresses";
+        if values.iter().all(|v| v.trim() == "primary") {
+            return Ok(NodePortAddresses::Primary);
+        }
+        if values.iter().any(|v| v.trim() == "primary") {
+            return Err(ConfigError::Invalid {
+                option: OPTION,
+                reason: "\"primary\" must be the only entry, not mixed with CIDRs".into(),
+            });
+        }
+        parse_cidrs(OPTION, values).map(NodePortAddresses::Cidrs)
+    }
+}
+
 /// NODE_NAME (set by the DaemonSet from the downward API), then the host name.
 fn default_node_name() -> Result<String, ConfigError> {
     if let Ok(n) = std::env::var("NODE_NAME")
@@ -378,6 +412,7 @@ struct FileConfig {
     service_cidr: Option<Vec<String>>,
     external_ip_allowed_cidrs: Option<Vec<String>>,
     external_ip_rejected_cidrs: Option<Vec<String>>,
+    nodeport_addresses: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
@@ -603,6 +638,36 @@ mod tests {
         };
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("bad.yaml") && e.contains("nodename"), "{e}");
+    }
+
+    #[test]
+    fn nodeport_addresses_default_to_primary_and_name_a_bad_entry() {
+        assert_eq!(
+            Config::resolve(&opts()).unwrap().nodeport_addresses,
+            NodePortAddresses::Primary
+        );
+        let mut o = opts();
+        o.nodeport_addresses = vec!["192.168.2.0/24".into(), "fd00::/64".into()];
+        let nets = vec![
+            "192.168.2.0/24".parse().unwrap(),
+            "fd00::/64".parse().unwrap(),
+        ];
+        assert_eq!(
+            Config::resolve(&o).unwrap().nodeport_addresses,
+            NodePortAddresses::Cidrs(nets)
+        );
+        for (bad, says) in [
+            ("192.168.2.1/24", "host bits set"),
+            ("eth0", "invalid"),
+            ("primary", "must be the only entry"),
+        ] {
+            o.nodeport_addresses = vec!["10.0.0.0/8".into(), bad.into()];
+            let e = Config::resolve(&o).unwrap_err().to_string();
+            assert!(
+                e.contains("--nodeport-addresses") && e.contains(bad) && e.contains(says),
+                "{e}"
+            );
+        }
     }
 
     #[test]

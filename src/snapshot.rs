@@ -623,6 +623,21 @@ pub fn node_internal_ips(node: &Node) -> Vec<IpAddr> {
     node_addresses(node, &["InternalIP"])
 }
 
+/// The node's primary address per family, as kube-proxy picks it: the first InternalIP of
+/// the family, else its first ExternalIP.
+pub fn node_primary_ips(node: &Node) -> Vec<IpAddr> {
+    let ordered = node_internal_ips(node)
+        .into_iter()
+        .chain(node_addresses(node, &["ExternalIP"]));
+    let mut out: Vec<IpAddr> = Vec::new();
+    for ip in ordered {
+        if !out.iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
 /// InternalIP and ExternalIP addresses: everything that identifies the node on the network
 /// (EgressFirewall nodeSelector targets, addresses an egress IP must not collide with).
 pub fn node_ips(node: &Node) -> Vec<IpAddr> {

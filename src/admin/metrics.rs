@@ -56,6 +56,8 @@ pub struct RoleLabel {
 
 pub struct Metrics {
     registry: Registry,
+    /// kube-proxy's series (`kubeproxy_*`).
+    pub kubeproxy: super::kubeproxy::KubeProxyMetrics,
     sync_duration: Histogram,
     transaction_ops: Histogram,
     rules: Family<FeatureLabel, Gauge>,
@@ -78,7 +80,13 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("nodeplane");
+        // Two prefixes in one exposition: nodeplane's own series and kube-proxy's.
+        let mut root = Registry::default();
+        let kubeproxy = super::kubeproxy::KubeProxyMetrics::register(
+            root.sub_registry_with_prefix("kubeproxy"),
+            SystemTime::now(),
+        );
+        let registry = root.sub_registry_with_prefix("nodeplane");
         let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let transaction_ops = Histogram::new(exponential_buckets(1.0, 4.0, 10));
         let m = Metrics {
@@ -95,6 +103,7 @@ impl Metrics {
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
             registry: Registry::default(),
+            kubeproxy,
         };
         registry.register(
             "sync_duration_seconds",
@@ -158,7 +167,10 @@ impl Metrics {
              role this agent is a candidate for)",
             m.leader.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// Whether this agent leads `role` now.

@@ -4,6 +4,7 @@
 //! ruleset the agent last applied, rendered as `--dry-run` prints it.
 
 mod drift;
+pub mod kubeproxy;
 pub mod metrics;
 mod server;
 
@@ -151,6 +152,8 @@ impl SyncObserver for AdminObserver {
         match (sync.result, sync.applied) {
             (Ok(report), Some(table)) => {
                 metrics.observe_success(sync.duration, report.nft.ops, table);
+                let now = std::time::SystemTime::now();
+                metrics.kubeproxy.synced(sync.duration, sync.snapshot, now);
                 let objects = sync.snapshot.map(|s| s.len()).unwrap_or_default();
                 let mut header = format!(
                     "# nodeplane ruleset for node {} ({objects} objects read)\n",
@@ -166,6 +169,7 @@ impl SyncObserver for AdminObserver {
             (Ok(_), None) => {}
             (Err(e), _) => {
                 metrics.observe_failure(sync.duration, e.reason());
+                metrics.kubeproxy.failed(sync.duration);
                 self.state.last().error = Some(e.to_string());
             }
         }

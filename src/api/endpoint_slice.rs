@@ -1,7 +1,8 @@
 //! `discovery.k8s.io/v1` EndpointSlice, reduced to the fields the agent reads.
 //!
 //! k8s-openapi's `Endpoint` is 352 bytes before its strings, almost all of it fields a
-//! proxy never looks at (hints, zone, targetRef, deprecatedTopology, hostname). A node
+//! proxy never looks at (targetRef, deprecatedTopology, hostname); `zone` and `hints` are
+//! kept for topology-aware routing. A node
 //! holds every slice of the cluster: at 100,000 endpoints that type alone costs ~45 MB,
 //! this one ~12 MB. Unknown fields are ignored on decode, so any real slice parses.
 
@@ -52,6 +53,24 @@ pub struct Endpoint {
     pub conditions: Option<EndpointConditions>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hints: Option<EndpointHints>,
+}
+
+/// Where the EndpointSlice controller wants the endpoint used (topology-aware routing).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointHints {
+    #[serde(default)]
+    pub for_zones: Vec<ForZone>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForZone {
+    #[serde(default)]
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +117,9 @@ mod tests {
         let e = &s.endpoints[0];
         assert_eq!(e.addresses, ["10.128.0.5"]);
         assert_eq!(e.node_name.as_deref(), Some("worker-1"));
+        assert_eq!(e.zone.as_deref(), Some("a"));
+        let hints = e.hints.as_ref().unwrap();
+        assert_eq!(hints.for_zones[0].name, "a");
         assert_eq!(
             e.conditions,
             Some(EndpointConditions {

@@ -157,9 +157,14 @@ fn json_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     resp
 }
 
+/// Told of every `/healthz` (`false`) and `/livez` (`true`) answer with its HTTP status code
+/// (kube-proxy's `kubeproxy_proxy_healthz_total` / `_livez_total`).
+pub type ProbeCounter = Arc<dyn Fn(bool, u16) + Send + Sync>;
+
 /// `/healthz` and `/livez` from `health`; any other path is 404, as Go's mux answers it.
 fn proxy_handler(
     health: Arc<ProxyHealth>,
+    count: ProbeCounter,
 ) -> impl Fn(&str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static {
     move |path| {
         let livez = match path {
@@ -177,6 +182,7 @@ fn proxy_handler(
         };
         let verdict = health.verdict(Instant::now());
         let (status, body) = proxy::answer(&verdict, SystemTime::now(), livez);
+        count(livez, status.as_u16());
         json_response(status, body)
     }
 }
@@ -196,13 +202,19 @@ async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// the runtime runs. As kube-proxy does, a failure to listen (another process holds the
 /// port, say a kube-proxy not yet removed) is logged and retried every 5 s; the dataplane
 /// keeps running meanwhile.
-pub fn spawn_proxy_health(addr: SocketAddr, health: Arc<ProxyHealth>) -> JoinHandle<()> {
+pub fn spawn_proxy_health(
+    addr: SocketAddr,
+    health: Arc<ProxyHealth>,
+    count: ProbeCounter,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             match bind(addr).await {
                 Ok(listener) => {
                     info!("proxy health (/healthz, /livez) on {addr}");
-                    if let Err(e) = serve(listener, proxy_handler(health.clone())).await {
+                    if let Err(e) =
+                        serve(listener, proxy_handler(health.clone(), count.clone())).await
+                    {
                         warn!("proxy health server on {addr}: {e}");
                     }
                 }
@@ -300,7 +312,10 @@ mod tests {
     async fn healthz_and_livez_follow_sync_health_and_node_eligibility() {
         let (l, addr) = listen().await;
         let health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
-        tokio::spawn(serve(l, proxy_handler(health.clone())));
+        let metrics = Arc::new(crate::admin::metrics::Metrics::new());
+        let m = metrics.clone();
+        let count: ProbeCounter = Arc::new(move |livez, code| m.kubeproxy.probe(livez, code));
+        tokio::spawn(serve(l, proxy_handler(health.clone(), count)));
 
         for path in ["/healthz", "/livez"] {
             let (code, head, body) = get(addr, path).await;
@@ -341,6 +356,16 @@ mod tests {
             assert_eq!(code, 503, "{path}: {body}");
             let v = json(&body);
             assert_ne!(v["lastUpdated"], v["currentTime"], "{body}");
+        }
+        // Every answer counted by path and code, as kube-proxy does (the 404 is not).
+        let text = metrics.encode();
+        for line in [
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 3\n",
+            "kubeproxy_proxy_healthz_total{code=\"503\"} 3\n",
+            "kubeproxy_proxy_livez_total{code=\"200\"} 4\n",
+            "kubeproxy_proxy_livez_total{code=\"503\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
         }
     }
 }

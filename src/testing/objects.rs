@@ -500,6 +500,8 @@ pub struct Ep {
     node: String,
     ready: Option<bool>,
     terminating: bool,
+    /// `hints.forZones` names.
+    zones: Vec<String>,
 }
 
 /// A ready, serving, not terminating endpoint (conditions written out).
@@ -509,6 +511,7 @@ pub fn ep(ip: &str, node: &str) -> Ep {
         node: node.into(),
         ready: Some(true),
         terminating: false,
+        zones: Vec::new(),
     }
 }
 
@@ -524,6 +527,12 @@ impl Ep {
     pub fn terminating(mut self) -> Ep {
         self.ready = Some(false);
         self.terminating = true;
+        self
+    }
+
+    /// `hints: {forZones: [...]}` with these zone names (topology-aware routing).
+    pub fn for_zones(mut self, zones: &[&str]) -> Ep {
+        self.zones = zones.iter().map(|z| z.to_string()).collect();
         self
     }
 
@@ -580,8 +589,15 @@ impl Display for EndpointSlice {
                     let (serving, t) = (r || e.terminating, e.terminating);
                     format!(", conditions: {{ready: {r}, serving: {serving}, terminating: {t}}}")
                 });
+                let hints = if e.zones.is_empty() {
+                    String::new()
+                } else {
+                    let zones: Vec<String> =
+                        e.zones.iter().map(|z| format!("{{name: {z}}}")).collect();
+                    format!(", hints: {{forZones: [{}]}}", zones.join(", "))
+                };
                 format!(
-                    "{{addresses: ['{}'], nodeName: {}{conditions}}}",
+                    "{{addresses: ['{}'], nodeName: {}{conditions}{hints}}}",
                     e.ip, e.node
                 )
             })

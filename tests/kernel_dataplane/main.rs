@@ -12,3 +12,4 @@ mod net;
 mod probe;
 mod qos;
 mod services;
+mod services_parity;

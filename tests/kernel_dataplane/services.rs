@@ -12,27 +12,27 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
-const NODE: &str = "node-1";
-const OTHER: &str = "node-2";
+pub(crate) const NODE: &str = "node-1";
+pub(crate) const OTHER: &str = "node-2";
 /// How long a probe that should be dropped waits.
-const SHORT: Duration = Duration::from_millis(400);
-const TCP_PORTS: &str = "{name: http, port: 8080, protocol: TCP}";
+pub(crate) const SHORT: Duration = Duration::from_millis(400);
+pub(crate) const TCP_PORTS: &str = "{name: http, port: 8080, protocol: TCP}";
 
-struct Topo {
-    node: Ns,
-    ext: Ns,
-    ext2: Ns,
-    c1: Pod,
-    b1: Pod,
-    b2: Pod,
-    b3: Pod,
-    agent: ManifestAgent,
+pub(crate) struct Topo {
+    pub(crate) node: Ns,
+    pub(crate) ext: Ns,
+    pub(crate) ext2: Ns,
+    pub(crate) c1: Pod,
+    pub(crate) b1: Pod,
+    pub(crate) b2: Pod,
+    pub(crate) b3: Pod,
+    pub(crate) agent: ManifestAgent,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     _lab: Lab,
 }
 
-fn topo() -> Topo {
+pub(crate) fn topo() -> Topo {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let c1 = lab.add_pod(&node, "c1", &["10.128.0.5", "fd01::5"]);
@@ -43,6 +43,7 @@ fn topo() -> Topo {
     let ext2 = lab.add_host("ext2");
     lab.link(&node, &["192.168.2.1/24"], &ext2, &["192.168.2.100/24"]);
     lab.add_route(&ext2, "10.128.0.0/14", "192.168.2.1");
+    lab.add_route(&ext2, "192.168.1.1/32", "192.168.2.1");
     for (host, gw) in [(&ext, "192.168.1.1"), (&ext2, "192.168.2.1")] {
         for net in ["172.30.0.0/16", "203.0.113.0/24"] {
             lab.add_route(host, net, gw);
@@ -87,19 +88,19 @@ fn topo() -> Topo {
 }
 
 impl Topo {
-    fn v4(&self, pod: &Pod) -> String {
+    pub(crate) fn v4(&self, pod: &Pod) -> String {
         pod.addrs[0].to_string()
     }
 }
 
 /// The servers that answered `n` TCP connections from `from` to `dst`.
-fn tcp_servers(from: &Ns, dst: &str, n: usize) -> BTreeSet<String> {
+pub(crate) fn tcp_servers(from: &Ns, dst: &str, n: usize) -> BTreeSet<String> {
     (0..n)
         .map(|_| from.tcp_connect(dst, SECOND).expect_reply().server)
         .collect()
 }
 
-fn set(items: &[&str]) -> BTreeSet<String> {
+pub(crate) fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
@@ -264,8 +265,12 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         tcp_servers(&t.ext, "192.168.1.1:30080", 30),
         set(&["b1", "b2"])
     );
-    // The NodePort on the node's other address too.
-    assert!(t.ext2.tcp_connect("192.168.2.1:30080", SECOND).is_reply());
+    // Not on the node's other address: --nodeport-addresses defaults to the primary one
+    // (the node's own stack answers there).
+    assert_eq!(
+        t.ext2.tcp_connect("192.168.2.1:30080", SECOND),
+        Outcome::Refused
+    );
     // externalIP.
     assert!(t.ext.tcp_connect("203.0.113.50:80", SECOND).is_reply());
     // LB IP: allowed source range answers, other sources are dropped...
@@ -281,7 +286,7 @@ fn nodeport_external_ip_and_load_balancer_source_ranges() {
         Outcome::Timeout
     );
     // ...but not on the NodePort, which source ranges do not cover.
-    assert!(t.ext2.tcp_connect("192.168.2.1:30081", SECOND).is_reply());
+    assert!(t.ext2.tcp_connect("192.168.1.1:30081", SECOND).is_reply());
     // No endpoints: NodePort and externalIP are rejected.
     assert_eq!(
         t.ext.tcp_connect("192.168.1.1:30082", SECOND),

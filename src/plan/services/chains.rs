@@ -118,15 +118,19 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
     };
     let mut x = Chain::regular(&n.external);
     if m.external_local {
-        // Pods and the node itself reach every endpoint; others only this node's, with
-        // their source address kept.
+        // Pods and the node itself follow the internal policy (every endpoint, or this
+        // node's with iTP=Local); others reach only this node's, with their source kept.
+        let internal = match cluster_target {
+            Some(lb) => goto(lb),
+            None => Stmt::Verdict(Verdict::Drop),
+        };
         x.push(Rule::new(vec![
             Stmt::in_set(vec![saddr(fam)], cluster_cidrs(fam)),
-            goto(all),
+            internal.clone(),
         ]));
         let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
         x.push(Rule::new(vec![host.clone(), jump(names::MARK_MASQ)]));
-        x.push(Rule::new(vec![host, goto(all)]));
+        x.push(Rule::new(vec![host, internal]));
         match lb_local.as_deref() {
             Some(local) => x.push(Rule::new(vec![goto(local)])),
             None => x.push(Rule::new(vec![Stmt::Verdict(Verdict::Drop)])),

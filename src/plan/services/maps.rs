@@ -78,15 +78,17 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
         return;
     }
     let n = pb.all.len() as u32;
-    let (pool, local): (PoolKind, &[Backend]) = if m.external_local {
-        let local = pb.local.len() as u32;
-        (PoolKind::ExternalLocal { n, local }, &pb.local)
-    } else {
-        (PoolKind::External { n }, &[])
-    };
+    let local = pb.local.len() as u32;
+    // The backends the pool reads: all and node-local ones.
+    let (pool, all, local): (PoolKind, &[Backend], &[Backend]) =
+        match (m.external_local, m.internal_local) {
+            (true, true) => (PoolKind::BothLocal { local }, &[], &pb.local),
+            (true, false) => (PoolKind::ExternalLocal { n, local }, &pb.all, &pb.local),
+            (false, _) => (PoolKind::External { n }, &pb.all, &[]),
+        };
     for ip in &externals {
         let key = frontend_key(*ip, p.proto, p.port);
-        balance(out, fam, Frontend::Addr, pool, &key, &pb.all, local);
+        balance(out, fam, Frontend::Addr, pool, &key, all, local);
     }
     if let Some(np) = p.node_port {
         let backends_key = vec![Value::Proto(p.proto).into(), Value::Port(np).into()];
@@ -96,7 +98,7 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
             nodeport_key(fam, p.proto, np),
             ElemData::Verdict(Verdict::Goto(chain)),
         );
-        buckets(out, fam, Frontend::NodePort, &backends_key, &pb.all, false);
+        buckets(out, fam, Frontend::NodePort, &backends_key, all, false);
         buckets(out, fam, Frontend::NodePort, &backends_key, local, true);
     }
 }

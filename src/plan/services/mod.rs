@@ -32,7 +32,9 @@ pub mod chains;
 pub mod maps;
 pub mod model;
 pub mod names;
+pub mod nodeports;
 pub mod pools;
+pub mod topology;
 
 use super::base::chains as base_chains;
 use super::base::sets as base_sets;
@@ -122,15 +124,33 @@ struct Settings {
     service_cidrs: Vec<IpNet>,
     allowed: Vec<IpNet>,
     rejected: Vec<IpNet>,
+    /// This node's primary addresses (from its Node object): they rarely change, and a
+    /// change re-plans every service.
+    node_primary: Vec<IpAddr>,
+    nodeport_addresses: crate::config::NodePortAddresses,
+    /// This node's `topology.kubernetes.io/zone` label.
+    zone: Option<String>,
 }
 
 impl Settings {
-    fn of(config: &Config) -> Settings {
+    fn of(config: &Config, snapshot: &Snapshot) -> Settings {
+        let node = snapshot.nodes().get(&config.node_name);
         Settings {
             node: config.node_name.clone(),
             service_cidrs: config.service_cidrs.clone(),
             allowed: config.external_ip_allowed_cidrs.clone(),
             rejected: config.external_ip_rejected_cidrs.clone(),
+            node_primary: node
+                .map(|n| snapshot::node_primary_ips(n))
+                .unwrap_or_default(),
+            nodeport_addresses: config.nodeport_addresses.clone(),
+            zone: node
+                .and_then(|n| {
+                    snapshot::labels(&n.metadata)
+                        .get(topology::ZONE_LABEL)
+                        .cloned()
+                })
+                .filter(|z| !z.is_empty()),
         }
     }
 }
@@ -222,12 +242,15 @@ fn part_key(k: &ObjectKey) -> String {
 fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) -> Outcome {
     static_objects(table);
     let mut memo = memo.clone();
-    let settings = Settings::of(config);
+    let settings = Settings::of(config, snapshot);
     let node_ips = node_ips(snapshot);
     let mut changed: BTreeSet<ObjectKey> = match &memo.snapshot {
         Some(prev) if memo.settings.as_ref() == Some(&settings) => changed_services(prev, snapshot),
         _ => {
             memo = Memo::default();
+            let addrs =
+                nodeports::addresses_part(&settings.nodeport_addresses, &settings.node_primary);
+            memo.parts.insert(nodeports::PART.into(), Arc::new(addrs));
             snapshot.services().keys().cloned().collect()
         }
     };
@@ -250,9 +273,9 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         }
         memo.node_ips = Arc::new(node_ips);
     }
-    memo.settings = Some(settings);
     let rules = AddressRules {
         node_ips: &memo.node_ips.clone(),
+        node_primary: &settings.node_primary,
         service_cidrs: &config.service_cidrs,
         external_allowed: &config.external_ip_allowed_cidrs,
         external_rejected: &config.external_ip_rejected_cidrs,
@@ -267,7 +290,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         let new = snapshot
             .services()
             .get(key)
-            .map(|svc| plan_service(snapshot, config, &rules, key, svc));
+            .map(|svc| plan_service(snapshot, config, &rules, settings.zone.as_deref(), key, svc));
         let old_frontends = memo.entries.get(&pk).map(|e| e.udp_frontends.clone());
         if let Some(e) = &new {
             let old = old_frontends.unwrap_or_default();
@@ -372,6 +395,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         };
     }
     memo.snapshot = Some(snapshot.clone());
+    memo.settings = Some(settings);
     table.extend_parts(&memo.parts);
     Outcome {
         statuses: memo.errors.values().cloned().collect(),
@@ -625,6 +649,7 @@ fn plan_service(
     snapshot: &Snapshot,
     config: &Config,
     rules: &AddressRules,
+    zone: Option<&str>,
     key: &ObjectKey,
     svc: &Arc<Service>,
 ) -> Entry {
@@ -696,7 +721,13 @@ fn plan_service(
                 all,
                 local,
                 local_ready: ready,
-            } = model::backends(&sources, p, fam, &config.node_name);
+            } = model::backends(
+                &sources,
+                p,
+                fam,
+                &config.node_name,
+                zone.filter(|_| model.topology),
+            );
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
                 if !all.is_empty() {
@@ -771,8 +802,6 @@ fn static_objects(t: &mut Table) {
     t.add_set(verdict_map(names::NOEP_NODEPORTS, nodeport.clone()));
 
     let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
-    let nodeport_key = vec![Field::NfProto, Field::L4Proto, Field::ThDport];
-    let local_dst = Stmt::matches(Field::FibDaddrType, Value::AddrType(AddrType::Local));
 
     let mut d = Chain::regular(names::DISPATCH);
     d.push(Rule::new(vec![Stmt::vmap(
@@ -797,11 +826,11 @@ fn static_objects(t: &mut Table) {
         Stmt::matches(Field::Ip6Daddr, Value::Ipv6(std::net::Ipv6Addr::LOCALHOST)),
         Stmt::Verdict(Verdict::Return),
     ]));
-    d.push(Rule::new(vec![
-        local_dst.clone(),
-        Stmt::vmap(nodeport_key.clone(), names::NODEPORTS),
-    ]));
+    for rule in nodeports::lookups(names::NODEPORTS) {
+        d.push(rule);
+    }
     t.add_chain(d);
+    nodeports::add_sets(t);
 
     let mut mark = Chain::regular(names::MARK_MASQ);
     mark.push(Rule::new(vec![Stmt::MarkOr(names::MASQ_BIT)]));
@@ -848,10 +877,9 @@ fn static_objects(t: &mut Table) {
             names::no_endpoints(fam),
         )]));
     }
-    check.push(Rule::new(vec![
-        local_dst,
-        Stmt::vmap(nodeport_key, names::NOEP_NODEPORTS),
-    ]));
+    for rule in nodeports::lookups(names::NOEP_NODEPORTS) {
+        check.push(rule);
+    }
     for (f, fam, cidrs) in [
         (Field::Ip4Daddr, IpFamily::V4, base_sets::SERVICE_V4),
         (Field::Ip6Daddr, IpFamily::V6, base_sets::SERVICE_V6),
@@ -905,3 +933,5 @@ fn static_objects(t: &mut Table) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_parity;

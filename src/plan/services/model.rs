@@ -1,6 +1,7 @@
 //! Service, EndpointSlice and Endpoints -> the validated facts the chains are built from:
 //! frontends (addresses and ports), policies, and the usable backends of each port.
 
+use super::topology::{self, Hint};
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
@@ -43,6 +44,8 @@ pub struct Model {
     pub external_ips: Vec<IpAddr>,
     /// `status.loadBalancer.ingress[].ip`, except `ipMode: Proxy`.
     pub lb_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, plus the LB IPs themselves when a range holds this
+    /// node's address (see [`node_may_use_lb_ips`]).
     pub lb_source_ranges: Vec<IpNet>,
     pub ports: Vec<Port>,
     /// Affinity timeout when `sessionAffinity: ClientIP`.
@@ -50,6 +53,8 @@ pub struct Model {
     pub internal_local: bool,
     pub external_local: bool,
     pub health_check_node_port: Option<u16>,
+    /// The Service asks for topology-aware routing (see [`topology::requested`]).
+    pub topology: bool,
     /// The field path of every frontend address kept (`spec.clusterIP`, `spec.externalIPs[1]`,
     /// `status.loadBalancer.ingress[0].ip`): what a lost conflict is reported by.
     pub fields: BTreeMap<IpAddr, String>,
@@ -64,6 +69,8 @@ pub struct Model {
 pub struct AddressRules<'a> {
     /// Every Node's InternalIP/ExternalIP, with the node's name.
     pub node_ips: &'a BTreeMap<IpAddr, String>,
+    /// This node's primary addresses (see [`crate::snapshot::node_primary_ips`]).
+    pub node_primary: &'a [IpAddr],
     pub service_cidrs: &'a [IpNet],
     pub external_allowed: &'a [IpNet],
     pub external_rejected: &'a [IpNet],
@@ -192,6 +199,8 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map_err(|e| format!("spec.loadBalancerSourceRanges[{i}]: invalid CIDR {r:?}: {e}"))?;
         lb_source_ranges.push(net.trunc());
     }
+    let from_node = node_may_use_lb_ips(&lb_source_ranges, &lb_ips, rules.node_primary);
+    lb_source_ranges.extend(from_node);
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{i}]");
@@ -244,6 +253,7 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map(port_number)
             .transpose()
             .map_err(|e| format!("spec.healthCheckNodePort: {e}"))?,
+        topology: topology::requested(svc),
         fields: addrs.fields,
         refused: addrs.refused,
         node_refused: addrs.node_refused,
@@ -341,6 +351,24 @@ impl Addresses<'_> {
     }
 }
 
+/// kube-proxy's rule for VIP-style load balancers: the LB IP is often a local address of the
+/// node, so a connection from the node to it loops back with the LB IP as its source instead
+/// of coming through the load balancer. When a source range holds this node's primary
+/// address of a family, the LB IPs of that family are allowed sources too.
+fn node_may_use_lb_ips(ranges: &[IpNet], lb_ips: &[IpAddr], node: &[IpAddr]) -> Vec<IpNet> {
+    let allowed = |ip: &IpAddr| {
+        node.iter()
+            .filter(|n| n.is_ipv4() == ip.is_ipv4())
+            .any(|n| ranges.iter().any(|r| r.contains(n)))
+    };
+    lb_ips
+        .iter()
+        .filter(|ip| allowed(ip))
+        .map(|ip| IpNet::from(*ip))
+        .filter(|net| !ranges.contains(net))
+        .collect()
+}
+
 fn list(nets: &[IpNet]) -> String {
     let v: Vec<String> = nets.iter().map(ToString::to_string).collect();
     v.join(",")
@@ -380,6 +408,7 @@ struct Candidate {
     backend: Backend,
     ready: bool,
     serving_terminating: bool,
+    hint: Hint,
 }
 
 /// The backends of one port in one family, as [`backends`] chooses them.
@@ -395,8 +424,16 @@ pub struct Chosen {
 }
 
 /// The backends of `port` in `fam`: ready ones; if none, serving-terminating ones (chosen
-/// separately for the whole set and for the node-local subset, as kube-proxy does).
-pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Chosen {
+/// separately for the whole set and for the node-local subset, as kube-proxy does). With
+/// `zone` (this node's, when the service asks for topology-aware routing) the ready ones of
+/// the whole set are narrowed to those hinted for the zone when [`topology::use_hints`].
+pub fn backends(
+    sources: &Sources,
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+    zone: Option<&str>,
+) -> Chosen {
     let mut cands = Vec::new();
     match sources {
         Sources::Slices(slices) => {
@@ -424,6 +461,12 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                     let serving = c.and_then(|c| c.serving).unwrap_or(ready);
                     let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
                     let local = e.node_name.as_deref() == Some(node);
+                    let zones = e.hints.as_ref().map_or(&[][..], |h| &h.for_zones[..]);
+                    let hint = match zone {
+                        _ if zones.is_empty() => Hint::None,
+                        Some(z) if zones.iter().any(|f| f.name == z) => Hint::Here,
+                        _ => Hint::Elsewhere,
+                    };
                     for a in &e.addresses {
                         if let Ok(ip) = a.parse::<IpAddr>()
                             && IpFamily::of(ip) == fam
@@ -436,6 +479,7 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                                 },
                                 ready,
                                 serving_terminating: serving && terminating,
+                                hint,
                             });
                         }
                     }
@@ -465,16 +509,23 @@ pub fn backends(sources: &Sources, port: &Port, fam: IpFamily, node: &str) -> Ch
                             },
                             ready: true,
                             serving_terminating: false,
+                            hint: Hint::None,
                         });
                     }
                 }
             }
         }
     }
+    let zoned =
+        zone.is_some() && topology::use_hints(cands.iter().filter(|c| c.ready).map(|c| c.hint));
     let choose = |only_local: bool| {
         let pool = || cands.iter().filter(move |c| !only_local || c.backend.local);
+        // Zone hints narrow cluster-wide choices only; the serving-terminating fallback
+        // ignores them, as kube-proxy's does.
+        let in_zone = |c: &&Candidate| only_local || !zoned || c.hint == Hint::Here;
         let mut out: Vec<Backend> = pool()
             .filter(|c| c.ready)
+            .filter(in_zone)
             .map(|c| c.backend.clone())
             .collect();
         if out.is_empty() {

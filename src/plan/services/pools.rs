@@ -26,6 +26,10 @@ pub enum PoolKind {
     /// externalTrafficPolicy Local: pods and the node itself reach all `n` backends, other
     /// sources only the `local` ones with their address kept (dropped when there are none).
     ExternalLocal { n: u32, local: u32 },
+    /// externalTrafficPolicy and internalTrafficPolicy Local: everyone reaches only the
+    /// `local` backends (pods and the node follow the internal policy, as in kube-proxy); the
+    /// node itself is masqueraded; dropped when there are none.
+    BothLocal { local: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,6 +51,7 @@ impl Pool {
             PoolKind::Cluster { n } => format!("svc-{fam}-{np}c{n}"),
             PoolKind::External { n } => format!("svc-{fam}-{np}x{n}"),
             PoolKind::ExternalLocal { n, local } => format!("svc-{fam}-{np}xl{n}-{local}"),
+            PoolKind::BothLocal { local } => format!("svc-{fam}-{np}il{local}"),
         }
     }
 
@@ -85,14 +90,23 @@ impl Pool {
                 let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
                 c.push(Rule::new(vec![host.clone(), mark_masq]));
                 c.push(Rule::new(vec![host, all(n)]));
-                if local == 0 {
-                    c.push(Rule::new(vec![Stmt::Verdict(Verdict::Drop)]));
-                } else {
-                    c.push(Rule::new(vec![self.dnat(true)(local)]));
-                }
+                c.push(Rule::new(vec![self.local_or_drop(local)]));
+            }
+            PoolKind::BothLocal { local } => {
+                let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
+                c.push(Rule::new(vec![host, mark_masq]));
+                c.push(Rule::new(vec![self.local_or_drop(local)]));
             }
         }
         c
+    }
+
+    /// DNAT to one of `local` node-local backends; drop when there is none.
+    fn local_or_drop(&self, local: u32) -> Stmt {
+        match local {
+            0 => Stmt::Verdict(Verdict::Drop),
+            n => self.dnat(true)(n),
+        }
     }
 
     /// `dnat ip to <frontend> . numgen random mod N map @<backends map>`.
@@ -170,6 +184,39 @@ mod tests {
         assert_eq!(
             p(Frontend::Addr, PoolKind::ExternalLocal { n: 10, local: 0 }).chain_name(),
             "svc-v4-xl10-0"
+        );
+        assert_eq!(
+            p(Frontend::NodePort, PoolKind::BothLocal { local: 2 }).chain_name(),
+            "svc-v4-npil2"
+        );
+    }
+
+    #[test]
+    fn both_policies_local_send_pods_and_the_node_to_local_backends_only() {
+        let pool = |local| Pool {
+            family: IpFamily::V4,
+            frontend: Frontend::Addr,
+            kind: PoolKind::BothLocal { local },
+        };
+        let text = |p: Pool| {
+            let mut t = Table::new("t");
+            t.add_chain(p.chain());
+            crate::nft::render::render_full(&t)
+        };
+        let two = text(pool(2));
+        assert!(
+            two.contains("fib saddr type local jump svc-mark-masq"),
+            "{two}"
+        );
+        assert!(
+            two.contains("numgen random mod 2 map @svc-local-backends-v4"),
+            "{two}"
+        );
+        assert!(!two.contains("@svc-backends-v4"), "{two}");
+        let none = pool(0).chain().rules;
+        assert_eq!(
+            none.last().unwrap().stmts,
+            vec![Stmt::Verdict(Verdict::Drop)]
         );
     }
 

@@ -12,7 +12,7 @@ fn svc(name: &str, ip: &str, extra: &str) -> crate::api::Service {
 }
 
 /// The endpoints of `service` on node n1, port `http` 8080/TCP, without conditions.
-fn slice(service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
+pub(super) fn slice(service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
     let ports = "{name: http, port: 8080, protocol: TCP}";
     let eps: Vec<_> = ips
         .iter()

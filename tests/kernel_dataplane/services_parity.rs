@@ -1,0 +1,237 @@
+//! kube-proxy parity cases of Services against the kernel with real packets (the flows of
+//! kube-proxy's own nftables tests that nodeplane did not hold at first). Same lab as
+//! [`crate::services`].
+
+use crate::services::{NODE, OTHER, SHORT, TCP_PORTS, set, tcp_servers, topo};
+use nodeplane::testing::lab::{Outcome, SECOND};
+use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
+use std::net::IpAddr;
+
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// kube-proxy's TestLoadBalancer, "same node to LB1, SNATted to LB1 (implicitly allowed)":
+/// a VIP-style LB IP is a local address of the node, so the node's own connection to it
+/// leaves with the LB IP as source. It is allowed when a source range holds the node's
+/// address, and masqueraded; otherwise the source filter drops it.
+#[test]
+fn lb_source_ranges_holding_the_node_address_let_the_node_use_its_lb_ip() {
+    let t = topo();
+    let b1 = t.v4(&t.b1);
+    let lb = |name: &str, cluster_ip: &str, range: &str, ingress: &str| {
+        service_ips(name, &[cluster_ip], "{name: http, port: 80, protocol: TCP}")
+            .spec(&format!(
+                "type: LoadBalancer, loadBalancerSourceRanges: ['{range}']"
+            ))
+            .lb_ingress(&[ingress])
+            .to_string()
+    };
+    let docs = [
+        // 192.168.1.1 is the node's InternalIP.
+        lb("near", "172.30.0.40", "192.168.1.0/24", "203.0.113.70"),
+        endpoint_slice("near", "near", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+        lb("far", "172.30.0.41", "198.51.100.0/24", "203.0.113.71"),
+        endpoint_slice("far", "far", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+    ];
+    // On the uplink, as kube-vip or MetalLB's layer 2 mode put them; added after the node's
+    // own address, so masquerading picks that one.
+    let listing = t
+        .node
+        .run(&["ip", "-o", "-4", "addr", "show", "to", "192.168.1.1"]);
+    let uplink = listing
+        .split_whitespace()
+        .nth(1)
+        .expect("the node's uplink");
+    for vip in ["203.0.113.70/32", "203.0.113.71/32"] {
+        t.node.run(&["ip", "addr", "add", vip, "dev", uplink]);
+    }
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    let near: IpAddr = "203.0.113.70".parse().unwrap();
+    let r = t
+        .node
+        .tcp_connect_from(near, "203.0.113.70:80", SECOND)
+        .expect_reply();
+    assert_eq!(r.server, "b1");
+    assert_eq!(
+        r.src_ip(),
+        "192.168.1.1".parse::<IpAddr>().unwrap(),
+        "the LB IP source is masqueraded"
+    );
+    let far: IpAddr = "203.0.113.71".parse().unwrap();
+    assert_eq!(
+        t.node.tcp_connect_from(far, "203.0.113.71:80", SHORT),
+        Outcome::Timeout,
+        "no source range holds the node's address: the LB IP source is dropped"
+    );
+    // The ranges themselves still decide for everyone else.
+    assert!(t.ext.tcp_connect("203.0.113.70:80", SECOND).is_reply());
+    assert_eq!(
+        t.ext.tcp_connect("203.0.113.71:80", SHORT),
+        Outcome::Timeout
+    );
+}
+
+/// kube-proxy's `--nodeport-addresses`: NodePorts are served on the local addresses inside
+/// the CIDRs given, not on the node's other addresses; the default (`primary`) is the Node's
+/// InternalIP alone.
+#[test]
+fn nodeports_are_served_only_on_the_nodeport_addresses() {
+    let t = topo();
+    let b1 = t.v4(&t.b1);
+    let docs = [
+        service_ips(
+            "np",
+            &["172.30.0.42"],
+            "{name: http, port: 80, protocol: TCP, nodePort: 30100}",
+        )
+        .spec("type: NodePort")
+        .to_string(),
+        endpoint_slice("np", "np", "IPv4", TCP_PORTS, &[ep(&b1, NODE)]).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+    assert!(t.ext.tcp_connect("192.168.1.1:30100", SECOND).is_reply());
+    assert_eq!(
+        t.ext2.tcp_connect("192.168.2.1:30100", SECOND),
+        Outcome::Refused,
+        "the node's own stack answers: no NodePort on a non-primary address"
+    );
+
+    t.agent.once(&["--nodeport-addresses", "192.168.2.0/24"]);
+    assert_eq!(
+        t.ext2
+            .tcp_connect("192.168.2.1:30100", SECOND)
+            .expect_reply()
+            .server,
+        "b1"
+    );
+    // Neither the primary address, from outside or from a pod, serves it any more.
+    assert_eq!(
+        t.ext.tcp_connect("192.168.1.1:30100", SHORT),
+        Outcome::Refused
+    );
+    assert_eq!(
+        t.c1.ns.tcp_connect("192.168.1.1:30100", SHORT),
+        Outcome::Refused
+    );
+}
+
+/// kube-proxy's internal-and-external-Local case: with both traffic policies Local, pods
+/// (and the node) reaching an external IP or NodePort of the service follow the internal
+/// policy, so they reach only this node's endpoints too, and nothing when it has none. In
+/// both layouts: the shared pools and a service's own chains (session affinity).
+#[test]
+fn pods_reaching_an_external_ip_follow_the_internal_policy_when_both_are_local() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let both_local = "externalTrafficPolicy: Local, internalTrafficPolicy: Local";
+    let svc = |name: &str, ip: &str, node_port: u16, external_ip: &str, extra: &str| {
+        let ports = format!("{{name: http, port: 80, protocol: TCP, nodePort: {node_port}}}");
+        service_ips(name, &[ip], &ports)
+            .spec(&format!(
+                "type: NodePort, externalIPs: ['{external_ip}'], {both_local}{extra}"
+            ))
+            .to_string()
+    };
+    let sticky = ", sessionAffinity: ClientIP";
+    let everywhere = [ep(&b1, NODE), ep(&b2, OTHER), ep(&b3, OTHER)];
+    let remote = [ep(&b2, OTHER), ep(&b3, OTHER)];
+    let docs = [
+        svc("local", "172.30.0.50", 30110, "203.0.113.80", ""),
+        endpoint_slice("local", "local", "IPv4", TCP_PORTS, &everywhere).to_string(),
+        svc("remote", "172.30.0.51", 30111, "203.0.113.81", ""),
+        endpoint_slice("remote", "remote", "IPv4", TCP_PORTS, &remote).to_string(),
+        svc("sticky-local", "172.30.0.52", 30112, "203.0.113.82", sticky),
+        endpoint_slice(
+            "sticky-local",
+            "sticky-local",
+            "IPv4",
+            TCP_PORTS,
+            &everywhere,
+        )
+        .to_string(),
+        svc(
+            "sticky-remote",
+            "172.30.0.53",
+            30113,
+            "203.0.113.83",
+            sticky,
+        ),
+        endpoint_slice("sticky-remote", "sticky-remote", "IPv4", TCP_PORTS, &remote).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent
+        .once(&["--external-ip-allowed-cidrs", "203.0.113.0/24"]);
+
+    let only_b1 = set(&["b1"]);
+    for dst in [
+        "203.0.113.80:80",
+        "192.168.1.1:30110",
+        "203.0.113.82:80",
+        "192.168.1.1:30112",
+    ] {
+        assert_eq!(tcp_servers(&t.c1.ns, dst, 20), only_b1, "pod to {dst}");
+        assert_eq!(tcp_servers(&t.ext, dst, 5), only_b1, "outside to {dst}");
+    }
+    for dst in [
+        "203.0.113.81:80",
+        "192.168.1.1:30111",
+        "203.0.113.83:80",
+        "192.168.1.1:30113",
+    ] {
+        assert_eq!(
+            t.c1.ns.tcp_connect(dst, SHORT),
+            Outcome::Timeout,
+            "pod to {dst}: no local endpoint, dropped"
+        );
+    }
+}
+
+/// Topology-aware routing: a Service asking for it (`trafficDistribution: PreferClose`, the
+/// `topology-mode: Auto` annotation) reaches only the endpoints hinted for the node's zone,
+/// and every endpoint when the hints are incomplete (kube-proxy's fallback).
+#[test]
+fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
+    t.agent.write("nodes.yaml", &node.to_string());
+    let hinted = [
+        ep(&b1, NODE).for_zones(&["zone-a"]),
+        ep(&b2, OTHER).for_zones(&["zone-b"]),
+        ep(&b3, OTHER).for_zones(&["zone-a"]),
+    ];
+    let incomplete = [
+        ep(&b1, NODE).for_zones(&["zone-a"]),
+        ep(&b2, OTHER),
+        ep(&b3, OTHER).for_zones(&["zone-a"]),
+    ];
+    let http = "{name: http, port: 80, protocol: TCP}";
+    let docs = [
+        service_ips("close", &["172.30.0.60"], http)
+            .spec("trafficDistribution: PreferClose")
+            .to_string(),
+        endpoint_slice("close", "close", "IPv4", TCP_PORTS, &hinted).to_string(),
+        service_ips("partial", &["172.30.0.61"], http)
+            .spec("trafficDistribution: PreferClose")
+            .to_string(),
+        endpoint_slice("partial", "partial", "IPv4", TCP_PORTS, &incomplete).to_string(),
+        service_ips("plain", &["172.30.0.62"], http).to_string(),
+        endpoint_slice("plain", "plain", "IPv4", TCP_PORTS, &hinted).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.60:80", 30),
+        set(&["b1", "b3"])
+    );
+    for dst in ["172.30.0.61:80", "172.30.0.62:80"] {
+        assert_eq!(
+            tcp_servers(&t.c1.ns, dst, 40),
+            set(&["b1", "b2", "b3"]),
+            "{dst}: every endpoint"
+        );
+    }
+}
