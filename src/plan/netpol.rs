@@ -211,11 +211,32 @@ fn add_hooks(table: &mut Table) {
             }),
             Stmt::Verdict(Verdict::Accept),
         ]));
+        chain.push(neighbour_discovery());
         for (field, map) in lookups {
             chain.push(Rule::new(vec![Stmt::vmap(vec![field], map)]));
         }
         table.add_chain(chain);
     }
+}
+
+/// ICMPv6 neighbour solicitations and advertisements (types 135, 136, code 0) are accepted:
+/// between bridged pods (with `br_netfilter`) they cross the forward hook, and dropping them
+/// breaks IPv6 between pods the policies allow. They are matched as `th sport` (the first two
+/// bytes of the ICMPv6 header: type << 8 | code), which needs no ICMPv6 field in the IR.
+fn neighbour_discovery() -> Rule {
+    let nd = |icmp_type: u16| {
+        vec![
+            KeyPart::Value(Value::Proto(proto::ICMPV6)),
+            KeyPart::Value(Value::Port(icmp_type << 8)),
+        ]
+    };
+    Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::L4Proto, Field::ThSport],
+            op: MatchOp::InAnon(vec![nd(135), nd(136)]),
+        }),
+        Stmt::Verdict(Verdict::Accept),
+    ])
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ mod firewall;
 mod hostile_input;
 mod lab_selftest;
 mod net;
+mod netpol;
+mod netpol_bridged;
 mod probe;
 mod qos;
 mod services;

@@ -12,6 +12,7 @@
 //! assert_eq!(reply.src_ip(), pod.ip());
 //! ```
 mod agent;
+mod matrix;
 mod netns;
 mod stream;
 mod topology;
@@ -20,6 +21,7 @@ mod traffic;
 use std::time::{Duration, Instant};
 
 pub use agent::{AgentProcess, ManifestAgent, agent_bin};
+pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
 };
