@@ -21,6 +21,7 @@
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+mod memo;
 mod pods;
 mod rules;
 
@@ -58,12 +59,15 @@ pub mod chains {
 const PRIORITY: i32 = priority::FILTER + 10;
 
 /// What the NetworkPolicy planner carries between plans: the policies in force (an invalid
-/// edit keeps the policy's last valid version: dropping it could open what it isolated) and
-/// last plan's parts, reused when equal so the diff skips them by pointer.
+/// edit keeps the policy's last valid version: dropping it could open what it isolated),
+/// each policy's last plan, last plan's pods and namespaces (to find what changed) and the
+/// policy-set parts (reused when equal, so the diff skips them by pointer).
 #[derive(Debug, Clone, Default)]
 pub struct NetpolMemory {
     pub validated: Validated<NetworkPolicy, ValidatedPolicy>,
-    parts: BTreeMap<String, Arc<Part>>,
+    policies: BTreeMap<String, memo::Planned>,
+    seen: memo::Seen,
+    set_parts: BTreeMap<(Direction, Vec<Arc<str>>), memo::PolicySet>,
 }
 
 /// The NetworkPolicy feature (see the module documentation).
@@ -86,97 +90,138 @@ impl Feature for NetworkPolicies {
         );
         out.statuses.extend(outcome.statuses);
         let in_force = &outcome.validated.in_force;
-        let mut parts = BTreeMap::new();
-        if !in_force.is_empty() {
-            let index = PodIndex::new(snapshot, &inputs.config.node_name);
-            let mut sets: BTreeMap<Direction, BTreeMap<IpAddr, Vec<String>>> = BTreeMap::new();
-            for policy in in_force.values().map(|p| &p.valid) {
-                let base = object_name(PREFIX, &format!("{}/{}", policy.namespace, policy.name));
-                let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
-                let mut part = Part::default();
-                for (direction, rules) in [
-                    (Direction::Ingress, &policy.ingress),
-                    (Direction::Egress, &policy.egress),
-                ] {
-                    let Some(rules) = rules else { continue };
-                    add_direction(
-                        &mut part, &base, policy, direction, rules, &index, &selected,
-                    );
-                    let chain = format!("{base}-{}", direction.suffix());
-                    for ip in selected.iter().flat_map(|p| &p.ips) {
-                        let entry = sets.entry(direction).or_default().entry(*ip).or_default();
-                        entry.push(chain.clone());
+        let changes = memory.seen.changes(snapshot);
+        let mut index = None;
+        let mut policies = BTreeMap::new();
+        let mut by_pod: BTreeMap<(Direction, IpAddr), Vec<Arc<str>>> = BTreeMap::new();
+        for (key, in_force) in in_force {
+            let policy = &in_force.valid;
+            let last = memory.policies.get(key).filter(|last| {
+                Arc::ptr_eq(&last.policy, policy)
+                    && !changes.everything
+                    && !changes.pods.iter().any(|(before, after)| {
+                        [before, after]
+                            .into_iter()
+                            .flatten()
+                            .any(|pod| memo::touches(policy, snapshot, pod))
+                    })
+            });
+            let planned = match last {
+                Some(last) => last.clone(),
+                None => {
+                    let index = index
+                        .get_or_insert_with(|| PodIndex::new(snapshot, &inputs.config.node_name));
+                    let (part, selected, chains) = policy_part(policy, index);
+                    let part = match memory.policies.get(key) {
+                        Some(old) if *old.part == part => old.part.clone(),
+                        _ => Arc::new(part),
+                    };
+                    memo::Planned {
+                        policy: policy.clone(),
+                        part,
+                        selected,
+                        chains,
                     }
                 }
-                part.shrink_to_fit();
-                parts.insert(
-                    format!("{PREFIX}/{}/{}", policy.namespace, policy.name),
-                    part,
-                );
-            }
-            for (direction, by_pod) in &sets {
-                for (key, part) in policy_set_parts(*direction, by_pod) {
-                    parts.insert(key, part);
+            };
+            for (direction, chain) in &planned.chains {
+                for ip in &planned.selected {
+                    by_pod
+                        .entry((*direction, *ip))
+                        .or_default()
+                        .push(chain.clone());
                 }
             }
-            add_hooks(&mut out.ruleset);
+            let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
+            out.ruleset.insert_part(part_key, planned.part.clone());
+            policies.insert(key.clone(), planned);
         }
-        let table = &mut out.ruleset;
-        let mut kept = BTreeMap::new();
-        for (key, part) in parts {
-            let part = match memory.parts.get(&key) {
-                Some(old) if **old == part => old.clone(),
-                _ => Arc::new(part),
+        let mut groups: BTreeMap<(Direction, Vec<Arc<str>>), Vec<IpAddr>> = BTreeMap::new();
+        for ((direction, ip), chains) in by_pod {
+            groups.entry((direction, chains)).or_default().push(ip);
+        }
+        let mut set_parts = BTreeMap::new();
+        for (group, ips) in groups {
+            let planned = match memory.set_parts.get(&group) {
+                Some(last) if last.ips == ips => last.clone(),
+                _ => policy_set_part(group.0, &group.1, ips),
             };
-            table.insert_part(key.clone(), part.clone());
-            kept.insert(key, part);
+            out.ruleset
+                .insert_part(planned.key.clone(), planned.part.clone());
+            set_parts.insert(group, planned);
+        }
+        if !in_force.is_empty() {
+            add_hooks(&mut out.ruleset);
         }
         NetpolMemory {
             validated: outcome.validated,
-            parts: kept,
+            policies,
+            seen: memo::Seen::of(snapshot),
+            set_parts,
         }
     }
 }
 
-/// One part per distinct policy set: its chain (`jump` each policy chain, then drop) and the
-/// dispatch elements of the pods it governs.
-fn policy_set_parts(
-    direction: Direction,
-    by_pod: &BTreeMap<IpAddr, Vec<String>>,
-) -> Vec<(String, Part)> {
-    let mut groups: BTreeMap<&[String], Vec<IpAddr>> = BTreeMap::new();
-    for (ip, policies) in by_pod {
-        groups.entry(policies.as_slice()).or_default().push(*ip);
+/// The policy's part (its chains and sets), the addresses of the local pods it selects and
+/// its chain per isolated direction.
+#[allow(clippy::type_complexity)]
+fn policy_part(
+    policy: &ValidatedPolicy,
+    index: &PodIndex,
+) -> (Part, Vec<IpAddr>, Vec<(Direction, Arc<str>)>) {
+    let base = object_name(PREFIX, &format!("{}/{}", policy.namespace, policy.name));
+    let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
+    let mut part = Part::default();
+    let mut chains = Vec::new();
+    for (direction, rules) in [
+        (Direction::Ingress, &policy.ingress),
+        (Direction::Egress, &policy.egress),
+    ] {
+        if let Some(rules) = rules {
+            let chain = add_direction(&mut part, &base, policy, direction, rules, index, &selected);
+            chains.push((direction, Arc::from(chain)));
+        }
     }
+    part.shrink_to_fit();
+    let ips = selected
+        .iter()
+        .flat_map(|p| p.ips.iter().copied())
+        .collect();
+    (part, ips, chains)
+}
+
+/// The part of one policy set: its chain (`jump` each policy's chain, then drop) and the
+/// dispatch elements of the pods it governs.
+fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) -> memo::PolicySet {
     let (v4, v6) = match direction {
         Direction::Ingress => (INGRESS_V4, INGRESS_V6),
         Direction::Egress => (EGRESS_V4, EGRESS_V6),
     };
-    groups
-        .into_iter()
-        .map(|(policies, ips)| {
-            let name = object_name(
-                &format!("{PREFIX}{}", direction.suffix()),
-                &policies.join(","),
-            );
-            let mut chain = Chain::regular(&name);
-            for policy_chain in policies {
-                chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
-                    policy_chain.clone(),
-                ))]));
-            }
-            chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
-            let mut part = Part::default();
-            part.add_chain(chain);
-            for ip in ips {
-                let map = if ip.is_ipv4() { v4 } else { v6 };
-                let goto = ElemData::Verdict(Verdict::Goto(name.clone()));
-                part.add_mapping(map, vec![Value::ip(ip).into()], goto);
-            }
-            part.shrink_to_fit();
-            (format!("{PREFIX}-set/{}/{name}", direction.suffix()), part)
-        })
-        .collect()
+    let joined: Vec<&str> = chains.iter().map(|c| &**c).collect();
+    let name = object_name(
+        &format!("{PREFIX}{}", direction.suffix()),
+        &joined.join(","),
+    );
+    let mut chain = Chain::regular(&name);
+    for policy_chain in chains {
+        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
+            policy_chain.to_string(),
+        ))]));
+    }
+    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
+    let mut part = Part::default();
+    part.add_chain(chain);
+    for ip in &ips {
+        let map = if ip.is_ipv4() { v4 } else { v6 };
+        let goto = ElemData::Verdict(Verdict::Goto(name.clone()));
+        part.add_mapping(map, vec![Value::ip(*ip).into()], goto);
+    }
+    part.shrink_to_fit();
+    memo::PolicySet {
+        key: format!("{PREFIX}-set/{}/{name}", direction.suffix()),
+        ips,
+        part: Arc::new(part),
+    }
 }
 
 /// The dispatch maps and the base chains that look them up.

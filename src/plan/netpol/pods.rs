@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 /// The label the API server puts on every namespace; manifests may lack it, so it is added
 /// here (policies commonly select a namespace by it).
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// A pod on the pod network (not hostNetwork: such a pod is the node itself and no policy
 /// applies to it; not terminal) with at least one IP.

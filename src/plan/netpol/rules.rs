@@ -20,7 +20,7 @@ use ipnet::IpNet;
 use std::collections::BTreeSet;
 
 /// Which way a policy rule allows traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Direction {
     Ingress,
     Egress,
@@ -37,7 +37,8 @@ impl Direction {
 
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
-/// The chain of `policy` for `direction` (named `<base>-<in|eg>`) and its sets into `part`.
+/// The chain of `policy` for `direction` (named `<base>-<in|eg>`, returned) and its sets
+/// into `part`.
 pub fn add_direction(
     part: &mut Part,
     base: &str,
@@ -46,7 +47,7 @@ pub fn add_direction(
     rules: &[PolicyRule],
     index: &PodIndex,
     selected: &[&PodView],
-) {
+) -> String {
     let chain_name = format!("{base}-{}", direction.suffix());
     let mut chain = Chain::regular(&chain_name);
     for (i, rule) in rules.iter().enumerate() {
@@ -131,6 +132,7 @@ pub fn add_direction(
         }
     }
     part.add_chain(chain);
+    chain_name
 }
 
 /// The destination address field: the selected pod for ingress, the peer for egress.

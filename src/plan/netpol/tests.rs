@@ -242,3 +242,51 @@ fn except_holes_are_cut_out_as_prefixes() {
         ]
     );
 }
+
+#[test]
+fn incremental_plans_equal_fresh_plans() {
+    // Each step changes pods or namespaces some policy selects or names, or none does; the
+    // memoized plan must render exactly what a plan from scratch renders.
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "from-tagged-ns",
+        "  podSelector: {}\n  policyTypes: [Ingress, Egress]\n  ingress: [{from: [{namespaceSelector: {matchLabels: {tag: t}}}]}]\n  egress: [{ports: [{port: metrics}]}]\n",
+    ));
+    let mut memory = run(b.clone(), &Memory::default()).memory;
+    type Step = Box<dyn Fn(&mut SnapshotBuilder)>;
+    let steps: Vec<Step> = vec![
+        Box::new(|b| {
+            b.insert(pod("other", "x", &[("app", "none")], &["10.0.0.50"]));
+        }),
+        Box::new(|b| {
+            b.insert(objects::namespace("other", &[("tag", "t")]).object());
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "web")], &["10.0.0.33"]));
+        }),
+        Box::new(|b| {
+            b.insert(
+                objects::pod("other", "m")
+                    .on("worker-2")
+                    .ips(&["10.0.1.9"])
+                    .named_ports(&[("metrics", "TCP", 7070)])
+                    .object(),
+            );
+        }),
+        Box::new(|b| {
+            b.remove(Kind::Pod, &ObjectKey::new("shop", "db"));
+        }),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        step(&mut b);
+        let incremental = run(b.clone(), &memory);
+        let fresh = run(b.clone(), &Memory::default());
+        assert_eq!(
+            render_full(&incremental.ruleset),
+            render_full(&fresh.ruleset),
+            "step {i}"
+        );
+        memory = incremental.memory;
+    }
+}
