@@ -199,7 +199,7 @@ fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) 
     };
     let joined: Vec<&str> = chains.iter().map(|c| &**c).collect();
     let name = object_name(
-        &format!("{PREFIX}{}", direction.suffix()),
+        &format!("{PREFIX}-{}", direction.suffix()),
         &joined.join(","),
     );
     let mut chain = Chain::regular(&name);

@@ -11,6 +11,7 @@ mod lab_selftest;
 mod net;
 mod netpol;
 mod netpol_bridged;
+mod netpol_interplay;
 mod probe;
 mod qos;
 mod services;

@@ -27,7 +27,7 @@ use nodeplane::testing::objects;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 
-const NODES: [&str; 2] = ["node-1", "node-2"];
+pub const NODES: [&str; 2] = ["node-1", "node-2"];
 /// (namespace, name, node index, IPv4, IPv6, port number of `web`).
 const PODS: [(&str, &str, usize, &str, &str, u16); 5] = [
     ("x", "a", 0, "10.128.0.10", "fd01::10", 80),
@@ -37,16 +37,16 @@ const PODS: [(&str, &str, usize, &str, &str, u16); 5] = [
     ("y", "b", 1, "10.128.1.21", "fd01:1::21", 81),
 ];
 
-struct Cluster {
-    nodes: Vec<Ns>,
-    pods: Vec<(String, Pod)>,
-    agents: Vec<ManifestAgent>,
+pub struct Cluster {
+    pub nodes: Vec<Ns>,
+    pub pods: Vec<(String, Pod)>,
+    pub agents: Vec<ManifestAgent>,
     _servers: Vec<Server>,
     // Last: servers and agents must stop before the namespaces go.
     _lab: Lab,
 }
 
-fn cluster() -> Cluster {
+pub fn cluster() -> Cluster {
     let mut lab = Lab::new();
     let nodes: Vec<Ns> = NODES.iter().map(|n| lab.add_node(n)).collect();
     lab.link(
@@ -86,7 +86,7 @@ fn cluster() -> Cluster {
 impl Cluster {
     /// Writes namespaces, pods and `policies` (manifests) for both agents and applies them
     /// with `--once` on each node.
-    fn apply(&self, policies: &[String]) {
+    pub fn apply(&self, policies: &[String]) {
         let mut docs = vec![
             objects::namespace("x", &[("ns", "x")]).to_string(),
             objects::namespace("y", &[("ns", "y")]).to_string(),
@@ -107,7 +107,7 @@ impl Cluster {
     }
 
     /// Pods and both nodes as clients, by their address of `family` (4 or 6).
-    fn clients(&self, family: u8) -> Vec<Endpoint> {
+    pub fn clients(&self, family: u8) -> Vec<Endpoint> {
         let mut out = self.servers(family);
         for (i, node) in self.nodes.iter().enumerate() {
             let addr = if family == 4 {
@@ -176,11 +176,11 @@ fn node_of(name: &str) -> Option<usize> {
         .map(|p| p.2)
 }
 
-fn policy(ns: &str, name: &str, spec: &str) -> String {
+pub fn policy(ns: &str, name: &str, spec: &str) -> String {
     objects::network_policy(ns, name, spec).to_string()
 }
 
-fn in_ns(name: &str, ns: &str) -> bool {
+pub fn in_ns(name: &str, ns: &str) -> bool {
     name.starts_with(&format!("{ns}/"))
 }
 
@@ -302,6 +302,23 @@ fn truth_tables_same_node_and_cross_node() {
     c.check("egress, IPv6", 6, TCP80, |from, to| {
         !in_ns(from, "y") || to == "x/b"
     });
+
+    // Egress named port `web`, resolved on the peer (destination) pod.
+    let egress_web = policy(
+        "y",
+        "egress",
+        "  podSelector: {}\n  policyTypes: [Egress]\n  egress: [{ports: [{port: web}]}]\n",
+    );
+    c.apply(&[egress_web]);
+    c.check("egress named port, port 80", 4, TCP80, |from, to| {
+        !in_ns(from, "y") || to == "x/a"
+    });
+    c.check(
+        "egress named port, port 81",
+        4,
+        Probe::Tcp(81),
+        |from, to| !in_ns(from, "y") || to != "x/a",
+    );
 
     // Edit (egress now to x/c too), then delete: applied to the running table.
     let edited = egress.replace("pod: b}", "pod: c}");

@@ -24,7 +24,7 @@ fn policy(ns: &str, name: &str, spec: &str) -> NetworkPolicy {
 const DB_POLICY: &str = "  podSelector: {matchLabels: {app: db}}\n  ingress:\n  - from:\n    \
     - podSelector: {matchLabels: {app: web}}\n    \
     - ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.128/25]}\n    \
-    ports: [{port: 5432}, {protocol: UDP, port: 9000, endPort: 9100}, {port: metrics}]\n";
+    ports: [{port: 5432}, {protocol: UDP, port: 9000, endPort: 9100}, {port: metrics}, {protocol: SCTP, port: 7777}]\n";
 
 fn cluster() -> SnapshotBuilder {
     let db = objects::pod("shop", "db")
@@ -69,8 +69,8 @@ fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
     let text = render_full(&d.ruleset);
     let base = object_name(PREFIX, "shop/db");
     // Only the local db pod is dispatched, in both families; the remote one is its node's.
-    assert!(text.contains("10.0.0.2 : goto npin-"), "{text}");
-    assert!(text.contains("fd00::2 : goto npin-"), "{text}");
+    assert!(text.contains("10.0.0.2 : goto np-in-"), "{text}");
+    assert!(text.contains("fd00::2 : goto np-in-"), "{text}");
     assert!(!text.contains("10.0.1.2 : goto"), "{text}");
     // Peers: the web pod and the ipBlock minus its except.
     let peers = &d.ruleset.part("np/shop/db").unwrap().sets[&format!("{base}-in0-peers-v4")];
@@ -83,6 +83,7 @@ fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
     // The named port resolves on the selected pod.
     assert!(text.contains("10.0.0.2 . tcp . 9090"), "{text}");
     assert!(text.contains("udp . 9000-9100"), "{text}");
+    assert!(text.contains("sctp . 7777"), "{text}");
     assert!(
         text.contains("ct state established,related accept"),
         "{text}"
