@@ -21,11 +21,12 @@
 //! checked by `nft -c` in the unit tests only: this kernel has no SCTP sockets.
 
 use nodeplane::testing::lab::{
-    Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server, assert_truth,
+    Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server, assert_truth, eventually,
 };
 use nodeplane::testing::objects;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
 pub const NODES: [&str; 2] = ["node-1", "node-2"];
 /// (namespace, name, node index, IPv4, IPv6, port number of `web`).
@@ -87,6 +88,14 @@ impl Cluster {
     /// Writes namespaces, pods and `policies` (manifests) for both agents and applies them
     /// with `--once` on each node.
     pub fn apply(&self, policies: &[String]) {
+        self.write(policies);
+        for agent in &self.agents {
+            agent.once(&[]);
+        }
+    }
+
+    /// Writes the manifests only (for agents in run mode).
+    pub fn write(&self, policies: &[String]) {
         let mut docs = vec![
             objects::namespace("x", &[("ns", "x")]).to_string(),
             objects::namespace("y", &[("ns", "y")]).to_string(),
@@ -102,7 +111,6 @@ impl Cluster {
         for agent in &self.agents {
             agent.write("cluster.yaml", &docs.join("---\n"));
             agent.write("policies.yaml", &policies.join("---\n"));
-            agent.once(&[]);
         }
     }
 
@@ -422,4 +430,56 @@ fn host_network_pods_are_not_subject() {
         TCP80,
         |_, to| !in_ns(to, "x"),
     );
+}
+
+#[test]
+fn run_mode_applies_edits_and_deletes_live_and_keeps_the_last_valid_version() {
+    let c = cluster();
+    c.write(&[]);
+    let agents: Vec<_> = c.agents.iter().map(|a| a.spawn(&[])).collect();
+    let (x_b, y_a) = (&c.pods[1].1, &c.pods[3].1);
+    let x_a = c.pods[0].1.ip();
+    let reaches = |from: &Pod| {
+        from.ns
+            .tcp_connect((x_a, 80), Duration::from_millis(500))
+            .is_reply()
+    };
+    let wait = |what: &str, want: (bool, bool)| {
+        eventually(Duration::from_secs(10), || {
+            let got = (reaches(x_b), reaches(y_a));
+            (got == want)
+                .then_some(())
+                .ok_or(format!("{what}: x/b, y/a -> x/a: {got:?}"))
+        })
+    };
+    wait("no policy", (true, true));
+    let deny = policy("x", "deny", DENY_INGRESS);
+    let allow_b = |from: &str| {
+        policy(
+            "x",
+            "allow",
+            &format!(
+                "  podSelector: {{}}\n  ingress: [{{from: [{{ipBlock: {{cidr: {from}}}}}]}}]\n"
+            ),
+        )
+    };
+    c.write(&[deny.clone(), allow_b("10.128.0.11/32")]);
+    wait("deny but from x/b", (true, false));
+    // An invalid edit: reported, and the last valid version stays in force.
+    c.write(&[deny.clone(), allow_b("10.128.0.0/33")]);
+    eventually(Duration::from_secs(10), || {
+        let logs = agents[0].logs();
+        logs.contains("spec.ingress[0].from[0].ipBlock.cidr")
+            .then_some(())
+            .ok_or(logs)
+    });
+    wait("invalid edit keeps the last valid version", (true, false));
+    c.write(&[deny.clone(), allow_b("10.128.0.20/32")]);
+    wait("edited: from y/a only", (false, true));
+    c.write(&[]);
+    wait("deleted", (true, true));
+    for agent in agents {
+        let (status, logs) = agent.stop();
+        assert!(status.success(), "{status}:\n{logs}");
+    }
 }
