@@ -3,6 +3,7 @@
 //! again only when it changed, or when a pod that changed is one it selects or names as a
 //! peer (before or after the change); a namespace change re-plans everything (rare).
 
+use super::pods::NAMESPACE_NAME_LABEL;
 use crate::api::network_policy::{NamespaceScope, Peer, PortSpec, ValidatedPolicy};
 use crate::api::{Namespace, Pod};
 use crate::nft::ir::Part;
@@ -15,6 +16,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub policy: Arc<ValidatedPolicy>,
+    /// `np/<namespace>/<name>`.
+    pub part_key: String,
     pub part: Arc<Part>,
     /// Addresses of the local pods it selects.
     pub selected: Vec<IpAddr>,
@@ -105,21 +108,23 @@ pub fn touches(policy: &ValidatedPolicy, snapshot: &Snapshot, pod: &Pod) -> bool
         .flat_map(|r| r.peers.iter().flatten())
         .any(|peer| match peer {
             Peer::Block { .. } => false,
+            // The pod selector first: it rejects most pods without reading namespace labels.
             Peer::Pods { namespaces, pods } => {
-                let in_scope = match namespaces {
-                    NamespaceScope::Own => namespace == policy.namespace,
-                    // The implied name label included, as `PodIndex` does.
-                    NamespaceScope::Matching(selector) => {
-                        let mut ns_labels = snapshot
-                            .namespace_labels(namespace)
-                            .cloned()
-                            .unwrap_or_default();
-                        ns_labels
-                            .insert(super::pods::NAMESPACE_NAME_LABEL.into(), namespace.into());
-                        selector.matches(&ns_labels)
+                pods.matches(labels)
+                    && match namespaces {
+                        NamespaceScope::Own => namespace == policy.namespace,
+                        NamespaceScope::Matching(selector) => {
+                            selector.is_everything() || {
+                                // The implied name label included, as `PodIndex` does.
+                                let mut ns_labels = snapshot
+                                    .namespace_labels(namespace)
+                                    .cloned()
+                                    .unwrap_or_default();
+                                ns_labels.insert(NAMESPACE_NAME_LABEL.into(), namespace.into());
+                                selector.matches(&ns_labels)
+                            }
+                        }
                     }
-                };
-                in_scope && pods.matches(labels)
             }
         })
 }
