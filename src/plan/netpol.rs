@@ -121,7 +121,13 @@ impl Feature for NetworkPolicies {
                         _ => Arc::new(part),
                     };
                     let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
-                    parts.insert(part_key.clone(), part.clone());
+                    // A policy selecting no pod of this node is other nodes' business: no
+                    // chains here until it selects one.
+                    if selected.is_empty() {
+                        parts.remove(&part_key);
+                    } else {
+                        parts.insert(part_key.clone(), part.clone());
+                    }
                     memo::Planned {
                         policy: policy.clone(),
                         part_key,
@@ -193,6 +199,9 @@ fn policy_part(
     let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
     let mut part = Part::default();
     let mut chains = Vec::new();
+    if selected.is_empty() {
+        return (part, Vec::new(), chains);
+    }
     for (direction, rules) in [
         (Direction::Ingress, &policy.ingress),
         (Direction::Egress, &policy.egress),

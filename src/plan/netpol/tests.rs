@@ -291,3 +291,68 @@ fn incremental_plans_equal_fresh_plans() {
         memory = incremental.memory;
     }
 }
+
+#[test]
+fn a_policy_selecting_no_local_pod_plans_nothing_here() {
+    let mut b = cluster();
+    // db-2 is the only app=db2 pod, and it runs on worker-2.
+    b.insert(
+        objects::pod("shop", "db-2")
+            .on("worker-2")
+            .labels(&[("app", "db2")])
+            .ips(&["10.0.1.2"])
+            .object(),
+    );
+    b.insert(policy(
+        "shop",
+        "remote",
+        "  podSelector: {matchLabels: {app: db2}}\n",
+    ));
+    let first = run(b.clone(), &Memory::default());
+    assert!(first.ruleset.part("np/shop/remote").is_none());
+    // The pod moves here (a new pod of that name): the policy's chains appear.
+    b.insert(pod("shop", "db-2", &[("app", "db2")], &["10.0.0.7"]));
+    let second = run(b, &first.memory);
+    assert!(second.ruleset.part("np/shop/remote").is_some());
+    assert!(render_full(&second.ruleset).contains("10.0.0.7 : goto np-in-"));
+}
+
+#[test]
+fn port_ranges_merge_and_egress_named_ports_resolve_on_the_peer() {
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "web-out",
+        "  podSelector: {matchLabels: {app: web}}\n  policyTypes: [Egress]\n  egress:\n  \
+         - ports: [{port: 80, endPort: 90}, {port: 85, endPort: 100}, {protocol: UDP}]\n  \
+         - to: [{podSelector: {matchLabels: {app: db}}}]\n    ports: [{port: metrics}]\n",
+    ));
+    let d = run(b, &Memory::default());
+    let part = d.ruleset.part("np/shop/web-out").unwrap();
+    let base = object_name(PREFIX, "shop/web-out");
+    let keys = |set: &str| -> Vec<String> {
+        part.sets[set]
+            .elements
+            .keys()
+            .map(|k| {
+                k.iter()
+                    .map(|p| format!("{p:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" . ")
+            })
+            .collect()
+    };
+    assert_eq!(
+        keys(&format!("{base}-eg0-ports")),
+        [
+            "Value(Proto(6)) . Range(Port(80), Port(100))",
+            "Value(Proto(17)) . Range(Port(0), Port(65535))"
+        ]
+    );
+    // Only the db pod that has a port named metrics (the remote one has none).
+    assert_eq!(
+        keys(&format!("{base}-eg1-named-v4")),
+        ["Value(Ipv4(10.0.0.2)) . Value(Proto(6)) . Value(Port(9090))"]
+    );
+    nft_check(&render_full(&d.ruleset));
+}
