@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::api::{
     CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS, EndpointSlice, Endpoints, Namespace,
-    Node, ObjectMeta, Pod, Service,
+    NetworkPolicy, Node, ObjectMeta, Pod, Service,
 };
 
 /// Label that ties an EndpointSlice to its Service.
@@ -133,6 +133,7 @@ kinds! {
     EgressQoS(EgressQoS) = "k8s.ovn.org/v1", namespaced: true;
     EgressIP(EgressIP) = "k8s.ovn.org/v1", namespaced: false;
     CloudPrivateIPConfig(CloudPrivateIPConfig) = "cloud.network.openshift.io/v1", namespaced: false;
+    NetworkPolicy(NetworkPolicy) = "networking.k8s.io/v1", namespaced: true;
 }
 
 impl Kind {
@@ -185,6 +186,7 @@ struct Objects {
     egress_qoses: BTreeMap<ObjectKey, Arc<EgressQoS>>,
     egress_ips: BTreeMap<String, Arc<EgressIP>>,
     cloud_private_ip_configs: BTreeMap<String, Arc<CloudPrivateIPConfig>>,
+    network_policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
 }
 
 /// Indexes derived from the objects at build time.
@@ -234,6 +236,7 @@ impl SnapshotBuilder {
             AnyObject::EndpointSlice(x) => o.endpoint_slices.insert(key, x).map(AnyObject::from),
             AnyObject::EgressFirewall(x) => o.egress_firewalls.insert(key, x).map(AnyObject::from),
             AnyObject::EgressQoS(x) => o.egress_qoses.insert(key, x).map(AnyObject::from),
+            AnyObject::NetworkPolicy(x) => o.network_policies.insert(key, x).map(AnyObject::from),
             AnyObject::EgressIP(x) => o.egress_ips.insert(key.name, x).map(AnyObject::from),
             AnyObject::CloudPrivateIPConfig(x) => o
                 .cloud_private_ip_configs
@@ -261,6 +264,7 @@ impl SnapshotBuilder {
             Kind::EndpointSlice => o.endpoint_slices.remove(key).map(AnyObject::from),
             Kind::EgressFirewall => o.egress_firewalls.remove(key).map(AnyObject::from),
             Kind::EgressQoS => o.egress_qoses.remove(key).map(AnyObject::from),
+            Kind::NetworkPolicy => o.network_policies.remove(key).map(AnyObject::from),
             Kind::EgressIP => o.egress_ips.remove(name).map(AnyObject::from),
             Kind::CloudPrivateIPConfig => {
                 o.cloud_private_ip_configs.remove(name).map(AnyObject::from)
@@ -280,6 +284,7 @@ impl SnapshotBuilder {
             Kind::EndpointSlice => o.endpoint_slices.clear(),
             Kind::EgressFirewall => o.egress_firewalls.clear(),
             Kind::EgressQoS => o.egress_qoses.clear(),
+            Kind::NetworkPolicy => o.network_policies.clear(),
             Kind::EgressIP => o.egress_ips.clear(),
             Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.clear(),
         }
@@ -378,6 +383,9 @@ impl Snapshot {
     }
     pub fn egress_qoses(&self) -> &BTreeMap<ObjectKey, Arc<EgressQoS>> {
         &self.inner.objects.egress_qoses
+    }
+    pub fn network_policies(&self) -> &BTreeMap<ObjectKey, Arc<NetworkPolicy>> {
+        &self.inner.objects.network_policies
     }
     pub fn egress_ips(&self) -> &BTreeMap<String, Arc<EgressIP>> {
         &self.inner.objects.egress_ips
@@ -481,6 +489,7 @@ impl Snapshot {
             Kind::EndpointSlice => o.endpoint_slices.get(key).cloned().map(AnyObject::from),
             Kind::EgressFirewall => o.egress_firewalls.get(key).cloned().map(AnyObject::from),
             Kind::EgressQoS => o.egress_qoses.get(key).cloned().map(AnyObject::from),
+            Kind::NetworkPolicy => o.network_policies.get(key).cloned().map(AnyObject::from),
             Kind::EgressIP => o.egress_ips.get(name).cloned().map(AnyObject::from),
             Kind::CloudPrivateIPConfig => o
                 .cloud_private_ip_configs
@@ -502,6 +511,7 @@ impl Snapshot {
             Kind::EndpointSlice => o.endpoint_slices.len(),
             Kind::EgressFirewall => o.egress_firewalls.len(),
             Kind::EgressQoS => o.egress_qoses.len(),
+            Kind::NetworkPolicy => o.network_policies.len(),
             Kind::EgressIP => o.egress_ips.len(),
             Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.len(),
         }

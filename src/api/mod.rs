@@ -9,6 +9,7 @@ pub mod egress_firewall;
 pub mod egress_ip;
 pub mod egress_qos;
 pub mod endpoint_slice;
+pub mod network_policy;
 mod schema;
 pub mod selector;
 pub mod validate;
@@ -32,4 +33,6 @@ pub use validate::{Invalid, PortMatch, Protocol, ValidationError};
 
 pub use endpoint_slice::EndpointSlice;
 pub use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
+pub use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};
+pub use network_policy::ValidatedPolicy;

@@ -70,6 +70,20 @@ pub enum Invalid {
     CloudPrivateIpName(String),
     #[error(transparent)]
     Selector(SelectorReason),
+    #[error("invalid policy type {0:?} (want Ingress or Egress)")]
+    PolicyType(String),
+    #[error("ipBlock cannot be combined with podSelector or namespaceSelector")]
+    IpBlockWithSelector,
+    #[error("must specify podSelector, namespaceSelector or ipBlock")]
+    EmptyPeer,
+    #[error("{0} must be strictly inside the cidr {1}")]
+    ExceptOutsideCidr(IpNet, IpNet),
+    #[error("endPort needs a numeric port")]
+    EndPortWithoutPort,
+    #[error("endPort {0} is below port {1}")]
+    EndPortBelowPort(i32, i32),
+    #[error("invalid port name {0:?} (1-15 of a-z, 0-9 and '-', with a letter)")]
+    PortName(String),
 }
 
 /// Names the object being validated and builds errors for it.

@@ -8,6 +8,7 @@ pub mod egress_ip;
 pub mod feature;
 pub mod firewall;
 pub mod in_force;
+pub mod netpol;
 pub mod qos;
 pub mod services;
 
@@ -68,6 +69,7 @@ features! {
     qos: qos::Qos,
     egress_ip: egress_ip::EgressIp,
     services: services::Services,
+    netpol: netpol::NetworkPolicies,
 }
 
 /// Everything the node should hold: the nftables table, and the addresses, routes and policy

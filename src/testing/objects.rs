@@ -80,6 +80,8 @@ pub struct Pod {
     node: Option<String>,
     labels: Vec<(String, String)>,
     ips: Vec<String>,
+    /// Named container ports: (name, protocol, port).
+    ports: Vec<(String, String, u16)>,
 }
 
 pub fn pod(namespace: &str, name: &str) -> Pod {
@@ -89,6 +91,7 @@ pub fn pod(namespace: &str, name: &str) -> Pod {
         node: None,
         labels: Vec::new(),
         ips: Vec::new(),
+        ports: Vec::new(),
     }
 }
 
@@ -105,6 +108,15 @@ impl Pod {
 
     pub fn ips(mut self, ips: &[impl Display]) -> Pod {
         self.ips = strings(ips);
+        self
+    }
+
+    /// Named container ports (`name`, `protocol`, `containerPort`) of one container.
+    pub fn named_ports(mut self, ports: &[(&str, &str, u16)]) -> Pod {
+        self.ports = ports
+            .iter()
+            .map(|(n, p, port)| (n.to_string(), p.to_string(), *port))
+            .collect();
         self
     }
 }
@@ -125,9 +137,19 @@ impl Display for Pod {
             .iter()
             .map(|ip| format!("{{ip: '{ip}'}}"))
             .collect();
+        let ports: Vec<String> = self
+            .ports
+            .iter()
+            .map(|(n, p, port)| format!("{{name: {n}, protocol: {p}, containerPort: {port}}}"))
+            .collect();
+        let containers = if ports.is_empty() {
+            "[]".to_string()
+        } else {
+            format!("[{{name: c, ports: [{}]}}]", ports.join(", "))
+        };
         write!(
             f,
-            "apiVersion: v1\nkind: Pod\n{meta}\nspec: {{{node}containers: []}}\n\
+            "apiVersion: v1\nkind: Pod\n{meta}\nspec: {{{node}containers: {containers}}}\n\
              status: {{phase: Running, {pod_ip}podIPs: [{}]}}\n",
             pod_ips.join(", ")
         )
@@ -258,6 +280,35 @@ impl Display for Namespace {
 }
 
 typed!(Namespace => crate::api::Namespace);
+
+/// A NetworkPolicy `namespace/name`; `spec` is the YAML of its spec, indented by two spaces.
+#[derive(Clone, Debug)]
+pub struct NetworkPolicy {
+    namespace: String,
+    name: String,
+    spec: String,
+}
+
+pub fn network_policy(namespace: &str, name: &str, spec: &str) -> NetworkPolicy {
+    NetworkPolicy {
+        namespace: namespace.into(),
+        name: name.into(),
+        spec: spec.into(),
+    }
+}
+
+impl Display for NetworkPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ns, name, spec) = (&self.namespace, &self.name, &self.spec);
+        write!(
+            f,
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: {name}, namespace: {ns}}}\nspec:\n{spec}\n"
+        )
+    }
+}
+
+typed!(NetworkPolicy => crate::api::NetworkPolicy);
 
 /// The EgressFirewall of `namespace` (always named `default`); `egress` is the rule list.
 #[derive(Clone, Debug)]

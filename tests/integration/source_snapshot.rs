@@ -166,7 +166,11 @@ fn kinds_and_normalize() {
     );
     assert_eq!(Kind::from_type("v1", "ConfigMap"), None);
     assert_eq!(Kind::from_name("EgressIP"), Some(Kind::EgressIP));
-    assert_eq!(Kind::ALL.len(), 10);
+    assert_eq!(
+        Kind::from_type("networking.k8s.io/v1", "NetworkPolicy"),
+        Some(Kind::NetworkPolicy)
+    );
+    assert_eq!(Kind::ALL.len(), 11);
 
     let mut p = AnyObject::from(Pod {
         metadata: meta(None, "x", &[]),

@@ -96,6 +96,13 @@ fn qos(ns: &str, dscp: u8, dst: &str) -> Value {
         "spec": {"egress": [{"dscp": dscp, "dstCIDR": dst}]}})
 }
 
+fn network_policy(ns: &str, from: &str) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "from-block", "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"ipBlock": {"cidr": from}}], "ports": [{"port": "http"}]}]}})
+}
+
 struct Setup {
     lab: Lab,
     node: Ns,
@@ -257,6 +264,23 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     });
     s.api.delete("EgressQoS", "shop", "default");
     s.wait_table(&agent, "qos deleted", |t| !t.contains("192.0.2.0/24"));
+
+    // NetworkPolicy: create, update, delete; the pod's named port survives pruning.
+    let mut named = pod("shop", "web-1", "10.128.1.5");
+    named["spec"]["containers"][0]["ports"] = json!([{"name": "http", "containerPort": 8080}]);
+    s.api.put(named);
+    s.api.put(network_policy("shop", "198.18.0.0/15"));
+    s.wait_table(&agent, "network policy created", |t| {
+        t.contains("198.18.0.0/15") && t.contains("10.128.1.5 . tcp . 8080")
+    });
+    s.api.put(network_policy("shop", "198.51.100.0/24"));
+    s.wait_table(&agent, "network policy updated", |t| {
+        t.contains("198.51.100.0/24") && !t.contains("198.18.0.0/15")
+    });
+    s.api.delete("NetworkPolicy", "shop", "from-block");
+    s.wait_table(&agent, "network policy deleted", |t| {
+        !t.contains("np-ingress")
+    });
 
     // Namespace deletion takes its pods' rules with it only when the pods go; here the
     // namespace object itself is watched and removed without disturbing the rest.

@@ -4,11 +4,12 @@
 //! | kind | scope | why |
 //! |---|---|---|
 //! | Namespace | all | namespace selectors (EgressIP), per-namespace features |
-//! | Pod | all, pruned | EgressFirewall/EgressQoS only need pods of this node, but EgressIP SNATs on the hosting node traffic of selected pods from every node |
+//! | Pod | all, pruned (containers keep only their named ports, for NetworkPolicy) | EgressFirewall/EgressQoS only need pods of this node, but EgressIP SNATs on the hosting node traffic of selected pods from every node |
 //! | Node | all | EgressFirewall `nodeSelector` targets, node address sets, EgressIP eligibility |
 //! | Service, EndpointSlice, Endpoints | all, without other proxies' objects | kube-proxy semantics: every service is reachable from every node |
 //! | EgressFirewall, EgressQoS | all | namespaced, one per namespace; every namespace may have pods here |
 //! | EgressIP, CloudPrivateIPConfig | all | cluster-scoped and few |
+//! | NetworkPolicy | all | a policy selects pods here and peers anywhere |
 
 use kube::api::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
@@ -40,6 +41,7 @@ fn plural(kind: Kind) -> &'static str {
         Kind::EgressQoS => "egressqoses",
         Kind::EgressIP => "egressips",
         Kind::CloudPrivateIPConfig => "cloudprivateipconfigs",
+        Kind::NetworkPolicy => "networkpolicies",
     }
 }
 

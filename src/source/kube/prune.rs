@@ -9,9 +9,10 @@ use crate::snapshot::Kind;
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Pod spec fields planners read (the rest is replaced by an empty container list, which the
-/// typed Pod requires).
-const POD_SPEC: &[&str] = &["nodeName", "hostNetwork"];
+/// Pod spec fields planners read; of the containers only their name (which the typed Pod
+/// requires) and named ports (NetworkPolicy resolves named ports on them) are kept.
+const POD_SPEC: &[&str] = &["nodeName", "hostNetwork", "containers"];
+const CONTAINER_PORT_FIELDS: &[&str] = &["name", "containerPort", "protocol"];
 const POD_STATUS: &[&str] = &["phase", "podIP", "podIPs"];
 const NODE_STATUS: &[&str] = &["addresses", "conditions"];
 /// The one node condition read (EgressIP candidates must be Ready), and its fields: the
@@ -40,7 +41,17 @@ pub fn prune(kind: Kind, value: &mut Value) {
         Kind::Pod => {
             keep_only(obj, "spec", POD_SPEC);
             if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
-                spec.insert("containers".into(), Value::Array(Vec::new()));
+                let containers = spec.remove("containers");
+                let kept = containers
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Value::Array(list) => Some(list),
+                        _ => None,
+                    })
+                    .flatten()
+                    .filter_map(named_ports_only)
+                    .collect();
+                spec.insert("containers".into(), Value::Array(kept));
             }
             keep_only(obj, "status", POD_STATUS);
         }
@@ -73,6 +84,34 @@ pub fn prune(kind: Kind, value: &mut Value) {
     }
 }
 
+/// A container reduced to its name and its named ports (`name`, `containerPort`,
+/// `protocol`); `None` when it has no named port.
+fn named_ports_only(container: Value) -> Option<Value> {
+    let Value::Object(mut c) = container else {
+        return None;
+    };
+    let ports: Vec<Value> = match c.remove("ports") {
+        Some(Value::Array(ports)) => ports
+            .into_iter()
+            .filter_map(|p| match p {
+                Value::Object(mut p) if p.contains_key("name") => {
+                    p.retain(|k, _| CONTAINER_PORT_FIELDS.contains(&k.as_str()));
+                    Some(Value::Object(p))
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if ports.is_empty() {
+        return None;
+    }
+    let mut kept = Map::new();
+    kept.insert("name".into(), c.remove("name").unwrap_or_default());
+    kept.insert("ports".into(), Value::Array(ports));
+    Some(Value::Object(kept))
+}
+
 fn keep_only(obj: &mut Map<String, Value>, field: &str, keep: &[&str]) {
     if let Some(inner) = obj.get_mut(field).and_then(Value::as_object_mut) {
         inner.retain(|k, _| keep.contains(&k.as_str()));
@@ -93,7 +132,11 @@ mod tests {
                 "managedFields": [{"manager": "kubelet"}],
                 "annotations": {LAST_APPLIED: "{...}", "keep": "me"}},
             "spec": {"nodeName": "w1", "hostNetwork": false,
-                "containers": [{"name": "c", "image": "i"}], "volumes": [{"name": "v"}]},
+                "containers": [{"name": "c", "image": "i"},
+                    {"name": "web", "image": "i", "ports": [
+                        {"name": "http", "containerPort": 8080, "protocol": "TCP", "hostPort": 80},
+                        {"containerPort": 9090}]}],
+                "volumes": [{"name": "v"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
                 "conditions": [{"type": "Ready"}]}
         });
@@ -104,7 +147,9 @@ mod tests {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "a", "namespace": "n", "labels": {"app": "x"},
                     "annotations": {"keep": "me"}},
-                "spec": {"nodeName": "w1", "hostNetwork": false, "containers": []},
+                "spec": {"nodeName": "w1", "hostNetwork": false, "containers": [
+                    {"name": "web", "ports": [
+                        {"name": "http", "containerPort": 8080, "protocol": "TCP"}]}]},
                 "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}
             })
         );

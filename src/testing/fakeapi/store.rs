@@ -44,6 +44,13 @@ pub const RESOURCES: &[Resource] = &[
         "CloudPrivateIPConfig",
         false,
     ),
+    r(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+    ),
     r("coordination.k8s.io", "v1", "leases", "Lease", true),
 ];
 

@@ -13,6 +13,7 @@
 //! ```
 mod agent;
 mod datagrams;
+mod matrix;
 mod netns;
 mod stream;
 mod topology;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 pub use agent::{AgentProcess, ManifestAgent, agent_bin};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
+pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
 };

@@ -1,0 +1,317 @@
+//! NetworkPolicy (networking.k8s.io/v1) for this node's pods.
+//!
+//! Per packet: `ct state established,related accept`, then one verdict-map lookup on the
+//! local pod's address per direction (`np-egress-v4/v6` on the source, `np-ingress-v4/v6` on
+//! the destination). A pod a policy isolates maps to `goto` the chain of its *policy set*
+//! (the policies selecting it for that direction), which `jump`s to each of those policies'
+//! chains and drops what none accepted. A policy's chain has one or two rules per policy
+//! rule and family, each a lookup in named sets (peers, ports, named ports). So the cost is
+//! one map lookup plus the rules of the policies that select the pod, whatever the number
+//! of policies, namespaces or pods in the cluster.
+//!
+//! Parts: `np/<namespace>/<name>` per policy (its chains and sets: a policy edit rewrites
+//! only it), and `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch
+//! elements of its pods): pod churn and label changes are element updates, plus a new
+//! policy-set chain the first time a combination of policies selects a pod.
+//!
+//! Hooks (only present while a policy is in force): forward only, at filter priority + 10
+//! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
+//! EgressFirewall's `filter-forward` (0): a packet leaves only when both accept it. Forward
+//! sees routed pods and bridged pods with `br_netfilter`. Input and output are not hooked on
+//! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
+//! probes), and that traffic is exactly what those hooks see.
+
+mod memo;
+mod pods;
+mod rules;
+
+use super::in_force::{Scope, Validated};
+use super::{Feature, Inputs, Planned};
+use crate::api::NetworkPolicy;
+use crate::api::network_policy::{self, ValidatedPolicy};
+use crate::nft::ir::*;
+use crate::nft::names::object_name;
+use crate::snapshot::Kind;
+use pods::PodIndex;
+use rules::{Direction, add_direction};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+pub use rules::subtract;
+
+/// Prefix of the parts and chains.
+const PREFIX: &str = "np";
+
+/// Dispatch maps: local pod address -> its policy-set chain.
+pub const INGRESS_V4: &str = "np-ingress-v4";
+pub const INGRESS_V6: &str = "np-ingress-v6";
+pub const EGRESS_V4: &str = "np-egress-v4";
+pub const EGRESS_V6: &str = "np-egress-v6";
+
+/// Base chains on the forward hook, egress first: a pod-to-pod packet passes its source's
+/// egress policies, then its destination's ingress policies.
+pub mod chains {
+    pub const FORWARD_EGRESS: &str = "np-forward-egress";
+    pub const FORWARD_INGRESS: &str = "np-forward-ingress";
+}
+/// After EgressFirewall's `filter-forward` (filter priority).
+const PRIORITY: i32 = priority::FILTER + 10;
+
+/// What the NetworkPolicy planner carries between plans: the policies in force (an invalid
+/// edit keeps the policy's last valid version: dropping it could open what it isolated),
+/// each policy's last plan, last plan's pods and namespaces (to find what changed) and the
+/// policy-set parts (reused when equal, so the diff skips them by pointer).
+#[derive(Debug, Clone, Default)]
+pub struct NetpolMemory {
+    pub validated: Validated<NetworkPolicy, ValidatedPolicy>,
+    policies: BTreeMap<String, memo::Planned>,
+    seen: memo::Seen,
+    set_parts: BTreeMap<(Direction, Vec<Arc<str>>), memo::PolicySet>,
+    /// Every part above, kept up to date by key: handed to the table in O(1) (see
+    /// `Table::extend_parts`) instead of one insert per policy.
+    parts: Parts,
+}
+
+/// The NetworkPolicy feature (see the module documentation).
+pub struct NetworkPolicies;
+
+impl Feature for NetworkPolicies {
+    const NAME: &'static str = PREFIX;
+    type Memory = NetpolMemory;
+
+    fn plan(inputs: &Inputs, memory: &NetpolMemory, out: &mut Planned) -> NetpolMemory {
+        let snapshot = inputs.snapshot;
+        let outcome = memory.validated.update(
+            Kind::NetworkPolicy,
+            Scope::Object,
+            snapshot
+                .network_policies()
+                .iter()
+                .map(|(k, o)| (k.clone(), o)),
+            network_policy::validate,
+        );
+        out.statuses.extend(outcome.statuses);
+        let in_force = &outcome.validated.in_force;
+        let changes = memory.seen.changes(snapshot);
+        let mut index = None;
+        let mut policies = BTreeMap::new();
+        let mut by_pod: BTreeMap<(Direction, IpAddr), Vec<Arc<str>>> = BTreeMap::new();
+        let mut parts = memory.parts.clone();
+        for (key, in_force) in in_force {
+            let policy = &in_force.valid;
+            let last = memory.policies.get(key).filter(|last| {
+                Arc::ptr_eq(&last.policy, policy)
+                    && !changes.everything
+                    && !changes.pods.iter().any(|(before, after)| {
+                        [before, after]
+                            .into_iter()
+                            .flatten()
+                            .any(|pod| memo::touches(policy, snapshot, pod))
+                    })
+            });
+            let planned = match last {
+                Some(last) => last.clone(),
+                None => {
+                    let index = index
+                        .get_or_insert_with(|| PodIndex::new(snapshot, &inputs.config.node_name));
+                    let (part, selected, chains) = policy_part(policy, index);
+                    let part = match memory.policies.get(key) {
+                        Some(old) if *old.part == part => old.part.clone(),
+                        _ => Arc::new(part),
+                    };
+                    let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
+                    // A policy selecting no pod of this node is other nodes' business: no
+                    // chains here until it selects one.
+                    if selected.is_empty() {
+                        parts.remove(&part_key);
+                    } else {
+                        parts.insert(part_key.clone(), part.clone());
+                    }
+                    memo::Planned {
+                        policy: policy.clone(),
+                        part_key,
+                        part,
+                        selected,
+                        chains,
+                    }
+                }
+            };
+            for (direction, chain) in &planned.chains {
+                for ip in &planned.selected {
+                    by_pod
+                        .entry((*direction, *ip))
+                        .or_default()
+                        .push(chain.clone());
+                }
+            }
+            policies.insert(key.clone(), planned);
+        }
+        for (key, gone) in &memory.policies {
+            if !policies.contains_key(key) {
+                parts.remove(&gone.part_key);
+            }
+        }
+        let mut groups: BTreeMap<(Direction, Vec<Arc<str>>), Vec<IpAddr>> = BTreeMap::new();
+        for ((direction, ip), chains) in by_pod {
+            groups.entry((direction, chains)).or_default().push(ip);
+        }
+        let mut set_parts = BTreeMap::new();
+        for (group, ips) in groups {
+            let planned = match memory.set_parts.get(&group) {
+                Some(last) if last.ips == ips => last.clone(),
+                _ => {
+                    let planned = policy_set_part(group.0, &group.1, ips);
+                    parts.insert(planned.key.clone(), planned.part.clone());
+                    planned
+                }
+            };
+            set_parts.insert(group, planned);
+        }
+        for (group, gone) in &memory.set_parts {
+            // A group's key is derived from the group: a group gone is a key gone.
+            if !set_parts.contains_key(group) {
+                parts.remove(&gone.key);
+            }
+        }
+        out.ruleset.extend_parts(&parts);
+        if !in_force.is_empty() {
+            add_hooks(&mut out.ruleset);
+        }
+        NetpolMemory {
+            validated: outcome.validated,
+            policies,
+            seen: memo::Seen::of(snapshot),
+            set_parts,
+            parts,
+        }
+    }
+}
+
+/// The policy's part (its chains and sets), the addresses of the local pods it selects and
+/// its chain per isolated direction.
+#[allow(clippy::type_complexity)]
+fn policy_part(
+    policy: &ValidatedPolicy,
+    index: &PodIndex,
+) -> (Part, Vec<IpAddr>, Vec<(Direction, Arc<str>)>) {
+    let base = object_name(PREFIX, &format!("{}/{}", policy.namespace, policy.name));
+    let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
+    let mut part = Part::default();
+    let mut chains = Vec::new();
+    if selected.is_empty() {
+        return (part, Vec::new(), chains);
+    }
+    for (direction, rules) in [
+        (Direction::Ingress, &policy.ingress),
+        (Direction::Egress, &policy.egress),
+    ] {
+        if let Some(rules) = rules {
+            let chain = add_direction(&mut part, &base, policy, direction, rules, index, &selected);
+            chains.push((direction, Arc::from(chain)));
+        }
+    }
+    part.shrink_to_fit();
+    let ips = selected
+        .iter()
+        .flat_map(|p| p.ips.iter().copied())
+        .collect();
+    (part, ips, chains)
+}
+
+/// The part of one policy set: its chain (`jump` each policy's chain, then drop) and the
+/// dispatch elements of the pods it governs.
+fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) -> memo::PolicySet {
+    let (v4, v6) = match direction {
+        Direction::Ingress => (INGRESS_V4, INGRESS_V6),
+        Direction::Egress => (EGRESS_V4, EGRESS_V6),
+    };
+    let joined: Vec<&str> = chains.iter().map(|c| &**c).collect();
+    let name = object_name(
+        &format!("{PREFIX}-{}", direction.suffix()),
+        &joined.join(","),
+    );
+    let mut chain = Chain::regular(&name);
+    for policy_chain in chains {
+        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
+            policy_chain.to_string(),
+        ))]));
+    }
+    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
+    let mut part = Part::default();
+    part.add_chain(chain);
+    for ip in &ips {
+        let map = if ip.is_ipv4() { v4 } else { v6 };
+        let goto = ElemData::Verdict(Verdict::Goto(name.clone()));
+        part.add_mapping(map, vec![Value::ip(*ip).into()], goto);
+    }
+    part.shrink_to_fit();
+    memo::PolicySet {
+        key: format!("{PREFIX}-set/{}/{name}", direction.suffix()),
+        ips,
+        part: Arc::new(part),
+    }
+}
+
+/// The dispatch maps and the base chains that look them up.
+fn add_hooks(table: &mut Table) {
+    for (name, addr) in [
+        (INGRESS_V4, DataType::Ipv4Addr),
+        (INGRESS_V6, DataType::Ipv6Addr),
+        (EGRESS_V4, DataType::Ipv4Addr),
+        (EGRESS_V6, DataType::Ipv6Addr),
+    ] {
+        table.add_set(Set::new(name, vec![addr], SetKind::VerdictMap));
+    }
+    let egress = [(Field::Ip4Saddr, EGRESS_V4), (Field::Ip6Saddr, EGRESS_V6)];
+    let ingress = [(Field::Ip4Daddr, INGRESS_V4), (Field::Ip6Daddr, INGRESS_V6)];
+    for (name, prio, lookups) in [
+        (chains::FORWARD_EGRESS, PRIORITY, egress),
+        (chains::FORWARD_INGRESS, PRIORITY + 1, ingress),
+    ] {
+        let mut chain = Chain::base(
+            name,
+            BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Forward,
+                priority: prio,
+                policy: Policy::Accept,
+            },
+        );
+        chain.push(Rule::new(vec![
+            Stmt::Match(Match {
+                key: vec![Field::CtState],
+                op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
+            }),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
+        chain.push(neighbour_discovery());
+        for (field, map) in lookups {
+            chain.push(Rule::new(vec![Stmt::vmap(vec![field], map)]));
+        }
+        table.add_chain(chain);
+    }
+}
+
+/// ICMPv6 neighbour solicitations and advertisements (types 135, 136, code 0) are accepted:
+/// between bridged pods (with `br_netfilter`) they cross the forward hook, and dropping them
+/// breaks IPv6 between pods the policies allow. They are matched as `th sport` (the first two
+/// bytes of the ICMPv6 header: type << 8 | code), which needs no ICMPv6 field in the IR.
+fn neighbour_discovery() -> Rule {
+    let nd = |icmp_type: u16| {
+        vec![
+            KeyPart::Value(Value::Proto(proto::ICMPV6)),
+            KeyPart::Value(Value::Port(icmp_type << 8)),
+        ]
+    };
+    Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::L4Proto, Field::ThSport],
+            op: MatchOp::InAnon(vec![nd(135), nd(136)]),
+        }),
+        Stmt::Verdict(Verdict::Accept),
+    ])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+//! One policy's part: a chain per direction it isolates, whose rules `accept` what one of
+//! its rules allows and otherwise fall through (`return`), and the named sets those rules
+//! look up. Peers and ports are set lookups, so the chain has a rule or two per policy rule
+//! and family whatever the number of pods; pod churn changes set elements only.
+//!
+//! Per policy rule and family:
+//! - `[ip saddr|daddr @peers] [meta l4proto . th dport @ports] accept` for numeric ports
+//!   (ranges, whole protocols) or no port list;
+//! - `[ip saddr @peers] ip daddr . meta l4proto . th dport @named accept` (ingress) or
+//!   `ip daddr . meta l4proto . th dport @named accept` (egress) for named ports, whose
+//!   elements are resolved per pod: the selected pod's container ports for ingress, the
+//!   peer pod's for egress (ipBlock peers have no container ports: a named port never
+//!   matches them).
+
+use super::pods::{PodIndex, PodView};
+use crate::api::Protocol;
+use crate::api::network_policy::{Peer, PolicyRule, PortSpec, ValidatedPolicy};
+use crate::nft::ir::*;
+use ipnet::IpNet;
+use std::collections::BTreeSet;
+
+/// Which way a policy rule allows traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Direction::Ingress => "in",
+            Direction::Egress => "eg",
+        }
+    }
+}
+
+const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+/// The chain of `policy` for `direction` (named `<base>-<in|eg>`, returned) and its sets
+/// into `part`.
+pub fn add_direction(
+    part: &mut Part,
+    base: &str,
+    policy: &ValidatedPolicy,
+    direction: Direction,
+    rules: &[PolicyRule],
+    index: &PodIndex,
+    selected: &[&PodView],
+) -> String {
+    let chain_name = format!("{base}-{}", direction.suffix());
+    let mut chain = Chain::regular(&chain_name);
+    for (i, rule) in rules.iter().enumerate() {
+        let at = format!("{chain_name}{i}");
+        let comment = format!(
+            "NetworkPolicy {}/{} {}[{i}]",
+            policy.namespace,
+            policy.name,
+            match direction {
+                Direction::Ingress => "ingress",
+                Direction::Egress => "egress",
+            }
+        );
+        let (numeric, named) = split_ports(rule);
+        let peer_pods: Vec<&PodView> = match &rule.peers {
+            None => index.pods.iter().collect(),
+            Some(peers) => peer_pods(index, &policy.namespace, peers),
+        };
+        let ports_set = numeric.as_ref().filter(|n| !n.is_empty()).map(|n| {
+            let set = ports_set(&format!("{at}-ports"), n);
+            let name = set.name.clone();
+            part.add_set(set);
+            name
+        });
+        for family in FAMILIES {
+            let (peer_field, local_field) = fields(direction, family);
+            let peer_match = match &rule.peers {
+                None => None,
+                Some(peers) => {
+                    let nets = peer_nets(peers, &peer_pods, family);
+                    if nets.is_empty() {
+                        continue; // no peer of this family: nothing allowed
+                    }
+                    let set = addr_set(&format!("{at}-peers-{}", suffix(family)), family, nets);
+                    let stmt = Stmt::in_set(vec![peer_field], set.name.clone());
+                    part.add_set(set);
+                    Some(stmt)
+                }
+            };
+            let no_port_list = numeric.is_none() && named.is_empty();
+            if no_port_list || ports_set.is_some() {
+                let mut stmts: Vec<Stmt> = peer_match.iter().cloned().collect();
+                if stmts.is_empty() {
+                    stmts.push(Stmt::matches(Field::NfProto, Value::NfProto(family)));
+                }
+                if let Some(set) = &ports_set {
+                    stmts.push(Stmt::in_set(vec![Field::L4Proto, Field::ThDport], set));
+                }
+                stmts.push(Stmt::Verdict(Verdict::Accept));
+                chain.push(Rule::new(stmts).with_comment(comment.clone()));
+            }
+            if named.is_empty() {
+                continue;
+            }
+            // Ingress: the selected (destination) pod's ports; egress: the peer pod's.
+            let owners: &[&PodView] = match direction {
+                Direction::Ingress => selected,
+                Direction::Egress => &peer_pods,
+            };
+            let set = named_set(
+                &format!("{at}-named-{}", suffix(family)),
+                family,
+                &named,
+                owners,
+            );
+            if set.elements.is_empty() {
+                continue;
+            }
+            let mut stmts: Vec<Stmt> = match direction {
+                Direction::Ingress => peer_match.into_iter().collect(),
+                Direction::Egress => Vec::new(),
+            };
+            let key = vec![
+                local_or_peer_daddr(direction, local_field, peer_field),
+                Field::L4Proto,
+                Field::ThDport,
+            ];
+            stmts.push(Stmt::in_set(key, set.name.clone()));
+            stmts.push(Stmt::Verdict(Verdict::Accept));
+            part.add_set(set);
+            chain.push(Rule::new(stmts).with_comment(comment.clone()));
+        }
+    }
+    part.add_chain(chain);
+    chain_name
+}
+
+/// The destination address field: the selected pod for ingress, the peer for egress.
+fn local_or_peer_daddr(direction: Direction, local: Field, peer: Field) -> Field {
+    match direction {
+        Direction::Ingress => local,
+        Direction::Egress => peer,
+    }
+}
+
+/// (peer field, selected pod's field) per direction and family.
+fn fields(direction: Direction, family: IpFamily) -> (Field, Field) {
+    let (saddr, daddr) = match family {
+        IpFamily::V4 => (Field::Ip4Saddr, Field::Ip4Daddr),
+        IpFamily::V6 => (Field::Ip6Saddr, Field::Ip6Daddr),
+    };
+    match direction {
+        Direction::Ingress => (saddr, daddr),
+        Direction::Egress => (daddr, saddr),
+    }
+}
+
+/// Numeric port entries (`None`: the rule has no port list) and named ones.
+#[allow(clippy::type_complexity)]
+fn split_ports(rule: &PolicyRule) -> (Option<Vec<(Protocol, u16, u16)>>, Vec<(Protocol, &str)>) {
+    let Some(ports) = &rule.ports else {
+        return (None, Vec::new());
+    };
+    let mut numeric = Vec::new();
+    let mut named = Vec::new();
+    for p in ports {
+        match &p.port {
+            PortSpec::All => numeric.push((p.protocol, 0, u16::MAX)),
+            PortSpec::Range(lo, hi) => numeric.push((p.protocol, *lo, *hi)),
+            PortSpec::Named(name) => named.push((p.protocol, name.as_str())),
+        }
+    }
+    (Some(numeric), named)
+}
+
+fn peer_pods<'i, 'a>(
+    index: &'i PodIndex<'a>,
+    namespace: &'i str,
+    peers: &'i [Peer],
+) -> Vec<&'i PodView<'a>> {
+    let mut out: Vec<&PodView> = Vec::new();
+    for peer in peers {
+        for pod in index.peers(namespace, peer) {
+            if !out.iter().any(|p| std::ptr::eq(*p, pod)) {
+                out.push(pod);
+            }
+        }
+    }
+    out
+}
+
+/// The addresses of `family` the peers stand for, as disjoint prefixes (interval sets reject
+/// overlapping elements): pod addresses and ipBlocks minus their excepts, aggregated.
+fn peer_nets(peers: &[Peer], pods: &[&PodView], family: IpFamily) -> Vec<IpNet> {
+    let mut nets: Vec<IpNet> = pods
+        .iter()
+        .flat_map(|p| &p.ips)
+        .filter(|ip| IpFamily::of(**ip) == family)
+        .map(|ip| IpNet::from(*ip))
+        .collect();
+    for peer in peers {
+        if let Peer::Block { cidr, except } = peer
+            && IpFamily::of(cidr.addr()) == family
+        {
+            nets.extend(subtract(*cidr, except));
+        }
+    }
+    IpNet::aggregate(&nets)
+}
+
+/// `net` without the `holes`, as prefixes.
+pub fn subtract(net: IpNet, holes: &[IpNet]) -> Vec<IpNet> {
+    if holes.iter().any(|h| h.contains(&net)) {
+        return Vec::new();
+    }
+    if !holes.iter().any(|h| net.contains(h)) {
+        return vec![net];
+    }
+    let halves = net
+        .subnets(net.prefix_len() + 1)
+        .expect("a hole inside makes net splittable");
+    halves.flat_map(|half| subtract(half, holes)).collect()
+}
+
+fn addr_set(name: &str, family: IpFamily, nets: Vec<IpNet>) -> Set {
+    let mut set = Set::new(name, vec![addr_type(family)], SetKind::Set).with_flags(SetFlags {
+        interval: true,
+        ..Default::default()
+    });
+    for net in nets {
+        set.insert(vec![KeyPart::Prefix(net)]);
+    }
+    set
+}
+
+/// `meta l4proto . th dport` with port ranges, merged per protocol so elements are disjoint.
+fn ports_set(name: &str, entries: &[(Protocol, u16, u16)]) -> Set {
+    let mut set = Set::new(
+        name,
+        vec![DataType::InetProto, DataType::InetService],
+        SetKind::Set,
+    )
+    .with_flags(SetFlags {
+        interval: true,
+        ..Default::default()
+    });
+    let mut sorted = entries.to_vec();
+    sorted.sort();
+    let mut merged: Vec<(Protocol, u16, u16)> = Vec::new();
+    for (proto, lo, hi) in sorted {
+        match merged.last_mut() {
+            Some((p, _, end)) if *p == proto && u32::from(lo) <= u32::from(*end) + 1 => {
+                *end = (*end).max(hi);
+            }
+            _ => merged.push((proto, lo, hi)),
+        }
+    }
+    for (proto, lo, hi) in merged {
+        let port = if lo == hi {
+            KeyPart::Value(Value::Port(lo))
+        } else {
+            KeyPart::Range(Value::Port(lo), Value::Port(hi))
+        };
+        set.insert(vec![Value::Proto(proto.ip_number()).into(), port]);
+    }
+    set
+}
+
+/// `ip daddr . meta l4proto . th dport` of each pod in `owners` that has one of the named
+/// ports.
+fn named_set(name: &str, family: IpFamily, named: &[(Protocol, &str)], owners: &[&PodView]) -> Set {
+    let mut set = Set::new(
+        name,
+        vec![
+            addr_type(family),
+            DataType::InetProto,
+            DataType::InetService,
+        ],
+        SetKind::Set,
+    );
+    let mut elements = BTreeSet::new();
+    for pod in owners {
+        for (protocol, port_name) in named {
+            let Some(port) = pod.resolve(port_name, *protocol) else {
+                continue;
+            };
+            for ip in pod.ips.iter().filter(|ip| IpFamily::of(**ip) == family) {
+                elements.insert((*ip, protocol.ip_number(), port));
+            }
+        }
+    }
+    for (ip, proto, port) in elements {
+        set.insert(vec![
+            Value::ip(ip).into(),
+            Value::Proto(proto).into(),
+            Value::Port(port).into(),
+        ]);
+    }
+    set
+}
+
+pub fn addr_type(family: IpFamily) -> DataType {
+    match family {
+        IpFamily::V4 => DataType::Ipv4Addr,
+        IpFamily::V6 => DataType::Ipv6Addr,
+    }
+}
+
+pub fn suffix(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "v4",
+        IpFamily::V6 => "v6",
+    }
+}

@@ -1,0 +1,358 @@
+use super::*;
+use crate::config::Config;
+use crate::nft::diff::{Op, diff};
+use crate::nft::render::render_full;
+use crate::plan::{Desired, Memory, plan_with};
+use crate::snapshot::{ObjectKey, Snapshot, SnapshotBuilder};
+use crate::testing::nft_check::nft_check;
+use crate::testing::objects;
+
+const NODE: &str = "worker-1";
+
+fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::api::Pod {
+    objects::pod(ns, name)
+        .on(NODE)
+        .labels(labels)
+        .ips(ips)
+        .object()
+}
+
+fn policy(ns: &str, name: &str, spec: &str) -> NetworkPolicy {
+    objects::network_policy(ns, name, spec).object()
+}
+
+const DB_POLICY: &str = "  podSelector: {matchLabels: {app: db}}\n  ingress:\n  - from:\n    \
+    - podSelector: {matchLabels: {app: web}}\n    \
+    - ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.128/25]}\n    \
+    ports: [{port: 5432}, {protocol: UDP, port: 9000, endPort: 9100}, {port: metrics}, {protocol: SCTP, port: 7777}]\n";
+
+fn cluster() -> SnapshotBuilder {
+    let db = objects::pod("shop", "db")
+        .on(NODE)
+        .labels(&[("app", "db")])
+        .ips(&["10.0.0.2", "fd00::2"])
+        .named_ports(&[("metrics", "TCP", 9090)])
+        .object();
+    let remote_db = objects::pod("shop", "db-2")
+        .on("worker-2")
+        .labels(&[("app", "db")])
+        .ips(&["10.0.1.2"])
+        .object();
+    Snapshot::builder()
+        .with(objects::namespace("shop", &[]).object())
+        .with(db)
+        .with(remote_db)
+        .with(pod("shop", "web", &[("app", "web")], &["10.0.0.3"]))
+        .with(policy("shop", "db", DB_POLICY))
+}
+
+fn run(b: SnapshotBuilder, memory: &Memory) -> Desired {
+    plan_with(&b.build(), &Config::for_node(NODE), memory)
+}
+
+#[test]
+fn no_policy_adds_nothing() {
+    let d = run(
+        Snapshot::builder().with(pod("a", "p", &[], &["10.0.0.9"])),
+        &Memory::default(),
+    );
+    let text = render_full(&d.ruleset);
+    assert!(
+        !text.contains("np-ingress") && !text.contains("np-forward"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
+    let d = run(cluster(), &Memory::default());
+    let text = render_full(&d.ruleset);
+    let base = object_name(PREFIX, "shop/db");
+    // Only the local db pod is dispatched, in both families; the remote one is its node's.
+    assert!(text.contains("10.0.0.2 : goto np-in-"), "{text}");
+    assert!(text.contains("fd00::2 : goto np-in-"), "{text}");
+    assert!(!text.contains("10.0.1.2 : goto"), "{text}");
+    // Peers: the web pod and the ipBlock minus its except.
+    let peers = &d.ruleset.part("np/shop/db").unwrap().sets[&format!("{base}-in0-peers-v4")];
+    let nets: Vec<String> = peers
+        .elements
+        .keys()
+        .map(|k| format!("{:?}", k[0]))
+        .collect();
+    assert_eq!(nets, ["Prefix(10.0.0.3/32)", "Prefix(192.0.2.0/25)"]);
+    // The named port resolves on the selected pod.
+    assert!(text.contains("10.0.0.2 . tcp . 9090"), "{text}");
+    assert!(text.contains("udp . 9000-9100"), "{text}");
+    assert!(text.contains("sctp . 7777"), "{text}");
+    assert!(
+        text.contains("ct state established,related accept"),
+        "{text}"
+    );
+    assert!(d.statuses.iter().all(|s| s.result.is_ok()));
+    nft_check(&text);
+}
+
+#[test]
+fn a_label_change_is_element_updates_only() {
+    let first = run(cluster(), &Memory::default());
+    let mut b = cluster();
+    // A second web pod appears, the first one stops being web.
+    b.insert(pod("shop", "web", &[("app", "old")], &["10.0.0.3"]));
+    b.insert(pod("shop", "web-2", &[("app", "web")], &["10.0.0.4"]));
+    let second = run(b, &first.memory);
+    let tx = diff(&first.ruleset, &second.ruleset);
+    assert!(!tx.is_empty());
+    for op in &tx.ops {
+        assert!(
+            matches!(op, Op::AddElements(_) | Op::DeleteElements(_)),
+            "not an element update: {op:?}"
+        );
+    }
+}
+
+#[test]
+fn a_policy_edit_rewrites_only_that_policy() {
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "other",
+        "  podSelector: {matchLabels: {app: web}}\n",
+    ));
+    let first = run(b.clone(), &Memory::default());
+    b.insert(policy(
+        "shop",
+        "other",
+        "  podSelector: {matchLabels: {app: web}}\n  ingress: [{}]\n",
+    ));
+    let second = run(b, &first.memory);
+    let (a, z) = (&first.ruleset, &second.ruleset);
+    assert!(Arc::ptr_eq(
+        a.part("np/shop/db").unwrap(),
+        z.part("np/shop/db").unwrap()
+    ));
+    assert!(a.part("np/shop/other").unwrap() != z.part("np/shop/other").unwrap());
+}
+
+#[test]
+fn two_policies_selecting_a_pod_are_a_union() {
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "all-from-ns",
+        "  podSelector: {}\n  ingress: [{from: [{podSelector: {}}]}]\n",
+    ));
+    let d = run(b, &Memory::default());
+    let text = render_full(&d.ruleset);
+    let db = object_name(PREFIX, "shop/db");
+    let all = object_name(PREFIX, "shop/all-from-ns");
+    // The db pod's policy-set chain jumps to both policies before dropping.
+    let set_chain = d
+        .ruleset
+        .part_keys()
+        .filter(|k| k.starts_with("np-set/in/"))
+        .map(|k| d.ruleset.part(k).unwrap())
+        .flat_map(|p| p.chains.values())
+        .find(|c| c.rules.len() == 3)
+        .expect("a chain for the pod both select");
+    let rendered: Vec<String> = set_chain
+        .rules
+        .iter()
+        .map(crate::nft::render::rule_text)
+        .collect();
+    assert_eq!(rendered[..2].len(), 2);
+    assert!(
+        rendered
+            .iter()
+            .any(|r| r.contains(&format!("jump {db}-in"))),
+        "{rendered:?}"
+    );
+    assert!(
+        rendered
+            .iter()
+            .any(|r| r.contains(&format!("jump {all}-in"))),
+        "{rendered:?}"
+    );
+    nft_check(&text);
+}
+
+#[test]
+fn an_invalid_edit_keeps_the_last_valid_version_and_the_rest_applies() {
+    let first = run(cluster(), &Memory::default());
+    let mut b = cluster();
+    let bad = "  podSelector: {}\n  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/16, except: [10.1.0.0/24]}}]}]\n";
+    b.insert(policy("shop", "db", bad));
+    b.insert(policy(
+        "shop",
+        "new",
+        "  podSelector: {}\n  policyTypes: [Egress]\n",
+    ));
+    let second = run(b, &first.memory);
+    let status = second
+        .statuses
+        .iter()
+        .find(|s| s.key == ObjectKey::new("shop", "db"))
+        .unwrap();
+    assert_eq!(
+        status.result,
+        Err("spec.ingress[0].from[0].ipBlock.except[0]: 10.1.0.0/24 must be strictly inside the cidr 10.0.0.0/16".into())
+    );
+    assert!(Arc::ptr_eq(
+        first.ruleset.part("np/shop/db").unwrap(),
+        second.ruleset.part("np/shop/db").unwrap()
+    ));
+    assert!(second.ruleset.part("np/shop/new").is_some());
+    // Without a last valid version (a fresh start) the invalid policy is skipped.
+    let mut fresh = cluster();
+    fresh.insert(policy("shop", "db", bad));
+    assert!(
+        run(fresh, &Memory::default())
+            .ruleset
+            .part("np/shop/db")
+            .is_none()
+    );
+}
+
+#[test]
+fn host_network_pods_are_not_subject() {
+    let mut host = pod("shop", "agent", &[("app", "db")], &["192.168.1.1"]);
+    host.spec.as_mut().unwrap().host_network = Some(true);
+    let d = run(cluster().with(host), &Memory::default());
+    assert!(!render_full(&d.ruleset).contains("192.168.1.1 : goto"));
+}
+
+#[test]
+fn except_holes_are_cut_out_as_prefixes() {
+    let cut = subtract(
+        "10.0.0.0/8".parse().unwrap(),
+        &[
+            "10.128.0.0/9".parse().unwrap(),
+            "10.1.0.0/16".parse().unwrap(),
+        ],
+    );
+    let got: Vec<String> = cut.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        got,
+        [
+            "10.0.0.0/16",
+            "10.2.0.0/15",
+            "10.4.0.0/14",
+            "10.8.0.0/13",
+            "10.16.0.0/12",
+            "10.32.0.0/11",
+            "10.64.0.0/10"
+        ]
+    );
+}
+
+#[test]
+fn incremental_plans_equal_fresh_plans() {
+    // Each step changes pods or namespaces some policy selects or names, or none does; the
+    // memoized plan must render exactly what a plan from scratch renders.
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "from-tagged-ns",
+        "  podSelector: {}\n  policyTypes: [Ingress, Egress]\n  ingress: [{from: [{namespaceSelector: {matchLabels: {tag: t}}}]}]\n  egress: [{ports: [{port: metrics}]}]\n",
+    ));
+    let mut memory = run(b.clone(), &Memory::default()).memory;
+    type Step = Box<dyn Fn(&mut SnapshotBuilder)>;
+    let steps: Vec<Step> = vec![
+        Box::new(|b| {
+            b.insert(pod("other", "x", &[("app", "none")], &["10.0.0.50"]));
+        }),
+        Box::new(|b| {
+            b.insert(objects::namespace("other", &[("tag", "t")]).object());
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "web")], &["10.0.0.33"]));
+        }),
+        Box::new(|b| {
+            b.insert(
+                objects::pod("other", "m")
+                    .on("worker-2")
+                    .ips(&["10.0.1.9"])
+                    .named_ports(&[("metrics", "TCP", 7070)])
+                    .object(),
+            );
+        }),
+        Box::new(|b| {
+            b.remove(Kind::Pod, &ObjectKey::new("shop", "db"));
+        }),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        step(&mut b);
+        let incremental = run(b.clone(), &memory);
+        let fresh = run(b.clone(), &Memory::default());
+        assert_eq!(
+            render_full(&incremental.ruleset),
+            render_full(&fresh.ruleset),
+            "step {i}"
+        );
+        memory = incremental.memory;
+    }
+}
+
+#[test]
+fn a_policy_selecting_no_local_pod_plans_nothing_here() {
+    let mut b = cluster();
+    // db-2 is the only app=db2 pod, and it runs on worker-2.
+    b.insert(
+        objects::pod("shop", "db-2")
+            .on("worker-2")
+            .labels(&[("app", "db2")])
+            .ips(&["10.0.1.2"])
+            .object(),
+    );
+    b.insert(policy(
+        "shop",
+        "remote",
+        "  podSelector: {matchLabels: {app: db2}}\n",
+    ));
+    let first = run(b.clone(), &Memory::default());
+    assert!(first.ruleset.part("np/shop/remote").is_none());
+    // The pod moves here (a new pod of that name): the policy's chains appear.
+    b.insert(pod("shop", "db-2", &[("app", "db2")], &["10.0.0.7"]));
+    let second = run(b, &first.memory);
+    assert!(second.ruleset.part("np/shop/remote").is_some());
+    assert!(render_full(&second.ruleset).contains("10.0.0.7 : goto np-in-"));
+}
+
+#[test]
+fn port_ranges_merge_and_egress_named_ports_resolve_on_the_peer() {
+    let mut b = cluster();
+    b.insert(policy(
+        "shop",
+        "web-out",
+        "  podSelector: {matchLabels: {app: web}}\n  policyTypes: [Egress]\n  egress:\n  \
+         - ports: [{port: 80, endPort: 90}, {port: 85, endPort: 100}, {protocol: UDP}]\n  \
+         - to: [{podSelector: {matchLabels: {app: db}}}]\n    ports: [{port: metrics}]\n",
+    ));
+    let d = run(b, &Memory::default());
+    let part = d.ruleset.part("np/shop/web-out").unwrap();
+    let base = object_name(PREFIX, "shop/web-out");
+    let keys = |set: &str| -> Vec<String> {
+        part.sets[set]
+            .elements
+            .keys()
+            .map(|k| {
+                k.iter()
+                    .map(|p| format!("{p:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" . ")
+            })
+            .collect()
+    };
+    assert_eq!(
+        keys(&format!("{base}-eg0-ports")),
+        [
+            "Value(Proto(6)) . Range(Port(80), Port(100))",
+            "Value(Proto(17)) . Range(Port(0), Port(65535))"
+        ]
+    );
+    // Only the db pod that has a port named metrics (the remote one has none).
+    assert_eq!(
+        keys(&format!("{base}-eg1-named-v4")),
+        ["Value(Ipv4(10.0.0.2)) . Value(Proto(6)) . Value(Port(9090))"]
+    );
+    nft_check(&render_full(&d.ruleset));
+}
