@@ -23,6 +23,7 @@
 //! chain rewrite.
 
 pub mod compile;
+pub mod learning;
 pub mod steps;
 
 use super::base::chains::FILTER_FORWARD;
