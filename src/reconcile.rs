@@ -117,6 +117,8 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         }
         let changes = planned?;
         self.net.apply(&changes)?;
+        let dns_learning =
+            std::sync::Arc::new(crate::plan::firewall::learning::learning(&memory.firewall));
         self.memory = memory;
         self.save_state();
         Ok(SyncReport {
@@ -124,6 +126,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             net_ops: changes.len(),
             statuses,
             health_checks,
+            dns_learning,
         })
     }
 

@@ -68,6 +68,8 @@ pub struct Metrics {
     drift_repairs: Counter,
     drift_last_repair: Gauge<f64, AtomicU64>,
     leader: Family<RoleLabel, Gauge>,
+    /// The EgressFirewall DNS proxy's own metrics (it updates them).
+    pub dns_proxy: crate::dnsproxy::metrics::ProxyMetrics,
 }
 
 impl Default for Metrics {
@@ -94,8 +96,10 @@ impl Metrics {
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
+            dns_proxy: Default::default(),
             registry: Registry::default(),
         };
+        m.dns_proxy.register(&mut registry);
         registry.register(
             "sync_duration_seconds",
             "Time to plan and apply one sync (nftables and network)",

@@ -199,7 +199,11 @@ mod tests {
             "api.example.com",
             &[("198.51.100.7", 2), ("2001:db8::7", 60)],
         );
-        assert_eq!(l.learn(&learning, pod, &a, now).unwrap().written, 4, "2 names x 2 addresses");
+        assert_eq!(
+            l.learn(&learning, pod, &a, now).unwrap().written,
+            4,
+            "2 names x 2 addresses"
+        );
         assert_eq!(
             elements(&l, &exact),
             [("Value(Ipv4(198.51.100.7))".into(), Some(5))],

@@ -24,6 +24,7 @@
 
 pub mod compile;
 pub mod learning;
+pub mod steer;
 pub mod steps;
 
 use super::base::chains::FILTER_FORWARD;
@@ -134,6 +135,10 @@ impl Feature for Firewall {
             &mut out.ruleset,
         );
         out.statuses.extend(statuses);
+        if let Some(port) = inputs.config.dns_proxy.port {
+            let learning = learning::learning(&memory);
+            steer::plan(&learning, port, &mut out.ruleset, &mut out.net);
+        }
         memory
     }
 

@@ -12,6 +12,7 @@
 //! assert_eq!(reply.src_ip(), pod.ip());
 //! ```
 mod agent;
+pub mod dns;
 mod netns;
 mod stream;
 mod topology;
