@@ -1,12 +1,18 @@
 //! The proxy's metrics, registered with the agent's (`admin::metrics`): answers seen,
 //! addresses learned, how long answers were held, errors by reason.
 
-use crate::admin::metrics::ReasonLabel;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::time::Duration;
+
+/// `reason` (its own type: `admin` registers these metrics, so this module must not import it).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
 
 #[derive(Clone, Debug)]
 pub struct ProxyMetrics {
