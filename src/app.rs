@@ -205,7 +205,16 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     });
     // After every successful sync, in this order (as the loop did before it had observers):
     // the log, the drift repair (readiness back), the health-check ports.
+    let (learning_tx, learning_rx) = watch::channel(Arc::default());
+    if let Err(e) = crate::dnsproxy::spawn(
+        &config.dns_proxy,
+        learning_rx,
+        admin.metrics.dns_proxy.clone(),
+    ) {
+        error!("dns proxy not started (pod DNS goes direct, only resolution feeds dnsName): {e}");
+    }
     observers.push(Box::new(LogReport));
+    observers.push(Box::new(DnsLearning(learning_tx)));
     observers.push(Box::new(DriftRepairs { state: admin }));
     observers.push(Box::new(SyncHealth {
         health: proxy_health.clone(),
@@ -304,6 +313,23 @@ async fn wait_for_signal() {
         Err(e) => {
             warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Tells the DNS proxy whose answers to learn from once a sync put the learned sets in place.
+struct DnsLearning(watch::Sender<Arc<crate::plan::firewall::learning::Learning>>);
+
+impl SyncObserver for DnsLearning {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        if let Ok(report) = sync.result {
+            self.0.send_if_modified(|current| {
+                let changed = **current != *report.dns_learning;
+                if changed {
+                    *current = report.dns_learning.clone();
+                }
+                changed
+            });
         }
     }
 }

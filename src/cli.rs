@@ -316,4 +316,26 @@ pub struct Opts {
         value_name = "COUNT"
     )]
     pub egress_ip_probe_misses: Option<u32>,
+
+    /// Port of the transparent DNS proxy that sees the DNS answers of pods whose namespace's
+    /// EgressFirewall has `dnsName` rules, and adds the answered addresses before the pod
+    /// gets them (see README "EgressFirewall DNS"). 0 turns it off (only the agent's own
+    /// resolution then feeds `dnsName` rules). Default: 15353.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_PROXY_PORT",
+        value_name = "PORT"
+    )]
+    pub dns_proxy_port: Option<u16>,
+
+    /// Shortest time an address learned from a DNS answer stays allowed (its record's TTL
+    /// when longer). Default: 5.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_MIN_TTL_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub dns_min_ttl_seconds: Option<u32>,
 }

@@ -98,6 +98,27 @@ pub struct Config {
     pub leader_elect: Timings,
     /// The EgressIP assigner's node health probes (interval, misses).
     pub egress_ip_probe: probe::Settings,
+    /// The transparent DNS proxy of `dnsName` rules (`--dns-proxy-port`, `--dns-min-ttl-seconds`).
+    pub dns_proxy: DnsProxySettings,
+}
+
+/// `port`: `None` = no proxy (and no steering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DnsProxySettings {
+    pub port: Option<u16>,
+    pub min_ttl_secs: u32,
+}
+
+pub const DEFAULT_DNS_PROXY_PORT: u16 = 15353;
+pub const DEFAULT_DNS_MIN_TTL_SECS: u32 = 5;
+
+impl Default for DnsProxySettings {
+    fn default() -> Self {
+        DnsProxySettings {
+            port: Some(DEFAULT_DNS_PROXY_PORT),
+            min_ttl_secs: DEFAULT_DNS_MIN_TTL_SECS,
+        }
+    }
 }
 
 impl Config {
@@ -126,6 +147,7 @@ impl Config {
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
+            dns_proxy: DnsProxySettings::default(),
         }
     }
 
@@ -315,6 +337,19 @@ impl Config {
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
+            dns_proxy: DnsProxySettings {
+                port: Some(
+                    opts.dns_proxy_port
+                        .or(file.dns_proxy_port)
+                        .unwrap_or(DEFAULT_DNS_PROXY_PORT),
+                )
+                .filter(|p| *p != 0),
+                min_ttl_secs: opts
+                    .dns_min_ttl_seconds
+                    .or(file.dns_min_ttl_seconds)
+                    .unwrap_or(DEFAULT_DNS_MIN_TTL_SECS)
+                    .max(1),
+            },
         })
     }
 }
@@ -427,6 +462,8 @@ struct FileConfig {
     leader_elect_retry_period: Option<DurationValue>,
     egress_ip_probe_interval: Option<DurationValue>,
     egress_ip_probe_misses: Option<u32>,
+    dns_proxy_port: Option<u16>,
+    dns_min_ttl_seconds: Option<u32>,
 }
 
 /// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.

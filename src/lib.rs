@@ -11,6 +11,7 @@ pub mod config;
 pub mod conntrack;
 pub mod controller;
 pub mod dns;
+pub mod dnsproxy;
 pub mod healthcheck;
 pub mod net;
 pub mod nft;

@@ -69,6 +69,8 @@ pub struct SyncReport {
     pub statuses: Vec<ObjectStatus>,
     /// The health-check ports the services feature planned.
     pub health_checks: HealthChecks,
+    /// Whose DNS answers the EgressFirewall DNS proxy learns from, and into which sets.
+    pub dns_learning: std::sync::Arc<crate::plan::firewall::learning::Learning>,
 }
 
 /// An object's verdict as the log, `--dry-run` and the admin ruleset print it: one line

@@ -161,6 +161,8 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         }
         let changes = planned?;
         self.net.apply(&changes)?;
+        let dns_learning =
+            std::sync::Arc::new(crate::plan::firewall::learning::learning(&memory.firewall));
         self.memory = memory;
         self.save_state();
         Ok(SyncReport {
@@ -168,6 +170,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             net_ops: changes.len(),
             statuses,
             health_checks,
+            dns_learning,
         })
     }
 

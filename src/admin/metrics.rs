@@ -70,6 +70,8 @@ pub struct Metrics {
     drift_repairs: Counter,
     drift_last_repair: Gauge<f64, AtomicU64>,
     leader: Family<RoleLabel, Gauge>,
+    /// The EgressFirewall DNS proxy's own metrics (it updates them).
+    pub dns_proxy: crate::dnsproxy::metrics::ProxyMetrics,
 }
 
 impl Default for Metrics {
@@ -102,9 +104,11 @@ impl Metrics {
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
+            dns_proxy: Default::default(),
             registry: Registry::default(),
             kubeproxy,
         };
+        m.dns_proxy.register(registry);
         registry.register(
             "sync_duration_seconds",
             "Time to plan and apply one sync (nftables and network)",

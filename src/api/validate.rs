@@ -50,8 +50,6 @@ pub enum Invalid {
     DnsName { name: String, why: &'static str },
     #[error("{0:?} is an IP address, not a DNS name (use cidrSelector)")]
     DnsNameIsIp(String),
-    #[error("wildcard DNS name {0:?} is not supported yet")]
-    WildcardDnsName(String),
     #[error("dscp {0} out of range 0-63")]
     Dscp(i32),
     #[error("invalid IP address {0:?}")]
@@ -280,7 +278,9 @@ pub fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
 }
 
 /// Validates a DNS name (RFC 1123 labels, at most 253 characters) and returns it lowercased,
-/// without a trailing dot, so that names compare case-insensitively.
+/// without a trailing dot, so that names compare case-insensitively. A wildcard name is
+/// `*.` followed by a valid name (exactly one leading `*` label, as OVN-Kubernetes defines it):
+/// it matches names with exactly one more label ([`dns_name_matches`]).
 pub fn parse_dns_name(s: &str) -> Result<String, Invalid> {
     let bad = |why| Invalid::DnsName {
         name: s.to_string(),
@@ -298,8 +298,11 @@ pub fn parse_dns_name(s: &str) -> Result<String, Invalid> {
     }
     if let Some(rest) = name.strip_prefix("*.") {
         // Validate the rest so that the error for `*.bad..name` is about the real problem.
-        parse_dns_name(rest).map_err(|_| bad("invalid name after the wildcard label"))?;
-        return Err(Invalid::WildcardDnsName(s.to_string()));
+        let rest = Some(rest)
+            .filter(|r| !r.contains('*'))
+            .and_then(|r| parse_dns_name(r).ok())
+            .ok_or_else(|| bad("invalid name after the wildcard label"))?;
+        return Ok(format!("*.{rest}"));
     }
     for label in name.split('.') {
         if label.is_empty() {
@@ -325,6 +328,19 @@ pub fn parse_dns_name(s: &str) -> Result<String, Invalid> {
         return Err(bad("all-numeric name"));
     }
     Ok(name)
+}
+
+/// Whether `name` (lowercase, no trailing dot) is matched by the validated `pattern`: equal to
+/// an exact name, or exactly one label in front of a wildcard's suffix (`a.example.com`
+/// matches `*.example.com`; `example.com` and `a.b.example.com` do not).
+pub fn dns_name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        None => pattern == name,
+        Some(suffix) => name
+            .strip_suffix(suffix)
+            .and_then(|head| head.strip_suffix('.'))
+            .is_some_and(|label| !label.is_empty() && !label.contains('.')),
+    }
 }
 
 /// Parses an egress IP: a unicast IPv4 or IPv6 address (not IPv4-mapped IPv6, which would be
@@ -375,6 +391,18 @@ mod tests {
     }
 
     #[test]
+    fn wildcards_match_exactly_one_more_label() {
+        let m = dns_name_matches;
+        assert!(m("*.example.com", "a.example.com"));
+        assert!(!m("*.example.com", "example.com"));
+        assert!(!m("*.example.com", "a.b.example.com"));
+        assert!(!m("*.example.com", "aexample.com"));
+        assert!(!m("*.example.com", ".example.com"));
+        assert!(m("api.example.com", "api.example.com"));
+        assert!(!m("api.example.com", "x.api.example.com"));
+    }
+
+    #[test]
     fn dns_names() {
         assert_eq!(
             parse_dns_name("WWW.Example.COM.").unwrap(),
@@ -382,6 +410,7 @@ mod tests {
         );
         assert_eq!(parse_dns_name("a-b.c0").unwrap(), "a-b.c0");
         assert_eq!(parse_dns_name("localhost").unwrap(), "localhost");
+        assert_eq!(parse_dns_name("*.Example.COM.").unwrap(), "*.example.com");
         #[rustfmt::skip]
         let bad = [
             ("", r#"invalid DNS name "": empty name"#),
@@ -389,7 +418,9 @@ mod tests {
             ("-a.com", r#"invalid DNS name "-a.com": labels must not start or end with '-'"#),
             ("a_b.com", r#"invalid DNS name "a_b.com": labels may contain only letters, digits and '-'"#),
             ("a.*.com", r#"invalid DNS name "a.*.com": '*' is only allowed as the whole first label"#),
-            ("*.example.com", r#"wildcard DNS name "*.example.com" is not supported yet"#),
+            ("**.example.com", r#"invalid DNS name "**.example.com": '*' is only allowed as the whole first label"#),
+            ("*", r#"invalid DNS name "*": '*' is only allowed as the whole first label"#),
+            ("*.*.example.com", r#"invalid DNS name "*.*.example.com": invalid name after the wildcard label"#),
             ("*.a..b", r#"invalid DNS name "*.a..b": invalid name after the wildcard label"#),
             ("1.2.3.4", r#""1.2.3.4" is an IP address, not a DNS name (use cidrSelector)"#),
             ("::1", r#""::1" is an IP address, not a DNS name (use cidrSelector)"#),
@@ -403,6 +434,9 @@ mod tests {
             );
         }
         let long_label = format!("{}.com", "a".repeat(64));
+        assert!(
+            matches!(parse_dns_name(&format!("*.{long_label}")), Err(Invalid::DnsName { why, .. }) if why.contains("wildcard"))
+        );
         assert!(
             matches!(parse_dns_name(&long_label), Err(Invalid::DnsName { why, .. }) if why.contains("63"))
         );

@@ -361,6 +361,7 @@ mod tests {
                         onlink: false,
                     },
                 ],
+                local: false,
             }]
             .into(),
             rules: [RuleSpec {
@@ -431,6 +432,7 @@ mod tests {
             table: 7000,
             dst: "10.9.0.0/16".parse().unwrap(),
             nexthops: vec![NextHop::dev("eth0")],
+            local: false,
         };
         let foreign_rule = RuleSpec {
             priority: 7000,

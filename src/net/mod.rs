@@ -140,6 +140,9 @@ pub struct RouteSpec {
     pub table: u32,
     pub dst: IpNet,
     pub nexthops: Vec<NextHop>,
+    /// `local` (type local, scope host): packets are delivered to this host whatever their
+    /// destination, as transparent proxying needs (`local default dev lo`).
+    pub local: bool,
 }
 
 impl fmt::Display for RouteSpec {

@@ -84,7 +84,7 @@ pub(crate) fn validate(route: &RouteSpec, cfg: &NetConfig) -> Result<(), NetErro
 /// Does the kernel's route do what `want` asks? A desired nexthop without `dev` accepts the
 /// device the kernel resolved. Both sides are canonical.
 fn satisfied_by(want: &RouteSpec, have: &RouteSpec) -> bool {
-    if want.nexthops.len() != have.nexthops.len() {
+    if want.nexthops.len() != have.nexthops.len() || want.local != have.local {
         return false;
     }
     let mut free: Vec<&NextHop> = have.nexthops.iter().collect();
@@ -159,7 +159,8 @@ fn nexthop_text(nh: &NextHop) -> String {
 /// `route add 10.1.0.0/16 table 7000 proto nodeplane nexthop via 192.168.1.1 weight 1 ...`.
 pub fn describe(verb: &str, route: &RouteSpec, proto: u8) -> String {
     let mut s = format!(
-        "route {verb} {} table {} proto {}",
+        "route {verb} {}{} table {} proto {}",
+        if route.local { "local " } else { "" },
         route.dst,
         route.table,
         proto_name(proto)
@@ -227,9 +228,15 @@ pub(crate) fn add_message(
     proto: u8,
 ) -> Result<RouteMessage, NetError> {
     let mut msg = header(route, proto);
-    msg.header.kind = RouteType::Unicast;
+    msg.header.kind = if route.local {
+        RouteType::Local
+    } else {
+        RouteType::Unicast
+    };
     let gateway_less = route.nexthops.iter().all(|nh| nh.via.is_none());
-    msg.header.scope = if gateway_less && route.dst.addr().is_ipv4() {
+    msg.header.scope = if route.local {
+        RouteScope::Host
+    } else if gateway_less && route.dst.addr().is_ipv4() {
         RouteScope::Link
     } else {
         RouteScope::Universe
@@ -286,12 +293,14 @@ fn ip_of(addr: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// The kernel's unicast route as a [`KernelRoute`]; `None` for other kinds (local, broadcast,
-/// blackhole...) and families, which the agent never owns.
+/// The kernel's unicast or local route as a [`KernelRoute`]; `None` for other kinds
+/// (broadcast, blackhole...) and families, which the agent never owns.
 pub(crate) fn parse(msg: &RouteMessage, state: &KernelState) -> Option<KernelRoute> {
-    if msg.header.kind != RouteType::Unicast {
-        return None;
-    }
+    let local = match msg.header.kind {
+        RouteType::Unicast => false,
+        RouteType::Local => true,
+        _ => return None,
+    };
     let v6 = match msg.header.address_family {
         AddressFamily::Inet => false,
         AddressFamily::Inet6 => true,
@@ -346,6 +355,7 @@ pub(crate) fn parse(msg: &RouteMessage, state: &KernelState) -> Option<KernelRou
             table,
             dst,
             nexthops,
+            local,
         },
         proto: u8::from(msg.header.protocol),
     })
@@ -368,6 +378,7 @@ mod tests {
                     onlink: false,
                 })
                 .collect(),
+            local: false,
         }
     }
 
@@ -447,6 +458,7 @@ mod tests {
             table: 7000,
             dst: "10.2.0.0/16".parse().unwrap(),
             nexthops: vec![NextHop::dev("nope0")],
+            local: false,
         };
         let err = add_message(&r, &links(), 0x6e).unwrap_err();
         assert_eq!(

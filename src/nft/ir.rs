@@ -779,6 +779,13 @@ pub enum Stmt {
     },
     /// `meta mark set N`.
     MarkSet(u32),
+    /// `tproxy ip to :PORT` (prerouting only): hands the packet to the transparent socket
+    /// at the port if one exists; without one the rule does not match (the kernel's
+    /// `NFT_BREAK`), so traffic goes on unchanged while nobody listens.
+    Tproxy {
+        family: IpFamily,
+        port: u16,
+    },
     /// `meta mark set meta mark or BITS`: sets bits, keeps the others.
     MarkOr(u32),
     /// `meta mark set meta mark and MASK`: clears the bits not in MASK.

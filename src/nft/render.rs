@@ -269,6 +269,10 @@ fn stmt(s: &Stmt) -> String {
         Stmt::Masquerade => "masquerade".into(),
         Stmt::DscpSet { family, dscp } => format!("{} dscp set {dscp}", family_kw(*family)),
         Stmt::MarkSet(m) => format!("meta mark set {m:#010x}"),
+        Stmt::Tproxy { family, port } => match family {
+            IpFamily::V4 => format!("tproxy ip to :{port}"),
+            IpFamily::V6 => format!("tproxy ip6 to :{port}"),
+        },
         Stmt::MarkOr(m) => format!("meta mark set meta mark or {m:#010x}"),
         Stmt::MarkAnd(m) => format!("meta mark set meta mark and {m:#010x}"),
         Stmt::SetUpdate { set, key } => format!("update @{set} {{ {} }}", fields(key)),

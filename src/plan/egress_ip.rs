@@ -752,6 +752,7 @@ fn steer_routing(
             table,
             dst,
             nexthops,
+            local: false,
         });
         net.rules.insert(RuleSpec {
             priority: STEER_RULE_PRIORITY,

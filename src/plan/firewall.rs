@@ -23,6 +23,9 @@
 //! chain rewrite.
 
 pub mod compile;
+pub mod learning;
+pub mod steer;
+pub mod steps;
 
 use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
@@ -40,6 +43,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
+use steps::Step;
 
 /// The chain `filter-forward` jumps to.
 pub const DISPATCH: &str = "fw-dispatch";
@@ -60,13 +64,32 @@ impl Names {
             chain: object_name(PREFIX, namespace),
         }
     }
-    /// `ip daddr` interval verdict map.
+    /// `ip daddr` interval verdict map of the chain's first run of painted rules.
     pub fn addr_map(&self, family: IpFamily) -> String {
-        format!("{}-{}", self.chain, suffix(family))
+        self.run_addr_map(0, family)
     }
-    /// `ip daddr . meta l4proto . th dport` interval verdict map.
+    /// `ip daddr . meta l4proto . th dport` interval verdict map of the first run.
     pub fn ports_map(&self, family: IpFamily) -> String {
-        format!("{}-ports-{}", self.chain, suffix(family))
+        self.run_ports_map(0, family)
+    }
+    /// The address map of painted run `run` (runs after the first follow a learned set).
+    pub fn run_addr_map(&self, run: usize, family: IpFamily) -> String {
+        format!("{}{}-{}", self.chain, run_suffix(run), suffix(family))
+    }
+    pub fn run_ports_map(&self, run: usize, family: IpFamily) -> String {
+        format!("{}{}-ports-{}", self.chain, run_suffix(run), suffix(family))
+    }
+    /// The timeout set of addresses learned from DNS answers for `dns_name` (a validated
+    /// name or wildcard): one per name, shared by the namespace's rules naming it.
+    pub fn learned_set(&self, dns_name: &str, family: IpFamily) -> String {
+        format!("{}-{}", object_name(&self.chain, dns_name), suffix(family))
+    }
+}
+
+fn run_suffix(run: usize) -> String {
+    match run {
+        0 => String::new(),
+        n => format!("-r{n}"),
     }
 }
 
@@ -112,6 +135,10 @@ impl Feature for Firewall {
             &mut out.ruleset,
         );
         out.statuses.extend(statuses);
+        if let Some(port) = inputs.config.dns_proxy.port {
+            let learning = learning::learning(&memory);
+            steer::plan(&learning, port, &mut out.ruleset, &mut out.net);
+        }
         memory
     }
 
@@ -174,7 +201,8 @@ fn dns_names(snapshot: &Snapshot, memory: &FirewallMemory) -> BTreeSet<String> {
         .values()
         .flat_map(|fw| &fw.valid.rules)
         .filter_map(|r| match &r.dest {
-            Destination::Dns(name) => Some(name.clone()),
+            // A wildcard has no answer of its own: only the proxy learns its addresses.
+            Destination::Dns(name) if !name.starts_with("*.") => Some(name.clone()),
             _ => None,
         })
         .collect()
@@ -265,15 +293,38 @@ fn namespace_part(inputs: &PartInputs) -> Part {
                 compile_input(r, family, addrs.unwrap_or_default())
             })
             .collect();
-        let compiled = compile::compile(&rules, max_addr(family));
-        let (ports_map, addr_map) = maps(&names, family, addr_type, &compiled, &verdicts);
-        chain.push(Rule::new(vec![Stmt::vmap(
-            vec![daddr, Field::L4Proto, Field::ThDport],
-            &ports_map.name,
-        )]));
-        chain.push(Rule::new(vec![Stmt::vmap(vec![daddr], &addr_map.name)]));
-        f.add_set(ports_map);
-        f.add_set(addr_map);
+        let learned: Vec<bool> = fw
+            .rules
+            .iter()
+            .map(|r| matches!(r.dest, Destination::Dns(_)))
+            .collect();
+        let mut runs = 0;
+        for step in steps::steps(&rules, &learned, max_addr(family)) {
+            match step {
+                Step::Painted(compiled) => {
+                    let (ports_map, addr_map) =
+                        maps(&names, runs, family, addr_type, &compiled, &verdicts);
+                    chain.push(Rule::new(vec![Stmt::vmap(
+                        vec![daddr, Field::L4Proto, Field::ThDport],
+                        &ports_map.name,
+                    )]));
+                    chain.push(Rule::new(vec![Stmt::vmap(vec![daddr], &addr_map.name)]));
+                    f.add_set(ports_map);
+                    f.add_set(addr_map);
+                    runs += 1;
+                }
+                Step::Learned(i) => {
+                    let Destination::Dns(name) = &fw.rules[i].dest else {
+                        unreachable!("only dnsName rules learn")
+                    };
+                    let set = names.learned_set(name, family);
+                    for rule in learned_rules(daddr, &set, &fw.rules[i], &verdicts[i]) {
+                        chain.push(rule);
+                    }
+                    f.add_set(learned_set(set, addr_type));
+                }
+            }
+        }
     }
     for ip in &inputs.pods {
         let map = if ip.is_ipv6() { PODS_V6 } else { PODS_V4 };
@@ -333,9 +384,44 @@ fn compile_input(rule: &FirewallRule, family: IpFamily, resolved: &[IpAddr]) -> 
     compile::Rule { ranges, ports }
 }
 
-/// The two interval verdict maps of a namespace and family; every element counts its hits.
+/// A learned set: addresses the DNS proxy adds with their answer's TTL (`flags timeout`),
+/// never by a plan (`dynamic`: the kernel's elements are the truth, the diff keeps them).
+fn learned_set(name: String, addr_type: DataType) -> Set {
+    Set::new(name, vec![addr_type], SetKind::Set).with_flags(SetFlags {
+        timeout: true,
+        dynamic: true,
+        ..Default::default()
+    })
+}
+
+/// The rules consulting a learned set at its rule's place: one per listed port (a rule
+/// without ports is one rule for every packet).
+fn learned_rules(daddr: Field, set: &str, rule: &FirewallRule, v: &RuleVerdict) -> Vec<Rule> {
+    let matched = |extra: Vec<Stmt>| {
+        let mut stmts = vec![Stmt::in_set(vec![daddr], set)];
+        stmts.extend(extra);
+        stmts.push(Stmt::Verdict(v.verdict.clone()));
+        Rule::new(stmts).with_comment(v.comment.to_string())
+    };
+    if rule.ports.is_empty() {
+        return vec![matched(Vec::new())];
+    }
+    rule.ports
+        .iter()
+        .map(|p| {
+            matched(vec![
+                Stmt::matches(Field::L4Proto, Value::Proto(p.protocol.ip_number())),
+                Stmt::matches(Field::ThDport, Value::Port(p.port)),
+            ])
+        })
+        .collect()
+}
+
+/// The two interval verdict maps of a painted run of a namespace and family; every element
+/// counts its hits.
 fn maps(
     names: &Names,
+    run: usize,
     family: IpFamily,
     addr_type: DataType,
     compiled: &Compiled,
@@ -347,7 +433,7 @@ fn maps(
         ..Default::default()
     };
     let mut ports = Set::new(
-        names.ports_map(family),
+        names.run_ports_map(run, family),
         vec![addr_type, DataType::InetProto, DataType::InetService],
         SetKind::VerdictMap,
     )
@@ -367,8 +453,12 @@ fn maps(
             insert(&mut ports, key, s);
         }
     }
-    let mut addrs =
-        Set::new(names.addr_map(family), vec![addr_type], SetKind::VerdictMap).with_flags(interval);
+    let mut addrs = Set::new(
+        names.run_addr_map(run, family),
+        vec![addr_type],
+        SetKind::VerdictMap,
+    )
+    .with_flags(interval);
     for s in &compiled.other {
         insert(&mut addrs, vec![key_part(family, s)], s);
     }

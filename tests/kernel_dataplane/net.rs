@@ -390,6 +390,7 @@ fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
             nexthop("10.10.0.2", Some("n0"), 3),
             nexthop("10.10.5.2", Some("n1"), 1),
         ],
+        local: false,
     };
     let v6 = RouteSpec {
         table: 7001,
@@ -398,12 +399,14 @@ fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
             nexthop("2001:db8::2", Some("n0"), 1),
             nexthop("2001:db8:5::2", Some("n1"), 2),
         ],
+        local: false,
     };
     // The kernel resolves the device: a nexthop without one must still converge.
     let single = RouteSpec {
         table: 7000,
         dst: "10.20.0.0/16".parse().unwrap(),
         nexthops: vec![nexthop("10.10.5.2", None, 1)],
+        local: false,
     };
     let mut desired = NetDesired {
         routes: [v4.clone(), v6.clone(), single].into(),

@@ -447,6 +447,11 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
             flags: d.be32(7).unwrap_or(0),
         },
         "masq" if d.get(2).is_none() => Expr::Masq,
+        // NFTA_TPROXY_FAMILY, NFTA_TPROXY_REG_PORT; a port-only tproxy has no address.
+        "tproxy" if d.get(2).is_none() => Expr::Tproxy {
+            family: d.be32(1)?,
+            reg_port: d.be32(3)?,
+        },
         "reject" => Expr::Reject {
             kind: d.be32(1)?,
             // No code is dumped for a TCP reset.

@@ -90,6 +90,11 @@ pub enum Expr {
         flags: u32,
     },
     Masq,
+    /// `tproxy` to a port only (the address is the packet's destination).
+    Tproxy {
+        family: u32,
+        reg_port: u32,
+    },
     Reject {
         kind: u32,
         code: u8,
@@ -115,6 +120,7 @@ impl Expr {
             Expr::Log { .. } => "log",
             Expr::Nat { .. } => "nat",
             Expr::Masq => "masq",
+            Expr::Tproxy { .. } => "tproxy",
             Expr::Reject { .. } => "reject",
         }
     }

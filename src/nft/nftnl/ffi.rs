@@ -303,6 +303,9 @@ fn build_expr(e: &Expr) -> ExprObj {
             e
         }
         Expr::Masq => ExprObj::new(c"masq"),
+        Expr::Tproxy { family, reg_port } => ExprObj::new(c"tproxy")
+            .u32(sys::NFTNL_EXPR_TPROXY_FAMILY, *family)
+            .u32(sys::NFTNL_EXPR_TPROXY_REG_PORT, *reg_port),
         Expr::Reject { kind, code } => ExprObj::new(c"reject")
             .u32(sys::NFTNL_EXPR_REJECT_TYPE, *kind)
             .u8(sys::NFTNL_EXPR_REJECT_CODE, *code),

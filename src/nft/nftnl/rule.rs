@@ -109,6 +109,18 @@ impl RuleLowering<'_> {
                 Ok(())
             }
             Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp),
+            Stmt::Tproxy { family, port } => {
+                let reg_port = kernel_reg(NFT_REG_1);
+                self.push(Expr::Immediate {
+                    dreg: reg_port,
+                    data: port.to_be_bytes().to_vec(),
+                });
+                self.push(Expr::Tproxy {
+                    family: u32::from(nfproto(*family)),
+                    reg_port,
+                });
+                Ok(())
+            }
             Stmt::MarkSet(mark) => {
                 let sreg = kernel_reg(NFT_REG_1);
                 self.push(Expr::Immediate {

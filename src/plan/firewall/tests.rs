@@ -83,7 +83,10 @@ fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
         elements(&d.ruleset.flatten(), PODS_V6),
         [format!("fd01::5 : goto {c}")]
     );
-    let mut v4 = elements(&d.ruleset.flatten(), &n.addr_map(IpFamily::V4));
+    // The dnsName rule 1 cuts the rules: rule 0 is painted in the first run, rules 1-3 (the
+    // agent's own answer for rule 1 included) in the second, behind rule 1's learned set.
+    assert!(elements(&d.ruleset.flatten(), &n.addr_map(IpFamily::V4)).is_empty());
+    let mut v4 = elements(&d.ruleset.flatten(), &n.run_addr_map(1, IpFamily::V4));
     v4.sort();
     let deny = "comment \"rule 3: Deny 0.0.0.0/0\" : drop";
     assert_eq!(
@@ -114,7 +117,24 @@ fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
         .iter()
         .map(rule_text)
         .collect();
-    assert_eq!(chain.len(), 4);
+    let learned = |f| n.learned_set("api.example.com", f);
+    let comment = "comment \"rule 1: Allow dnsName api.example.com\"";
+    assert_eq!(
+        chain,
+        [
+            format!("ip daddr . meta l4proto . th dport vmap @{c}-ports-v4"),
+            format!("ip daddr vmap @{c}-v4"),
+            format!("ip daddr @{} accept {comment}", learned(IpFamily::V4)),
+            format!("ip daddr . meta l4proto . th dport vmap @{c}-r1-ports-v4"),
+            format!("ip daddr vmap @{c}-r1-v4"),
+            format!("ip6 daddr . meta l4proto . th dport vmap @{c}-ports-v6"),
+            format!("ip6 daddr vmap @{c}-v6"),
+            format!("ip6 daddr @{} accept {comment}", learned(IpFamily::V6)),
+        ],
+        "the v6 rules after the learned set match nothing: no second run"
+    );
+    let set = &flat.sets[&learned(IpFamily::V4)];
+    assert!(set.flags.timeout && set.flags.dynamic && set.elements.is_empty());
     // The namespace chain is the only one it has: no chain per rule.
     let ns_chains: Vec<&String> = flat.chains.keys().filter(|k| k.starts_with(c)).collect();
     assert_eq!(ns_chains, [c]);
@@ -212,6 +232,42 @@ fn dns_names_are_shared_and_lowercase() {
         .build();
     let names: Vec<String> = dns_names(&snap, &Default::default()).into_iter().collect();
     assert_eq!(names, ["api.example.com", "b.example.com"]);
+}
+
+#[test]
+fn a_wildcard_rule_learns_only_and_keeps_its_ports_and_place() {
+    let snap = Snapshot::builder()
+        .with(fw(
+            "web",
+            "[{type: Allow, to: {dnsName: '*.Example.com'}, ports: [{protocol: TCP, port: 443}, {protocol: UDP, port: 53}]}, \
+              {type: Deny, to: {dnsName: '*.example.com'}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]",
+        ))
+        .with(pod_on(NODE, "web", "a", &["10.128.0.5"]));
+    let names: Vec<String> = dns_names(&snap.clone().build(), &Default::default())
+        .into_iter()
+        .collect();
+    assert!(names.is_empty(), "a wildcard has nothing to resolve");
+    let d = run(snap, &Memory::default(), &DnsAnswers::default());
+    assert_eq!(d.statuses[0].result, Ok(()));
+    let n = Names::new("web");
+    let flat = d.ruleset.flatten();
+    let chain: Vec<String> = flat.chains[&n.chain].rules.iter().map(rule_text).collect();
+    let set = n.learned_set("*.example.com", IpFamily::V4);
+    let allow = "accept comment \"rule 0: Allow dnsName *.example.com ports TCP/443,UDP/53\"";
+    assert_eq!(
+        chain[2..6],
+        [
+            format!("ip daddr @{set} meta l4proto tcp th dport 443 {allow}"),
+            format!("ip daddr @{set} meta l4proto udp th dport 53 {allow}"),
+            // Both rules name the same set; the second consults it for the other ports.
+            format!("ip daddr @{set} drop comment \"rule 1: Deny dnsName *.example.com\""),
+            format!(
+                "ip daddr . meta l4proto . th dport vmap @{}-r1-ports-v4",
+                n.chain
+            ),
+        ]
+    );
+    assert!(flat.sets.contains_key(&set));
 }
 
 #[test]

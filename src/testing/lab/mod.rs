@@ -13,6 +13,7 @@
 //! ```
 mod agent;
 mod datagrams;
+pub mod dns;
 mod matrix;
 mod netns;
 mod stream;

@@ -1,0 +1,144 @@
+//! EgressFirewall DNS proxy: the latency it adds to a pod's lookup and how fast it learns.
+//!
+//! `cargo bench --bench dns_proxy` (root: builds network namespaces); under `cargo test` a
+//! smoke-sized run. Options after `--`: `--lookups N` per latency mode (default 2000),
+//! `--threads N` and `--answers N` for the throughput run (default 4 and 8000).
+//!
+//! Pod `a1` (namespace `alpha`: `Allow *.example.com`, then `Deny 0.0.0.0/0`) is steered to
+//! the agent's proxy; pod `b1` (namespace `beta`, CIDR rules only) is not. The DNS server
+//! runs on the uplink host. Latency modes, one lookup at a time from inside the pod:
+//! `direct` (b1), `proxied, already learned` (a1, a fixed answer: parsed, nothing to write)
+//! and `proxied, learning` (a1, a new address every answer: one netlink batch each, the
+//! answer held until the kernel acknowledged it). Throughput: `--threads` pods' resolvers
+//! asking in parallel for rotating answers (every answer written).
+
+use nodeplane::testing::args::arg;
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup_here};
+use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, eventually};
+use nodeplane::testing::objects;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-1";
+const DNS: &str = "192.168.1.100:53";
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// `n` sequential lookups of `name` inside `ns`; the latencies in ms.
+fn latencies(ns: &Ns, name: &str, n: usize) -> Vec<f64> {
+    let name = name.to_string();
+    let server: SocketAddr = DNS.parse().unwrap();
+    let mut v = ns.enter(move || {
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                lookup_here(server, &name, TIMEOUT).expect("lookup");
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect::<Vec<f64>>()
+    });
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn report(what: &str, sorted: &[f64]) {
+    println!(
+        "  {what:<28} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} lookups)",
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.99),
+        sorted[sorted.len() - 1],
+        sorted.len()
+    );
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let arg = |name, full_default, smoke| arg(name, if full { full_default } else { smoke });
+    let lookups = arg("--lookups", 2000, 50);
+    let threads = arg("--threads", 4, 2);
+    let answers = arg("--answers", 8000, 100);
+
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
+    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
+    let ext = lab.add_uplink_host(&node, "ext");
+    let mut zone = Zone::default();
+    zone.fixed.insert(
+        "fixed.example.com".into(),
+        (vec!["198.18.0.1".parse().unwrap()], 300),
+    );
+    zone.rotating.insert(
+        "rot.example.com".into(),
+        ("198.18.16.0".parse().unwrap(), 300),
+    );
+    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone);
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let pods = [
+        objects::pod("alpha", "a1")
+            .on(NODE)
+            .ips(&a1.addrs)
+            .to_string(),
+        objects::pod("beta", "b1")
+            .on(NODE)
+            .ips(&b1.addrs)
+            .to_string(),
+    ];
+    agent.write("pods.yaml", &pods.join("---\n"));
+    let alpha = "[{type: Allow, to: {cidrSelector: 192.168.1.100/32}}, \
+                 {type: Allow, to: {dnsName: '*.example.com'}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]";
+    agent.write(
+        "fw-alpha.yaml",
+        &objects::egress_firewall("alpha", alpha).to_string(),
+    );
+    let beta = "[{type: Deny, to: {cidrSelector: 198.51.100.0/24}}]";
+    agent.write(
+        "fw-beta.yaml",
+        &objects::egress_firewall("beta", beta).to_string(),
+    );
+    let process = agent.spawn(&[]);
+    eventually(Duration::from_secs(15), || {
+        let _ = dns.take_sources();
+        a1.ns
+            .enter(|| lookup_here(DNS.parse().unwrap(), "fixed.example.com", TIMEOUT))?;
+        let s = dns.take_sources();
+        s.contains(&"192.168.1.1".parse().unwrap())
+            .then_some(())
+            .ok_or(format!("not proxied yet: {s:?}"))
+    });
+
+    println!("DNS lookup latency (one at a time, from inside the pod):");
+    report(
+        "direct (not steered)",
+        &latencies(&b1.ns, "fixed.example.com", lookups),
+    );
+    report(
+        "proxied, already learned",
+        &latencies(&a1.ns, "fixed.example.com", lookups),
+    );
+    report(
+        "proxied, learning",
+        &latencies(&a1.ns, "rot.example.com", lookups),
+    );
+
+    let per_thread = answers / threads;
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| latencies(&a1.ns, "rot.example.com", per_thread));
+        }
+    });
+    let elapsed = started.elapsed();
+    println!(
+        "learning throughput: {} answers (each a new address) by {threads} resolvers in {:.2} s: {:.0} answers/s",
+        per_thread * threads,
+        elapsed.as_secs_f64(),
+        (per_thread * threads) as f64 / elapsed.as_secs_f64()
+    );
+    let (status, logs) = process.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}

@@ -1,0 +1,67 @@
+//! The transparent DNS proxy of EgressFirewall `dnsName` rules (see README "EgressFirewall
+//! DNS"): pod DNS of namespaces with `dnsName` rules is steered here by nftables `tproxy`
+//! (`plan::firewall::steer`); each answer's addresses of watched names are written to the
+//! learned sets, acknowledged by the kernel, before the answer goes on to the pod.
+//!
+//! `socket` (transparent sockets), `udp` and `tcp` (the two paths), `hold` (parse, learn on
+//! the learner thread, wait), `answer` (parsing, CNAME chains), `learn` (the learned-set
+//! writer), `metrics`.
+
+pub mod answer;
+pub mod hold;
+pub mod learn;
+pub mod metrics;
+pub mod socket;
+pub mod tcp;
+pub mod udp;
+
+use crate::config::DnsProxySettings;
+use crate::nft::TABLE_NAME;
+use crate::nft::nftnl::NftnlBackend;
+use crate::plan::firewall::learning::Learning;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long the proxy waits for a server: a pod's resolver gives up after ~5 s anyway.
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds the transparent listeners and serves them on the current tokio runtime. An error
+/// (no CAP_NET_ADMIN, port taken) leaves pod DNS going direct: the steering rules find no
+/// socket and do not match.
+pub fn spawn(
+    settings: &DnsProxySettings,
+    learning: watch::Receiver<Arc<Learning>>,
+    metrics: metrics::ProxyMetrics,
+) -> std::io::Result<()> {
+    let Some(port) = settings.port else {
+        return Ok(());
+    };
+    let udp_listener = socket::udp_listener(port)?;
+    let tcp_listener = socket::tcp_listener(port, 1024)?;
+    let backend = NftnlBackend::new();
+    let learner = learn::Learner::new(backend, TABLE_NAME, settings.min_ttl_secs);
+    let holder = hold::Holder::start(learner, learning, metrics);
+    let udp_limits = udp::Limits {
+        in_flight: 4096,
+        upstream_timeout: UPSTREAM_TIMEOUT,
+    };
+    let tcp_limits = tcp::Limits {
+        connections: 512,
+        upstream_timeout: UPSTREAM_TIMEOUT,
+        idle_timeout: Duration::from_secs(10),
+    };
+    let udp_holder = holder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = udp::serve(udp_listener, udp_holder, udp_limits).await {
+            tracing::error!("dns proxy (udp) stopped: {e}");
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = tcp::serve(tcp_listener, holder, tcp_limits).await {
+            tracing::error!("dns proxy (tcp) stopped: {e}");
+        }
+    });
+    tracing::info!("dns proxy listening on port {port} (udp, tcp)");
+    Ok(())
+}

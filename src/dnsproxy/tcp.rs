@@ -1,0 +1,100 @@
+//! The TCP path (the pod's retry after a truncated answer, or TCP by choice): each steered
+//! connection gets its own connection to the server, and every length-prefixed answer on it
+//! is held until learned before it is written back.
+
+use super::hold::Holder;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+pub struct Limits {
+    /// Connections proxied at once; more are closed at once.
+    pub connections: usize,
+    /// How long to wait for the server (connect, and each answer).
+    pub upstream_timeout: Duration,
+    /// How long a connection may sit without a query.
+    pub idle_timeout: Duration,
+}
+
+pub async fn serve(listener: TcpListener, holder: Holder, limits: Limits) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let limits = Arc::new(limits);
+    loop {
+        let (pod_conn, pod) = match listener.accept().await {
+            Ok(c) => c,
+            Err(_) => {
+                holder.metrics().error("tcp");
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            holder.metrics().error("overload");
+            continue;
+        };
+        let (holder, limits) = (holder.clone(), limits.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(reason) = connection(&holder, pod_conn, pod.ip(), &limits).await {
+                holder.metrics().error(reason);
+            }
+        });
+    }
+}
+
+async fn connection(
+    holder: &Holder,
+    mut pod_conn: TcpStream,
+    pod: std::net::IpAddr,
+    limits: &Limits,
+) -> Result<(), &'static str> {
+    // With tproxy the accepted socket's local address is the server the pod connected to.
+    let server = pod_conn.local_addr().map_err(|_| "tcp")?;
+    let mut upstream = tokio::time::timeout(limits.upstream_timeout, TcpStream::connect(server))
+        .await
+        .map_err(|_| "upstream_timeout")?
+        .map_err(|_| "upstream")?;
+    loop {
+        let query =
+            match tokio::time::timeout(limits.idle_timeout, read_message(&mut pod_conn)).await {
+                Ok(Ok(Some(q))) => q,
+                // The pod closed, went idle, or sent a broken frame: done.
+                _ => return Ok(()),
+            };
+        write_message(&mut upstream, &query)
+            .await
+            .map_err(|_| "upstream")?;
+        let answer = tokio::time::timeout(limits.upstream_timeout, read_message(&mut upstream))
+            .await
+            .map_err(|_| "upstream_timeout")?
+            .map_err(|_| "upstream")?
+            .ok_or("upstream")?;
+        holder.hold(pod, &answer).await;
+        write_message(&mut pod_conn, &answer)
+            .await
+            .map_err(|_| "reply")?;
+    }
+}
+
+/// One length-prefixed DNS message (RFC 1035 4.2.2); `None` at a clean end of stream. The
+/// length is 16 bits, so a message never needs more than 64 KiB.
+async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    r.read_exact(&mut msg).await?;
+    Ok(Some(msg))
+}
+
+async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, msg: &[u8]) -> std::io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| std::io::Error::other("message too long"))?;
+    let mut framed = Vec::with_capacity(msg.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(msg);
+    w.write_all(&framed).await
+}

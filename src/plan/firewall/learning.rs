@@ -1,0 +1,84 @@
+//! What the DNS proxy learns, derived from the firewalls in force: for each local pod of a
+//! namespace with `dnsName` rules, the names to watch for in the answers it receives and the
+//! learned sets their addresses go to. These pods are also the ones whose DNS is steered to
+//! the proxy; every other pod's DNS never touches the agent.
+
+use super::{FirewallMemory, Names};
+use crate::api::egress_firewall::Destination;
+use crate::api::validate::dns_name_matches;
+use crate::nft::ir::IpFamily;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// One `dnsName` of a namespace: its pattern (exact name or `*.suffix`) and learned sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub pattern: String,
+    pub set_v4: String,
+    pub set_v6: String,
+}
+
+impl Target {
+    pub fn set(&self, family: IpFamily) -> &str {
+        match family {
+            IpFamily::V4 => &self.set_v4,
+            IpFamily::V6 => &self.set_v6,
+        }
+    }
+}
+
+/// Local pod address -> the targets of its namespace (shared by the namespace's pods).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Learning {
+    by_pod: BTreeMap<IpAddr, Arc<Vec<Target>>>,
+}
+
+impl Learning {
+    /// The targets whose pattern matches `name`, for answers `pod` receives.
+    pub fn matching<'a>(&'a self, pod: IpAddr, name: &'a str) -> impl Iterator<Item = &'a Target> {
+        self.by_pod
+            .get(&pod)
+            .into_iter()
+            .flat_map(|t| t.iter())
+            .filter(move |t| dns_name_matches(&t.pattern, name))
+    }
+
+    /// The pods whose DNS is steered to the proxy.
+    pub fn pods(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.by_pod.keys().copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_pod.is_empty()
+    }
+}
+
+/// The learning view of the firewalls as last planned.
+pub fn learning(memory: &FirewallMemory) -> Learning {
+    let mut by_pod = BTreeMap::new();
+    for built in memory.built.values() {
+        let fw = &built.inputs.firewall;
+        let names = Names::new(&fw.namespace);
+        let mut targets: Vec<Target> = Vec::new();
+        for rule in &fw.rules {
+            if let Destination::Dns(pattern) = &rule.dest
+                && !targets.iter().any(|t| &t.pattern == pattern)
+            {
+                targets.push(Target {
+                    pattern: pattern.clone(),
+                    set_v4: names.learned_set(pattern, IpFamily::V4),
+                    set_v6: names.learned_set(pattern, IpFamily::V6),
+                });
+            }
+        }
+        if targets.is_empty() {
+            continue;
+        }
+        let targets = Arc::new(targets);
+        for pod in &built.inputs.pods {
+            by_pod.insert(*pod, targets.clone());
+        }
+    }
+    Learning { by_pod }
+}

@@ -1,0 +1,240 @@
+//! A DNS server and a pod-side stub resolver for the lab (UDP and TCP, built on
+//! hickory-proto): the server answers A queries from a [`Zone`] the test changes while it
+//! runs, can rotate answers (every query a new address) and can truncate UDP answers, so the
+//! client's TCP fallback is exercised.
+
+use super::netns::Ns;
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the server answers.
+#[derive(Debug, Clone, Default)]
+pub struct Zone {
+    /// name (lowercase, no trailing dot) -> (addresses, TTL).
+    pub fixed: BTreeMap<String, (Vec<Ipv4Addr>, u32)>,
+    /// name -> (first address, TTL): query `n` (from 0) is answered `first + n`.
+    pub rotating: BTreeMap<String, (Ipv4Addr, u32)>,
+    /// UDP answers carry TC and no records: clients must retry over TCP.
+    pub truncate_udp: bool,
+}
+
+/// The server; stops when dropped.
+pub struct DnsServer {
+    zone: Arc<Mutex<Zone>>,
+    stop: Arc<AtomicBool>,
+    /// Queries answered (UDP and TCP).
+    served: Arc<AtomicU64>,
+    /// The distinct source addresses of the queries (the proxy asks from the node).
+    sources: Arc<Mutex<BTreeSet<IpAddr>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl DnsServer {
+    /// Serves `bind` (UDP and TCP) inside `ns`.
+    pub fn start(ns: &Ns, bind: SocketAddr, zone: Zone) -> DnsServer {
+        let (udp, tcp) = ns.enter(move || {
+            let udp = UdpSocket::bind(bind).expect("bind DNS server (udp)");
+            let tcp = TcpListener::bind(bind).expect("bind DNS server (tcp)");
+            (udp, tcp)
+        });
+        udp.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let zone = Arc::new(Mutex::new(zone));
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicU64::new(0));
+        let counter = Arc::new(AtomicU64::new(0));
+        let sources = Arc::new(Mutex::new(BTreeSet::new()));
+        let state = (zone.clone(), stop.clone(), served.clone(), counter.clone());
+        let udp_sources = sources.clone();
+        let udp_thread = std::thread::spawn(move || {
+            let (zone, stop, served, counter) = state;
+            let mut buf = [0u8; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((n, peer)) = udp.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(r) = respond(&buf[..n], &zone, &counter, true) {
+                    served.fetch_add(1, Ordering::Relaxed);
+                    udp_sources.lock().unwrap().insert(peer.ip());
+                    let _ = udp.send_to(&r, peer);
+                }
+            }
+        });
+        let state = (zone.clone(), stop.clone(), served.clone(), counter);
+        let tcp_sources = sources.clone();
+        let tcp_thread = std::thread::spawn(move || {
+            let (zone, stop, served, counter) = state;
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((mut conn, peer)) = tcp.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                tcp_sources.lock().unwrap().insert(peer.ip());
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                while let Some(q) = read_framed(&mut conn) {
+                    let Some(r) = respond(&q, &zone, &counter, false) else {
+                        break;
+                    };
+                    served.fetch_add(1, Ordering::Relaxed);
+                    if write_framed(&mut conn, &r).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        DnsServer {
+            zone,
+            stop,
+            served,
+            sources,
+            threads: vec![udp_thread, tcp_thread],
+        }
+    }
+
+    /// Changes what the server answers from now on.
+    pub fn update(&self, f: impl FnOnce(&mut Zone)) {
+        f(&mut self.zone.lock().unwrap());
+    }
+
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// The distinct sources of the queries since the last call (and forgets them).
+    pub fn take_sources(&self) -> BTreeSet<IpAddr> {
+        std::mem::take(&mut self.sources.lock().unwrap())
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn respond(query: &[u8], zone: &Mutex<Zone>, counter: &AtomicU64, udp: bool) -> Option<Vec<u8>> {
+    let q = Message::from_vec(query).ok()?;
+    let question = q.queries.first()?.clone();
+    let mut r = Message::response(q.metadata.id, OpCode::Query);
+    r.metadata.recursion_desired = true;
+    r.metadata.recursion_available = true;
+    r.add_query(question.clone());
+    let name = question.name().to_lowercase().to_ascii();
+    let name = name.trim_end_matches('.');
+    let zone = zone.lock().unwrap();
+    if udp && zone.truncate_udp {
+        r.metadata.truncation = true;
+        return r.to_vec().ok();
+    }
+    if question.query_type() == RecordType::A {
+        let (addrs, ttl) = if let Some((first, ttl)) = zone.rotating.get(name) {
+            let n = counter.fetch_add(1, Ordering::Relaxed) as u32;
+            (
+                vec![Ipv4Addr::from(u32::from(*first).wrapping_add(n))],
+                *ttl,
+            )
+        } else if let Some((addrs, ttl)) = zone.fixed.get(name) {
+            (addrs.clone(), *ttl)
+        } else {
+            r.metadata.response_code = ResponseCode::NXDomain;
+            (Vec::new(), 0)
+        };
+        for a in addrs {
+            r.add_answer(Record::from_rdata(
+                question.name().clone(),
+                ttl,
+                RData::A(A(a)),
+            ));
+        }
+    }
+    r.to_vec().ok()
+}
+
+fn read_framed(conn: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 2];
+    conn.read_exact(&mut len).ok()?;
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    conn.read_exact(&mut msg).ok()?;
+    Some(msg)
+}
+
+fn write_framed(conn: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
+    let mut framed = (msg.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(msg);
+    conn.write_all(&framed)
+}
+
+/// What a lookup got: the A addresses, and whether it took the TCP fallback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    pub addrs: Vec<Ipv4Addr>,
+    pub over_tcp: bool,
+}
+
+/// Looks `name` up (A) from inside `ns` at `server`, as a stub resolver does: UDP, and TCP
+/// when the answer is truncated. `Err` on timeout or an unparsable answer.
+pub fn lookup(
+    ns: &Ns,
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Lookup, String> {
+    let name = name.to_string();
+    ns.enter(move || lookup_here(server, &name, timeout))
+}
+
+/// [`lookup`] from the calling thread's netns.
+pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<Lookup, String> {
+    let mut q = Message::query();
+    q.metadata.message_type = MessageType::Query;
+    q.metadata.recursion_desired = true;
+    q.add_query(Query::query(
+        Name::from_str(&format!("{name}.")).map_err(|e| e.to_string())?,
+        RecordType::A,
+    ));
+    let bytes = q.to_vec().map_err(|e| e.to_string())?;
+    let udp = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    udp.set_read_timeout(Some(timeout)).unwrap();
+    udp.send_to(&bytes, server).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 4096];
+    let (n, from) = udp.recv_from(&mut buf).map_err(|e| format!("udp: {e}"))?;
+    if from != server {
+        return Err(format!("answer from {from}, asked {server}"));
+    }
+    let mut answer = Message::from_vec(&buf[..n]).map_err(|e| e.to_string())?;
+    let mut over_tcp = false;
+    if answer.metadata.truncation {
+        over_tcp = true;
+        let mut conn =
+            TcpStream::connect_timeout(&server, timeout).map_err(|e| format!("tcp: {e}"))?;
+        conn.set_read_timeout(Some(timeout)).unwrap();
+        write_framed(&mut conn, &bytes).map_err(|e| e.to_string())?;
+        let reply = read_framed(&mut conn).ok_or("tcp: no answer")?;
+        answer = Message::from_vec(&reply).map_err(|e| e.to_string())?;
+    }
+    if answer.metadata.id != q.metadata.id {
+        return Err("answer to another query".into());
+    }
+    let addrs = answer
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    Ok(Lookup { addrs, over_tcp })
+}

@@ -1,0 +1,339 @@
+//! EgressFirewall DNS against the kernel: pod DNS steered to the agent's transparent proxy,
+//! answers held until their addresses are in the learned sets.
+//!
+//! Node `node-1` forwards for pods `a1` (namespace `alpha`, whose EgressFirewall has
+//! `dnsName` rules) and `b1` (namespace `beta`, CIDR rules only). The external host
+//! 192.168.1.100 runs the DNS server (UDP and TCP port 53) and owns all of 198.18.0.0/15
+//! (a local route), with a TCP server on port 80 of every address, so every answer the server
+//! invents is a reachable destination.
+
+use nodeplane::nft::ir::IpFamily;
+use nodeplane::plan::firewall::Names;
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup};
+use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
+use nodeplane::testing::objects;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-1";
+const DNS: &str = "192.168.1.100:53";
+/// A connection to a learned address must open at once; a dropped SYN waits this long.
+const CONNECT: Duration = Duration::from_millis(500);
+const LOOKUP: Duration = Duration::from_secs(2);
+/// DNS to the server is allowed, everything else only by the rules under test.
+const DNS_ALLOWED: &str = "{type: Allow, to: {cidrSelector: 192.168.1.100/32}, ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]}";
+
+struct Topo {
+    node: Ns,
+    a1: Pod,
+    b1: Pod,
+    dns: DnsServer,
+    agent: ManifestAgent,
+    _server: Server,
+    // Last: servers and agents stop before the namespaces go.
+    _lab: Lab,
+}
+
+fn topo(zone: Zone, alpha_rules: &str) -> Topo {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
+    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
+    let ext = lab.add_uplink_host(&node, "ext");
+    ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
+    lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
+    let server = ext.tcp_server("0.0.0.0:80", "ext");
+    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone);
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let resolv = agent.dir().join("resolv.conf.txt");
+    std::fs::write(
+        &resolv,
+        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    let pods = [
+        objects::pod("alpha", "a1")
+            .on(NODE)
+            .ips(&a1.addrs)
+            .to_string(),
+        objects::pod("beta", "b1")
+            .on(NODE)
+            .ips(&b1.addrs)
+            .to_string(),
+    ];
+    agent.write("pods.yaml", &pods.join("---\n"));
+    agent.write(
+        "fw-alpha.yaml",
+        &objects::egress_firewall("alpha", alpha_rules).to_string(),
+    );
+    let beta = format!("[{DNS_ALLOWED}, {{type: Deny, to: {{cidrSelector: 198.18.0.0/16}}}}]");
+    agent.write(
+        "fw-beta.yaml",
+        &objects::egress_firewall("beta", &beta).to_string(),
+    );
+    Topo {
+        node,
+        a1,
+        b1,
+        dns,
+        agent,
+        _server: server,
+        _lab: lab,
+    }
+}
+
+impl Topo {
+    fn spawn(&self, extra: &[&str]) -> AgentProcess {
+        let resolv = self.agent.dir().join("resolv.conf.txt");
+        let mut args = vec!["--resolv-conf", resolv.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let agent = self.agent.spawn(&args);
+        // Up once the steering is in and the proxy listens: a1's queries come from the node.
+        eventually(Duration::from_secs(15), || {
+            let _ = self.dns.take_sources();
+            lookup(&self.a1.ns, dns(), "probe.example.com", LOOKUP)?;
+            let sources = self.dns.take_sources();
+            if sources.contains(&node_ip()) {
+                Ok(())
+            } else {
+                Err(format!("queries still come from {sources:?}"))
+            }
+        });
+        agent
+    }
+}
+
+fn dns() -> SocketAddr {
+    DNS.parse().unwrap()
+}
+
+fn node_ip() -> IpAddr {
+    "192.168.1.1".parse().unwrap()
+}
+
+fn connects(pod: &Pod, addr: Ipv4Addr) -> bool {
+    pod.ns.tcp_connect(format!("{addr}:80"), CONNECT).is_reply()
+}
+
+/// Resolves `name` in `pod` and connects at once to the (first) answer.
+fn resolve_and_connect(pod: &Pod, name: &str) -> (Ipv4Addr, bool) {
+    let got = lookup(&pod.ns, dns(), name, LOOKUP).unwrap_or_else(|e| panic!("lookup {name}: {e}"));
+    let addr = *got
+        .addrs
+        .first()
+        .unwrap_or_else(|| panic!("{name}: no address"));
+    (addr, connects(pod, addr))
+}
+
+fn zone_with(fixed: &[(&str, &str, u32)]) -> Zone {
+    let mut z = Zone::default();
+    for (name, addr, ttl) in fixed {
+        z.fixed
+            .insert(name.to_string(), (vec![addr.parse().unwrap()], *ttl));
+    }
+    z
+}
+
+fn learned_elements(node: &Ns, pattern: &str) -> String {
+    let set = Names::new("alpha").learned_set(pattern, IpFamily::V4);
+    node.nft(&["list", "set", "inet", "nodeplane", &set])
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn rotating_answers_are_allowed_before_the_pod_connects() {
+    let mut zone = Zone::default();
+    zone.rotating.insert(
+        "rot.example.com".into(),
+        ("198.18.0.1".parse().unwrap(), 30),
+    );
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: rot.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let started = Instant::now();
+    let mut dropped = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..1000 {
+        let (addr, ok) = resolve_and_connect(&t.a1, "rot.example.com");
+        seen.insert(addr);
+        if !ok {
+            dropped.push(addr);
+        }
+    }
+    eprintln!(
+        "1000 lookups + first connections in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        seen.len() >= 1000,
+        "the answers did not rotate: {} distinct",
+        seen.len()
+    );
+    assert_eq!(dropped, Vec::<Ipv4Addr>::new(), "first connections dropped");
+    // The rule order holds: an address nobody answered is denied.
+    assert!(!connects(&t.a1, "198.19.255.254".parse().unwrap()));
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn a_wildcard_matches_exactly_one_more_label() {
+    let zone = zone_with(&[
+        ("a.example.com", "198.18.1.1", 30),
+        ("a.b.example.com", "198.18.1.2", 30),
+        ("example.com", "198.18.1.3", 30),
+    ]);
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    assert_eq!(
+        resolve_and_connect(&t.a1, "a.example.com"),
+        ("198.18.1.1".parse().unwrap(), true)
+    );
+    assert_eq!(
+        resolve_and_connect(&t.a1, "a.b.example.com"),
+        ("198.18.1.2".parse().unwrap(), false)
+    );
+    assert_eq!(
+        resolve_and_connect(&t.a1, "example.com"),
+        ("198.18.1.3".parse().unwrap(), false)
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn learned_addresses_expire_with_their_ttl_and_a_new_answer_extends_them() {
+    let zone = zone_with(&[("t.example.com", "198.18.2.1", 2)]);
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&["--dns-min-ttl-seconds", "2"]);
+    let addr: Ipv4Addr = "198.18.2.1".parse().unwrap();
+    assert_eq!(resolve_and_connect(&t.a1, "t.example.com"), (addr, true));
+    assert!(learned_elements(&t.node, "*.example.com").contains("198.18.2.1 timeout 2s"));
+    // Nobody asks again: the address expires with its TTL.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert!(!connects(&t.a1, addr), "still allowed after its TTL");
+    // Asked again with a longer TTL: allowed again, and refreshed in place.
+    t.dns.update(|z| {
+        z.fixed
+            .insert("t.example.com".into(), (vec![addr], 6))
+            .map(drop)
+            .unwrap_or(())
+    });
+    assert_eq!(resolve_and_connect(&t.a1, "t.example.com"), (addr, true));
+    std::thread::sleep(Duration::from_millis(1000));
+    t.dns.update(|z| {
+        z.fixed
+            .insert("t.example.com".into(), (vec![addr], 8))
+            .map(drop)
+            .unwrap_or(())
+    });
+    lookup(&t.a1.ns, dns(), "t.example.com", LOOKUP).unwrap();
+    assert!(learned_elements(&t.node, "*.example.com").contains("198.18.2.1 timeout 8s"));
+    // 6.5 s after the first of the two answers: only the refresh keeps it.
+    std::thread::sleep(Duration::from_millis(5500));
+    assert!(
+        connects(&t.a1, addr),
+        "the refresh did not extend the element"
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn a_truncated_answer_is_retried_over_tcp_and_learned_there() {
+    let mut zone = zone_with(&[("big.example.com", "198.18.3.1", 30)]);
+    zone.truncate_udp = true;
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let _ = t.dns.take_sources();
+    let got = lookup(&t.a1.ns, dns(), "big.example.com", LOOKUP).unwrap();
+    assert!(got.over_tcp, "the answer was not truncated");
+    assert_eq!(got.addrs, ["198.18.3.1".parse::<Ipv4Addr>().unwrap()]);
+    assert_eq!(
+        t.dns.take_sources(),
+        [node_ip()].into(),
+        "TCP went through the proxy too"
+    );
+    assert!(connects(&t.a1, "198.18.3.1".parse().unwrap()));
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn without_the_agent_dns_answers_directly_and_what_was_learned_stays() {
+    let mut zone = zone_with(&[("keep.example.com", "198.18.4.1", 60)]);
+    zone.rotating.insert(
+        "rot.example.com".into(),
+        ("198.18.5.1".parse().unwrap(), 60),
+    );
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let kept: Ipv4Addr = "198.18.4.1".parse().unwrap();
+    assert_eq!(resolve_and_connect(&t.a1, "keep.example.com"), (kept, true));
+    let (_, logs) = agent.kill();
+    assert!(logs.contains("dns proxy listening"), "{logs}");
+    // DNS keeps answering, now straight from the server (queries come from the pod).
+    let _ = t.dns.take_sources();
+    let started = Instant::now();
+    for _ in 0..20 {
+        lookup(&t.a1.ns, dns(), "keep.example.com", LOOKUP).expect("DNS without the agent");
+    }
+    eprintln!("20 lookups without the agent in {:?}", started.elapsed());
+    assert_eq!(t.dns.take_sources(), [t.a1.ip()].into());
+    // What was learned stays enforced; nothing new is learned.
+    assert!(connects(&t.a1, kept));
+    let (fresh, ok) = resolve_and_connect(&t.a1, "rot.example.com");
+    assert!(!ok, "{fresh} was allowed though nobody learned it");
+}
+
+#[test]
+fn a_namespace_without_dns_names_never_goes_through_the_proxy() {
+    let t = topo(
+        zone_with(&[("x.example.com", "198.18.6.1", 30)]),
+        &format!("[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}]"),
+    );
+    let agent = t.spawn(&[]);
+    let _ = t.dns.take_sources();
+    for _ in 0..5 {
+        lookup(&t.b1.ns, dns(), "x.example.com", LOOKUP).unwrap();
+    }
+    assert_eq!(
+        t.dns.take_sources(),
+        [t.b1.ip()].into(),
+        "beta's DNS was proxied"
+    );
+    let steered = t
+        .node
+        .nft(&["list", "set", "inet", "nodeplane", "fw-dns-pods-v4"])
+        .unwrap();
+    assert!(
+        steered.contains("10.128.0.5") && !steered.contains("10.128.0.7"),
+        "{steered}"
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
