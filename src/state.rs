@@ -11,8 +11,6 @@
 //!  "networkPolicies": [...]}
 //! ```
 //!
-//! (`networkPolicies` only when there is one: a file without it is what older agents wrote.)
-//!
 //! Each entry is the API object as the agent read it (JSON of the custom resource type).
 //! The file is rewritten after a successful sync, and only when the objects in force changed
 //! (a pointer or equality comparison per object, no serialisation otherwise), by a thread of
