@@ -1,6 +1,7 @@
 //! NetworkPolicy (networking.k8s.io/v1) for this node's pods.
 //!
-//! Per packet: `ct state established,related accept`, then one verdict-map lookup on the
+//! Per packet: `ct state established,related accept` (ICMPv6 neighbour discovery and a pod
+//! reaching itself through a Service too), then one verdict-map lookup on the
 //! local pod's address per direction (`np-egress-v4/v6` on the source, `np-ingress-v4/v6` on
 //! the destination). A pod a policy isolates maps to `goto` the chain of its *policy set*
 //! (the policies selecting it for that direction), which `jump`s to each of those policies'
@@ -9,10 +10,11 @@
 //! one map lookup plus the rules of the policies that select the pod, whatever the number
 //! of policies, namespaces or pods in the cluster.
 //!
-//! Parts: `np/<namespace>/<name>` per policy (its chains and sets: a policy edit rewrites
-//! only it), and `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch
-//! elements of its pods): pod churn and label changes are element updates, plus a new
-//! policy-set chain the first time a combination of policies selects a pod.
+//! Parts: `np/<namespace>/<name>` per policy selecting a pod of this node (its chains and
+//! sets: a policy edit rewrites only it), `np-set/<in|eg>/<chain>` per policy set in use (its
+//! chain and the dispatch elements of its pods) and `np-self` (the hairpin elements): pod
+//! churn and label changes are element updates, plus a new policy-set chain the first time a
+//! combination of policies selects a pod. `memo` decides what is planned again.
 //!
 //! Hooks (only present while a policy is in force): forward only, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
@@ -37,8 +39,6 @@ use rules::{Direction, add_direction};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-
-pub use rules::subtract;
 
 /// Prefix of the parts and chains.
 const PREFIX: &str = "np";
