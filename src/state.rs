@@ -1,13 +1,14 @@
-//! The last valid EgressFirewall and EgressQoS (per namespace) and EgressIP (per name), kept
-//! on disk so that a restarted agent (or the next `--once`) still has them: when an object
-//! turns invalid while the agent is down, the namespace keeps its last valid rules instead
-//! of falling open.
+//! The last valid EgressFirewall and EgressQoS (per namespace), EgressIP (per name) and
+//! NetworkPolicy (per namespace/name), kept on disk so that a restarted agent (or the next
+//! `--once`) still has them: when an object turns invalid while the agent is down, the
+//! namespace keeps its last valid rules instead of falling open.
 //!
 //! One file, `<state dir>/last-valid.json`:
 //!
 //! ```json
 //! {"format": "nodeplane/last-valid/v1", "node": "worker-1", "agentVersion": "0.1.0",
-//!  "egressFirewalls": [<EgressFirewall>...], "egressQoSes": [...], "egressIPs": [...]}
+//!  "egressFirewalls": [<EgressFirewall>...], "egressQoSes": [...], "egressIPs": [...],
+//!  "networkPolicies": [...]}
 //! ```
 //!
 //! Each entry is the API object as the agent read it (JSON of the custom resource type).
@@ -21,9 +22,10 @@
 //! with the same code as objects from the API; one that does not validate is dropped. Every
 //! such problem is a [`StateError`] that the caller logs; none of them stops the agent.
 
+use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::api::{
-    EgressFirewall, EgressIP, EgressQoS, ValidatedEgressIp, ValidatedFirewall, ValidatedQos,
-    ValidationError,
+    EgressFirewall, EgressIP, EgressQoS, NetworkPolicy, ValidatedEgressIp, ValidatedFirewall,
+    ValidatedQos, ValidationError,
 };
 use crate::plan::Memory;
 use crate::plan::in_force::{InForce, InForceMap, Validated, same_objects};
@@ -45,6 +47,7 @@ const TMP_NAME: &str = ".last-valid.json.tmp";
 const FIREWALLS: &str = "egressFirewalls";
 const QOSES: &str = "egressQoSes";
 const EGRESS_IPS: &str = "egressIPs";
+const NETWORK_POLICIES: &str = "networkPolicies";
 
 /// Why (part of) the state file was not used, or could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +86,8 @@ pub struct LastValid {
     pub qoses: InForceMap<EgressQoS, ValidatedQos>,
     /// Per EgressIP name.
     pub egress_ips: InForceMap<EgressIP, ValidatedEgressIp>,
+    /// Per `namespace/name`.
+    pub network_policies: InForceMap<NetworkPolicy, ValidatedPolicy>,
 }
 
 impl LastValid {
@@ -92,6 +97,7 @@ impl LastValid {
             firewalls: memory.firewall.validated.in_force.clone(),
             qoses: memory.qos.in_force.clone(),
             egress_ips: memory.egress_ip.in_force.clone(),
+            network_policies: memory.netpol.validated.in_force.clone(),
         }
     }
 
@@ -101,6 +107,7 @@ impl LastValid {
         memory.firewall.validated = Validated::from_in_force(self.firewalls);
         memory.qos = Validated::from_in_force(self.qoses);
         memory.egress_ip = Validated::from_in_force(self.egress_ips);
+        memory.netpol.validated = Validated::from_in_force(self.network_policies);
         memory
     }
 
@@ -110,11 +117,15 @@ impl LastValid {
         same_objects(&self.firewalls, &memory.firewall.validated.in_force)
             && same_objects(&self.qoses, &memory.qos.in_force)
             && same_objects(&self.egress_ips, &memory.egress_ip.in_force)
+            && same_objects(&self.network_policies, &memory.netpol.validated.in_force)
     }
 
     /// The number of objects held.
     pub fn len(&self) -> usize {
-        self.firewalls.len() + self.qoses.len() + self.egress_ips.len()
+        self.firewalls.len()
+            + self.qoses.len()
+            + self.egress_ips.len()
+            + self.network_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -353,6 +364,9 @@ struct FileOut<'a> {
     egress_qoses: Vec<&'a EgressQoS>,
     #[serde(rename = "egressIPs")]
     egress_ips: Vec<&'a EgressIP>,
+    /// Left out when empty: files without policies stay as older agents wrote them.
+    #[serde(rename = "networkPolicies", skip_serializing_if = "Vec::is_empty")]
+    network_policies: Vec<&'a NetworkPolicy>,
 }
 
 /// The state file's bytes for `last_valid` on `node`.
@@ -367,6 +381,7 @@ pub fn encode(last_valid: &LastValid, node: &str) -> Vec<u8> {
         egress_firewalls: objects(&last_valid.firewalls),
         egress_qoses: objects(&last_valid.qoses),
         egress_ips: objects(&last_valid.egress_ips),
+        network_policies: objects(&last_valid.network_policies),
     };
     serde_json::to_vec(&out).expect("API objects serialise to JSON")
 }
@@ -406,6 +421,8 @@ struct FileIn {
     egress_qoses: Vec<EgressQoS>,
     #[serde(rename = "egressIPs")]
     egress_ips: Vec<EgressIP>,
+    #[serde(rename = "networkPolicies", default)]
+    network_policies: Vec<NetworkPolicy>,
 }
 
 /// Parses the file's bytes: whole-file problems are the Err, per-object problems go to
@@ -427,6 +444,7 @@ fn decode(
             file.egress_firewalls.into_iter().map(Ok),
             file.egress_qoses.into_iter().map(Ok),
             file.egress_ips.into_iter().map(Ok),
+            file.network_policies.into_iter().map(Ok),
         ));
     }
     let corrupt = |reason: String| StateError::Corrupt {
@@ -463,10 +481,12 @@ fn decode(
         Some(_) => Err(corrupt(format!("{field} is not a list"))),
     };
     let (firewalls, qoses, egress_ips) = (list(FIREWALLS)?, list(QOSES)?, list(EGRESS_IPS)?);
+    let network_policies = list(NETWORK_POLICIES)?;
     Ok(Reader { path, problems }.last_valid(
         firewalls.into_iter().map(serde_json::from_value),
         qoses.into_iter().map(serde_json::from_value),
         egress_ips.into_iter().map(serde_json::from_value),
+        network_policies.into_iter().map(serde_json::from_value),
     ))
 }
 
@@ -483,6 +503,7 @@ impl Reader<'_> {
         firewalls: impl Iterator<Item = Decoded<EgressFirewall>>,
         qoses: impl Iterator<Item = Decoded<EgressQoS>>,
         egress_ips: impl Iterator<Item = Decoded<EgressIP>>,
+        network_policies: impl Iterator<Item = Decoded<NetworkPolicy>>,
     ) -> LastValid {
         LastValid {
             firewalls: self.objects(FIREWALLS, firewalls, EgressFirewall::validate, |v| {
@@ -492,6 +513,12 @@ impl Reader<'_> {
             egress_ips: self.objects(EGRESS_IPS, egress_ips, EgressIP::validate, |v| {
                 v.name.clone()
             }),
+            network_policies: self.objects(
+                NETWORK_POLICIES,
+                network_policies,
+                network_policy::validate,
+                |v| format!("{}/{}", v.namespace, v.name),
+            ),
         }
     }
 

@@ -1,6 +1,7 @@
 //! NetworkPolicy (networking.k8s.io/v1) for this node's pods.
 //!
-//! Per packet: `ct state established,related accept`, then one verdict-map lookup on the
+//! Per packet: `ct state established,related accept` (ICMPv6 neighbour discovery and a pod
+//! reaching itself through a Service too), then one verdict-map lookup on the
 //! local pod's address per direction (`np-egress-v4/v6` on the source, `np-ingress-v4/v6` on
 //! the destination). A pod a policy isolates maps to `goto` the chain of its *policy set*
 //! (the policies selecting it for that direction), which `jump`s to each of those policies'
@@ -9,10 +10,11 @@
 //! one map lookup plus the rules of the policies that select the pod, whatever the number
 //! of policies, namespaces or pods in the cluster.
 //!
-//! Parts: `np/<namespace>/<name>` per policy (its chains and sets: a policy edit rewrites
-//! only it), and `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch
-//! elements of its pods): pod churn and label changes are element updates, plus a new
-//! policy-set chain the first time a combination of policies selects a pod.
+//! Parts: `np/<namespace>/<name>` per policy selecting a pod of this node (its chains and
+//! sets: a policy edit rewrites only it), `np-set/<in|eg>/<chain>` per policy set in use (its
+//! chain and the dispatch elements of its pods) and `np-self` (the hairpin elements): pod
+//! churn and label changes are element updates, plus a new policy-set chain the first time a
+//! combination of policies selects a pod. `memo` decides what is planned again.
 //!
 //! Hooks (only present while a policy is in force): forward only, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
@@ -34,11 +36,9 @@ use crate::nft::names::object_name;
 use crate::snapshot::Kind;
 use pods::PodIndex;
 use rules::{Direction, add_direction};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-
-pub use rules::subtract;
 
 /// Prefix of the parts and chains.
 const PREFIX: &str = "np";
@@ -48,6 +48,12 @@ pub const INGRESS_V4: &str = "np-ingress-v4";
 pub const INGRESS_V6: &str = "np-ingress-v6";
 pub const EGRESS_V4: &str = "np-egress-v4";
 pub const EGRESS_V6: &str = "np-egress-v6";
+/// `pod . pod` of every isolated local pod: a pod reaching itself through a Service (hairpin,
+/// DNAT back to itself) crosses forward, and a pod cannot block access to itself.
+pub const SELF_V4: &str = "np-self-v4";
+pub const SELF_V6: &str = "np-self-v6";
+/// The part holding the elements of `np-self-v4/v6`.
+const SELF_PART: &str = "np-self";
 
 /// Base chains on the forward hook, egress first: a pod-to-pod packet passes its source's
 /// egress policies, then its destination's ingress policies.
@@ -152,6 +158,14 @@ impl Feature for NetworkPolicies {
                 parts.remove(&gone.part_key);
             }
         }
+        let isolated: BTreeSet<IpAddr> = by_pod.keys().map(|(_, ip)| *ip).collect();
+        match self_part(&isolated) {
+            None => parts.remove(SELF_PART),
+            Some(part) => match memory.parts.get(SELF_PART) {
+                Some(old) if **old == part => parts.insert(SELF_PART.into(), old.clone()),
+                _ => parts.insert(SELF_PART.into(), Arc::new(part)),
+            },
+        };
         let mut groups: BTreeMap<(Direction, Vec<Arc<str>>), Vec<IpAddr>> = BTreeMap::new();
         for ((direction, ip), chains) in by_pod {
             groups.entry((direction, chains)).or_default().push(ip);
@@ -253,6 +267,20 @@ fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) 
     }
 }
 
+/// `ip . ip` of each isolated local pod into `np-self-v4/v6` (`None` when there is none).
+fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
+    if isolated.is_empty() {
+        return None;
+    }
+    let mut part = Part::default();
+    for ip in isolated {
+        let set = if ip.is_ipv4() { SELF_V4 } else { SELF_V6 };
+        part.add_element(set, vec![Value::ip(*ip).into(), Value::ip(*ip).into()]);
+    }
+    part.shrink_to_fit();
+    Some(part)
+}
+
 /// The dispatch maps and the base chains that look them up.
 fn add_hooks(table: &mut Table) {
     for (name, addr) in [
@@ -263,6 +291,16 @@ fn add_hooks(table: &mut Table) {
     ] {
         table.add_set(Set::new(name, vec![addr], SetKind::VerdictMap));
     }
+    table.add_set(Set::new(
+        SELF_V4,
+        vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
+        SetKind::Set,
+    ));
+    table.add_set(Set::new(
+        SELF_V6,
+        vec![DataType::Ipv6Addr, DataType::Ipv6Addr],
+        SetKind::Set,
+    ));
     let egress = [(Field::Ip4Saddr, EGRESS_V4), (Field::Ip6Saddr, EGRESS_V6)];
     let ingress = [(Field::Ip4Daddr, INGRESS_V4), (Field::Ip6Daddr, INGRESS_V6)];
     for (name, prio, lookups) in [
@@ -286,6 +324,15 @@ fn add_hooks(table: &mut Table) {
             Stmt::Verdict(Verdict::Accept),
         ]));
         chain.push(neighbour_discovery());
+        for (key, set) in [
+            (vec![Field::Ip4Saddr, Field::Ip4Daddr], SELF_V4),
+            (vec![Field::Ip6Saddr, Field::Ip6Daddr], SELF_V6),
+        ] {
+            chain.push(Rule::new(vec![
+                Stmt::in_set(key, set),
+                Stmt::Verdict(Verdict::Accept),
+            ]));
+        }
         for (field, map) in lookups {
             chain.push(Rule::new(vec![Stmt::vmap(vec![field], map)]));
         }

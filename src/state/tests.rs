@@ -435,3 +435,45 @@ fn the_newest_queued_version_is_written() {
         fw("alpha", "192.0.2.0/24")
     );
 }
+
+#[test]
+fn network_policies_round_trip_and_a_file_without_them_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = |cidr: &str| -> NetworkPolicy {
+        let spec = format!(
+            "  podSelector: {{}}\n  ingress: [{{from: [{{ipBlock: {{cidr: '{cidr}'}}}}]}}]\n"
+        );
+        objects::network_policy("alpha", "from-block", &spec).object()
+    };
+    let with_policy = |cidr: &str| {
+        let mut b = snapshot("203.0.113.0/24").to_builder();
+        b.insert(policy(cidr));
+        b.build()
+    };
+    let cfg = Config::for_node(NODE);
+    let first = plan(&with_policy("192.0.2.0/24"), &cfg);
+    assert!(store(dir.path()).save(&first.memory));
+    assert_eq!(
+        file_json(dir.path())["networkPolicies"][0]["kind"],
+        "NetworkPolicy"
+    );
+    let loaded = store(dir.path()).load();
+    assert!(loaded.problems.is_empty(), "{loaded:?}");
+    assert_eq!(loaded.last_valid.network_policies.len(), 1);
+    // The policy turns invalid while the agent is down: the restarted agent keeps it.
+    let broken = with_policy("192.0.2.0/33");
+    let from_file = plan_with(&broken, &cfg, &loaded.last_valid.into_memory());
+    assert_eq!(from_file.ruleset, first.ruleset);
+    assert!(
+        plan(&broken, &cfg)
+            .ruleset
+            .part("np/alpha/from-block")
+            .is_none()
+    );
+
+    // Files without policies are written without the field, as older agents wrote them.
+    let other = tempfile::tempdir().unwrap();
+    assert!(store(other.path()).save(&planned("203.0.113.0/24").memory));
+    assert!(file_json(other.path()).get("networkPolicies").is_none());
+    assert!(store(other.path()).load().problems.is_empty());
+}

@@ -483,3 +483,33 @@ fn run_mode_applies_edits_and_deletes_live_and_keeps_the_last_valid_version() {
         assert!(status.success(), "{status}:\n{logs}");
     }
 }
+
+#[test]
+fn a_pod_always_reaches_its_own_node_but_not_other_nodes_when_egress_isolated() {
+    let c = cluster();
+    let servers: Vec<Server> = c
+        .nodes
+        .iter()
+        .map(|n| n.tcp_server("[::]:80", "node"))
+        .collect();
+    c.apply(&[policy(
+        "y",
+        "no-egress",
+        "  podSelector: {}\n  policyTypes: [Egress]\n",
+    )]);
+    let nodes: Vec<Endpoint> = c
+        .clients(4)
+        .into_iter()
+        .filter(|e| NODES.contains(&e.name.as_str()))
+        .collect();
+    let pods: Vec<Endpoint> = c.servers(4);
+    // Upstream: traffic between a pod and its own node is always allowed; y/b is on node-2.
+    assert_truth(
+        "pods to nodes, y egress-isolated",
+        &pods,
+        &nodes,
+        TCP80,
+        |from, to| !in_ns(from, "y") || node_of(from) == node_of(to),
+    );
+    drop(servers);
+}

@@ -222,7 +222,7 @@ fn host_network_pods_are_not_subject() {
 
 #[test]
 fn except_holes_are_cut_out_as_prefixes() {
-    let cut = subtract(
+    let cut = rules::subtract(
         "10.0.0.0/8".parse().unwrap(),
         &[
             "10.128.0.0/9".parse().unwrap(),
