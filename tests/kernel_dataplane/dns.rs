@@ -25,6 +25,7 @@ const DNS_ALLOWED: &str = "{type: Allow, to: {cidrSelector: 192.168.1.100/32}, p
 
 struct Topo {
     node: Ns,
+    ext: Ns,
     a1: Pod,
     b1: Pod,
     dns: DnsServer,
@@ -73,6 +74,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     );
     Topo {
         node,
+        ext,
         a1,
         b1,
         dns,
@@ -250,6 +252,50 @@ fn learned_addresses_expire_with_their_ttl_and_a_new_answer_extends_them() {
         "the refresh did not extend the element"
     );
     let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn an_address_in_use_stays_allowed_past_its_ttl() {
+    let zone = zone_with(&[
+        ("used.example.com", "198.18.7.1", 1),
+        ("idle.example.com", "198.18.7.2", 1),
+    ]);
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&["--dns-min-ttl-seconds", "5"]);
+    let used: Ipv4Addr = "198.18.7.1".parse().unwrap();
+    let idle: Ipv4Addr = "198.18.7.2".parse().unwrap();
+    assert_eq!(resolve_and_connect(&t.a1, "used.example.com"), (used, true));
+    assert_eq!(resolve_and_connect(&t.a1, "idle.example.com"), (idle, true));
+    // A connection stays open to `used` (an established conntrack entry: the lab's port 80
+    // server closes after its reply, this one holds on); `idle` has none.
+    let holder = t
+        .ext
+        .enter(|| std::net::TcpListener::bind("0.0.0.0:81").unwrap());
+    let accepted = std::thread::spawn(move || holder.accept().map(|(conn, _)| conn));
+    let target = SocketAddr::from((used, 81));
+    let open =
+        t.a1.ns
+            .enter(move || std::net::TcpStream::connect_timeout(&target, CONNECT))
+            .expect("connect to the used address");
+    std::thread::sleep(Duration::from_secs(8));
+    let (used_ok, idle_ok) = (connects(&t.a1, used), connects(&t.a1, idle));
+    let set = learned_elements(&t.node, "*.example.com");
+    drop((open, accepted.join()));
+    let (status, logs) = agent.stop();
+    assert!(
+        used_ok,
+        "an address with a live flow expired:\n{set}\n{logs}"
+    );
+    assert!(
+        !idle_ok,
+        "an address without flows outlived its TTL:\n{set}\n{logs}"
+    );
     assert!(status.success(), "{status}:\n{logs}");
 }
 
