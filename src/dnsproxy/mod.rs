@@ -42,12 +42,14 @@ pub fn spawn(
     let backend = NftnlBackend::new();
     let learner = learn::Learner::new(backend, TABLE_NAME, settings.min_ttl_secs);
     let holder = hold::Holder::start(learner, learning, metrics);
+    // Each query in flight holds an upstream socket, each connection two: stay well under
+    // the default 1,024 open files.
     let udp_limits = udp::Limits {
-        in_flight: 4096,
+        in_flight: 384,
         upstream_timeout: UPSTREAM_TIMEOUT,
     };
     let tcp_limits = tcp::Limits {
-        connections: 512,
+        connections: 192,
         upstream_timeout: UPSTREAM_TIMEOUT,
         idle_timeout: Duration::from_secs(10),
     };

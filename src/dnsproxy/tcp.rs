@@ -62,6 +62,9 @@ async fn connection(
                 // The pod closed, went idle, or sent a broken frame: done.
                 _ => return Ok(()),
             };
+        if !super::answer::is_query(&query) {
+            return Err("malformed");
+        }
         write_message(&mut upstream, &query)
             .await
             .map_err(|_| "upstream")?;

@@ -4,7 +4,7 @@
 //! TCP, which the TCP path proxies. EDNS and every other byte are forwarded untouched.
 
 use super::hold::Holder;
-use super::socket;
+use super::{answer, socket};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +41,10 @@ pub async fn serve(listener: UdpSocket, holder: Holder, limits: Limits) -> std::
             }
         };
         if n > buf.len() {
+            holder.metrics().error("malformed");
+            continue;
+        }
+        if !answer::is_query(&buf[..n]) {
             holder.metrics().error("malformed");
             continue;
         }

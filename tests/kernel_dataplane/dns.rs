@@ -357,6 +357,54 @@ fn without_the_agent_dns_answers_directly_and_what_was_learned_stays() {
 }
 
 #[test]
+fn garbage_to_the_proxy_neither_crashes_nor_stalls_it() {
+    let t = topo(
+        zone_with(&[("ok.example.com", "198.18.8.1", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let mut agent = t.spawn(&[]);
+    let server = dns();
+    t.a1.ns.enter(move || {
+        let udp = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let mut seed = 0x9e37_79b9_u32;
+        for i in 0..2000usize {
+            // Empty, short, header-only and random datagrams up to 1,400 bytes.
+            let len = [0, 1, 11, 12, 13, 512, 1400][i % 7];
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    seed as u8
+                })
+                .collect();
+            let _ = udp.send_to(&junk, server);
+        }
+        // TCP: a length prefix promising more than is sent, a lone byte, a silent connection.
+        for junk in [&[0xff, 0xff, 1, 2, 3][..], &[7], &[]] {
+            if let Ok(mut c) = std::net::TcpStream::connect_timeout(&server, CONNECT) {
+                use std::io::Write;
+                let _ = c.write_all(junk);
+            }
+        }
+    });
+    // DNS through the proxy still answers and still learns.
+    assert_eq!(
+        resolve_and_connect(&t.a1, "ok.example.com"),
+        ("198.18.8.1".parse().unwrap(), true)
+    );
+    assert!(
+        agent.try_status().is_none(),
+        "the agent died:\n{}",
+        agent.logs()
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
 fn a_namespace_without_dns_names_never_goes_through_the_proxy() {
     let t = topo(
         zone_with(&[("x.example.com", "198.18.6.1", 30)]),
