@@ -50,6 +50,9 @@ fn keep_alive<B: NftBackend>(
     }
 }
 
+/// Answers written in one netlink batch at most.
+const MAX_BATCH: usize = 256;
+
 /// Answers waiting for the learner at most; beyond, answers pass without being learned
 /// (counted as `learner_busy` errors) rather than pile up.
 const QUEUE: usize = 4096;
@@ -93,15 +96,27 @@ impl Holder {
                         }
                         Err(RecvTimeoutError::Disconnected) => return,
                     };
+                    // What queued up while the last batch was in the kernel goes in one batch.
+                    let mut jobs = vec![job];
+                    while jobs.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(more) => jobs.push(more),
+                            Err(_) => break,
+                        }
+                    }
                     let current = thread_learning.borrow().clone();
-                    match learner.learn(&current, job.pod, &job.answer, Instant::now()) {
+                    let answers: Vec<(IpAddr, &answer::Answer)> =
+                        jobs.iter().map(|j| (j.pod, &j.answer)).collect();
+                    match learner.learn_all(&current, &answers, Instant::now()) {
                         Ok(l) => thread_metrics.learned(l.written),
                         Err(e) => {
                             tracing::warn!("dns proxy: learning failed: {e:#}");
                             thread_metrics.error("learn");
                         }
                     }
-                    let _ = job.done.send(());
+                    for job in jobs {
+                        let _ = job.done.send(());
+                    }
                 }
             })
             .expect("spawn the learner thread");

@@ -55,32 +55,45 @@ impl<B: NftBackend> Learner<B> {
         answer: &Answer,
         now: Instant,
     ) -> anyhow::Result<Learned> {
+        self.learn_all(learning, &[(pod, answer)], now)
+    }
+
+    /// [`Learner::learn`] for several answers in one batch (what queued up meanwhile). An
+    /// address answered twice gets the longer of the two timeouts.
+    pub fn learn_all(
+        &mut self,
+        learning: &Learning,
+        answers: &[(IpAddr, &Answer)],
+        now: Instant,
+    ) -> anyhow::Result<Learned> {
         let mut sets: BTreeMap<&str, crate::nft::ir::Set> = BTreeMap::new();
-        let mut remember = Vec::new();
-        for target in learning.matching(pod, &answer.name) {
-            for &(addr, ttl) in &answer.addresses {
-                let secs = ttl.max(self.floor_secs);
-                let expiry = now + Duration::from_secs(u64::from(secs));
-                let set_name = target.set(IpFamily::of(addr));
-                let key = (set_name.to_string(), addr);
-                if self
-                    .expiries
-                    .get(&key)
-                    .is_some_and(|have| *have + SLACK >= expiry)
-                {
-                    continue;
+        let mut remember: HashMap<(String, IpAddr), Instant> = HashMap::new();
+        for &(pod, answer) in answers {
+            for target in learning.matching(pod, &answer.name) {
+                for &(addr, ttl) in &answer.addresses {
+                    let secs = ttl.max(self.floor_secs);
+                    let expiry = now + Duration::from_secs(u64::from(secs));
+                    let set_name = target.set(IpFamily::of(addr));
+                    let key = (set_name.to_string(), addr);
+                    let known = self.expiries.get(&key).into_iter();
+                    if known
+                        .chain(remember.get(&key))
+                        .any(|have| *have + SLACK >= expiry)
+                    {
+                        continue;
+                    }
+                    let set = sets
+                        .entry(set_name)
+                        .or_insert_with(|| learned_set(set_name, IpFamily::of(addr)));
+                    set.elements.insert(
+                        vec![Value::ip(addr).into()],
+                        ElemValue {
+                            timeout: Some(secs),
+                            ..Default::default()
+                        },
+                    );
+                    remember.insert(key, expiry);
                 }
-                let set = sets
-                    .entry(set_name)
-                    .or_insert_with(|| learned_set(set_name, IpFamily::of(addr)));
-                set.elements.insert(
-                    vec![Value::ip(addr).into()],
-                    ElemValue {
-                        timeout: Some(secs),
-                        ..Default::default()
-                    },
-                );
-                remember.push((key, expiry));
             }
         }
         if sets.is_empty() {
@@ -329,6 +342,23 @@ mod tests {
             0,
             "once"
         );
+    }
+
+    #[test]
+    fn queued_answers_are_one_batch_and_the_longer_ttl_wins() {
+        let (backend, learning) = planned("[{type: Allow, to: {dnsName: '*.example.com'}}]");
+        let set = Names::new("web").learned_set("*.example.com", IpFamily::V4);
+        let mut l = Learner::new(backend, "nodeplane", 5);
+        let pod: IpAddr = POD.parse().unwrap();
+        let long = answer("a.example.com", &[("198.51.100.7", 60)]);
+        let short = answer("b.example.com", &[("198.51.100.7", 9), ("198.51.100.8", 9)]);
+        let got = l
+            .learn_all(&learning, &[(pod, &long), (pod, &short)], Instant::now())
+            .unwrap();
+        assert_eq!(got.written, 2);
+        assert_eq!(l.backend().applied.len(), 1, "one batch");
+        let timeouts: Vec<Option<u32>> = elements(&l, &set).into_iter().map(|e| e.1).collect();
+        assert_eq!(timeouts, [Some(60), Some(9)]);
     }
 
     #[test]
