@@ -72,9 +72,12 @@ async fn exchange(
     server: SocketAddr,
     timeout: Duration,
 ) -> Result<(), &'static str> {
-    let upstream = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
-        .await
-        .map_err(|_| "upstream")?;
+    let local: SocketAddr = if server.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let upstream = UdpSocket::bind(local).await.map_err(|_| "upstream")?;
     upstream.connect(server).await.map_err(|_| "upstream")?;
     upstream.send(query).await.map_err(|_| "upstream")?;
     let mut buf = vec![0u8; MAX_MESSAGE];

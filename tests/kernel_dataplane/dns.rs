@@ -26,6 +26,7 @@ const DNS_ALLOWED: &str = "{type: Allow, to: {cidrSelector: 192.168.1.100/32}, p
 struct Topo {
     node: Ns,
     ext: Ns,
+    zone: Zone,
     a1: Pod,
     b1: Pod,
     dns: DnsServer,
@@ -38,14 +39,14 @@ struct Topo {
 fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
-    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
+    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
     let ext = lab.add_uplink_host(&node, "ext");
     ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
     lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
     let server = ext.tcp_server("0.0.0.0:80", "ext");
-    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone);
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone.clone());
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
     let resolv = agent.dir().join("resolv.conf.txt");
     std::fs::write(
         &resolv,
@@ -75,6 +76,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     Topo {
         node,
         ext,
+        zone,
         a1,
         b1,
         dns,
@@ -400,6 +402,30 @@ fn garbage_to_the_proxy_neither_crashes_nor_stalls_it() {
         "the agent died:\n{}",
         agent.logs()
     );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn dns_over_ipv6_is_proxied_and_learned_too() {
+    let t = topo(
+        zone_with(&[("six.example.com", "198.18.9.1", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{cidrSelector: 'fd00:1::100/128'}}, ports: [{{protocol: UDP, port: 53}}]}}, \
+                   {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let dns6: SocketAddr = "[fd00:1::100]:53".parse().unwrap();
+    let server6 = DnsServer::start(&t.ext, dns6, t.zone.clone());
+    let agent = t.spawn(&[]);
+    let got = lookup(&t.a1.ns, dns6, "six.example.com", LOOKUP).expect("lookup over IPv6");
+    assert_eq!(got.addrs, ["198.18.9.1".parse::<Ipv4Addr>().unwrap()]);
+    assert_eq!(
+        server6.take_sources(),
+        ["fd00:1::1".parse::<IpAddr>().unwrap()].into(),
+        "the IPv6 query did not go through the proxy"
+    );
+    assert!(connects(&t.a1, "198.18.9.1".parse().unwrap()));
     let (status, logs) = agent.stop();
     assert!(status.success(), "{status}:\n{logs}");
 }
