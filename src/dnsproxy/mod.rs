@@ -8,6 +8,7 @@
 //! writer), `metrics`.
 
 pub mod answer;
+pub mod fair;
 pub mod hold;
 pub mod learn;
 pub mod metrics;
@@ -57,10 +58,12 @@ fn serve(v6: bool, port: u16, holder: &hold::Holder) -> std::io::Result<()> {
     // the default 1,024 open files (both families together).
     let udp_limits = udp::Limits {
         in_flight: 192,
+        per_pod: 32,
         upstream_timeout: UPSTREAM_TIMEOUT,
     };
     let tcp_limits = tcp::Limits {
         connections: 96,
+        per_pod: 16,
         upstream_timeout: UPSTREAM_TIMEOUT,
         idle_timeout: Duration::from_secs(10),
     };
