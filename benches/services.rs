@@ -16,6 +16,9 @@
 //!    endpoints, started R times into an empty table: time from spawn to its first
 //!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then.
 //!    `BENCH_SHOW_LOG=1` prints each run's agent log (`NODEPLANE_LOG_LEVEL` is passed on).
+//!
+//! `--change-scales N1,N2,...` runs only 1 (without kube-proxy's layout) and 2 at each N, with
+//! the p99 of a change and the kernel read-backs counted during the changes (expected: 0).
 
 use nodeplane::api::{EndpointSlice, Service};
 use nodeplane::config::Config;
@@ -233,7 +236,9 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
             ms(restarts[2]),
             ms(restarts[4])
         );
-        // One endpoint of one service replaced, `changes` times on different services.
+        // One endpoint of one service replaced, `changes` times on different services. The
+        // incremental path must not read the kernel's table back.
+        let reads_before = engine.read_backs();
         let (mut memory, mut snap) = (memory, snap.clone());
         let mut one = Vec::new();
         for k in 0..changes {
@@ -257,6 +262,8 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
             memory = d.memory;
             one.push((t1 - t0, t2 - t1, t4 - t3, ops, t_diff));
         }
+        let reads = engine.read_backs() - reads_before;
+        println!("  kernel read-backs during the {changes} endpoint changes: {reads}");
         (cold_plan, cold_apply, objects, one)
     });
     println!(
@@ -281,16 +288,21 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
         let applied = median(one.iter().map(|o| o.2).collect());
         let diffed = median(one.iter().map(|o| o.4).collect());
         let total = median(one.iter().map(|o| o.1 + o.2).collect());
+        let mut totals: Vec<Duration> = one.iter().map(|o| o.1 + o.2).collect();
+        totals.sort();
+        let p99 = percentile(&totals, 0.99);
         let ops = one.iter().map(|o| o.3).max().unwrap_or(0);
         println!(
             "  one endpoint change (median of {}): {:.2} ms = plan {:.2} ms + diff and apply {:.2} ms \
-             (diff alone {:.2} ms), <= {ops} kernel ops (snapshot rebuild, not ours: {:.2} ms)",
+             (diff alone {:.2} ms), <= {ops} kernel ops (snapshot rebuild, not ours: {:.2} ms); \
+             p99 plan + diff + apply {:.2} ms",
             one.len(),
             ms(total),
             ms(planned),
             ms(applied),
             ms(diffed),
-            ms(snapshot)
+            ms(snapshot),
+            ms(p99)
         );
     }
 }
@@ -508,6 +520,19 @@ fn main() {
         return;
     }
     let a = args();
+    // `--change-scales N1,N2,...`: cold apply and one-endpoint changes only, at each N.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(w) = argv.windows(2).find(|w| w[0] == "--change-scales") {
+        for n in w[1].split(',') {
+            apply_cost(
+                n.parse().expect("--change-scales N1,N2"),
+                a.endpoints,
+                a.changes,
+                false,
+            );
+        }
+        return;
+    }
     // `--skip-apply`: only latency and RSS (the cold applies dominate the run time).
     if !std::env::args().any(|x| x == "--skip-apply") {
         apply_cost(a.services, a.endpoints, a.changes, true);
