@@ -1,5 +1,5 @@
 //! A faithful in-process fake of the Kubernetes API server for the kube-mode tests: list with
-//! resourceVersion, label/field selectors, watch streams that replay history from a
+//! resourceVersion, pages (`limit`/`continue`), label/field selectors, watch streams that replay history from a
 //! resourceVersion with bookmarks and `timeoutSeconds`, `410 Gone` after compaction,
 //! connection drops (stop and restart on the same address), silent stalls (connections that
 //! stay open and acknowledged by TCP but carry nothing, as behind a black-holing path or a
