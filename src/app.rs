@@ -192,13 +192,19 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // loop gets to it. Lives until the loop ends.
     let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
     let drift_health = proxy_health.clone();
-    let _monitor = Monitor::start(TABLE_NAME, move |drift| {
+    let monitor = Monitor::start(TABLE_NAME, move |drift| {
         let seq = drift_admin.drift_detected(&drift);
         drift_health.queued(std::time::Instant::now());
         let drift = Box::new(drift);
         drift_tx.send(Event::Drift { seq, drift }).is_ok()
     })
     .map_err(|e| ReconcileError::Runtime(format!("nftables monitor: {e}")))?;
+    // The agent's large commits go out unheard by the monitor (the kernel then builds no
+    // notification per element), checked by generation; without it they are just heard.
+    let quiet = monitor
+        .quiet()
+        .inspect_err(|e| error!("nftables monitor: no quiet window for large commits: {e}"))
+        .ok();
     tokio::spawn(async move {
         wait_for_signal().await;
         let _ = tx.send(Event::Shutdown);
@@ -224,7 +230,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     observers.push(Box::new(HealthCheckServer(health)));
     // The backends block on netlink: run the loop on its own thread, off the async workers.
     let worker = std::thread::spawn(move || {
-        run_loop::run(config, rx, resolver, snapshots, fence, observers)
+        run_loop::run(config, rx, resolver, snapshots, fence, quiet, observers)
     });
     let result = tokio::task::spawn_blocking(move || worker.join())
         .await
