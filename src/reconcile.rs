@@ -10,7 +10,7 @@ use crate::dns::{self, DnsAnswers};
 use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
-use crate::nft::{Engine, NftBackend, TABLE_NAME};
+use crate::nft::{Engine, Family, NftBackend, TABLE_NAME};
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome, SyncReport, status_line};
 use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
@@ -299,7 +299,7 @@ pub fn once(config: &Config) -> Result<(), ReconcileError> {
 /// `agent cleanup`: delete the table and every marked address, route and rule.
 pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     let mut engine = Engine::new(NftnlBackend::new());
-    engine.delete_table(TABLE_NAME)?;
+    engine.delete_table(Family::Inet, TABLE_NAME)?;
     let removed: NetChanges = RtnlBackend::new(NetConfig::default())?.cleanup()?;
     info!(
         "removed table inet {TABLE_NAME} and {} network objects",
