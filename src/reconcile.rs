@@ -10,7 +10,7 @@ use crate::dns::{self, DnsAnswers};
 use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
-use crate::nft::{Engine, Family, NftBackend, TABLE_NAME};
+use crate::nft::{Engine, Family, NftBackend, TABLE_NAME, Table};
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome, SyncReport, status_line};
 use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
@@ -296,13 +296,19 @@ pub fn once(config: &Config) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// `agent cleanup`: delete the table and every marked address, route and rule.
+/// `agent cleanup`: delete the tables (inet, and bridge if present) and every marked
+/// address, route and rule.
 pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     let mut engine = Engine::new(NftnlBackend::new());
     engine.delete_table(Family::Inet, TABLE_NAME)?;
+    // Only if present: a kernel without the bridge family refuses even `add table bridge`.
+    let bridge = Table::with_family(Family::Bridge, TABLE_NAME);
+    if engine.backend_mut().read_back(&bridge)?.table.is_some() {
+        engine.delete_table(Family::Bridge, TABLE_NAME)?;
+    }
     let removed: NetChanges = RtnlBackend::new(NetConfig::default())?.cleanup()?;
     info!(
-        "removed table inet {TABLE_NAME} and {} network objects",
+        "removed table inet {TABLE_NAME} (and bridge {TABLE_NAME} if present) and {} network objects",
         removed.len()
     );
     for line in removed.describe() {
