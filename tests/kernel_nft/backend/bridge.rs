@@ -11,7 +11,9 @@ use nodeplane::testing::lab::Lab;
 use nodeplane::testing::listing;
 
 /// A forward chain dispatching on IPv4/IPv6 addresses (a `meta protocol` dependency each),
-/// a set, a verdict map whose elements `goto` a regular chain, and an L4 match.
+/// a set, a verdict map whose elements `goto` a regular chain, an L4 match, and the reply
+/// tuples a bridge table needs where it has no conntrack: a dynamic timeout set that accepted
+/// packets update with their reverse tuple and that packets are looked up in.
 fn bridge_table(second: bool) -> Table {
     let mut t = Table::with_family(Family::Bridge, T);
     let mut pods = Set::new("pods-v4", vec![DataType::Ipv4Addr], SetKind::Set);
@@ -28,6 +30,22 @@ fn bridge_table(second: bool) -> Table {
         ElemData::Verdict(Verdict::Goto("pol".into())),
     );
     t.add_set(vmap);
+    let tuple = vec![
+        DataType::Ipv4Addr,
+        DataType::InetProto,
+        DataType::InetService,
+        DataType::Ipv4Addr,
+        DataType::InetService,
+    ];
+    t.add_set(
+        Set::new("replies-v4", tuple, SetKind::Set)
+            .with_flags(SetFlags {
+                timeout: true,
+                dynamic: true,
+                ..Default::default()
+            })
+            .with_timeout(120),
+    );
     let mut pol = Chain::regular("pol");
     pol.push(Rule::new(vec![
         Stmt::matches(Field::L4Proto, Value::Proto(6)),
@@ -40,7 +58,19 @@ fn bridge_table(second: bool) -> Table {
         "forward",
         base(ChainType::Filter, Hook::Forward, 0, Policy::Accept),
     );
+    let (l4, sp, dp) = (Field::L4Proto, Field::ThSport, Field::ThDport);
     fwd.push(Rule::new(vec![
+        Stmt::in_set(
+            vec![Field::Ip4Saddr, l4, sp, Field::Ip4Daddr, dp],
+            "replies-v4",
+        ),
+        Stmt::Verdict(Verdict::Accept),
+    ]))
+    .push(Rule::new(vec![
+        Stmt::SetUpdate {
+            set: "replies-v4".into(),
+            key: vec![Field::Ip4Daddr, l4, dp, Field::Ip4Saddr, sp],
+        },
         Stmt::in_set(vec![Field::Ip4Saddr], "pods-v4"),
         Stmt::Verdict(Verdict::Accept),
     ]))
