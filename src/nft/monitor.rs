@@ -194,12 +194,23 @@ impl fmt::Display for Drift {
             if c.table_created {
                 parts.push("table created".into());
             }
-            let all = c
-                .chains
-                .iter()
-                .map(|(n, e)| describe("chain", n, e, "rule"))
+            // Another family's table first (its chains and sets follow it).
+            let (tables, objects): (Vec<_>, Vec<_>) =
+                c.others.iter().partition(|(n, _)| n.starts_with("table "));
+            let all = tables
+                .into_iter()
+                .map(|(n, e)| describe("", n, e, ""))
+                .chain(
+                    c.chains
+                        .iter()
+                        .map(|(n, e)| describe("chain", n, e, "rule")),
+                )
                 .chain(c.sets.iter().map(|(n, e)| describe("set", n, e, "element")))
-                .chain(c.others.iter().map(|(n, e)| describe("object", n, e, "")));
+                .chain(
+                    objects
+                        .into_iter()
+                        .map(|(n, e)| describe("object", n, e, "")),
+                );
             let all: Vec<String> = all.collect();
             let more = all.len().saturating_sub(DESCRIBED);
             parts.extend(all.into_iter().take(DESCRIBED));
@@ -238,7 +249,12 @@ fn describe(kind: &str, name: &str, e: &Edits, item: &str) -> String {
             what.push(format!("{} {item}{} deleted", e.removed, plural(e.removed)));
         }
     }
-    format!("{kind} {name} {}", what.join(", "))
+    let name = if kind.is_empty() {
+        name.to_string()
+    } else {
+        format!("{kind} {name}")
+    };
+    format!("{name} {}", what.join(", "))
 }
 
 /// Counters of the reader thread (for benchmarks and tests).
@@ -494,6 +510,15 @@ fn record(c: &mut Changes, family: Family, msg: u8, name: Option<&[u8]>, items: 
         }
     };
     match msg {
+        // Another family's table is named like its objects: `table bridge deleted`.
+        NEWTABLE | DELTABLE | DESTROYTABLE if family != Family::Inet => {
+            let e = c
+                .others
+                .entry(format!("table {}", family.keyword()))
+                .or_default();
+            e.created |= msg == NEWTABLE;
+            e.deleted |= msg != NEWTABLE;
+        }
         NEWTABLE => c.table_created = true,
         DELTABLE | DESTROYTABLE => c.table_deleted = true,
         NEWCHAIN => c.chains.entry(name()).or_default().created = true,
@@ -828,6 +853,37 @@ mod tests {
         assert_eq!(
             drifts[0].to_string(),
             "chain bridge np-forward 1 rule deleted (by nft (pid 42))"
+        );
+    }
+
+    #[test]
+    fn a_deleted_bridge_table_is_named_first() {
+        let mut r = reader();
+        r.families = vec![Family::Inet, Family::Bridge];
+        let bridge = Family::Bridge.nfproto();
+        let mut buf = Vec::new();
+        for chain in ["a", "b", "c", "d", "e"] {
+            let name = format!("{chain}\0");
+            let attrs = [
+                table_attr("nodeplane"),
+                attr(NFTA_CHAIN_NAME, name.as_bytes()),
+            ];
+            buf.extend(nft_msg(DELCHAIN, bridge, FOREIGN, &attrs));
+        }
+        buf.extend(nft_msg(
+            DELTABLE,
+            bridge,
+            FOREIGN,
+            &[table_attr("nodeplane")],
+        ));
+        buf.extend(newgen(FOREIGN, 42, "nft"));
+        let drifts = r.datagram(&buf, Instant::now());
+        assert!(
+            drifts[0]
+                .to_string()
+                .starts_with("table bridge deleted; chain bridge a deleted"),
+            "{}",
+            drifts[0]
         );
     }
 

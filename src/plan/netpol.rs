@@ -23,6 +23,7 @@
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+mod bridge;
 mod memo;
 mod pods;
 mod rules;
@@ -190,7 +191,8 @@ impl Feature for NetworkPolicies {
         }
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            add_hooks(&mut out.ruleset);
+            add_hooks(&mut out.ruleset, vec![established()]);
+            out.bridge = Some(bridge::table(&parts));
         }
         NetpolMemory {
             validated: outcome.validated,
@@ -282,7 +284,9 @@ fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
 }
 
 /// The dispatch maps and the base chains that look them up.
-fn add_hooks(table: &mut Table) {
+/// The dispatch maps, the self sets and the two base chains; `state` are the rules that
+/// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise).
+fn add_hooks(table: &mut Table, state: Vec<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -316,13 +320,9 @@ fn add_hooks(table: &mut Table) {
                 policy: Policy::Accept,
             },
         );
-        chain.push(Rule::new(vec![
-            Stmt::Match(Match {
-                key: vec![Field::CtState],
-                op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
-            }),
-            Stmt::Verdict(Verdict::Accept),
-        ]));
+        for rule in &state {
+            chain.push(rule.clone());
+        }
         chain.push(neighbour_discovery());
         for (key, set) in [
             (vec![Field::Ip4Saddr, Field::Ip4Daddr], SELF_V4),
@@ -338,6 +338,17 @@ fn add_hooks(table: &mut Table) {
         }
         table.add_chain(chain);
     }
+}
+
+/// `ct state established,related accept`.
+fn established() -> Rule {
+    Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::CtState],
+            op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
+        }),
+        Stmt::Verdict(Verdict::Accept),
+    ])
 }
 
 /// ICMPv6 neighbour solicitations and advertisements (types 135, 136, code 0) are accepted:
