@@ -19,7 +19,8 @@
 //! Hooks (only present while a policy is in force): forward only, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
 //! EgressFirewall's `filter-forward` (0): a packet leaves only when both accept it. Forward
-//! sees routed pods and bridged pods with `br_netfilter`. Input and output are not hooked on
+//! sees routed pods and bridged pods with `br_netfilter`; `bridge` puts the same parts into
+//! `table bridge nodeplane` for pods bridged without it. Input and output are not hooked on
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
@@ -352,7 +353,7 @@ fn established() -> Rule {
 }
 
 /// ICMPv6 neighbour solicitations and advertisements (types 135, 136, code 0) are accepted:
-/// between bridged pods (with `br_netfilter`) they cross the forward hook, and dropping them
+/// between bridged pods they cross the (inet or bridge) forward hook, and dropping them
 /// breaks IPv6 between pods the policies allow. They are matched as `th sport` (the first two
 /// bytes of the ICMPv6 header: type << 8 | code), which needs no ICMPv6 field in the IR.
 fn neighbour_discovery() -> Rule {
