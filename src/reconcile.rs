@@ -447,6 +447,41 @@ status: {items: [{egressIP: 192.168.99.9, node: n1}]}
     }
 
     #[test]
+    fn the_bridge_table_follows_network_policies_and_a_leftover_goes() {
+        use crate::testing::objects;
+        let pod = objects::pod("a", "p")
+            .on("n1")
+            .ips(&["10.128.0.5"])
+            .object();
+        let deny = objects::network_policy("a", "deny", "  podSelector: {}\n  ingress: []\n");
+        let with = Snapshot::builder()
+            .with(pod.clone())
+            .with(deny.object())
+            .build();
+        let without = Snapshot::builder().with(pod).build();
+        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
+        rec.sync(&with).unwrap();
+        let held = rec
+            .bridge
+            .backend()
+            .table
+            .as_ref()
+            .expect("bridge table applied");
+        assert_eq!(held.family, Family::Bridge);
+        assert!(held.chains.contains_key("np-forward-flows"));
+        rec.sync(&without).unwrap();
+        assert!(
+            rec.bridge.backend().table.is_none(),
+            "deleted without policies"
+        );
+        // A leftover (a restart after the last policy went): deleted after a read-back.
+        rec.bridge.backend_mut().table = Some(Table::with_family(Family::Bridge, TABLE_NAME));
+        rec.invalidate();
+        rec.sync(&without).unwrap();
+        assert!(rec.bridge.backend().table.is_none(), "leftover deleted");
+    }
+
+    #[test]
     fn an_unplaceable_egress_ip_is_reported_and_gets_no_snat() {
         let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
         let report = rec.sync(&snapshot()).unwrap();

@@ -9,6 +9,8 @@ use nodeplane::testing::lab::{
     Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth, eventually,
 };
 use nodeplane::testing::objects;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 const NODE: &str = "node-1";
@@ -192,4 +194,46 @@ fn run_mode_edits_repairs_and_cleans_up_the_bridge_table() {
     let tables = b.node.nft(&["list", "tables"]).unwrap();
     assert!(!tables.contains("nodeplane"), "{tables}");
     assert_eq!((reaches(1), reaches(2)), (true, true), "cleaned up: open");
+}
+
+/// Without `br_netfilter` (no conntrack in the bridge table): a connection allowed when it
+/// started survives an edit that no longer allows it (the flow set), new ones do not.
+#[test]
+fn an_established_bridged_connection_survives_a_policy_edit() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    let listener = b.pods[0]
+        .ns
+        .enter(|| TcpListener::bind("0.0.0.0:7000").unwrap());
+    let echo = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut writer = conn;
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            writer.write_all(line.as_bytes()).unwrap();
+            line.clear();
+        }
+    });
+    let dst = SocketAddr::new(b.pods[0].addr, 7000);
+    let second = Duration::from_secs(1);
+    let mut conn = b.pods[1]
+        .ns
+        .enter(move || TcpStream::connect_timeout(&dst, second).unwrap());
+    conn.set_read_timeout(Some(second)).unwrap();
+    let mut roundtrip = |msg: &str| {
+        conn.write_all(format!("{msg}\n").as_bytes()).unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut got = String::new();
+        reader.read_line(&mut got).map(|_| got.trim().to_string())
+    };
+    assert_eq!(roundtrip("before").unwrap(), "before");
+    b.agent.write("policies.yaml", &deny_all());
+    b.agent.once(&[]);
+    assert_eq!(roundtrip("after").unwrap(), "after");
+    truth(&b, "deny all, new connections", |f, t| f == t);
+    drop(conn);
+    echo.join().unwrap();
 }
