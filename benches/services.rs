@@ -11,6 +11,14 @@
 //! 3. Connection latency from a pod to a ClusterIP with 10 and with N services installed,
 //!    and to the backend directly.
 //! 4. Resident memory of the agent (`agent` in run mode) holding N x E.
+//! 5. `--kube-cold-start N1xE1,N2xE2 --runs R`: instead of 1-4, the real agent in
+//!    Kubernetes mode against the test kit's fake API server holding N services x E
+//!    endpoints, started R times into an empty table: time from spawn to its first
+//!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then.
+//!    `BENCH_SHOW_LOG=1` prints each run's agent log (`NODEPLANE_LOG_LEVEL` is passed on).
+//!
+//! `--change-scales N1,N2,...` runs only 1 (without kube-proxy's layout) and 2 at each N, with
+//! the p99 of a change and the kernel read-backs counted during the changes (expected: 0).
 
 use nodeplane::api::{EndpointSlice, Service};
 use nodeplane::config::Config;
@@ -18,6 +26,7 @@ use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::{Desired, plan};
 use nodeplane::snapshot::Snapshot;
+use nodeplane::testing::fakeapi::FakeApi;
 use nodeplane::testing::lab::{self, Lab, Ns};
 use nodeplane::testing::objects;
 use std::fmt::Write as _;
@@ -227,7 +236,9 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
             ms(restarts[2]),
             ms(restarts[4])
         );
-        // One endpoint of one service replaced, `changes` times on different services.
+        // One endpoint of one service replaced, `changes` times on different services. The
+        // incremental path must not read the kernel's table back.
+        let reads_before = engine.read_backs();
         let (mut memory, mut snap) = (memory, snap.clone());
         let mut one = Vec::new();
         for k in 0..changes {
@@ -251,6 +262,8 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
             memory = d.memory;
             one.push((t1 - t0, t2 - t1, t4 - t3, ops, t_diff));
         }
+        let reads = engine.read_backs() - reads_before;
+        println!("  kernel read-backs during the {changes} endpoint changes: {reads}");
         (cold_plan, cold_apply, objects, one)
     });
     println!(
@@ -275,16 +288,21 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
         let applied = median(one.iter().map(|o| o.2).collect());
         let diffed = median(one.iter().map(|o| o.4).collect());
         let total = median(one.iter().map(|o| o.1 + o.2).collect());
+        let mut totals: Vec<Duration> = one.iter().map(|o| o.1 + o.2).collect();
+        totals.sort();
+        let p99 = percentile(&totals, 0.99);
         let ops = one.iter().map(|o| o.3).max().unwrap_or(0);
         println!(
             "  one endpoint change (median of {}): {:.2} ms = plan {:.2} ms + diff and apply {:.2} ms \
-             (diff alone {:.2} ms), <= {ops} kernel ops (snapshot rebuild, not ours: {:.2} ms)",
+             (diff alone {:.2} ms), <= {ops} kernel ops (snapshot rebuild, not ours: {:.2} ms); \
+             p99 plan + diff + apply {:.2} ms",
             one.len(),
             ms(total),
             ms(planned),
             ms(applied),
             ms(diffed),
-            ms(snapshot)
+            ms(snapshot),
+            ms(p99)
         );
     }
 }
@@ -396,8 +414,125 @@ fn agent_rss(n: usize, e: usize) {
     );
 }
 
+/// One scale of `--kube-cold-start`: `N x E` (services x endpoints each).
+fn scales() -> Option<Vec<(usize, usize)>> {
+    let argv: Vec<String> = std::env::args().collect();
+    let i = argv.iter().position(|a| a == "--kube-cold-start")?;
+    let list = argv
+        .get(i + 1)
+        .expect("--kube-cold-start needs N1xE1,N2xE2,...");
+    Some(
+        list.split(',')
+            .map(|s| {
+                let (n, e) = s.split_once('x').expect("NxE, e.g. 10000x10");
+                (n.parse().expect("N"), e.parse().expect("E"))
+            })
+            .collect(),
+    )
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// `n` x `e` in a fake API server; the agent started `runs` times against it, each into an
+/// empty table (cold start): spawn to first committed sync, and RSS then.
+fn kube_cold_start(n: usize, e: usize, runs: usize) {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let listener = node
+        .enter(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the fake API server in the node netns");
+    let api = FakeApi::start(listener);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let loading = Instant::now();
+    let node_doc = objects::node(NODE, &["192.168.50.11"]).to_string();
+    let json = |doc: &str| -> serde_json::Value { serde_norway::from_str(doc).unwrap() };
+    api.put(json(&node_doc));
+    api.put(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "bench"}}));
+    for i in 0..n {
+        api.put(json(&service_doc(i)));
+        api.put(json(&slice_doc(i, &endpoints_of(i, e, 0))));
+    }
+    println!(
+        "fake API holds {n} services x {e} endpoints ({:.1} s to load)",
+        loading.elapsed().as_secs_f64()
+    );
+    let mut took = Vec::new();
+    let mut rss = Vec::new();
+    for _ in 0..runs {
+        let _ = node.nft(&["delete", "table", "inet", "nodeplane"]);
+        let start = Instant::now();
+        let agent = node.spawn_agent(&[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            NODE,
+            "--egress-ip-assigner=false",
+            "--admin-address",
+            "127.0.0.1:0",
+            "--healthz-bind-address",
+            "",
+        ]);
+        let deadline = start + Duration::from_secs(600);
+        while !agent.logs().contains("sync done") {
+            assert!(Instant::now() < deadline, "no sync: {}", agent.logs());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        took.push(start.elapsed());
+        let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        rss.push(kb);
+        let (_, logs) = agent.stop();
+        if std::env::var_os("BENCH_SHOW_LOG").is_some() {
+            println!("{logs}");
+        }
+    }
+    took.sort();
+    println!(
+        "kube cold start, {n} x {e}, {runs} runs: spawn to first committed sync p50 {:.0} ms, \
+         p99 {:.0} ms (min {:.0}, max {:.0}); RSS then {} MiB (max)",
+        ms(percentile(&took, 0.5)),
+        ms(percentile(&took, 0.99)),
+        ms(took[0]),
+        ms(took[took.len() - 1]),
+        rss.iter().max().copied().unwrap_or(0) / 1024
+    );
+}
+
 fn main() {
+    if let Some(scales) = scales() {
+        let argv: Vec<String> = std::env::args().collect();
+        let runs = argv
+            .windows(2)
+            .find(|w| w[0] == "--runs")
+            .map_or(5, |w| w[1].parse().expect("--runs N"));
+        for (n, e) in scales {
+            kube_cold_start(n, e, runs);
+        }
+        return;
+    }
     let a = args();
+    // `--change-scales N1,N2,...`: cold apply and one-endpoint changes only, at each N.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(w) = argv.windows(2).find(|w| w[0] == "--change-scales") {
+        for n in w[1].split(',') {
+            apply_cost(
+                n.parse().expect("--change-scales N1,N2"),
+                a.endpoints,
+                a.changes,
+                false,
+            );
+        }
+        return;
+    }
     // `--skip-apply`: only latency and RSS (the cold applies dominate the run time).
     if !std::env::args().any(|x| x == "--skip-apply") {
         apply_cost(a.services, a.endpoints, a.changes, true);

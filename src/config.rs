@@ -789,6 +789,26 @@ mod tests {
     }
 
     #[test]
+    fn dns_proxy_defaults_file_flags_and_off() {
+        let c = Config::resolve(&opts()).unwrap();
+        assert_eq!(c.dns_proxy, DnsProxySettings::default());
+        assert_eq!(c.dns_proxy.port, Some(15353));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "dns-proxy-port: 0\ndns-min-ttl-seconds: 9\n").unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.dns_proxy.port, None, "0 turns the proxy off");
+        assert_eq!(c.dns_proxy.min_ttl_secs, 9);
+        o.dns_proxy_port = Some(5353);
+        o.dns_min_ttl_seconds = Some(0);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.dns_proxy.port, Some(5353), "flags win");
+        assert_eq!(c.dns_proxy.min_ttl_secs, 1, "a floor of at least 1 s");
+    }
+
+    #[test]
     fn egress_ip_probe_defaults_flags_file_and_bounds() {
         let c = Config::resolve(&opts()).unwrap();
         assert_eq!(c.egress_ip_probe, probe::Settings::default());

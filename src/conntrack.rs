@@ -8,7 +8,8 @@ use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple,
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Protocol,
+    Tuple,
 };
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
@@ -65,8 +66,8 @@ fn delete_matching(doomed: impl Fn(&[Tuple], &[Tuple]) -> bool) -> io::Result<us
     for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
         let doomed: Vec<Vec<Tuple>> = dump(&sock, family)?
             .into_iter()
-            .filter(|(orig, reply)| doomed(orig, reply))
-            .map(|(orig, _)| orig)
+            .filter(|(orig, reply, _)| doomed(orig, reply))
+            .map(|(orig, _, _)| orig)
             .collect();
         for orig in doomed {
             match request(
@@ -83,6 +84,41 @@ fn delete_matching(doomed: impl Fn(&[Tuple], &[Tuple]) -> bool) -> io::Result<us
         }
     }
     Ok(deleted)
+}
+
+/// The (original source, original destination) addresses of every live conntrack entry, both
+/// families, in one dump each: which destinations still have flows, and from whom. A TCP
+/// entry is live while opening or established (a closed connection's entry lingers in
+/// TIME_WAIT for two minutes); other protocols' entries live until they time out.
+pub fn flow_endpoints() -> io::Result<BTreeSet<(IpAddr, IpAddr)>> {
+    let mut sock = Socket::new(NETLINK_NETFILTER)?;
+    sock.bind_auto()?;
+    sock.connect(&SocketAddr::new(0, 0))?;
+    let mut out = BTreeSet::new();
+    for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
+        for (orig, _, tcp_state) in dump(&sock, family)? {
+            // nf_conntrack_tcp: 1 SYN_SENT, 2 SYN_RECV, 3 ESTABLISHED, 9 SYN_SENT2.
+            if tcp_state.is_some_and(|s| !matches!(s, 1..=3 | 9)) {
+                continue;
+            }
+            let (mut src, mut dst) = (None, None);
+            for t in &orig {
+                if let Tuple::Ip(ips) = t {
+                    for i in ips {
+                        match i {
+                            IPTuple::SourceAddress(a) => src = Some(*a),
+                            IPTuple::DestinationAddress(a) => dst = Some(*a),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            if let (Some(s), Some(d)) = (src, dst) {
+                out.insert((s, d));
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -129,9 +165,10 @@ fn udp_endpoint(tuple: &[Tuple], side: Side) -> Option<(IpAddr, u16)> {
     Some((ip?, port.filter(|_| udp)?))
 }
 
-type Tuples = (Vec<Tuple>, Vec<Tuple>);
+/// (original, reply, TCP state if TCP).
+type Tuples = (Vec<Tuple>, Vec<Tuple>, Option<u8>);
 
-/// Every entry of one family as (original, reply) tuples.
+/// Every entry of one family as (original, reply) tuples and its TCP state.
 fn dump(sock: &Socket, family: NetfilterProtoFamily) -> io::Result<Vec<Tuples>> {
     let replies = request(
         sock,
@@ -145,15 +182,26 @@ fn dump(sock: &Socket, family: NetfilterProtoFamily) -> io::Result<Vec<Tuples>> 
             let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner else {
                 return None;
             };
-            let (mut orig, mut reply) = (None, None);
+            let (mut orig, mut reply, mut tcp_state) = (None, None, None);
             for a in attrs {
                 match a {
                     ConntrackAttribute::CtaTupleOrig(t) => orig = Some(t),
                     ConntrackAttribute::CtaTupleReply(t) => reply = Some(t),
+                    ConntrackAttribute::CtaProtoInfo(infos) => {
+                        for info in infos {
+                            if let ProtoInfo::TCP(tcp) = info {
+                                for t in tcp {
+                                    if let ProtoInfoTCP::State(s) = t {
+                                        tcp_state = Some(s);
+                                    }
+                                }
+                            }
+                        }
+                    }
                     _ => {}
                 }
             }
-            Some((orig?, reply?))
+            Some((orig?, reply?, tcp_state))
         })
         .collect())
 }

@@ -61,6 +61,13 @@ pub fn parse(bytes: &[u8]) -> Option<Answer> {
     })
 }
 
+/// Whether `bytes` is a DNS query with one question: what the proxy forwards. Anything else
+/// a pod sends to port 53 is dropped, so garbage costs no upstream socket nor a slot.
+pub fn is_query(bytes: &[u8]) -> bool {
+    Message::from_vec(bytes)
+        .is_ok_and(|m| m.metadata.message_type == MessageType::Query && m.queries.len() == 1)
+}
+
 /// `Www.Example.COM.` -> `www.example.com`.
 fn plain(name: &Name) -> String {
     let s = name.to_lowercase().to_ascii();
@@ -153,6 +160,19 @@ pub(crate) mod tests {
         );
         let got = parse(&bytes).unwrap();
         assert!(got.addresses.is_empty() && got.truncated);
+    }
+
+    #[test]
+    fn only_one_question_queries_are_forwarded() {
+        let mut q = Message::query();
+        assert!(!is_query(&q.to_vec().unwrap()), "no question");
+        q.add_query(Query::query(name("a.example.com."), RecordType::A));
+        assert!(is_query(&q.to_vec().unwrap()));
+        assert!(
+            !is_query(&response("a.example.com.", &[], false)),
+            "an answer"
+        );
+        assert!(!is_query(&[0xde, 0xad]));
     }
 
     #[test]

@@ -55,32 +55,45 @@ impl<B: NftBackend> Learner<B> {
         answer: &Answer,
         now: Instant,
     ) -> anyhow::Result<Learned> {
+        self.learn_all(learning, &[(pod, answer)], now)
+    }
+
+    /// [`Learner::learn`] for several answers in one batch (what queued up meanwhile). An
+    /// address answered twice gets the longer of the two timeouts.
+    pub fn learn_all(
+        &mut self,
+        learning: &Learning,
+        answers: &[(IpAddr, &Answer)],
+        now: Instant,
+    ) -> anyhow::Result<Learned> {
         let mut sets: BTreeMap<&str, crate::nft::ir::Set> = BTreeMap::new();
-        let mut remember = Vec::new();
-        for target in learning.matching(pod, &answer.name) {
-            for &(addr, ttl) in &answer.addresses {
-                let secs = ttl.max(self.floor_secs);
-                let expiry = now + Duration::from_secs(u64::from(secs));
-                let set_name = target.set(IpFamily::of(addr));
-                let key = (set_name.to_string(), addr);
-                if self
-                    .expiries
-                    .get(&key)
-                    .is_some_and(|have| *have + SLACK >= expiry)
-                {
-                    continue;
+        let mut remember: HashMap<(String, IpAddr), Instant> = HashMap::new();
+        for &(pod, answer) in answers {
+            for target in learning.matching(pod, &answer.name) {
+                for &(addr, ttl) in &answer.addresses {
+                    let secs = ttl.max(self.floor_secs);
+                    let expiry = now + Duration::from_secs(u64::from(secs));
+                    let set_name = target.set(IpFamily::of(addr));
+                    let key = (set_name.to_string(), addr);
+                    let known = self.expiries.get(&key).into_iter();
+                    if known
+                        .chain(remember.get(&key))
+                        .any(|have| *have + SLACK >= expiry)
+                    {
+                        continue;
+                    }
+                    let set = sets
+                        .entry(set_name)
+                        .or_insert_with(|| learned_set(set_name, IpFamily::of(addr)));
+                    set.elements.insert(
+                        vec![Value::ip(addr).into()],
+                        ElemValue {
+                            timeout: Some(secs),
+                            ..Default::default()
+                        },
+                    );
+                    remember.insert(key, expiry);
                 }
-                let set = sets
-                    .entry(set_name)
-                    .or_insert_with(|| learned_set(set_name, IpFamily::of(addr)));
-                set.elements.insert(
-                    vec![Value::ip(addr).into()],
-                    ElemValue {
-                        timeout: Some(secs),
-                        ..Default::default()
-                    },
-                );
-                remember.push((key, expiry));
             }
         }
         if sets.is_empty() {
@@ -100,6 +113,65 @@ impl<B: NftBackend> Learner<B> {
             }
         }
         Ok(Learned { written })
+    }
+
+    /// Extends the learned elements that would expire within `horizon` while conntrack
+    /// still has a flow to them from a pod of a namespace that learns them (`flows`: original
+    /// source and destination of every entry), by `horizon` plus the floor. So an address a
+    /// pod keeps using stays allowed for its new connections after its TTL.
+    pub fn keep_alive(
+        &mut self,
+        learning: &Learning,
+        flows: &std::collections::BTreeSet<(IpAddr, IpAddr)>,
+        horizon: Duration,
+        now: Instant,
+    ) -> anyhow::Result<Learned> {
+        let secs = u32::try_from(horizon.as_secs())
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.floor_secs);
+        let expiry = now + Duration::from_secs(u64::from(secs));
+        let mut sets: BTreeMap<String, crate::nft::ir::Set> = BTreeMap::new();
+        let mut remember = Vec::new();
+        for &(pod, dst) in flows {
+            let family = IpFamily::of(dst);
+            for target in learning.targets(pod) {
+                let key = (target.set(family).to_string(), dst);
+                let Some(have) = self.expiries.get(&key) else {
+                    continue;
+                };
+                if *have > now + horizon || remember.iter().any(|(k, _)| *k == key) {
+                    continue;
+                }
+                let set = sets
+                    .entry(key.0.clone())
+                    .or_insert_with(|| learned_set(&key.0, family));
+                set.elements.insert(
+                    vec![Value::ip(dst).into()],
+                    ElemValue {
+                        timeout: Some(secs),
+                        ..Default::default()
+                    },
+                );
+                remember.push((key, expiry));
+            }
+        }
+        if sets.is_empty() {
+            return Ok(Learned::default());
+        }
+        let tx = Transaction {
+            table: self.table.clone(),
+            family: crate::nft::Family::Inet,
+            ops: sets.into_values().map(Op::AddElements).collect(),
+        };
+        self.backend.apply(&tx)?;
+        let written = remember.len();
+        self.expiries.extend(remember);
+        Ok(Learned { written })
+    }
+
+    /// Whether any learned element is remembered (a keep-alive pass has something to do).
+    pub fn remembers_any(&self) -> bool {
+        !self.expiries.is_empty()
     }
 
     pub fn backend(&self) -> &B {
@@ -223,6 +295,72 @@ mod tests {
         assert_eq!(elements(&l, &exact)[0].1, Some(30));
         let shorter = answer("api.example.com", &[("198.51.100.7", 10)]);
         assert_eq!(l.learn(&learning, pod, &shorter, later).unwrap().written, 0);
+    }
+
+    #[test]
+    fn addresses_with_live_flows_are_extended_before_they_expire() {
+        let (backend, learning) = planned("[{type: Allow, to: {dnsName: '*.example.com'}}]");
+        let set = Names::new("web").learned_set("*.example.com", IpFamily::V4);
+        let mut l = Learner::new(backend, "nodeplane", 5);
+        let now = Instant::now();
+        let pod: IpAddr = POD.parse().unwrap();
+        let addr: IpAddr = "198.51.100.7".parse().unwrap();
+        l.learn(
+            &learning,
+            pod,
+            &answer("a.example.com", &[("198.51.100.7", 5)]),
+            now,
+        )
+        .unwrap();
+        let horizon = Duration::from_secs(5);
+        let flows = |src: &str| [(src.parse().unwrap(), addr)].into_iter().collect();
+        // Far from expiry: nothing to do yet.
+        assert_eq!(
+            l.keep_alive(&learning, &flows(POD), Duration::from_secs(1), now)
+                .unwrap()
+                .written,
+            0
+        );
+        // About to expire, but the flow is another pod's (not of this namespace): left to expire.
+        let later = now + Duration::from_secs(4);
+        assert_eq!(
+            l.keep_alive(&learning, &flows("10.128.2.5"), horizon, later)
+                .unwrap()
+                .written,
+            0
+        );
+        // About to expire with a flow of the pod: extended by the horizon plus the floor.
+        assert_eq!(
+            l.keep_alive(&learning, &flows(POD), horizon, later)
+                .unwrap()
+                .written,
+            1
+        );
+        assert_eq!(elements(&l, &set)[0].1, Some(10));
+        assert_eq!(
+            l.keep_alive(&learning, &flows(POD), horizon, later)
+                .unwrap()
+                .written,
+            0,
+            "once"
+        );
+    }
+
+    #[test]
+    fn queued_answers_are_one_batch_and_the_longer_ttl_wins() {
+        let (backend, learning) = planned("[{type: Allow, to: {dnsName: '*.example.com'}}]");
+        let set = Names::new("web").learned_set("*.example.com", IpFamily::V4);
+        let mut l = Learner::new(backend, "nodeplane", 5);
+        let pod: IpAddr = POD.parse().unwrap();
+        let long = answer("a.example.com", &[("198.51.100.7", 60)]);
+        let short = answer("b.example.com", &[("198.51.100.7", 9), ("198.51.100.8", 9)]);
+        let got = l
+            .learn_all(&learning, &[(pod, &long), (pod, &short)], Instant::now())
+            .unwrap();
+        assert_eq!(got.written, 2);
+        assert_eq!(l.backend().applied.len(), 1, "one batch");
+        let timeouts: Vec<Option<u32>> = elements(&l, &set).into_iter().map(|e| e.1).collect();
+        assert_eq!(timeouts, [Some(60), Some(9)]);
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl ProxyMetrics {
         );
         registry.register(
             "dns_proxy_errors",
-            "Proxy errors by reason (upstream_timeout, upstream, reply, overload, learn, learner_busy, tcp)",
+            "Proxy errors by reason (upstream_timeout, upstream, reply, receive, malformed, overload, learn, learner_busy, learner_gone, tcp, conntrack)",
             self.errors.clone(),
         );
     }

@@ -8,6 +8,7 @@
 //! writer), `metrics`.
 
 pub mod answer;
+pub mod fair;
 pub mod hold;
 pub mod learn;
 pub mod metrics;
@@ -37,31 +38,45 @@ pub fn spawn(
     let Some(port) = settings.port else {
         return Ok(());
     };
-    let udp_listener = socket::udp_listener(port)?;
-    let tcp_listener = socket::tcp_listener(port, 1024)?;
     let backend = NftnlBackend::new();
     let learner = learn::Learner::new(backend, TABLE_NAME, settings.min_ttl_secs);
     let holder = hold::Holder::start(learner, learning, metrics);
+    // IPv4 must work; IPv6 is served when the node can (a node without IPv6 skips it).
+    serve(false, port, &holder)?;
+    if let Err(e) = serve(true, port, &holder) {
+        tracing::warn!("dns proxy: no IPv6 listeners (pod DNS over IPv6 goes direct): {e}");
+    }
+    tracing::info!("dns proxy listening on port {port} (udp, tcp)");
+    Ok(())
+}
+
+/// Binds one family's listeners and serves them.
+fn serve(v6: bool, port: u16, holder: &hold::Holder) -> std::io::Result<()> {
+    let udp_listener = socket::udp_listener(v6, port)?;
+    let tcp_listener = socket::tcp_listener(v6, port, 1024)?;
+    // Each query in flight holds an upstream socket, each connection two: stay well under
+    // the default 1,024 open files (both families together).
     let udp_limits = udp::Limits {
-        in_flight: 4096,
+        in_flight: 192,
+        per_pod: 32,
         upstream_timeout: UPSTREAM_TIMEOUT,
     };
     let tcp_limits = tcp::Limits {
-        connections: 512,
+        connections: 96,
+        per_pod: 16,
         upstream_timeout: UPSTREAM_TIMEOUT,
         idle_timeout: Duration::from_secs(10),
     };
-    let udp_holder = holder.clone();
+    let (udp_holder, tcp_holder) = (holder.clone(), holder.clone());
     tokio::spawn(async move {
         if let Err(e) = udp::serve(udp_listener, udp_holder, udp_limits).await {
             tracing::error!("dns proxy (udp) stopped: {e}");
         }
     });
     tokio::spawn(async move {
-        if let Err(e) = tcp::serve(tcp_listener, holder, tcp_limits).await {
+        if let Err(e) = tcp::serve(tcp_listener, tcp_holder, tcp_limits).await {
             tracing::error!("dns proxy (tcp) stopped: {e}");
         }
     });
-    tracing::info!("dns proxy listening on port {port} (udp, tcp)");
     Ok(())
 }

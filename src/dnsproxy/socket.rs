@@ -1,51 +1,73 @@
 //! Transparent sockets (IP_TRANSPARENT), safe through nix: the listeners the kernel's
 //! `tproxy` hands steered pod DNS to, and the per-answer socket that sends a UDP answer to
-//! the pod from the server's address (the address the pod asked).
+//! the pod from the server's address (the address the pod asked). IP_TRANSPARENT at
+//! `SOL_IP` also marks an IPv6 socket transparent (the kernel passes it down to the IPv4
+//! option handler), which is what nix offers for both families.
 
 use nix::sys::socket::{
     AddressFamily, Backlog, ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn,
-    SockaddrStorage, bind, listen, recvmsg, setsockopt, socket, sockopt,
+    SockaddrIn6, SockaddrStorage, bind, listen, recvmsg, setsockopt, socket, sockopt,
 };
 use std::io::{self, IoSliceMut};
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-fn v4(addr: SocketAddr) -> io::Result<SocketAddrV4> {
-    match addr {
-        SocketAddr::V4(a) => Ok(a),
-        SocketAddr::V6(_) => Err(io::Error::other(
-            "IPv6 transparent sockets are not supported",
-        )),
-    }
-}
-
-fn transparent(kind: SockType) -> io::Result<OwnedFd> {
+fn transparent(kind: SockType, addr: SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
     let fd = socket(
-        AddressFamily::Inet,
+        family,
         kind,
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         None,
     )?;
     setsockopt(&fd, sockopt::IpTransparent, &true)?;
     setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if addr.is_ipv6() {
+        // IPv4 has its own listener.
+        setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    }
     Ok(fd)
 }
 
-/// The UDP listener at `0.0.0.0:port`: each datagram comes with its original destination.
-pub fn udp_listener(port: u16) -> io::Result<tokio::net::UdpSocket> {
-    let addr = SocketAddr::from(([0, 0, 0, 0], port));
-    let fd = transparent(SockType::Datagram)?;
-    setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
-    bind(fd.as_raw_fd(), &SockaddrIn::from(v4(addr)?))?;
+fn bind_to(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
+    match addr {
+        SocketAddr::V4(a) => bind(fd.as_raw_fd(), &SockaddrIn::from(a))?,
+        SocketAddr::V6(a) => bind(fd.as_raw_fd(), &SockaddrIn6::from(a))?,
+    }
+    Ok(())
+}
+
+fn any(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+    }
+}
+
+/// The UDP listener at `0.0.0.0:port` (or `[::]:port`): each datagram comes with its
+/// original destination.
+pub fn udp_listener(v6: bool, port: u16) -> io::Result<tokio::net::UdpSocket> {
+    let addr = any(v6, port);
+    let fd = transparent(SockType::Datagram, addr)?;
+    if v6 {
+        setsockopt(&fd, sockopt::Ipv6OrigDstAddr, &true)?;
+    } else {
+        setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
+    }
+    bind_to(&fd, addr)?;
     tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
-/// The TCP listener at `0.0.0.0:port`: an accepted connection's local address is the server
-/// the pod connected to.
-pub fn tcp_listener(port: u16, backlog: i32) -> io::Result<tokio::net::TcpListener> {
-    let addr = SocketAddr::from(([0, 0, 0, 0], port));
-    let fd = transparent(SockType::Stream)?;
-    bind(fd.as_raw_fd(), &SockaddrIn::from(v4(addr)?))?;
+/// The TCP listener at `0.0.0.0:port` (or `[::]:port`): an accepted connection's local
+/// address is the server the pod connected to.
+pub fn tcp_listener(v6: bool, port: u16, backlog: i32) -> io::Result<tokio::net::TcpListener> {
+    let addr = any(v6, port);
+    let fd = transparent(SockType::Stream, addr)?;
+    bind_to(&fd, addr)?;
     listen(&fd, Backlog::new(backlog).map_err(io::Error::from)?)?;
     tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd))
 }
@@ -54,18 +76,18 @@ pub fn tcp_listener(port: u16, backlog: i32) -> io::Result<tokio::net::TcpListen
 /// sending one answer to the pod with the source it expects. Left unconnected: a connected
 /// socket would catch the pod's next query from the same port before `tproxy` does.
 pub fn answer_socket(server: SocketAddr) -> io::Result<tokio::net::UdpSocket> {
-    let fd = transparent(SockType::Datagram)?;
-    bind(fd.as_raw_fd(), &SockaddrIn::from(v4(server)?))?;
+    let fd = transparent(SockType::Datagram, server)?;
+    bind_to(&fd, server)?;
     tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
-/// One datagram from the listener: its length, sender and original destination. Called
+/// One datagram from a listener: its length, sender and original destination. Called
 /// from `UdpSocket::async_io` (nonblocking: `WouldBlock` when there is none).
 pub fn recv_with_orig_dst(
     sock: &tokio::net::UdpSocket,
     buf: &mut [u8],
 ) -> io::Result<(usize, SocketAddr, SocketAddr)> {
-    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in);
+    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in6);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<SockaddrStorage>(
         sock.as_raw_fd(),
@@ -75,11 +97,18 @@ pub fn recv_with_orig_dst(
     )?;
     let from = msg
         .address
-        .and_then(|a| a.as_sockaddr_in().map(|s| SocketAddr::V4((*s).into())))
-        .ok_or_else(|| io::Error::other("datagram without an IPv4 source"))?;
+        .and_then(|a| {
+            a.as_sockaddr_in()
+                .map(|s| SocketAddr::V4((*s).into()))
+                .or_else(|| a.as_sockaddr_in6().map(|s| SocketAddr::V6((*s).into())))
+        })
+        .ok_or_else(|| io::Error::other("datagram without a source"))?;
     let orig = msg.cmsgs()?.find_map(|c| match c {
         ControlMessageOwned::Ipv4OrigDstAddr(sa) => {
             Some(SocketAddr::V4(SockaddrIn::from(sa).into()))
+        }
+        ControlMessageOwned::Ipv6OrigDstAddr(sa) => {
+            Some(SocketAddr::V6(SockaddrIn6::from(sa).into()))
         }
         _ => None,
     });

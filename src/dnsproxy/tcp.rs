@@ -2,6 +2,7 @@
 //! connection gets its own connection to the server, and every length-prefixed answer on it
 //! is held until learned before it is written back.
 
+use super::fair::PerPod;
 use super::hold::Holder;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,8 @@ use tokio::sync::Semaphore;
 pub struct Limits {
     /// Connections proxied at once; more are closed at once.
     pub connections: usize,
+    /// Of those, one pod's at most.
+    pub per_pod: usize,
     /// How long to wait for the server (connect, and each answer).
     pub upstream_timeout: Duration,
     /// How long a connection may sit without a query.
@@ -20,6 +23,7 @@ pub struct Limits {
 
 pub async fn serve(listener: TcpListener, holder: Holder, limits: Limits) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.connections));
+    let fair = PerPod::new(limits.per_pod);
     let limits = Arc::new(limits);
     loop {
         let (pod_conn, pod) = match listener.accept().await {
@@ -29,13 +33,17 @@ pub async fn serve(listener: TcpListener, holder: Holder, limits: Limits) -> std
                 continue;
             }
         };
+        let Some(share) = fair.try_acquire(pod.ip()) else {
+            holder.metrics().error("overload");
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             holder.metrics().error("overload");
             continue;
         };
         let (holder, limits) = (holder.clone(), limits.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, share);
             if let Err(reason) = connection(&holder, pod_conn, pod.ip(), &limits).await {
                 holder.metrics().error(reason);
             }
@@ -62,6 +70,9 @@ async fn connection(
                 // The pod closed, went idle, or sent a broken frame: done.
                 _ => return Ok(()),
             };
+        if !super::answer::is_query(&query) {
+            return Err("malformed");
+        }
         write_message(&mut upstream, &query)
             .await
             .map_err(|_| "upstream")?;

@@ -3,8 +3,9 @@
 //! from the server's address. Truncated answers (TC) pass as they are: the pod retries over
 //! TCP, which the TCP path proxies. EDNS and every other byte are forwarded untouched.
 
+use super::fair::PerPod;
 use super::hold::Holder;
-use super::socket;
+use super::{answer, socket};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,8 @@ const MAX_MESSAGE: usize = 65_535;
 pub struct Limits {
     /// Queries in flight at most; more are dropped (the pod's resolver retries).
     pub in_flight: usize,
+    /// Of those, one pod's at most.
+    pub per_pod: usize,
     /// How long to wait for the server.
     pub upstream_timeout: Duration,
 }
@@ -25,6 +28,7 @@ pub struct Limits {
 /// Serves the listener until it fails.
 pub async fn serve(listener: UdpSocket, holder: Holder, limits: Limits) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.in_flight));
+    let fair = PerPod::new(limits.per_pod);
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         let (n, pod, server) = match listener
@@ -44,6 +48,14 @@ pub async fn serve(listener: UdpSocket, holder: Holder, limits: Limits) -> std::
             holder.metrics().error("malformed");
             continue;
         }
+        if !answer::is_query(&buf[..n]) {
+            holder.metrics().error("malformed");
+            continue;
+        }
+        let Some(share) = fair.try_acquire(pod.ip()) else {
+            holder.metrics().error("overload");
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             holder.metrics().error("overload");
             continue;
@@ -52,7 +64,7 @@ pub async fn serve(listener: UdpSocket, holder: Holder, limits: Limits) -> std::
         let holder = holder.clone();
         let timeout = limits.upstream_timeout;
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, share);
             if let Err(reason) = exchange(&holder, &query, pod, server, timeout).await {
                 holder.metrics().error(reason);
             }
@@ -68,9 +80,12 @@ async fn exchange(
     server: SocketAddr,
     timeout: Duration,
 ) -> Result<(), &'static str> {
-    let upstream = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
-        .await
-        .map_err(|_| "upstream")?;
+    let local: SocketAddr = if server.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let upstream = UdpSocket::bind(local).await.map_err(|_| "upstream")?;
     upstream.connect(server).await.map_err(|_| "upstream")?;
     upstream.send(query).await.map_err(|_| "upstream")?;
     let mut buf = vec![0u8; MAX_MESSAGE];

@@ -25,6 +25,8 @@ const DNS_ALLOWED: &str = "{type: Allow, to: {cidrSelector: 192.168.1.100/32}, p
 
 struct Topo {
     node: Ns,
+    ext: Ns,
+    zone: Zone,
     a1: Pod,
     b1: Pod,
     dns: DnsServer,
@@ -37,14 +39,14 @@ struct Topo {
 fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
-    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
+    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
     let ext = lab.add_uplink_host(&node, "ext");
     ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
     lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
     let server = ext.tcp_server("0.0.0.0:80", "ext");
-    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone);
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone.clone());
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
     let resolv = agent.dir().join("resolv.conf.txt");
     std::fs::write(
         &resolv,
@@ -73,6 +75,8 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     );
     Topo {
         node,
+        ext,
+        zone,
         a1,
         b1,
         dns,
@@ -254,6 +258,50 @@ fn learned_addresses_expire_with_their_ttl_and_a_new_answer_extends_them() {
 }
 
 #[test]
+fn an_address_in_use_stays_allowed_past_its_ttl() {
+    let zone = zone_with(&[
+        ("used.example.com", "198.18.7.1", 1),
+        ("idle.example.com", "198.18.7.2", 1),
+    ]);
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&["--dns-min-ttl-seconds", "5"]);
+    let used: Ipv4Addr = "198.18.7.1".parse().unwrap();
+    let idle: Ipv4Addr = "198.18.7.2".parse().unwrap();
+    assert_eq!(resolve_and_connect(&t.a1, "used.example.com"), (used, true));
+    assert_eq!(resolve_and_connect(&t.a1, "idle.example.com"), (idle, true));
+    // A connection stays open to `used` (an established conntrack entry: the lab's port 80
+    // server closes after its reply, this one holds on); `idle` has none.
+    let holder = t
+        .ext
+        .enter(|| std::net::TcpListener::bind("0.0.0.0:81").unwrap());
+    let accepted = std::thread::spawn(move || holder.accept().map(|(conn, _)| conn));
+    let target = SocketAddr::from((used, 81));
+    let open =
+        t.a1.ns
+            .enter(move || std::net::TcpStream::connect_timeout(&target, CONNECT))
+            .expect("connect to the used address");
+    std::thread::sleep(Duration::from_secs(8));
+    let (used_ok, idle_ok) = (connects(&t.a1, used), connects(&t.a1, idle));
+    let set = learned_elements(&t.node, "*.example.com");
+    drop((open, accepted.join()));
+    let (status, logs) = agent.stop();
+    assert!(
+        used_ok,
+        "an address with a live flow expired:\n{set}\n{logs}"
+    );
+    assert!(
+        !idle_ok,
+        "an address without flows outlived its TTL:\n{set}\n{logs}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
 fn a_truncated_answer_is_retried_over_tcp_and_learned_there() {
     let mut zone = zone_with(&[("big.example.com", "198.18.3.1", 30)]);
     zone.truncate_udp = true;
@@ -308,6 +356,78 @@ fn without_the_agent_dns_answers_directly_and_what_was_learned_stays() {
     assert!(connects(&t.a1, kept));
     let (fresh, ok) = resolve_and_connect(&t.a1, "rot.example.com");
     assert!(!ok, "{fresh} was allowed though nobody learned it");
+}
+
+#[test]
+fn garbage_to_the_proxy_neither_crashes_nor_stalls_it() {
+    let t = topo(
+        zone_with(&[("ok.example.com", "198.18.8.1", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let mut agent = t.spawn(&[]);
+    let server = dns();
+    t.a1.ns.enter(move || {
+        let udp = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let mut seed = 0x9e37_79b9_u32;
+        for i in 0..2000usize {
+            // Empty, short, header-only and random datagrams up to 1,400 bytes.
+            let len = [0, 1, 11, 12, 13, 512, 1400][i % 7];
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    seed as u8
+                })
+                .collect();
+            let _ = udp.send_to(&junk, server);
+        }
+        // TCP: a length prefix promising more than is sent, a lone byte, a silent connection.
+        for junk in [&[0xff, 0xff, 1, 2, 3][..], &[7], &[]] {
+            if let Ok(mut c) = std::net::TcpStream::connect_timeout(&server, CONNECT) {
+                use std::io::Write;
+                let _ = c.write_all(junk);
+            }
+        }
+    });
+    // DNS through the proxy still answers and still learns.
+    assert_eq!(
+        resolve_and_connect(&t.a1, "ok.example.com"),
+        ("198.18.8.1".parse().unwrap(), true)
+    );
+    assert!(
+        agent.try_status().is_none(),
+        "the agent died:\n{}",
+        agent.logs()
+    );
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn dns_over_ipv6_is_proxied_and_learned_too() {
+    let t = topo(
+        zone_with(&[("six.example.com", "198.18.9.1", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{cidrSelector: 'fd00:1::100/128'}}, ports: [{{protocol: UDP, port: 53}}]}}, \
+                   {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let dns6: SocketAddr = "[fd00:1::100]:53".parse().unwrap();
+    let server6 = DnsServer::start(&t.ext, dns6, t.zone.clone());
+    let agent = t.spawn(&[]);
+    let got = lookup(&t.a1.ns, dns6, "six.example.com", LOOKUP).expect("lookup over IPv6");
+    assert_eq!(got.addrs, ["198.18.9.1".parse::<Ipv4Addr>().unwrap()]);
+    assert_eq!(
+        server6.take_sources(),
+        ["fd00:1::1".parse::<IpAddr>().unwrap()].into(),
+        "the IPv6 query did not go through the proxy"
+    );
+    assert!(connects(&t.a1, "198.18.9.1".parse().unwrap()));
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
 }
 
 #[test]

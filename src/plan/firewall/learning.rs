@@ -44,6 +44,11 @@ impl Learning {
             .filter(move |t| dns_name_matches(&t.pattern, name))
     }
 
+    /// Every target of `pod`'s namespace.
+    pub fn targets(&self, pod: IpAddr) -> &[Target] {
+        self.by_pod.get(&pod).map_or(&[], |t| t.as_slice())
+    }
+
     /// The pods whose DNS is steered to the proxy.
     pub fn pods(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.by_pod.keys().copied()

@@ -14,7 +14,8 @@ use crate::net::{Family, NetDesired, NextHop, RouteSpec, RuleSpec};
 use crate::nft::ir::*;
 
 pub const CHAIN: &str = "fw-dns-steer";
-pub const PODS: &str = "fw-dns-pods-v4";
+pub const PODS_V4: &str = "fw-dns-pods-v4";
+pub const PODS_V6: &str = "fw-dns-pods-v6";
 /// The mark bit of steered packets (EgressIP uses 0x00ff0000, services 0x4000).
 pub const MARK: u32 = 0x0100_0000;
 /// The routing table with the local default route, and its `ip rule` priority (before the
@@ -38,12 +39,17 @@ pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut N
             policy: Policy::Accept,
         },
     );
-    // IPv4 transport only: the proxy has no IPv6 sockets yet, so pods' DNS over IPv6 goes
-    // direct (AAAA records in answers over IPv4 are learned all the same).
-    for (family, saddr, set, key) in [(IpFamily::V4, Field::Ip4Saddr, PODS, DataType::Ipv4Addr)] {
+    for (family, saddr, set, key) in [
+        (IpFamily::V4, Field::Ip4Saddr, PODS_V4, DataType::Ipv4Addr),
+        (IpFamily::V6, Field::Ip6Saddr, PODS_V6, DataType::Ipv6Addr),
+    ] {
         let mut pods = Set::new(set, vec![key], SetKind::Set);
         for pod in learning.pods().filter(|p| IpFamily::of(*p) == family) {
             pods.insert(vec![Value::ip(pod).into()]);
+        }
+        // A family no steered pod has gets no rules, set or routing.
+        if pods.elements.is_empty() {
+            continue;
         }
         table.add_set(pods);
         for proto in [libc::IPPROTO_UDP as u8, libc::IPPROTO_TCP as u8] {

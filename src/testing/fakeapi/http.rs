@@ -199,23 +199,60 @@ async fn list(shared: &Shared, t: Target, query: &str) -> Response<Body> {
     }
     let labels = param(query, "labelSelector").unwrap_or_default();
     let fields = param(query, "fieldSelector").unwrap_or_default();
+    // Pages as the API server cuts them: at most `limit` items, then a `continue` token (here
+    // `<resourceVersion of the first page>:<namespace>/<name of the last item>`). Every page
+    // answers the first page's resourceVersion, so a watch from it replays whatever changed
+    // while the pages were read.
+    let limit = param(query, "limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let token = param(query, "continue").filter(|c| !c.is_empty());
+    let (first_rv, after) = match token.as_deref().and_then(|c| c.split_once(':')) {
+        Some((rv, key)) => {
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            (
+                Some(rv.to_string()),
+                Some((ns.to_string(), name.to_string())),
+            )
+        }
+        None => (None, None),
+    };
     let mut state = shared.state();
-    let items: Vec<Value> = state
-        .objects
-        .get(&t.resource)
-        .into_iter()
-        .flat_map(|m| m.iter())
-        .filter(|((ns, _), _)| t.namespace.as_ref().is_none_or(|want| want == ns))
-        .map(|(_, o)| o)
-        .filter(|o| labels_match(&labels, o) && fields_match(&fields, o))
-        .cloned()
-        .collect();
-    *state.lists.entry(t.resource.kind).or_default() += 1;
-    let rv = state.rv.max(1).to_string();
+    let rv = first_rv.unwrap_or_else(|| state.rv.max(1).to_string());
+    let mut last = None;
+    let mut more = false;
+    let mut items: Vec<Value> = Vec::new();
+    let objects = state.objects.get(&t.resource).into_iter().flat_map(|m| {
+        let start = match &after {
+            Some(k) => std::ops::Bound::Excluded(k.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        m.range((start, std::ops::Bound::Unbounded))
+    });
+    for (key, o) in objects {
+        if t.namespace.as_ref().is_some_and(|want| want != &key.0)
+            || !(labels_match(&labels, o) && fields_match(&fields, o))
+        {
+            continue;
+        }
+        if limit.is_some_and(|l| items.len() == l) {
+            more = true;
+            break;
+        }
+        items.push(o.clone());
+        last = Some(key.clone());
+    }
+    let token = match (more, last) {
+        (true, Some((ns, name))) => format!("{rv}:{ns}/{name}"),
+        _ => String::new(),
+    };
+    if token.is_empty() {
+        *state.lists.entry(t.resource.kind).or_default() += 1;
+    }
     full(
         StatusCode::OK,
         json!({"apiVersion": t.resource.api_version(), "kind": format!("{}List", t.resource.kind),
-            "metadata": {"resourceVersion": rv}, "items": items}),
+            "metadata": {"resourceVersion": rv, "continue": token}, "items": items}),
     )
 }
 

@@ -206,7 +206,12 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
         RecordType::A,
     ));
     let bytes = q.to_vec().map_err(|e| e.to_string())?;
-    let udp = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    let local = if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let udp = UdpSocket::bind(local).map_err(|e| e.to_string())?;
     udp.set_read_timeout(Some(timeout)).unwrap();
     udp.send_to(&bytes, server).map_err(|e| e.to_string())?;
     let mut buf = [0u8; 4096];
