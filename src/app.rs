@@ -16,8 +16,8 @@ use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
 use crate::dns::{self, DnsService};
 use crate::healthcheck::proxy::{HEALTH_TIMEOUT, ProxyHealth, Stamp};
 use crate::healthcheck::{self, HealthServer};
-use crate::nft::TABLE_NAME;
-use crate::nft::monitor::Monitor;
+use crate::nft::monitor::{DEFAULT_RCVBUF, Monitor};
+use crate::nft::{Family, TABLE_NAME};
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
 use crate::reconcile::run_loop::{self, Event, Snapshots};
 use crate::reconcile::{Fence, LogReport};
@@ -192,7 +192,9 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // loop gets to it. Lives until the loop ends.
     let (drift_tx, drift_admin) = (tx.clone(), admin.clone());
     let drift_health = proxy_health.clone();
-    let monitor = Monitor::start(TABLE_NAME, move |drift| {
+    // Both tables: `table bridge nodeplane` holds NetworkPolicy for bridged pods.
+    let families = [Family::Inet, Family::Bridge];
+    let monitor = Monitor::start_families(&families, TABLE_NAME, DEFAULT_RCVBUF, move |drift| {
         let seq = drift_admin.drift_detected(&drift);
         drift_health.queued(std::time::Instant::now());
         let drift = Box::new(drift);

@@ -11,7 +11,7 @@ use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
 use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
-use crate::nft::{Engine, NftBackend, TABLE_NAME};
+use crate::nft::{ApplyStats, Engine, Family, NftBackend, NftError, TABLE_NAME, Table};
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome, SyncReport, status_line};
 use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
@@ -27,6 +27,10 @@ use tracing::{info, warn};
 pub struct Reconciler<N: NftBackend, B: NetBackend> {
     config: Config,
     engine: Engine<N>,
+    /// `table bridge nodeplane` (NetworkPolicy for bridged pods): an engine per table.
+    bridge: Engine<N>,
+    /// The kernel is known to hold no bridge table of ours (since the last invalidation).
+    bridge_absent: bool,
     net: B,
     /// Last valid objects, as of the last successful apply.
     memory: Memory,
@@ -61,11 +65,13 @@ impl Fence {
     }
 }
 
-impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
+impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
     pub fn new(config: Config, nft: N, net: B) -> Self {
         Reconciler {
             config,
             engine: Engine::new(nft),
+            bridge: Engine::new(N::default()),
+            bridge_absent: false,
             net,
             memory: Memory::default(),
             dns: DnsAnswers::default(),
@@ -145,6 +151,7 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
         let Desired {
             ruleset,
+            bridge,
             statuses,
             memory,
             stale_udp,
@@ -152,7 +159,11 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
             health_checks,
             ..
         } = desired;
-        let nft = self.engine.sync(ruleset)?;
+        // The bridge table first: the inet table's policy chains never exist without it.
+        let bridged = self.sync_bridge(bridge)?;
+        let mut nft = self.engine.sync(ruleset)?;
+        nft.ops += bridged.ops;
+        nft.messages += bridged.messages;
         // After the new rules are in: a deleted flow's next packet picks a live backend, or
         // reaches the frontend that now has one.
         if self.conntrack_cleanup
@@ -184,14 +195,43 @@ impl<N: NftBackend, B: NetBackend> Reconciler<N, B> {
         }
     }
 
+    /// Brings `table bridge nodeplane` to `desired`; `None` deletes a table the kernel holds
+    /// (read back once after each invalidation, so a leftover one goes too).
+    fn sync_bridge(&mut self, desired: Option<Table>) -> Result<ApplyStats, NftError> {
+        let Some(table) = desired else {
+            if self.bridge_absent {
+                return Ok(ApplyStats::default());
+            }
+            let none = Table::with_family(Family::Bridge, TABLE_NAME);
+            let held = self.bridge.current().is_some()
+                || self.bridge.backend_mut().read_back(&none)?.table.is_some();
+            let stats = if held {
+                self.bridge.delete_table(Family::Bridge, TABLE_NAME)?
+            } else {
+                ApplyStats::default()
+            };
+            self.bridge_absent = true;
+            return Ok(stats);
+        };
+        self.bridge_absent = false;
+        self.bridge.sync(table)
+    }
+
     /// The table the kernel holds as far as the engine knows.
     pub fn applied(&self) -> Option<&crate::nft::ir::Table> {
         self.engine.current()
     }
 
-    /// Forces the next sync to replace the table wholesale (repairs drift).
+    /// The bridge table the kernel holds as far as the engine knows.
+    pub fn applied_bridge(&self) -> Option<&crate::nft::ir::Table> {
+        self.bridge.current()
+    }
+
+    /// Forces the next sync to read both tables back and repair them (drift, resync).
     pub fn invalidate(&mut self) {
         self.engine.invalidate();
+        self.bridge.invalidate();
+        self.bridge_absent = false;
     }
 }
 
@@ -280,6 +320,9 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         comment(&status_line(status, None));
     }
     out.push_str(&render_full(&desired.ruleset));
+    if let Some(bridge) = &desired.bridge {
+        out.push_str(&render_full(bridge));
+    }
     Ok(out)
 }
 
@@ -297,13 +340,19 @@ pub fn once(config: &Config) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// `agent cleanup`: delete the table and every marked address, route and rule.
+/// `agent cleanup`: delete the tables (inet, and bridge if present) and every marked
+/// address, route and rule.
 pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     let mut engine = Engine::new(NftnlBackend::new());
-    engine.delete_table(TABLE_NAME)?;
+    engine.delete_table(Family::Inet, TABLE_NAME)?;
+    // Only if present: a kernel without the bridge family refuses even `add table bridge`.
+    let bridge = Table::with_family(Family::Bridge, TABLE_NAME);
+    if engine.backend_mut().read_back(&bridge)?.table.is_some() {
+        engine.delete_table(Family::Bridge, TABLE_NAME)?;
+    }
     let removed: NetChanges = RtnlBackend::new(NetConfig::default())?.cleanup()?;
     info!(
-        "removed table inet {TABLE_NAME} and {} network objects",
+        "removed table inet {TABLE_NAME} (and bridge {TABLE_NAME} if present) and {} network objects",
         removed.len()
     );
     for line in removed.describe() {
@@ -397,6 +446,41 @@ status: {items: [{egressIP: 192.168.99.9, node: n1}]}
         FakeNetBackend::new(NetConfig::default())
             .with_link("eth0")
             .with_address("eth0", "192.168.50.11/24")
+    }
+
+    #[test]
+    fn the_bridge_table_follows_network_policies_and_a_leftover_goes() {
+        use crate::testing::objects;
+        let pod = objects::pod("a", "p")
+            .on("n1")
+            .ips(&["10.128.0.5"])
+            .object();
+        let deny = objects::network_policy("a", "deny", "  podSelector: {}\n  ingress: []\n");
+        let with = Snapshot::builder()
+            .with(pod.clone())
+            .with(deny.object())
+            .build();
+        let without = Snapshot::builder().with(pod).build();
+        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
+        rec.sync(&with).unwrap();
+        let held = rec
+            .bridge
+            .backend()
+            .table
+            .as_ref()
+            .expect("bridge table applied");
+        assert_eq!(held.family, Family::Bridge);
+        assert!(held.chains.contains_key("np-forward-flows"));
+        rec.sync(&without).unwrap();
+        assert!(
+            rec.bridge.backend().table.is_none(),
+            "deleted without policies"
+        );
+        // A leftover (a restart after the last policy went): deleted after a read-back.
+        rec.bridge.backend_mut().table = Some(Table::with_family(Family::Bridge, TABLE_NAME));
+        rec.invalidate();
+        rec.sync(&without).unwrap();
+        assert!(rec.bridge.backend().table.is_none(), "leftover deleted");
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl DriftStatus {
             String::new()
         };
         Err(format!(
-            "table inet nodeplane changed by someone else {} ms ago, not yet repaired: {what}{more}",
+            "table nodeplane changed by someone else {} ms ago, not yet repaired: {what}{more}",
             now.saturating_duration_since(*at).as_millis()
         ))
     }
@@ -101,7 +101,7 @@ mod tests {
         assert_eq!(
             s.check(t0 + Duration::from_millis(10)),
             Err(
-                "table inet nodeplane changed by someone else 10 ms ago, not yet repaired: \
+                "table nodeplane changed by someone else 10 ms ago, not yet repaired: \
                  table deleted (by nft (pid 7)) (and 1 later changes)"
                     .into()
             )

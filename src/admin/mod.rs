@@ -188,7 +188,7 @@ impl SyncObserver for DriftRepairs {
             && let Some(took) = self.state.drift_repaired(sync.drift_seq)
         {
             info!(
-                "table inet {TABLE_NAME} repaired {:.1} ms after the drift was seen",
+                "table {TABLE_NAME} repaired {:.1} ms after the drift was seen",
                 took.as_secs_f64() * 1e3
             );
         }
@@ -294,7 +294,7 @@ mod tests {
         let seq = state.drift_detected(&drift);
         let reason = state.ready().unwrap_err();
         assert!(
-            reason.starts_with("table inet nodeplane changed by someone else ")
+            reason.starts_with("table nodeplane changed by someone else ")
                 && reason.ends_with("chain fw-dispatch 7 rules deleted (by nft (pid 9))"),
             "{reason}"
         );

@@ -102,6 +102,7 @@ impl<B: NftBackend> Learner<B> {
         let written = remember.len();
         let tx = Transaction {
             table: self.table.clone(),
+            family: crate::nft::Family::Inet,
             ops: sets.into_values().map(Op::AddElements).collect(),
         };
         self.backend.apply(&tx)?;
@@ -159,6 +160,7 @@ impl<B: NftBackend> Learner<B> {
         }
         let tx = Transaction {
             table: self.table.clone(),
+            family: crate::nft::Family::Inet,
             ops: sets.into_values().map(Op::AddElements).collect(),
         };
         self.backend.apply(&tx)?;

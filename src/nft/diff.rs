@@ -47,6 +47,7 @@ pub enum Op {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transaction {
     pub table: String,
+    pub family: Family,
     pub ops: Vec<Op>,
 }
 
@@ -118,6 +119,7 @@ impl Transaction {
         }
         Transaction {
             table: desired.name.clone(),
+            family: desired.family,
             ops,
         }
     }
@@ -184,6 +186,7 @@ impl Transaction {
         ops.extend(rules);
         Transaction {
             table: desired.name,
+            family: desired.family,
             ops,
         }
     }
@@ -191,7 +194,7 @@ impl Transaction {
     /// The table a full transaction creates, rebuilt by moving its parts out of the ops.
     /// Meaningful for [`Transaction::full`]/[`Transaction::full_owned`] results only.
     pub fn into_table(self) -> Table {
-        let mut table = Table::new(self.table);
+        let mut table = Table::with_family(self.family, self.table);
         for op in self.ops {
             match op {
                 Op::AddChain { name, base } => table.add_chain(Chain {
@@ -222,9 +225,10 @@ impl Transaction {
 
     /// `delete table`: what `agent cleanup` sends (preceded by `add` so it cannot fail
     /// when the table is already gone).
-    pub fn delete(table: &str) -> Transaction {
+    pub fn delete(family: Family, table: &str) -> Transaction {
         Transaction {
             table: table.to_string(),
+            family,
             ops: vec![Op::AddTable, Op::DeleteTable],
         }
     }
@@ -561,6 +565,7 @@ impl<'a> Delta<'a> {
         }
         Transaction {
             table: desired.name.clone(),
+            family: desired.family,
             ops,
         }
     }
@@ -639,19 +644,19 @@ impl Set {
 /// reconciler uses to track what the kernel holds after a successful apply.
 pub fn apply_to(table: &mut Option<Table>, tx: &Transaction) -> Result<(), String> {
     for op in &tx.ops {
-        apply_op(table, &tx.table, op)?;
+        apply_op(table, tx.family, &tx.table, op)?;
     }
     Ok(())
 }
 
-fn apply_op(table: &mut Option<Table>, name: &str, op: &Op) -> Result<(), String> {
+fn apply_op(table: &mut Option<Table>, family: Family, name: &str, op: &Op) -> Result<(), String> {
     if let Op::AddTable = op {
-        table.get_or_insert_with(|| Table::new(name));
+        table.get_or_insert_with(|| Table::with_family(family, name));
         return Ok(());
     }
     let t = table
         .as_mut()
-        .ok_or_else(|| format!("table inet {name} does not exist"))?;
+        .ok_or_else(|| format!("table {} {name} does not exist", family.keyword()))?;
     match op {
         Op::AddTable => {}
         Op::DeleteTable => *table = None,

@@ -2,7 +2,7 @@
 //! transaction; backends (netlink, fake) only execute transactions.
 
 use super::diff::{Transaction, apply_to, diff};
-use super::ir::Table;
+use super::ir::{Family, Table};
 use super::readback::{self, Baseline};
 
 #[derive(Debug, thiserror::Error)]
@@ -171,9 +171,9 @@ impl<B: NftBackend> Engine<B> {
         self.current = None;
     }
 
-    /// Removes the table.
-    pub fn delete_table(&mut self, table: &str) -> Result<ApplyStats, NftError> {
-        let stats = self.backend.apply(&Transaction::delete(table))?;
+    /// Removes `table <family> <table>` (absent is fine).
+    pub fn delete_table(&mut self, family: Family, table: &str) -> Result<ApplyStats, NftError> {
+        let stats = self.backend.apply(&Transaction::delete(family, table))?;
         self.current = None;
         Ok(stats)
     }

@@ -10,10 +10,39 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-/// The only table the agent owns (family `inet`).
+/// The name of the agent's tables (`table inet nodeplane`, and `table bridge nodeplane` for
+/// bridged pods when NetworkPolicy needs it).
 pub const TABLE_NAME: &str = "nodeplane";
 
-/// A whole `table inet <name>`; containers are sorted so output is deterministic.
+/// A table's address family. `inet` sees routed traffic (and bridged IP traffic when
+/// `br_netfilter` hands it to the IP hooks); `bridge` sees the frames a Linux bridge forwards,
+/// which no inet table sees without `br_netfilter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Family {
+    #[default]
+    Inet,
+    Bridge,
+}
+
+impl Family {
+    /// The nft keyword (`table inet`, `table bridge`).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Family::Inet => "inet",
+            Family::Bridge => "bridge",
+        }
+    }
+
+    /// `NFPROTO_INET` / `NFPROTO_BRIDGE`, the family of every nf_tables message.
+    pub fn nfproto(self) -> u8 {
+        match self {
+            Family::Inet => 1,
+            Family::Bridge => 7,
+        }
+    }
+}
+
+/// A whole `table <family> <name>`; containers are sorted so output is deterministic.
 ///
 /// Large features plan into [`Part`]s instead of the top-level maps: one part per object
 /// (e.g. per Service), shared by `Arc` between successive plans. `diff` skips parts that
@@ -21,6 +50,7 @@ pub const TABLE_NAME: &str = "nodeplane";
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Table {
     pub name: String,
+    pub family: Family,
     pub chains: BTreeMap<String, Chain>,
     pub sets: BTreeMap<String, Set>,
     /// Independently planned pieces, by a key unique in the table (e.g. `svc/ns/name`).
@@ -152,10 +182,19 @@ impl Part {
 }
 
 impl Table {
+    /// An empty `table inet <name>`.
     pub fn new(name: impl Into<String>) -> Self {
         Table {
             name: name.into(),
             ..Default::default()
+        }
+    }
+
+    /// An empty table of `family`.
+    pub fn with_family(family: Family, name: impl Into<String>) -> Self {
+        Table {
+            family,
+            ..Table::new(name)
         }
     }
 
@@ -254,6 +293,7 @@ impl Table {
     pub fn flatten(&self) -> Table {
         let mut t = Table {
             name: self.name.clone(),
+            family: self.family,
             chains: self.chains.clone(),
             sets: self.sets.clone(),
             parts: Parts::new(),

@@ -24,6 +24,7 @@
 mod quiet;
 pub use quiet::{QUIET_MIN_OPS, Quiet};
 
+use super::ir::Family;
 use super::nftnl::reply;
 use crate::nft::nftnl::socket::{Buffer, set_buffer};
 use nix::errno::Errno;
@@ -45,7 +46,6 @@ use std::time::{Duration, Instant};
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
 const NFNLGRP_NFTABLES: u32 = 7;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFPROTO_INET: u8 = 1;
 const NLMSG_HDRLEN: usize = 16;
 /// nlmsghdr + nfgenmsg: where nf_tables attributes start.
 const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
@@ -203,12 +203,23 @@ impl fmt::Display for Drift {
             if c.table_created {
                 parts.push("table created".into());
             }
-            let all = c
-                .chains
-                .iter()
-                .map(|(n, e)| describe("chain", n, e, "rule"))
+            // Another family's table first (its chains and sets follow it).
+            let (tables, objects): (Vec<_>, Vec<_>) =
+                c.others.iter().partition(|(n, _)| n.starts_with("table "));
+            let all = tables
+                .into_iter()
+                .map(|(n, e)| describe("", n, e, ""))
+                .chain(
+                    c.chains
+                        .iter()
+                        .map(|(n, e)| describe("chain", n, e, "rule")),
+                )
                 .chain(c.sets.iter().map(|(n, e)| describe("set", n, e, "element")))
-                .chain(c.others.iter().map(|(n, e)| describe("object", n, e, "")));
+                .chain(
+                    objects
+                        .into_iter()
+                        .map(|(n, e)| describe("object", n, e, "")),
+                );
             let all: Vec<String> = all.collect();
             let more = all.len().saturating_sub(DESCRIBED);
             parts.extend(all.into_iter().take(DESCRIBED));
@@ -254,7 +265,12 @@ fn describe(kind: &str, name: &str, e: &Edits, item: &str) -> String {
             what.push(format!("{} {item}{} deleted", e.removed, plural(e.removed)));
         }
     }
-    format!("{kind} {name} {}", what.join(", "))
+    let name = if kind.is_empty() {
+        name.to_string()
+    } else {
+        format!("{kind} {name}")
+    };
+    format!("{name} {}", what.join(", "))
 }
 
 /// Counters of the reader thread (for benchmarks and tests).
@@ -298,6 +314,18 @@ impl Monitor {
     pub fn start_with(
         table: &str,
         rcvbuf: usize,
+        on_drift: impl FnMut(Drift) -> bool + Send + 'static,
+    ) -> io::Result<Monitor> {
+        Monitor::start_families(&[Family::Inet], table, rcvbuf, on_drift)
+    }
+
+    /// [`Monitor::start_with`] for the tables named `table` in each of `families` (one commit
+    /// touching both is one drift). Objects of a non-inet table are named with their family
+    /// (`bridge np-forward`).
+    pub fn start_families(
+        families: &[Family],
+        table: &str,
+        rcvbuf: usize,
         mut on_drift: impl FnMut(Drift) -> bool + Send + 'static,
     ) -> io::Result<Monitor> {
         let fd = socket(
@@ -330,6 +358,7 @@ impl Monitor {
         let mut reader = Reader {
             fd,
             table: table.to_string(),
+            families: families.to_vec(),
             pending: HashMap::new(),
             own: OwnSockets::default(),
             stats: stats.clone(),
@@ -381,6 +410,7 @@ impl Drop for Monitor {
 struct Reader {
     fd: OwnedFd,
     table: String,
+    families: Vec<Family>,
     /// Changes to our table per sender port id, until the commit's NEWGEN.
     pending: HashMap<u32, Changes>,
     own: OwnSockets,
@@ -468,11 +498,14 @@ impl Reader {
                     name,
                     items,
                 } => {
-                    if family != NFPROTO_INET || table != self.table.as_bytes() {
+                    let Some(fam) = self.families.iter().find(|f| f.nfproto() == family) else {
+                        continue;
+                    };
+                    if table != self.table.as_bytes() {
                         continue;
                     }
                     let changes = self.pending.entry(portid).or_default();
-                    record(changes, msg, name, items);
+                    record(changes, *fam, msg, name, items);
                 }
             }
         }
@@ -544,9 +577,24 @@ impl Reader {
     }
 }
 
-fn record(c: &mut Changes, msg: u8, name: Option<&[u8]>, items: u32) {
-    let name = || String::from_utf8_lossy(name.unwrap_or_default()).into_owned();
+fn record(c: &mut Changes, family: Family, msg: u8, name: Option<&[u8]>, items: u32) {
+    let name = || {
+        let n = String::from_utf8_lossy(name.unwrap_or_default());
+        match family {
+            Family::Inet => n.into_owned(),
+            other => format!("{} {n}", other.keyword()),
+        }
+    };
     match msg {
+        // Another family's table is named like its objects: `table bridge deleted`.
+        NEWTABLE | DELTABLE | DESTROYTABLE if family != Family::Inet => {
+            let e = c
+                .others
+                .entry(format!("table {}", family.keyword()))
+                .or_default();
+            e.created |= msg == NEWTABLE;
+            e.deleted |= msg != NEWTABLE;
+        }
         NEWTABLE => c.table_created = true,
         DELTABLE | DESTROYTABLE => c.table_deleted = true,
         NEWCHAIN => c.chains.entry(name()).or_default().created = true,
@@ -812,6 +860,7 @@ mod tests {
         Reader {
             fd,
             table: "nodeplane".into(),
+            families: vec![Family::Inet],
             pending: HashMap::new(),
             own: OwnSockets::default(),
             stats: Arc::default(),
@@ -819,6 +868,8 @@ mod tests {
             gens: Gens::default(),
         }
     }
+
+    const NFPROTO_INET: u8 = 1;
 
     /// A port id no socket of this process has (the kernel never hands out 0 to a user socket).
     const FOREIGN: u32 = 0x7fff_fff1;
@@ -871,6 +922,59 @@ mod tests {
              (by nft (pid 4000000))"
         );
         assert_eq!(r.stats.foreign_commits.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_bridge_table_is_watched_when_asked_and_named_by_family() {
+        let mut r = reader();
+        r.families = vec![Family::Inet, Family::Bridge];
+        let mut buf = nft_msg(
+            DELRULE,
+            Family::Bridge.nfproto(),
+            FOREIGN,
+            &[
+                table_attr("nodeplane"),
+                attr(NFTA_OBJECT_NAME, b"np-forward\0"),
+            ],
+        );
+        buf.extend(newgen(FOREIGN, 42, "nft"));
+        let drifts = r.datagram(&buf, Instant::now());
+        assert_eq!(drifts.len(), 1, "{drifts:?}");
+        assert_eq!(
+            drifts[0].to_string(),
+            "chain bridge np-forward 1 rule deleted (by nft (pid 42))"
+        );
+    }
+
+    #[test]
+    fn a_deleted_bridge_table_is_named_first() {
+        let mut r = reader();
+        r.families = vec![Family::Inet, Family::Bridge];
+        let bridge = Family::Bridge.nfproto();
+        let mut buf = Vec::new();
+        for chain in ["a", "b", "c", "d", "e"] {
+            let name = format!("{chain}\0");
+            let attrs = [
+                table_attr("nodeplane"),
+                attr(NFTA_CHAIN_NAME, name.as_bytes()),
+            ];
+            buf.extend(nft_msg(DELCHAIN, bridge, FOREIGN, &attrs));
+        }
+        buf.extend(nft_msg(
+            DELTABLE,
+            bridge,
+            FOREIGN,
+            &[table_attr("nodeplane")],
+        ));
+        buf.extend(newgen(FOREIGN, 42, "nft"));
+        let drifts = r.datagram(&buf, Instant::now());
+        assert!(
+            drifts[0]
+                .to_string()
+                .starts_with("table bridge deleted; chain bridge a deleted"),
+            "{}",
+            drifts[0]
+        );
     }
 
     #[test]

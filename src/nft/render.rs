@@ -8,8 +8,9 @@ use std::fmt::Write;
 /// Text that atomically replaces the whole table: what a full sync does.
 pub fn render_full(table: &Table) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "table inet {}", table.name);
-    let _ = writeln!(out, "delete table inet {}", table.name);
+    let t = (table.family.keyword(), &table.name);
+    let _ = writeln!(out, "table {} {}", t.0, t.1);
+    let _ = writeln!(out, "delete table {} {}", t.0, t.1);
     out.push_str(&render_table(table));
     out
 }
@@ -20,7 +21,7 @@ pub fn render_table(table: &Table) -> String {
         return render_table(&table.flatten());
     }
     let mut out = String::new();
-    let _ = writeln!(out, "table inet {} {{", table.name);
+    let _ = writeln!(out, "table {} {} {{", table.family.keyword(), table.name);
     for set in table.sets.values() {
         render_set_block(&mut out, set);
     }
@@ -40,35 +41,36 @@ pub fn render_table(table: &Table) -> String {
 
 /// A transaction as `nft -f` commands, one per line (elements batched per set).
 pub fn render_transaction(tx: &Transaction) -> String {
-    let t = &tx.table;
+    // `<family> <name>`: every command names the table this way.
+    let t = &format!("{} {}", tx.family.keyword(), tx.table);
     let mut out = String::new();
     for op in &tx.ops {
         let _ = match op {
-            Op::AddTable => writeln!(out, "add table inet {t}"),
-            Op::DeleteTable => writeln!(out, "delete table inet {t}"),
+            Op::AddTable => writeln!(out, "add table {t}"),
+            Op::DeleteTable => writeln!(out, "delete table {t}"),
             Op::AddChain { name, base } => match base {
-                Some(b) => writeln!(out, "add chain inet {t} {name} {{ {} }}", base_chain(b)),
-                None => writeln!(out, "add chain inet {t} {name}"),
+                Some(b) => writeln!(out, "add chain {t} {name} {{ {} }}", base_chain(b)),
+                None => writeln!(out, "add chain {t} {name}"),
             },
-            Op::FlushChain(name) => writeln!(out, "flush chain inet {t} {name}"),
-            Op::DeleteChain(name) => writeln!(out, "delete chain inet {t} {name}"),
+            Op::FlushChain(name) => writeln!(out, "flush chain {t} {name}"),
+            Op::DeleteChain(name) => writeln!(out, "delete chain {t} {name}"),
             Op::AddRule { chain, rule } => {
-                writeln!(out, "add rule inet {t} {chain} {}", rule_text(rule))
+                writeln!(out, "add rule {t} {chain} {}", rule_text(rule))
             }
             Op::AddSet(set) | Op::AddSetWithParts { set, .. } => {
                 let kw = set_keyword(set);
-                let _ = write!(out, "add {kw} inet {t} {} {{ ", set.name);
+                let _ = write!(out, "add {kw} {t} {} {{ ", set.name);
                 out.push_str(&set_declaration(set, "; "));
                 writeln!(out, "}}").and_then(|_| element_command(&mut out, "add", t, op))
             }
-            Op::DeleteSet(name) => writeln!(out, "delete set inet {t} {name}"),
+            Op::DeleteSet(name) => writeln!(out, "delete set {t} {name}"),
             Op::FlushSet(set) => {
                 let kind = if matches!(set.kind, SetKind::Set) {
                     "set"
                 } else {
                     "map"
                 };
-                writeln!(out, "flush {kind} inet {t} {}", set.name)
+                writeln!(out, "flush {kind} {t} {}", set.name)
             }
             Op::AddElements(_) => element_command(&mut out, "add", t, op),
             Op::DeleteElements(_) => element_command(&mut out, "delete", t, op),
@@ -86,7 +88,7 @@ fn element_command(out: &mut String, verb: &str, table: &str, op: &Op) -> std::f
     if elements.peek().is_none() {
         return Ok(());
     }
-    write!(out, "{verb} element inet {table} {} {{ ", set.name)?;
+    write!(out, "{verb} element {table} {} {{ ", set.name)?;
     let deleting = verb == "delete";
     for (i, (key, value)) in elements.enumerate() {
         if i > 0 {

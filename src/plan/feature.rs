@@ -35,6 +35,8 @@ pub struct Inputs<'a> {
 pub struct Planned {
     /// The base skeleton plus every feature's parts and hooks.
     pub ruleset: Table,
+    /// `table bridge nodeplane` (NetworkPolicy for bridged pods), `None`: no such table.
+    pub bridge: Option<Table>,
     /// Addresses, routes, policy rules and the tunnel.
     pub net: NetDesired,
     /// One entry per object a feature looked at.

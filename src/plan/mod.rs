@@ -77,6 +77,8 @@ features! {
 #[derive(Debug, Clone)]
 pub struct Desired {
     pub ruleset: Table,
+    /// `table bridge nodeplane`, while NetworkPolicy needs it; `None`: the kernel has none.
+    pub bridge: Option<Table>,
     /// Addresses, routes and policy rules.
     pub net: NetDesired,
     /// One entry per object a feature planner looked at.
@@ -130,6 +132,7 @@ pub fn plan_with_dns(
     };
     let mut out = Planned {
         ruleset: base::skeleton(config, &all_node_ips(snapshot)),
+        bridge: None,
         net: NetDesired::default(),
         statuses: Vec::new(),
         stale_udp: Vec::new(),
@@ -141,6 +144,7 @@ pub fn plan_with_dns(
     let memory = plan_features(&inputs, memory, &mut out);
     Desired {
         ruleset: out.ruleset,
+        bridge: out.bridge,
         net: out.net,
         statuses: out.statuses,
         memory,
@@ -166,6 +170,7 @@ pub fn settle(
     };
     let mut out = Planned {
         ruleset: std::mem::take(&mut desired.ruleset),
+        bridge: desired.bridge.take(),
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
         stale_udp: std::mem::take(&mut desired.stale_udp),
@@ -174,6 +179,7 @@ pub fn settle(
     };
     settle_features(&inputs, &desired.memory, report, &mut out);
     desired.ruleset = out.ruleset;
+    desired.bridge = out.bridge;
     desired.net = out.net;
     desired.statuses = out.statuses;
     desired.stale_udp = out.stale_udp;

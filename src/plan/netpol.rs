@@ -19,10 +19,12 @@
 //! Hooks (only present while a policy is in force): forward only, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
 //! EgressFirewall's `filter-forward` (0): a packet leaves only when both accept it. Forward
-//! sees routed pods and bridged pods with `br_netfilter`. Input and output are not hooked on
+//! sees routed pods and bridged pods with `br_netfilter`; `bridge` puts the same parts into
+//! `table bridge nodeplane` for pods bridged without it. Input and output are not hooked on
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+mod bridge;
 mod memo;
 mod pods;
 mod rules;
@@ -190,7 +192,8 @@ impl Feature for NetworkPolicies {
         }
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            add_hooks(&mut out.ruleset);
+            add_hooks(&mut out.ruleset, vec![established()]);
+            out.bridge = Some(bridge::table(&parts));
         }
         NetpolMemory {
             validated: outcome.validated,
@@ -282,7 +285,9 @@ fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
 }
 
 /// The dispatch maps and the base chains that look them up.
-fn add_hooks(table: &mut Table) {
+/// The dispatch maps, the self sets and the two base chains; `state` are the rules that
+/// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise).
+fn add_hooks(table: &mut Table, state: Vec<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -316,13 +321,9 @@ fn add_hooks(table: &mut Table) {
                 policy: Policy::Accept,
             },
         );
-        chain.push(Rule::new(vec![
-            Stmt::Match(Match {
-                key: vec![Field::CtState],
-                op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
-            }),
-            Stmt::Verdict(Verdict::Accept),
-        ]));
+        for rule in &state {
+            chain.push(rule.clone());
+        }
         chain.push(neighbour_discovery());
         for (key, set) in [
             (vec![Field::Ip4Saddr, Field::Ip4Daddr], SELF_V4),
@@ -340,8 +341,19 @@ fn add_hooks(table: &mut Table) {
     }
 }
 
+/// `ct state established,related accept`.
+fn established() -> Rule {
+    Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::CtState],
+            op: MatchOp::AnyFlag(ct_state::ESTABLISHED | ct_state::RELATED),
+        }),
+        Stmt::Verdict(Verdict::Accept),
+    ])
+}
+
 /// ICMPv6 neighbour solicitations and advertisements (types 135, 136, code 0) are accepted:
-/// between bridged pods (with `br_netfilter`) they cross the forward hook, and dropping them
+/// between bridged pods they cross the (inet or bridge) forward hook, and dropping them
 /// breaks IPv6 between pods the policies allow. They are matched as `th sport` (the first two
 /// bytes of the ICMPv6 header: type << 8 | code), which needs no ICMPv6 field in the IR.
 fn neighbour_discovery() -> Rule {

@@ -136,7 +136,7 @@ pub fn run(
                     next = events.try_recv().ok();
                 }
                 if let Some(d) = drift {
-                    warn!("table inet {TABLE_NAME} changed by someone else: {d}; repairing");
+                    warn!("table {TABLE_NAME} changed by someone else: {d}; repairing");
                     // The next sync starts from the kernel's state, not from our belief.
                     rec.invalidate();
                 }

@@ -6,8 +6,13 @@ use serde_json::Value as Json;
 
 /// `nft -j list table inet <table>` without handles, `expires` and counter values.
 pub fn json(ns: &Ns, table: &str) -> Json {
+    json_of(ns, "inet", table)
+}
+
+/// [`json`] of `table <family> <table>`.
+pub fn json_of(ns: &Ns, family: &str, table: &str) -> Json {
     let out = ns
-        .nft(&["-j", "list", "table", "inet", table])
+        .nft(&["-j", "list", "table", family, table])
         .unwrap_or_else(|e| panic!("list table in {}: {e}", ns.name()));
     let mut v: Json = serde_json::from_str(&out).expect("nft -j output is JSON");
     if let Some(items) = v.get_mut("nftables").and_then(Json::as_array_mut) {
@@ -38,8 +43,13 @@ pub fn scrub(v: &mut Json) {
 /// elements of every set, with handles and timers removed and elements sorted (hash sets
 /// dump in per-set random hash order).
 pub fn bytecode(ns: &Ns, table: &str) -> String {
+    bytecode_of(ns, "inet", table)
+}
+
+/// [`bytecode`] of `table <family> <table>`.
+pub fn bytecode_of(ns: &Ns, family: &str, table: &str) -> String {
     let out = ns
-        .nft(&["--debug=netlink", "list", "table", "inet", table])
+        .nft(&["--debug=netlink", "list", "table", family, table])
         .unwrap_or_else(|e| panic!("list table in {}: {e}", ns.name()));
     let mut blocks: Vec<String> = Vec::new();
     let mut elems: Vec<String> = Vec::new();

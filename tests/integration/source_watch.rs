@@ -59,7 +59,7 @@ async fn a_burst_of_writes_is_one_notification() {
     let mut rx = watch_dir(dir.path()).unwrap();
     for i in 0..10 {
         fs::write(dir.path().join(format!("ns{i}.yaml")), NS).unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     expect_change(&mut rx, Duration::from_secs(1)).await;
     expect_quiet(&mut rx, Duration::from_millis(600)).await;

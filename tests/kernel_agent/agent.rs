@@ -87,6 +87,10 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
         node.run(&["ip", "addr", "show", "dev", "lo"])
             .contains("192.168.50.100/32")
     );
+    // A bridge table of ours (NetworkPolicy for bridged pods) goes with cleanup too; a
+    // foreign one stays.
+    node.nft(&["add", "table", "bridge", "nodeplane"]).unwrap();
+    node.nft(&["add", "table", "bridge", "other"]).unwrap();
     node.run_agent(&["cleanup"]).expect("cleanup");
     assert!(
         !node
@@ -99,6 +103,7 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
         "table left after cleanup: {all}"
     );
     assert_eq!(foreign_listing(&node), foreign_before);
+    assert!(node.nft(&["list", "table", "bridge", "other"]).is_ok());
     // Cleanup of nothing is fine too.
     node.run_agent(&["cleanup"]).expect("second cleanup");
 }

@@ -1,11 +1,17 @@
 //! NetworkPolicy for bridged pods: pods on one L2 bridge (`br0`, 10.128.5.0/24) in the node
 //! netns, as bridge CNIs attach them. With `br_netfilter` (`net.bridge.bridge-nf-call-iptables`
 //! and `-ip6tables`, per netns on this kernel) bridged IP traffic passes the inet forward hook
-//! and policies apply; without it an inet table never sees that traffic, so policies do not
-//! apply: the documented limit (README "NetworkPolicy"), checked here so the text stays true.
+//! and `table bridge nodeplane`; without it only the bridge table sees it. Both must give the
+//! same truth tables; run mode applies edits to the bridge table, repairs its deletion, and
+//! `cleanup` removes it.
 
-use nodeplane::testing::lab::{Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth};
+use nodeplane::testing::lab::{
+    Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth, eventually,
+};
 use nodeplane::testing::objects;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
 const NODE: &str = "node-1";
 /// (name, IPv4, IPv6); pod `a` is isolated by the policy.
@@ -19,7 +25,7 @@ struct Bridged {
     node: Ns,
     pods: Vec<Endpoint>,
     pods6: Vec<Endpoint>,
-    _agent: ManifestAgent,
+    agent: ManifestAgent,
     _servers: Vec<Server>,
     _lab: Lab,
 }
@@ -70,7 +76,7 @@ fn bridged() -> Bridged {
         }
     }
     let agent = ManifestAgent::new(&node, NODE, &[]);
-    let mut docs: Vec<String> = PODS
+    let docs: Vec<String> = PODS
         .iter()
         .map(|(name, v4, v6)| {
             let pod = objects::pod("x", name)
@@ -80,21 +86,12 @@ fn bridged() -> Bridged {
             pod.to_string()
         })
         .collect();
-    docs.push(
-        objects::network_policy(
-            "x",
-            "only-b-to-a",
-            "  podSelector: {matchLabels: {pod: a}}\n  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]\n",
-        )
-        .to_string(),
-    );
     agent.write("cluster.yaml", &docs.join("---\n"));
-    agent.once(&[]);
     Bridged {
         node,
         pods,
         pods6,
-        _agent: agent,
+        agent,
         _servers: servers,
         _lab: lab,
     }
@@ -106,32 +103,137 @@ fn br_netfilter(node: &Ns, on: bool) {
     node.sysctl("net.bridge.bridge-nf-call-ip6tables", v);
 }
 
+/// Isolates `to` for ingress, allowing only `from` (by podSelector).
+fn only(from: &str, to: &str) -> String {
+    objects::network_policy(
+        "x",
+        "only",
+        &format!(
+            "  podSelector: {{matchLabels: {{pod: {to}}}}}\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{pod: {from}}}}}}}]}}]\n"
+        ),
+    )
+    .to_string()
+}
+
+/// Every pod isolated for ingress, nothing allowed.
+fn deny_all() -> String {
+    objects::network_policy("x", "deny", "  podSelector: {}\n  ingress: []\n").to_string()
+}
+
+fn truth(b: &Bridged, case: &str, allowed: impl Fn(&str, &str) -> bool + Copy) {
+    assert_truth(case, &b.pods, &b.pods, Probe::Tcp(80), allowed);
+    let v6 = format!("{case}, IPv6");
+    assert_truth(&v6, &b.pods6, &b.pods6, Probe::Tcp(80), allowed);
+}
+
 #[test]
-fn bridged_pods_are_enforced_with_br_netfilter() {
+fn bridged_pods_are_enforced_with_and_without_br_netfilter() {
     let b = bridged();
-    br_netfilter(&b.node, true);
-    let allowed = |from: &str, to: &str| from == to || to != "a" || from == "b";
-    assert_truth(
-        "bridged, br_netfilter",
-        &b.pods,
-        &b.pods,
-        Probe::Tcp(80),
-        allowed,
-    );
-    assert_truth(
-        "bridged, br_netfilter, IPv6",
-        &b.pods6,
-        &b.pods6,
-        Probe::Tcp(80),
-        allowed,
-    );
-    // Without br_netfilter the inet hooks never see bridged frames: the documented limit.
+    let only_b_to_a = |from: &str, to: &str| from == to || to != "a" || from == "b";
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    let tables = b.node.nft(&["list", "tables"]).unwrap();
+    assert!(tables.contains("table bridge nodeplane"), "{tables}");
+    for on in [false, true] {
+        br_netfilter(&b.node, on);
+        truth(&b, &format!("only b -> a, br_netfilter {on}"), only_b_to_a);
+    }
+    b.agent.write("policies.yaml", &deny_all());
+    b.agent.once(&[]);
+    for on in [true, false] {
+        br_netfilter(&b.node, on);
+        truth(&b, &format!("deny all, br_netfilter {on}"), |f, t| f == t);
+    }
+    // No policy: no bridge table, everything open.
+    b.agent.write("policies.yaml", "");
+    b.agent.once(&[]);
+    let tables = b.node.nft(&["list", "tables"]).unwrap();
+    assert!(!tables.contains("bridge"), "{tables}");
+    truth(&b, "no policy", |_, _| true);
+}
+
+#[test]
+fn run_mode_edits_repairs_and_cleans_up_the_bridge_table() {
+    let b = bridged();
     br_netfilter(&b.node, false);
-    assert_truth(
-        "bridged, no br_netfilter",
-        &b.pods,
-        &b.pods,
-        Probe::Tcp(80),
-        |_, _| true,
+    b.agent.write("policies.yaml", &only("b", "a"));
+    let agent = b.agent.spawn(&[]);
+    let a = b.pods[0].addr;
+    let reaches = |from: usize| {
+        b.pods[from]
+            .ns
+            .tcp_connect((a, 80), Duration::from_millis(500))
+            .is_reply()
+    };
+    let wait = |what: &str, want: (bool, bool)| {
+        eventually(Duration::from_secs(10), || {
+            let got = (reaches(1), reaches(2));
+            (got == want)
+                .then_some(())
+                .ok_or(format!("{what}: b, c -> a: {got:?}"))
+        })
+    };
+    wait("only b -> a", (true, false));
+    b.agent.write("policies.yaml", &only("c", "a"));
+    wait("edited: only c -> a", (false, true));
+    // Drift: someone deletes the bridge table; the agent puts it back.
+    b.node
+        .nft(&["delete", "table", "bridge", "nodeplane"])
+        .unwrap();
+    eventually(Duration::from_secs(10), || {
+        let t = b.node.nft(&["list", "tables"]).unwrap();
+        t.contains("table bridge nodeplane").then_some(()).ok_or(t)
+    });
+    wait("repaired", (false, true));
+    let (_, logs) = agent.stop();
+    assert!(
+        logs.contains("bridge"),
+        "the drift names the bridge table: {logs}"
     );
+    b.node.run_agent(&["cleanup"]).expect("cleanup");
+    let tables = b.node.nft(&["list", "tables"]).unwrap();
+    assert!(!tables.contains("nodeplane"), "{tables}");
+    assert_eq!((reaches(1), reaches(2)), (true, true), "cleaned up: open");
+}
+
+/// Without `br_netfilter` (no conntrack in the bridge table): a connection allowed when it
+/// started survives an edit that no longer allows it (the flow set), new ones do not.
+#[test]
+fn an_established_bridged_connection_survives_a_policy_edit() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    let listener = b.pods[0]
+        .ns
+        .enter(|| TcpListener::bind("0.0.0.0:7000").unwrap());
+    let echo = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut writer = conn;
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            writer.write_all(line.as_bytes()).unwrap();
+            line.clear();
+        }
+    });
+    let dst = SocketAddr::new(b.pods[0].addr, 7000);
+    let second = Duration::from_secs(1);
+    let mut conn = b.pods[1]
+        .ns
+        .enter(move || TcpStream::connect_timeout(&dst, second).unwrap());
+    conn.set_read_timeout(Some(second)).unwrap();
+    let mut roundtrip = |msg: &str| {
+        conn.write_all(format!("{msg}\n").as_bytes()).unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut got = String::new();
+        reader.read_line(&mut got).map(|_| got.trim().to_string())
+    };
+    assert_eq!(roundtrip("before").unwrap(), "before");
+    b.agent.write("policies.yaml", &deny_all());
+    b.agent.once(&[]);
+    assert_eq!(roundtrip("after").unwrap(), "after");
+    truth(&b, "deny all, new connections", |f, t| f == t);
+    drop(conn);
+    echo.join().unwrap();
 }

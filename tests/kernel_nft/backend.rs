@@ -6,6 +6,7 @@
 //! `nft --debug=mnl -c` shows for the text `render.rs` prints, and after applying, the
 //! kernel listings of "our" namespace and of an `nft -f` namespace must be equal.
 
+mod bridge;
 mod fixtures;
 mod parts;
 mod readback;
@@ -217,9 +218,11 @@ fn other_tables_are_never_touched() {
         engine.sync(rich_table()).expect("re-apply (full replace)");
         engine.sync(rich_table_changed()).expect("diff");
         assert_eq!(snapshot(), before);
-        engine.delete_table(T).expect("delete table");
+        engine.delete_table(Family::Inet, T).expect("delete table");
         // Deleting an absent table is not an error either.
-        engine.delete_table(T).expect("delete absent table");
+        engine
+            .delete_table(Family::Inet, T)
+            .expect("delete absent table");
     });
     assert_eq!(snapshot(), before);
     let gone = ns.nft(&["list", "table", "inet", T]);

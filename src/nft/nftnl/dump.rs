@@ -8,6 +8,7 @@
 
 use super::expr::Expr;
 use crate::nft::engine::NftError;
+use crate::nft::ir::Family;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
     setsockopt, socket, sockopt,
@@ -27,7 +28,6 @@ const NLM_F_DUMP_INTR: u16 = 0x10;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
-const NFPROTO_INET: u8 = 1;
 
 /// One netlink attribute: type (flags masked off) and payload.
 #[derive(Clone, Copy)]
@@ -146,17 +146,18 @@ pub struct KernelTable {
     pub flags: u32,
 }
 
-/// Reads `table inet <name>`; `Ok(None)` if the kernel has no such table.
-pub fn read_table(name: &str) -> Result<Option<KernelTable>, NftError> {
+/// Reads `table <family> <name>`; `Ok(None)` if the kernel has no such table.
+pub fn read_table(family: Family, name: &str) -> Result<Option<KernelTable>, NftError> {
     // The ruleset may change under a dump; the kernel flags that and we read again.
     for _ in 0..8 {
-        match read_once(name)? {
+        match read_once(family, name)? {
             Read::Done(t) => return Ok(t),
             Read::Interrupted => continue,
         }
     }
     Err(NftError::Netlink(std::io::Error::other(format!(
-        "table inet {name} kept changing while it was read back"
+        "table {} {name} kept changing while it was read back",
+        family.keyword()
     ))))
 }
 
@@ -165,8 +166,8 @@ enum Read {
     Interrupted,
 }
 
-fn read_once(name: &str) -> Result<Read, NftError> {
-    let sock = DumpSocket::open()?;
+fn read_once(family: Family, name: &str) -> Result<Read, NftError> {
+    let sock = DumpSocket::open(family)?;
     let mut found = None;
     let mut intr = sock.dump(NFT_MSG_GETTABLE, &[], |a| {
         if a.get(1).is_some_and(|n| n.string() == name) {
@@ -466,10 +467,12 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
 struct DumpSocket {
     fd: OwnedFd,
     seq: std::cell::Cell<u32>,
+    /// Every request names it: the kernel dumps only that family's objects.
+    family: Family,
 }
 
 impl DumpSocket {
-    fn open() -> Result<DumpSocket, NftError> {
+    fn open(family: Family) -> Result<DumpSocket, NftError> {
         let fd = socket(
             AddressFamily::Netlink,
             SockType::Raw,
@@ -485,6 +488,7 @@ impl DumpSocket {
         Ok(DumpSocket {
             fd,
             seq: std::cell::Cell::new(1),
+            family,
         })
     }
 
@@ -504,7 +508,7 @@ impl DumpSocket {
         req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
         req.extend_from_slice(&seq.to_ne_bytes());
         req.extend_from_slice(&0u32.to_ne_bytes());
-        req.extend_from_slice(&[NFPROTO_INET, 0, 0, 0]);
+        req.extend_from_slice(&[self.family.nfproto(), 0, 0, 0]);
         for (kind, data) in attrs {
             req.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
             req.extend_from_slice(&kind.to_ne_bytes());

@@ -17,6 +17,7 @@
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
 use super::set::SetSpec;
+use crate::nft::ir::Family;
 use mnl::mnl_sys;
 use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
 use nftnl_sys::{self as sys, libc};
@@ -24,7 +25,6 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr::NonNull;
 
-const NFPROTO_INET: u16 = libc::NFPROTO_INET as u16;
 const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
 const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
 const NFT_BYTEORDER_HTON: u32 = 1;
@@ -335,7 +335,7 @@ fn put_data<T>(f: SetData<T>, obj: *mut T, attr: u32, v: &[u8]) {
     };
 }
 
-fn build_set(spec: &SetSpec, table: &CStr) -> SetObj {
+fn build_set(spec: &SetSpec, table: &CStr, family: u16) -> SetObj {
     let s = SetObj::new();
     let p = s.ptr();
     put_str(sys::nftnl_set_set_str, p, sys::NFTNL_SET_TABLE, table);
@@ -347,7 +347,7 @@ fn build_set(spec: &SetSpec, table: &CStr) -> SetObj {
     );
     // SAFETY: valid set object; plain integer attributes.
     unsafe {
-        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FAMILY as u16, u32::from(NFPROTO_INET));
+        sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FAMILY as u16, u32::from(family));
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FLAGS as u16, spec.flags);
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_TYPE as u16, spec.key_type);
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_KEY_LEN as u16, spec.key_len);
@@ -389,7 +389,7 @@ fn build_set(spec: &SetSpec, table: &CStr) -> SetObj {
     s
 }
 
-fn chain_obj(table: &CStr, name: &str) -> ChainObj {
+fn chain_obj(table: &CStr, family: u16, name: &str) -> ChainObj {
     let c = ChainObj::new();
     put_str(
         sys::nftnl_chain_set_str,
@@ -404,13 +404,7 @@ fn chain_obj(table: &CStr, name: &str) -> ChainObj {
         &cstring(name),
     );
     // SAFETY: valid chain, integer attribute.
-    unsafe {
-        sys::nftnl_chain_set_u32(
-            c.ptr(),
-            sys::NFTNL_CHAIN_FAMILY as u16,
-            u32::from(NFPROTO_INET),
-        )
-    };
+    unsafe { sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_FAMILY as u16, u32::from(family)) };
     c
 }
 
@@ -418,6 +412,8 @@ fn chain_obj(table: &CStr, name: &str) -> ChainObj {
 struct Writer<'a> {
     msg: &'a Msg<'a>,
     table: &'a CStr,
+    /// `NFPROTO_INET` or `NFPROTO_BRIDGE`: the table's family, in every message.
+    family: u16,
     seq: Cell<u32>,
 }
 
@@ -473,7 +469,7 @@ impl Writer<'_> {
             sys::nftnl_rule_set_u32(
                 r.ptr(),
                 sys::NFTNL_RULE_FAMILY as u16,
-                u32::from(NFPROTO_INET),
+                u32::from(self.family),
             )
         };
         if let MsgBody::NewRule { exprs, .. } = &self.msg.body {
@@ -523,7 +519,7 @@ unsafe impl NlMsg for Writer<'_> {
         let (kind, flags) = kind_and_flags(&self.msg.body);
         // SAFETY: `buf` is the batch's current position with room for a full message.
         let nlh = unsafe {
-            sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, NFPROTO_INET, flags, seq)
+            sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, self.family, flags, seq)
         };
         match &self.msg.body {
             MsgBody::NewTable | MsgBody::DelTable => {
@@ -542,7 +538,7 @@ unsafe impl NlMsg for Writer<'_> {
                 unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
             }
             MsgBody::NewChain { name, base } => {
-                let c = chain_obj(self.table, name);
+                let c = chain_obj(self.table, self.family, name);
                 if let Some(b) = base {
                     let kind = cstring(b.kind);
                     put_str(
@@ -559,13 +555,13 @@ unsafe impl NlMsg for Writer<'_> {
                 }
             }
             MsgBody::DelChain(name) => {
-                let c = chain_obj(self.table, name);
+                let c = chain_obj(self.table, self.family, name);
                 // SAFETY: header just built in the batch buffer; valid chain.
                 unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
             }
             MsgBody::FlushChain(chain) | MsgBody::NewRule { chain, .. } => self.rule(nlh, chain),
             MsgBody::NewSet(spec) => {
-                let s = build_set(spec, self.table);
+                let s = build_set(spec, self.table, self.family);
                 // SAFETY: header just built in the batch buffer; valid set.
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
@@ -614,7 +610,7 @@ pub struct Encoded {
 }
 
 /// Writes all messages into one nftnl batch (begin ... end).
-pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
+pub fn encode(msgs: &[Msg], family: Family, table: &str) -> Encoded {
     let table = cstring(table);
     // Large pages: fewer iovecs for big transactions; the batch grows page by page.
     let mut batch = Batch::with_page_size(1 << 20);
@@ -623,6 +619,7 @@ pub fn encode(msgs: &[Msg], table: &str) -> Encoded {
         let w = Writer {
             msg,
             table: &table,
+            family: u16::from(family.nfproto()),
             seq: Cell::new(0),
         };
         batch.add(&w, MsgType::Add);
@@ -701,7 +698,13 @@ mod tests {
         let mut buf = vec![0u8; 1 << 17];
         // SAFETY: `buf` has room for a maximum-size message; valid set and elements.
         let nlh = unsafe {
-            let nlh = sys::nftnl_nlmsg_build_hdr(buf.as_mut_ptr().cast(), 12, NFPROTO_INET, 0, 1);
+            let nlh = sys::nftnl_nlmsg_build_hdr(
+                buf.as_mut_ptr().cast(),
+                12,
+                libc::NFPROTO_INET as u16,
+                0,
+                1,
+            );
             sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.ptr());
             nlh
         };

@@ -95,7 +95,7 @@ pub fn lower<'a>(
             }
             Op::FlushSet(set) => push(MsgBody::FlushSet(&set.name)),
             Op::AddRule { chain, rule } => {
-                let lowered = lower_rule(rule, &sets, &mut next_id)?;
+                let lowered = lower_rule(rule, tx.family, &sets, &mut next_id)?;
                 for anon in lowered.anon {
                     let o = Origin { op: i, anon: true };
                     let id = anon.spec.id;

@@ -88,7 +88,7 @@ impl NftnlBackend {
     /// Encodes `tx` without sending it.
     pub fn encode<'a>(&self, tx: &'a Transaction) -> Result<EncodedBatch<'a>, NftError> {
         let msgs = lower::lower(tx, &self.known)?;
-        let encoded = ffi::encode(&msgs, &tx.table);
+        let encoded = ffi::encode(&msgs, tx.family, &tx.table);
         Ok(EncodedBatch { encoded, msgs })
     }
 
@@ -113,7 +113,7 @@ impl NftBackend for NftnlBackend {
         &mut self,
         desired: &crate::nft::ir::Table,
     ) -> Result<crate::nft::readback::Baseline, NftError> {
-        let Some(kernel) = dump::read_table(&desired.name)? else {
+        let Some(kernel) = dump::read_table(desired.family, &desired.name)? else {
             self.known.clear();
             return Ok(crate::nft::readback::Baseline::default());
         };
@@ -191,8 +191,9 @@ fn rejected(tx: &Transaction, batch: &EncodedBatch, e: &KernelError, count: usiz
     let what = match batch.encoded.seqs.iter().position(|s| *s == e.seq) {
         Some(i) => describe(tx, batch, i, e.offset),
         None => format!(
-            "batch of {} messages for table inet {}",
+            "batch of {} messages for table {} {}",
             batch.msgs.len(),
+            tx.family.keyword(),
             tx.table
         ),
     };
@@ -204,7 +205,7 @@ fn rejected(tx: &Transaction, batch: &EncodedBatch, e: &KernelError, count: usiz
 fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32>) -> String {
     let msg = &batch.msgs[i];
     let op = &tx.ops[msg.origin.op];
-    let t = &tx.table;
+    let t = &format!("{} {}", tx.family.keyword(), tx.table);
     let bytes = offset.and_then(|off| {
         let seq = batch.encoded.seqs[i];
         let all = batch.bytes();
@@ -214,7 +215,7 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
     });
     match (&msg.body, op) {
         (MsgBody::NewRule { exprs, .. }, Op::AddRule { chain, rule }) => {
-            let mut s = format!("add rule inet {t} {chain}: {}", render::rule_text(rule));
+            let mut s = format!("add rule {t} {chain}: {}", render::rule_text(rule));
             let hit = bytes.and_then(|(m, off)| reply::entry_at(&m, NFTA_RULE_EXPRESSIONS, off));
             if let Some((k, e)) = hit.and_then(|k| exprs.get(k).map(|e| (k, e))) {
                 s.push_str(&format!(" (kernel expression {}: {})", k + 1, e.name()));
@@ -222,7 +223,7 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
             s
         }
         (_, Op::AddRule { chain, rule }) => format!(
-            "add rule inet {t} {chain}: {} (its anonymous set)",
+            "add rule {t} {chain}: {} (its anonymous set)",
             render::rule_text(rule)
         ),
         (MsgBody::Elems { chunk, .. }, op) if op.set().is_some() => {
@@ -240,19 +241,19 @@ fn describe(tx: &Transaction, batch: &EncodedBatch, i: usize, offset: Option<u32
                 Some((k, v)) => {
                     let mut one = set.clone_declaration();
                     one.elements.insert(k.clone(), v.clone());
-                    op_text(t, &elements_op(verb, one))
+                    op_text(tx, &elements_op(verb, one))
                 }
                 None => format!(
-                    "{verb} element inet {t} {}: {} elements",
+                    "{verb} element {t} {}: {} elements",
                     set.name,
                     op.elements().count()
                 ),
             }
         }
         (_, Op::AddSet(set) | Op::AddSetWithParts { set, .. }) => {
-            op_text(t, &Op::AddSet(set.clone_declaration()))
+            op_text(tx, &Op::AddSet(set.clone_declaration()))
         }
-        _ => op_text(t, op),
+        _ => op_text(tx, op),
     }
 }
 
@@ -265,9 +266,10 @@ fn elements_op(verb: &str, set: Set) -> Op {
 }
 
 /// One op as the `nft -f` line `render_transaction` prints for it.
-fn op_text(table: &str, op: &Op) -> String {
+fn op_text(tx: &Transaction, op: &Op) -> String {
     let one = Transaction {
-        table: table.to_string(),
+        table: tx.table.clone(),
+        family: tx.family,
         ops: vec![op.clone()],
     };
     render::render_transaction(&one).trim_end().to_string()

@@ -20,6 +20,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 /// A read-back table being judged; remembers which kernel objects were asked about.
 pub struct Judge {
     kernel: KernelTable,
+    family: Family,
     known: BTreeMap<String, KnownSet>,
     asked_chains: BTreeSet<String>,
     asked_sets: BTreeSet<String>,
@@ -33,6 +34,7 @@ impl Judge {
             .collect();
         Judge {
             kernel,
+            family: desired.family,
             known,
             asked_chains: BTreeSet::new(),
             asked_sets: BTreeSet::new(),
@@ -56,7 +58,7 @@ impl Judge {
             return false;
         }
         let mut id = 1u32 << 30;
-        let Ok(lowered) = lower_rule(want, &self.known, &mut id) else {
+        let Ok(lowered) = lower_rule(want, self.family, &self.known, &mut id) else {
             return false;
         };
         if lowered.exprs.len() != exprs.len() {

@@ -59,6 +59,8 @@ enum L4 {
 }
 
 pub struct RuleLowering<'a> {
+    /// The table's family: it decides how a network-header dependency is expressed.
+    table: Family,
     sets: &'a BTreeMap<String, KnownSet>,
     next_set_id: &'a mut u32,
     family: Option<IpFamily>,
@@ -69,10 +71,12 @@ pub struct RuleLowering<'a> {
 /// Lowers one rule. `next_set_id` numbers anonymous sets after the named ones, like nft.
 pub fn lower_rule(
     rule: &Rule,
+    table: Family,
     sets: &BTreeMap<String, KnownSet>,
     next_set_id: &mut u32,
 ) -> Result<LoweredRule, NftError> {
     let mut l = RuleLowering {
+        table,
         sets,
         next_set_id,
         family: None,
@@ -83,6 +87,17 @@ pub fn lower_rule(
         l.stmt(stmt)?;
     }
     Ok(l.out)
+}
+
+/// `NFT_META_PROTOCOL`: the frame's ethertype (`meta protocol`).
+const NFT_META_PROTOCOL: u32 = 1;
+
+/// ETH_P_IP / ETH_P_IPV6.
+fn ethertype(fam: IpFamily) -> u16 {
+    match fam {
+        IpFamily::V4 => 0x0800,
+        IpFamily::V6 => 0x86dd,
+    }
 }
 
 impl RuleLowering<'_> {
@@ -176,7 +191,9 @@ impl RuleLowering<'_> {
         Ok(infos)
     }
 
-    /// In an inet table a network-header field needs `meta nfproto <family>` first, once.
+    /// A network-header field needs its protocol checked first, once: `meta nfproto <family>`
+    /// in an inet table, `meta protocol <ethertype>` in a bridge table (what nft emits; a
+    /// bridge packet's nfproto is always `bridge`).
     fn need_family(&mut self, fam: IpFamily) -> Result<(), NftError> {
         match self.family {
             Some(have) if have == fam => Ok(()),
@@ -186,14 +203,15 @@ impl RuleLowering<'_> {
             )),
             None => {
                 let reg = kernel_reg(NFT_REG_1);
-                self.push(Expr::Meta {
-                    key: super::types::NFT_META_NFPROTO,
-                    dreg: reg,
-                });
+                let (key, data) = match self.table {
+                    Family::Inet => (super::types::NFT_META_NFPROTO, vec![nfproto(fam)]),
+                    Family::Bridge => (NFT_META_PROTOCOL, ethertype(fam).to_be_bytes().to_vec()),
+                };
+                self.push(Expr::Meta { key, dreg: reg });
                 self.push(Expr::Cmp {
                     op: NFT_CMP_EQ,
                     sreg: reg,
-                    data: vec![nfproto(fam)],
+                    data,
                 });
                 self.family = Some(fam);
                 Ok(())

@@ -64,6 +64,34 @@ fn no_policy_adds_nothing() {
 }
 
 #[test]
+fn the_bridge_table_exists_with_a_policy_shares_its_parts_and_keeps_state_without_ct() {
+    let none = run(
+        Snapshot::builder().with(pod("a", "p", &[], &["10.0.0.9"])),
+        &Memory::default(),
+    );
+    assert!(none.bridge.is_none());
+    let d = run(cluster(), &Memory::default());
+    let bridge = d
+        .bridge
+        .as_ref()
+        .expect("a bridge table while a policy is in force");
+    assert_eq!(bridge.family, Family::Bridge);
+    // The same parts, by pointer: a policy edit costs the same in both tables.
+    let (a, b) = (d.ruleset.part("np/shop/db"), bridge.part("np/shop/db"));
+    assert!(Arc::ptr_eq(a.unwrap(), b.unwrap()));
+    let text = render_full(bridge);
+    assert!(text.starts_with("table bridge nodeplane\n"), "{text}");
+    assert!(
+        !text.contains("ct state"),
+        "no conntrack in a bridge table: {text}"
+    );
+    assert!(text.contains("@np-flows-v4 accept"), "{text}");
+    assert!(text.contains("update @np-flows-v6"), "{text}");
+    // `--dry-run` prints both; `nft -f` loads both.
+    nft_check(&format!("{}{text}", render_full(&d.ruleset)));
+}
+
+#[test]
 fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
     let d = run(cluster(), &Memory::default());
     let text = render_full(&d.ruleset);

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 fn lower(stmts: Vec<Stmt>) -> LoweredRule {
     let sets = BTreeMap::new();
     let mut id = 1;
-    lower_rule(&Rule::new(stmts), &sets, &mut id).unwrap()
+    lower_rule(&Rule::new(stmts), Family::Inet, &sets, &mut id).unwrap()
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn port_nat_needs_a_transport_match() {
     });
     let sets = BTreeMap::new();
     let mut id = 1;
-    assert!(lower_rule(&Rule::new(vec![nat.clone()]), &sets, &mut id).is_err());
+    assert!(lower_rule(&Rule::new(vec![nat.clone()]), Family::Inet, &sets, &mut id).is_err());
     let r = lower(vec![Stmt::matches(Field::L4Proto, Value::Proto(6)), nat]);
     assert!(r.exprs.contains(&Expr::Nat {
         kind: NFT_NAT_DNAT,
@@ -140,4 +140,24 @@ fn port_nat_needs_a_transport_match() {
         reg_proto: Some(2),
         flags: NF_NAT_RANGE_PROTO_SPECIFIED,
     }));
+}
+
+#[test]
+fn ip_match_in_bridge_checks_the_ethertype_like_nft() {
+    // `nft --debug=netlink add rule bridge t c ip6 saddr ::1`: meta load protocol, cmp 0x86dd.
+    let mut id = 1;
+    let rule = Rule::new(vec![Stmt::matches(
+        Field::Ip6Saddr,
+        Value::Ipv6(std::net::Ipv6Addr::LOCALHOST),
+    )]);
+    let r = lower_rule(&rule, Family::Bridge, &BTreeMap::new(), &mut id).unwrap();
+    assert_eq!(r.exprs[0], Expr::Meta { key: 1, dreg: 1 });
+    assert_eq!(
+        r.exprs[1],
+        Expr::Cmp {
+            op: NFT_CMP_EQ,
+            sreg: 1,
+            data: vec![0x86, 0xdd]
+        }
+    );
 }
