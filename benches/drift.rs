@@ -8,7 +8,8 @@
 //!
 //! 1. What a listener costs a large apply: the cold apply of N services x 10 endpoints
 //!    (`Engine::sync` from empty) in a fresh netns, without and with a [`Monitor`] in it
-//!    (the kernel only builds notifications while someone listens), in alternating rounds;
+//!    (the kernel only builds notifications while someone listens), and with the monitor but
+//!    the apply sent in its quiet window (`Quiet`, as the agent does), in alternating rounds;
 //!    the applying thread's wall and CPU time, the monitor thread's CPU time and what it read.
 //! 2. Drift repair: the agent in run mode (an EgressFirewall and M services), then `--drifts`
 //!    drifts in turn (`delete table`, `flush chain fw-dispatch`, a deleted map element, a rule
@@ -117,19 +118,32 @@ struct ColdApply {
     overruns: u64,
 }
 
+/// Who listens during a cold apply.
+#[derive(Clone, Copy, PartialEq)]
+enum Listen {
+    Nobody,
+    Monitor,
+    /// The monitor, with the apply sent in its quiet window.
+    Quiet,
+}
+
 /// One cold apply of `snap` in a fresh netns, with or without a listener.
-fn cold_apply(snap: &Snapshot, listen: bool) -> ColdApply {
+fn cold_apply(snap: &Snapshot, listen: Listen) -> ColdApply {
     let mut lab = Lab::new();
     let ns = lab.add_host("cost");
     let cfg = Config::for_node(NODE);
     let ruleset = plan(snap, &cfg).ruleset;
-    let monitor = listen.then(|| {
+    let monitor = (listen != Listen::Nobody).then(|| {
         ns.enter(|| Monitor::start(TABLE_NAME, |_| true))
             .expect("monitor")
     });
     let monitor_before = monitor_tid().map(thread_cpu).unwrap_or_default();
+    let quiet = monitor
+        .as_ref()
+        .filter(|_| listen == Listen::Quiet)
+        .map(|m| m.quiet().expect("quiet"));
     let (wall, cpu) = ns.enter(move || {
-        let mut engine = Engine::new(NftnlBackend::new());
+        let mut engine = Engine::new(NftnlBackend::new().with_quiet(quiet));
         let tid = nix::unistd::gettid().as_raw();
         let cpu0 = thread_cpu(tid);
         let t = Instant::now();
@@ -142,6 +156,7 @@ fn cold_apply(snap: &Snapshot, listen: bool) -> ColdApply {
         let deadline = Instant::now() + Duration::from_secs(30);
         let s = m.stats();
         while s.own_commits.load(Relaxed) == 0
+            && s.quiet_windows.load(Relaxed) == 0
             && s.overruns.load(Relaxed) == 0
             && Instant::now() < deadline
         {
@@ -170,10 +185,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn listener_cost(services: usize, rounds: usize) {
     let snap = cluster(services);
-    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let (mut without, mut with, mut quiet) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        without.push(cold_apply(&snap, false));
-        with.push(cold_apply(&snap, true));
+        without.push(cold_apply(&snap, Listen::Nobody));
+        with.push(cold_apply(&snap, Listen::Monitor));
+        quiet.push(cold_apply(&snap, Listen::Quiet));
     }
     let wall = |v: &[ColdApply]| median(v.iter().map(|c| c.wall).collect());
     let cpu = |v: &[ColdApply]| median(v.iter().map(|c| c.cpu).collect());
@@ -193,6 +209,16 @@ fn listener_cost(services: usize, rounds: usize) {
         (w1.as_secs_f64() / w0.as_secs_f64() - 1.0) * 100.0,
         ms(cpu(&with)),
         ms(median(with.iter().map(|c| c.monitor_cpu).collect()))
+    );
+    let w2 = wall(&quiet);
+    println!(
+        "  monitor, quiet:     {:.0} ms wall ({:+.1}%), {:.0} ms CPU (applying thread); \
+         monitor thread {:.0} ms CPU, {} notifications read",
+        ms(w2),
+        (w2.as_secs_f64() / w0.as_secs_f64() - 1.0) * 100.0,
+        ms(cpu(&quiet)),
+        ms(median(quiet.iter().map(|c| c.monitor_cpu).collect())),
+        quiet.iter().map(|c| c.messages).max().unwrap_or(0)
     );
     for c in &with {
         println!(

@@ -194,13 +194,19 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let drift_health = proxy_health.clone();
     // Both tables: `table bridge nodeplane` holds NetworkPolicy for bridged pods.
     let families = [Family::Inet, Family::Bridge];
-    let _monitor = Monitor::start_families(&families, TABLE_NAME, DEFAULT_RCVBUF, move |drift| {
+    let monitor = Monitor::start_families(&families, TABLE_NAME, DEFAULT_RCVBUF, move |drift| {
         let seq = drift_admin.drift_detected(&drift);
         drift_health.queued(std::time::Instant::now());
         let drift = Box::new(drift);
         drift_tx.send(Event::Drift { seq, drift }).is_ok()
     })
     .map_err(|e| ReconcileError::Runtime(format!("nftables monitor: {e}")))?;
+    // The agent's large commits go out unheard by the monitor (the kernel then builds no
+    // notification per element), checked by generation; without it they are just heard.
+    let quiet = monitor
+        .quiet()
+        .inspect_err(|e| error!("nftables monitor: no quiet window for large commits: {e}"))
+        .ok();
     tokio::spawn(async move {
         wait_for_signal().await;
         let _ = tx.send(Event::Shutdown);
@@ -226,7 +232,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     observers.push(Box::new(HealthCheckServer(health)));
     // The backends block on netlink: run the loop on its own thread, off the async workers.
     let worker = std::thread::spawn(move || {
-        run_loop::run(config, rx, resolver, snapshots, fence, observers)
+        run_loop::run(config, rx, resolver, snapshots, fence, quiet, observers)
     });
     let result = tokio::task::spawn_blocking(move || worker.join())
         .await

@@ -8,6 +8,7 @@ pub mod run_loop;
 use crate::config::Config;
 use crate::dns::{self, DnsAnswers};
 use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
+use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, Family, NftBackend, NftError, TABLE_NAME, Table};
@@ -328,7 +329,7 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
 /// `--once`: one sync against the real kernel.
 pub fn once(config: &Config) -> Result<(), ReconcileError> {
     let snapshot = load_snapshot(config)?;
-    let mut rec = real_reconciler(config, Fence::default())?;
+    let mut rec = real_reconciler(config, Fence::default(), None)?;
     let names = rec.dns_names(&snapshot);
     match dns::resolve_once(&config.resolv_conf, &names) {
         Ok(answers) => rec.set_dns(answers),
@@ -363,10 +364,11 @@ pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
 fn real_reconciler(
     config: &Config,
     fence: Fence,
+    quiet: Option<Quiet>,
 ) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
     Ok(Reconciler::new(
         config.clone(),
-        NftnlBackend::new(),
+        NftnlBackend::new().with_quiet(quiet),
         RtnlBackend::new(NetConfig::default())?,
     )
     .with_conntrack_cleanup()

@@ -87,6 +87,7 @@ mod tests {
             },
             by: ["nft (pid 7)".to_string()].into(),
             events_lost: false,
+            unseen: false,
         }
     }
 

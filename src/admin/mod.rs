@@ -289,6 +289,7 @@ mod tests {
             changes,
             by: ["nft (pid 9)".to_string()].into(),
             events_lost: false,
+            unseen: false,
         };
         let seq = state.drift_detected(&drift);
         let reason = state.ready().unwrap_err();

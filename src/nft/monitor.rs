@@ -18,7 +18,11 @@
 //!
 //! Notifications are only generated while someone listens, and the agent's own batches are
 //! notified too: the receive buffer is large (`SO_RCVBUFFORCE`), and a buffer overrun
-//! (`ENOBUFS`, events lost) is reported as a possible drift so that the caller re-checks.
+//! (`ENOBUFS`, events lost) is reported as a possible drift so that the caller re-checks. The
+//! agent's large commits are sent with the monitor out of the group ([`quiet`]).
+
+mod quiet;
+pub use quiet::{QUIET_MIN_OPS, Quiet};
 
 use super::ir::Family;
 use super::nftnl::reply;
@@ -29,6 +33,7 @@ use nix::sys::socket::{
     recv, setsockopt, socket, sockopt,
 };
 use nix::sys::time::TimeVal;
+use quiet::{Gens, MARK_START, Mark};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::io;
@@ -147,6 +152,9 @@ pub struct Drift {
     pub by: BTreeSet<String>,
     /// Notifications were lost (receive buffer overrun): anything may have changed.
     pub events_lost: bool,
+    /// Someone committed while the monitor was out of the group for one of the agent's own
+    /// large commits ([`Quiet`]): what changed is unknown.
+    pub unseen: bool,
 }
 
 impl Drift {
@@ -156,6 +164,7 @@ impl Drift {
         self.changes.merge(&other.changes);
         self.by.extend(other.by);
         self.events_lost |= other.events_lost;
+        self.unseen |= other.unseen;
     }
 
     /// The largest kind of object touched, for a metric label: `table`, `chain`, `set`,
@@ -218,6 +227,13 @@ impl fmt::Display for Drift {
                 parts.push(format!("and {more} more objects"));
             }
         }
+        if self.unseen {
+            parts.push(
+                "a commit by someone else while the monitor was not listening (the agent's own \
+                 large commit), the table may have changed"
+                    .into(),
+            );
+        }
         if self.events_lost {
             parts.push(
                 "notifications lost (receive buffer overrun), the table may have changed".into(),
@@ -268,6 +284,9 @@ pub struct MonitorStats {
     pub foreign_commits: AtomicU64,
     /// Receive buffer overruns.
     pub overruns: AtomicU64,
+    /// Quiet windows closed with nothing unseen, and those that reported a possible drift.
+    pub quiet_windows: AtomicU64,
+    pub quiet_unseen: AtomicU64,
 }
 
 /// A running listener; dropping it stops the reader thread within [`STOP_POLL`].
@@ -276,6 +295,8 @@ pub struct Monitor {
     stats: Arc<MonitorStats>,
     thread: Option<JoinHandle<()>>,
     portid: u32,
+    /// A duplicate of the socket, for [`Monitor::quiet`].
+    fd: OwnedFd,
 }
 
 impl Monitor {
@@ -329,6 +350,9 @@ impl Monitor {
             &TimeVal::new(0, STOP_POLL.as_micros() as _),
         )?;
         let portid = getsockname::<NetlinkAddr>(fd.as_raw_fd())?.pid();
+        // The generation as of joining: quiet windows are checked against it.
+        quiet::request_gen(&fd, MARK_START)?;
+        let dup = fd.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(MonitorStats::default());
         let mut reader = Reader {
@@ -338,6 +362,8 @@ impl Monitor {
             pending: HashMap::new(),
             own: OwnSockets::default(),
             stats: stats.clone(),
+            portid,
+            gens: Gens::default(),
         };
         let stop_flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -348,7 +374,13 @@ impl Monitor {
             stats,
             thread: Some(thread),
             portid,
+            fd: dup,
         })
+    }
+
+    /// A handle for sending the agent's large commits unheard ([`Quiet::during`]).
+    pub fn quiet(&self) -> io::Result<Quiet> {
+        Ok(Quiet::new(self.fd.try_clone()?))
     }
 
     /// The listening socket's port id.
@@ -383,6 +415,9 @@ struct Reader {
     pending: HashMap<u32, Changes>,
     own: OwnSockets,
     stats: Arc<MonitorStats>,
+    /// This socket's port id: a `NEWGEN` sent to it is the reply to one of its `GETGEN`s.
+    portid: u32,
+    gens: Gens,
 }
 
 impl Reader {
@@ -415,11 +450,13 @@ impl Reader {
     fn lost(&mut self) -> Vec<Drift> {
         self.stats.overruns.fetch_add(1, Ordering::Relaxed);
         self.pending.clear();
+        self.gens.lost();
         vec![Drift {
             at: Instant::now(),
             changes: Changes::default(),
             by: BTreeSet::new(),
             events_lost: true,
+            unseen: false,
         }]
     }
 
@@ -431,7 +468,24 @@ impl Reader {
             };
             self.stats.messages.fetch_add(1, Ordering::Relaxed);
             match n {
-                Notification::Gen { portid, pid, comm } => {
+                Notification::Gen {
+                    portid,
+                    seq,
+                    generation,
+                    ..
+                } if portid == self.portid => {
+                    if let Some(d) = self.marker(seq, generation, at) {
+                        out.push(d);
+                    }
+                }
+                Notification::Gen {
+                    portid,
+                    pid,
+                    comm,
+                    generation,
+                    ..
+                } => {
+                    self.gens.commit(generation);
                     if let Some(d) = self.commit(portid, pid, comm, at) {
                         out.push(d);
                     }
@@ -456,6 +510,27 @@ impl Reader {
             }
         }
         out
+    }
+
+    /// The reply to one of this socket's `GETGEN`s: a quiet window's bracket.
+    fn marker(&mut self, seq: u32, generation: Option<u32>, at: Instant) -> Option<Drift> {
+        match self.gens.marker(seq, generation) {
+            Mark::Clean => None,
+            Mark::Closed => {
+                self.stats.quiet_windows.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Mark::Unseen => {
+                self.stats.quiet_unseen.fetch_add(1, Ordering::Relaxed);
+                Some(Drift {
+                    at,
+                    changes: Changes::default(),
+                    by: BTreeSet::new(),
+                    events_lost: false,
+                    unseen: true,
+                })
+            }
+        }
     }
 
     /// A commit ended: what it did to our table, if someone else sent it.
@@ -491,6 +566,7 @@ impl Reader {
                 changes,
                 by,
                 events_lost: false,
+                unseen: false,
             };
             match &mut drift {
                 Some(all) => all.merge(d),
@@ -540,11 +616,14 @@ fn record(c: &mut Changes, family: Family, msg: u8, name: Option<&[u8]>, items: 
 /// One nf_tables notification, borrowed from the datagram.
 #[derive(Debug, PartialEq, Eq)]
 enum Notification<'a> {
-    /// `NFT_MSG_NEWGEN`: the end of a commit sent from netlink port `portid`.
+    /// `NFT_MSG_NEWGEN`: the end of a commit sent from netlink port `portid`, or the reply
+    /// to a `GETGEN` (`seq` echoes the request's), `generation` the generation it reports.
     Gen {
         portid: u32,
+        seq: u32,
         pid: Option<u32>,
         comm: Option<&'a str>,
+        generation: Option<u32>,
     },
     /// A change to an object of table `table`: `name` is the chain (for chains and rules),
     /// set (for sets and elements) or object; `items` the elements in a set element message.
@@ -564,6 +643,7 @@ impl<'a> Notification<'a> {
         if kind >> 8 != NFNL_SUBSYS_NFTABLES {
             return None;
         }
+        let seq = u32_at(msg, 8)?;
         let portid = u32_at(msg, 12)?;
         let family = *msg.get(NLMSG_HDRLEN)?;
         let body = msg.get(NFNL_HDRLEN..)?;
@@ -571,17 +651,25 @@ impl<'a> Notification<'a> {
         if msg_type == NEWGEN {
             let mut n = Notification::Gen {
                 portid,
+                seq,
                 pid: None,
                 comm: None,
+                generation: None,
             };
-            if let Notification::Gen { pid, comm, .. } = &mut n {
+            if let Notification::Gen {
+                pid,
+                comm,
+                generation,
+                ..
+            } = &mut n
+            {
                 for (t, v) in attrs(body) {
                     match t {
                         NFTA_GEN_PROC_PID => *pid = be32(v),
                         NFTA_GEN_PROC_NAME => {
                             *comm = cstr(v).and_then(|s| std::str::from_utf8(s).ok())
                         }
-                        NFTA_GEN_ID => {}
+                        NFTA_GEN_ID => *generation = be32(v),
                         _ => {}
                     }
                 }
@@ -776,6 +864,8 @@ mod tests {
             pending: HashMap::new(),
             own: OwnSockets::default(),
             stats: Arc::default(),
+            portid: 1,
+            gens: Gens::default(),
         }
     }
 
@@ -1009,6 +1099,7 @@ mod tests {
                 changes,
                 by: ["nft (pid 1)".to_string()].into(),
                 events_lost: false,
+                unseen: false,
             }
         };
         let mut d = one(t0 + Duration::from_millis(5), "a");

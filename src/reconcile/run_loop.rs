@@ -14,7 +14,7 @@ use super::{Fence, ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
 use crate::config::Config;
 use crate::dns::DnsService;
 use crate::nft::TABLE_NAME;
-use crate::nft::monitor::Drift;
+use crate::nft::monitor::{Drift, Quiet};
 use crate::snapshot::Snapshot;
 use crate::timing::Backoff;
 
@@ -60,9 +60,10 @@ pub fn run(
     resolver: DnsService,
     snapshots: Snapshots,
     fence: Fence,
+    quiet: Option<Quiet>,
     mut observers: Vec<Box<dyn SyncObserver>>,
 ) -> Result<(), ReconcileError> {
-    let mut rec = real_reconciler(&config, fence)?;
+    let mut rec = real_reconciler(&config, fence, quiet)?;
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     // The last drift detection the loop took in (and invalidated the engine for).

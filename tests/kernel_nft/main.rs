@@ -4,3 +4,4 @@
 
 mod backend;
 mod drift;
+mod quiet;

@@ -28,6 +28,7 @@ mod udata;
 use crate::nft::diff::{Op, Transaction};
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};
 use crate::nft::ir::Set;
+use crate::nft::monitor::{QUIET_MIN_OPS, Quiet};
 use crate::nft::render;
 use lower::{Msg, MsgBody};
 use reply::KernelError;
@@ -50,6 +51,8 @@ pub struct NftnlBackend {
     /// ~15 ms (measured with strace on 6.18), more than a small update itself. It belongs
     /// to the network namespace of the first apply.
     socket: Option<socket::NlSocket>,
+    /// The drift monitor's handle: large transactions are sent in its quiet window.
+    quiet: Option<Quiet>,
 }
 
 /// A transaction encoded as a batch, for inspection and tests.
@@ -73,6 +76,13 @@ impl EncodedBatch<'_> {
 impl NftnlBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sends transactions of [`QUIET_MIN_OPS`] or more operations in `quiet`'s window, so the
+    /// kernel builds no notification per element for the drift monitor (same netns).
+    pub fn with_quiet(mut self, quiet: Option<Quiet>) -> Self {
+        self.quiet = quiet;
+        self
     }
 
     /// Encodes `tx` without sending it.
@@ -132,8 +142,18 @@ impl NftBackend for NftnlBackend {
             Some(s) if s.fits(send, recv) => s,
             _ => socket::NlSocket::open(send, recv)?,
         };
-        sock.send(&pages)?;
-        let errors = read_errors(&sock)?;
+        let send_batch = || -> Result<_, NftError> {
+            sock.send(&pages)?;
+            read_errors(&sock)
+        };
+        let errors = match &mut self.quiet {
+            Some(q) if tx.op_count() >= QUIET_MIN_OPS => {
+                // Committed: the kernel acked every message. Unknown counts as not
+                // committed, so a generation bump it cannot explain reads as a drift.
+                q.during(send_batch, |r| r.as_ref().is_ok_and(|e| e.is_empty()))?
+            }
+            _ => send_batch()?,
+        };
         self.socket = Some(sock);
         if let Some(first) = errors.first() {
             let err = rejected(tx, &batch, first, errors.len());

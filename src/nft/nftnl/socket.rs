@@ -3,7 +3,8 @@
 //! replies are read until the socket is empty.
 
 // The crate denies unsafe code (Cargo.toml [lints]); nix has no setter for the netlink
-// socket options NETLINK_CAP_ACK/NETLINK_EXT_ACK, so `set_int` calls setsockopt itself.
+// socket options NETLINK_CAP_ACK/NETLINK_EXT_ACK and NETLINK_{ADD,DROP}_MEMBERSHIP, so `set_int`
+// calls setsockopt itself.
 #![allow(unsafe_code)]
 
 use nix::sys::socket::{
@@ -47,6 +48,36 @@ pub(crate) fn set_buffer(fd: &OwnedFd, which: Buffer, bytes: usize) -> io::Resul
     }
 }
 
+const NETLINK_ADD_MEMBERSHIP: libc::c_int = 1;
+const NETLINK_DROP_MEMBERSHIP: libc::c_int = 2;
+
+/// Joins or leaves netlink multicast group `group` (the drift monitor's quiet window).
+pub(crate) fn set_membership(fd: &OwnedFd, group: u32, join: bool) -> io::Result<()> {
+    let opt = if join {
+        NETLINK_ADD_MEMBERSHIP
+    } else {
+        NETLINK_DROP_MEMBERSHIP
+    };
+    set_int(fd, opt, group as libc::c_int)
+}
+
+fn set_int(fd: &OwnedFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: valid open fd; `v` is a live c_int and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            SOL_NETLINK,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct NlSocket {
     fd: OwnedFd,
@@ -88,20 +119,7 @@ impl NlSocket {
     }
 
     fn set_int(&self, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
-        // SAFETY: valid open fd; `v` is a live c_int and its exact size is passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                SOL_NETLINK,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_int(&self.fd, opt, v)
     }
 
     /// Sends all pages of a batch as one message.
