@@ -2,6 +2,7 @@
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
 use crate::cli::Opts;
+use crate::controller::egress_ip::platform::PlatformChoice;
 use crate::controller::egress_ip::probe;
 use crate::controller::lease::Timings;
 use crate::source::limits::Limits;
@@ -96,6 +97,8 @@ pub struct Config {
     pub leader_elect: Timings,
     /// The EgressIP assigner's node health probes (interval, misses).
     pub egress_ip_probe: probe::Settings,
+    /// `--platform`: bare metal, a cloud, or detected from the Nodes.
+    pub platform: PlatformChoice,
 }
 
 impl Config {
@@ -123,6 +126,7 @@ impl Config {
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
+            platform: PlatformChoice::Auto,
         }
     }
 
@@ -226,6 +230,13 @@ impl Config {
             misses: probe_misses,
             ..probe::Settings::default()
         };
+        let platform = match opts.platform.clone().or(file.platform) {
+            Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
+                option: "--platform",
+                reason,
+            })?,
+            None => PlatformChoice::Auto,
+        };
         let leader_elect_namespace = opts
             .leader_elect_namespace
             .clone()
@@ -308,6 +319,7 @@ impl Config {
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
+            platform,
         })
     }
 }
@@ -392,6 +404,7 @@ struct FileConfig {
     leader_elect_retry_period: Option<DurationValue>,
     egress_ip_probe_interval: Option<DurationValue>,
     egress_ip_probe_misses: Option<u32>,
+    platform: Option<String>,
 }
 
 /// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.
@@ -715,6 +728,28 @@ mod tests {
             let e = Config::resolve(&o).unwrap_err().to_string();
             assert!(e.contains("--egress-ip-probe-interval"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn platform_defaults_to_auto_from_flag_or_file() {
+        use crate::controller::egress_ip::platform::Platform;
+        assert_eq!(
+            Config::resolve(&opts()).unwrap().platform,
+            PlatformChoice::Auto
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "platform: azure\n").unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.platform, PlatformChoice::Fixed(Platform::Azure));
+        o.platform = Some("baremetal".into());
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.platform, PlatformChoice::Fixed(Platform::BareMetal));
+        o.platform = Some("ec2".into());
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.starts_with("--platform: \"ec2\" is not one of"), "{e}");
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! with `/status`.
 
 pub mod assign;
+pub mod egress_ipconfig;
 pub mod fence;
 pub mod host_cidrs;
+pub mod platform;
 pub mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +40,7 @@ use crate::api::EgressIP;
 use crate::api::egress_ip::EGRESS_ASSIGNABLE_LABEL;
 use crate::snapshot::{self, Snapshot};
 use assign::{Assignment, EgressIpInfo, NodeInfo, Problem};
+use platform::Platform;
 
 /// The field manager of the assigner role, whichever agent leads.
 pub const FIELD_MANAGER: &str = "nodeplane-egress-ip-assigner";
@@ -49,11 +52,13 @@ const RETRY: Duration = Duration::from_secs(2);
 const EVENT_NOTE_MAX: usize = 1024;
 
 /// The assigner's view of the nodes and EgressIPs of a snapshot. `healthy` is the probes'
-/// verdict per node name. EgressIPs that do not validate are left out (their status is left
-/// alone; the node agents report why they are invalid).
+/// verdict per node name; on a cloud `platform`, each node's NIC limits come from its
+/// `egress-ipconfig` annotation. EgressIPs that do not validate are left out (their status
+/// is left alone; the node agents report why they are invalid).
 pub fn inputs(
     snap: &Snapshot,
     healthy: impl Fn(&str) -> bool,
+    platform: Platform,
 ) -> (Vec<EgressIpInfo>, Vec<NodeInfo>) {
     let nodes = snap
         .nodes()
@@ -79,6 +84,14 @@ pub fn inputs(
                 addresses: snapshot::node_ips(node),
                 subnets_known: host_cidrs.is_some(),
                 host_cidrs: host_cidrs.unwrap_or_default(),
+                cloud: platform.is_cloud().then(|| {
+                    node.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(egress_ipconfig::ANNOTATION))
+                        .ok_or_else(|| "is missing".to_string())
+                        .and_then(|v| egress_ipconfig::parse(v))
+                }),
             }
         })
         .collect();
@@ -96,6 +109,7 @@ pub fn inputs(
                 name: v.name,
                 ips: v.ips,
                 current: v.assignments,
+                avoid: BTreeMap::new(),
             })
         })
         .collect();
@@ -141,11 +155,28 @@ pub struct Decision {
 
 /// The assignment of every valid EgressIP of the snapshot and whether its status must change.
 pub fn decide(snap: &Snapshot, healthy: impl Fn(&str) -> bool) -> Vec<Decision> {
-    let (eips, nodes) = inputs(snap, healthy);
-    let mut out = assign::assign(&eips, &nodes);
+    let (eips, nodes) = inputs(snap, healthy, Platform::BareMetal);
+    let out = assign::assign(&eips, &nodes);
+    decisions(snap, &eips, out, None)
+}
+
+/// [`Decision`]s from the assignment `out` of `eips`. On a cloud, `confirmed` (the
+/// `(ip, node)` pairs the cloud has attached, `cloud::Plan::confirmed`) limits what
+/// `status.items` says: an IP is written only once attached where it is assigned.
+pub fn decisions(
+    snap: &Snapshot,
+    eips: &[EgressIpInfo],
+    mut out: BTreeMap<String, Assignment>,
+    confirmed: Option<&BTreeSet<(IpAddr, String)>>,
+) -> Vec<Decision> {
     eips.iter()
         .filter_map(|e| {
-            let assignment = out.remove(&e.name)?;
+            let mut assignment = out.remove(&e.name)?;
+            if let Some(confirmed) = confirmed {
+                assignment
+                    .items
+                    .retain(|(ip, n)| confirmed.contains(&(*ip, n.clone())));
+            }
             let obj = snap.egress_ips().get(&e.name)?;
             let want: BTreeSet<(String, String)> = assignment
                 .items
