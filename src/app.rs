@@ -148,6 +148,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                     source.snapshots.clone(),
                     config.node_name.clone(),
                     config.egress_ip_probe,
+                    egress_ip::cloud_sync::Settings {
+                        platform: config.platform,
+                        attach_seconds: admin.metrics.egress_ip_cloud_attach(),
+                    },
                 ));
                 elector = Some(e);
             }

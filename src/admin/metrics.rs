@@ -68,6 +68,14 @@ pub struct Metrics {
     drift_repairs: Counter,
     drift_last_repair: Gauge<f64, AtomicU64>,
     leader: Family<RoleLabel, Gauge>,
+    egress_ip_cloud_attach: Histogram,
+    egress_ip_dataplane: Histogram,
+}
+
+/// Buckets of `nodeplane_egress_ip_cloud_attach_seconds`: 50 ms to ~100 s (clouds take
+/// seconds).
+pub fn egress_ip_cloud_attach_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.05, 2.0, 12))
 }
 
 impl Default for Metrics {
@@ -94,6 +102,8 @@ impl Metrics {
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
+            egress_ip_cloud_attach: egress_ip_cloud_attach_histogram(),
+            egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             registry: Registry::default(),
         };
         registry.register(
@@ -158,7 +168,29 @@ impl Metrics {
              role this agent is a candidate for)",
             m.leader.clone(),
         );
+        registry.register(
+            "egress_ip_cloud_attach_seconds",
+            "EgressIP assigner on a cloud: from writing a CloudPrivateIPConfig (create or move) \
+             to seeing it Assigned=True on the requested node",
+            m.egress_ip_cloud_attach.clone(),
+        );
+        registry.register(
+            "egress_ip_dataplane_seconds",
+            "Hosting node: from a snapshot whose EgressIP status.items newly places an egress IP \
+             on this node to the end of the committed sync that programs it",
+            m.egress_ip_dataplane.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// The histogram the EgressIP assigner records the cloud's latency in.
+    pub fn egress_ip_cloud_attach(&self) -> Histogram {
+        self.egress_ip_cloud_attach.clone()
+    }
+
+    /// One egress IP newly placed on this node, programmed `took` after its snapshot.
+    pub fn observe_egress_ip_dataplane(&self, took: Duration) {
+        self.egress_ip_dataplane.observe(took.as_secs_f64());
     }
 
     /// Whether this agent leads `role` now.
