@@ -164,9 +164,16 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     changes.mark_unchanged();
     proxy_health.queued(std::time::Instant::now());
     let queued = proxy_health.clone();
+    let dataplane_timer =
+        egress_ip::dataplane_timer::DataplaneTimer::new(&config.node_name, admin.metrics.clone());
+    let arrivals = dataplane_timer.clone();
     tokio::spawn(async move {
         while changes.changed().await.is_ok() {
-            queued.queued(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            queued.queued(now);
+            if let Some(snap) = changes.borrow().as_ref() {
+                arrivals.arrived(snap, now);
+            }
             if change_tx.send(Event::Changed).is_err() {
                 break;
             }
@@ -208,6 +215,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // After every successful sync, in this order (as the loop did before it had observers):
     // the log, the drift repair (readiness back), the health-check ports.
     observers.push(Box::new(LogReport));
+    observers.push(Box::new(dataplane_timer));
     observers.push(Box::new(DriftRepairs { state: admin }));
     observers.push(Box::new(SyncHealth {
         health: proxy_health.clone(),
