@@ -165,7 +165,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     proxy_health.queued(std::time::Instant::now());
     let queued = proxy_health.clone();
     let dataplane_timer =
-        egress_ip::dataplane_timer::DataplaneTimer::new(&config.node_name, admin.metrics.clone());
+        admin::egress_ip_dataplane::DataplaneTimer::new(&config.node_name, admin.metrics.clone());
     let arrivals = dataplane_timer.clone();
     tokio::spawn(async move {
         while changes.changed().await.is_ok() {

@@ -72,12 +72,6 @@ pub struct Metrics {
     egress_ip_dataplane: Histogram,
 }
 
-/// Buckets of `nodeplane_egress_ip_cloud_attach_seconds`: 50 ms to ~100 s (clouds take
-/// seconds).
-pub fn egress_ip_cloud_attach_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.05, 2.0, 12))
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -102,7 +96,7 @@ impl Metrics {
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
-            egress_ip_cloud_attach: egress_ip_cloud_attach_histogram(),
+            egress_ip_cloud_attach: crate::controller::egress_ip::cloud_sync::attach_histogram(),
             egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             registry: Registry::default(),
         };

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -39,11 +39,16 @@ pub struct Settings {
     pub attach_seconds: Histogram,
 }
 
+/// `nodeplane_egress_ip_cloud_attach_seconds`' buckets: 50 ms to ~100 s (clouds take seconds).
+pub fn attach_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.05, 2.0, 12))
+}
+
 impl Default for Settings {
     fn default() -> Settings {
         Settings {
             platform: PlatformChoice::Auto,
-            attach_seconds: crate::admin::metrics::egress_ip_cloud_attach_histogram(),
+            attach_seconds: attach_histogram(),
         }
     }
 }

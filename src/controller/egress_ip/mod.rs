@@ -20,7 +20,6 @@
 pub mod assign;
 pub mod cloud;
 pub mod cloud_sync;
-pub mod dataplane_timer;
 pub mod egress_ipconfig;
 pub mod fence;
 pub mod host_cidrs;

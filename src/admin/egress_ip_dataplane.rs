@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::fence::hosted_by;
-use crate::admin::metrics::Metrics;
+use super::metrics::Metrics;
+use crate::controller::egress_ip::fence::hosted_by;
 use crate::observe::{SyncObserver, SyncOutcome};
 use crate::snapshot::Snapshot;
 
