@@ -125,12 +125,7 @@ impl FakeApi {
 
     /// Every object of `kind`, by name.
     pub fn objects(&self, kind: &str) -> Vec<Value> {
-        let r = Resource::by_kind(kind);
-        let state = self.shared.state();
-        state
-            .objects
-            .get(&r)
-            .map_or_else(Vec::new, |m| m.values().cloned().collect())
+        self.objects_handle().list(kind)
     }
 
     /// List requests for `kind` wait until [`release_lists`](Self::release_lists).
