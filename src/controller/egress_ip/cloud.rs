@@ -30,8 +30,9 @@ pub enum CloudState {
     Pending,
     /// `Assigned` True, `CloudResponseSuccess`, on `status.node`.
     Attached,
-    /// `CloudResponseError`: the cloud's message.
-    Failed(String),
+    /// `CloudResponseError`: the cloud's message and the condition's lastTransitionTime
+    /// (which tells a new refusal from the one a request was written over).
+    Failed(String, String),
 }
 
 /// One CloudPrivateIPConfig of the snapshot.
@@ -64,13 +65,18 @@ pub fn observe(snap: &Snapshot) -> BTreeMap<IpAddr, CloudIp> {
             debug!("CloudPrivateIPConfig {name}: name is not an IP, ignored");
             continue;
         };
-        let condition = obj.assigned_condition();
+        // A verdict about an older spec (the API server bumps `generation` with `spec.node`;
+        // the cloud controller sets `observedGeneration`) is no verdict on this request.
+        let generation = obj.metadata.generation;
+        let condition = obj.assigned_condition().filter(
+            |c| !matches!((c.observed_generation, generation), (Some(o), Some(g)) if o < g),
+        );
         let state = match condition {
             Some(c) if c.status == "True" && c.reason == REASON_CLOUD_RESPONSE_SUCCESS => {
                 CloudState::Attached
             }
             Some(c) if c.reason == REASON_CLOUD_RESPONSE_ERROR => {
-                CloudState::Failed(c.message.clone())
+                CloudState::Failed(c.message.clone(), c.last_transition_time.0.to_string())
             }
             _ => CloudState::Pending,
         };
@@ -124,6 +130,8 @@ pub struct Failure {
     pub ip: IpAddr,
     pub node: String,
     pub message: String,
+    /// The condition's lastTransitionTime.
+    pub since: String,
     pub resource_version: Option<String>,
 }
 
@@ -137,6 +145,8 @@ pub struct Plan {
     /// `(egress IP, ip, node)` waiting for the cloud.
     pub pending: Vec<(String, IpAddr, String)>,
     pub failures: Vec<Failure>,
+    /// Per IP whose object shows a refusal now: `(message, lastTransitionTime)`.
+    pub refused: BTreeMap<IpAddr, (String, String)>,
 }
 
 /// The plan for `assignments` (by EgressIP name) given the cloud's state.
@@ -163,17 +173,23 @@ pub fn plan(assignments: &BTreeMap<String, Assignment>, cloud: &BTreeMap<IpAddr,
                 p.pending.push((eip.clone(), *ip, node.clone()));
             } else if c.attached_to(node) {
                 p.confirmed.insert((*ip, node.clone()));
-            } else if let CloudState::Failed(message) = &c.state {
+            } else if let CloudState::Failed(message, since) = &c.state {
                 p.failures.push(Failure {
                     egress_ip: eip.clone(),
                     ip: *ip,
                     node: node.clone(),
                     message: message.clone(),
+                    since: since.clone(),
                     resource_version: c.resource_version.clone(),
                 });
             } else {
                 p.pending.push((eip.clone(), *ip, node.clone()));
             }
+        }
+    }
+    for (ip, c) in cloud {
+        if let CloudState::Failed(message, since) = &c.state {
+            p.refused.insert(*ip, (message.clone(), since.clone()));
         }
     }
     for ip in cloud.keys().filter(|ip| !wanted.contains(ip)) {
@@ -241,7 +257,7 @@ mod tests {
         assert!(!seen[&ip("10.0.0.5")].attached_to("w2"));
         assert_eq!(
             seen[&ip("10.0.0.6")].state,
-            CloudState::Failed("quota".into())
+            CloudState::Failed("quota".into(), "2024-01-01T00:00:00Z".into())
         );
         assert_eq!(seen[&ip("fd00::7")].state, CloudState::Pending);
         assert_eq!(seen[&ip("fd00::7")].requested.as_deref(), Some("w1"));
@@ -311,10 +327,29 @@ mod tests {
                 ip: ip("10.0.0.4"),
                 node: "w3".into(),
                 message: "no room".into(),
+                since: "2024-01-01T00:00:00Z".into(),
                 resource_version: Some("7".into()),
             }]
         );
         assert_eq!(p.pending.len(), 3);
+    }
+
+    #[test]
+    fn a_verdict_on_an_older_generation_is_pending() {
+        let mut old = cpic(
+            "10.0.0.6",
+            "w2",
+            Some(("", "False", "CloudResponseError", "quota")),
+        );
+        old.metadata.generation = Some(2);
+        let snap = Snapshot::builder().with(old.clone()).build();
+        assert_eq!(observe(&snap)[&ip("10.0.0.6")].state, CloudState::Pending);
+        old.metadata.generation = Some(1);
+        let snap = Snapshot::builder().with(old).build();
+        assert!(matches!(
+            observe(&snap)[&ip("10.0.0.6")].state,
+            CloudState::Failed(..)
+        ));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::FIELD_MANAGER;
 use super::assign::EgressIpInfo;
-use super::cloud::{Plan, Write};
+use super::cloud::{Failure, Plan, Write};
 use super::platform::PlatformChoice;
 use crate::api::cloud_private_ip_config::name_for_ip;
 use crate::api::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
@@ -79,6 +79,10 @@ pub struct CloudSync {
     /// Requests written and when, until confirmed: the cloud's latency.
     requested: BTreeMap<IpAddr, (String, Instant)>,
     write_failed: bool,
+    /// Per IP, the refusal `(message, lastTransitionTime)` a request was written over: until
+    /// the cloud controller answers the new request the object may still show it (without
+    /// `observedGeneration` to tell), and it is no refusal of the new node.
+    superseded: BTreeMap<IpAddr, (String, String)>,
     /// A new refusal: look again at once, so the IP moves without waiting for a snapshot.
     recheck: bool,
 }
@@ -91,6 +95,7 @@ impl CloudSync {
             refusals: BTreeMap::new(),
             requested: BTreeMap::new(),
             write_failed: false,
+            superseded: BTreeMap::new(),
             recheck: false,
         }
     }
@@ -135,7 +140,17 @@ impl CloudSync {
                 info!("egress IP {ip}: attached to node {node} by the cloud in {took:?}");
             }
         }
-        for f in &plan.failures {
+        let refused_now: BTreeSet<IpAddr> = plan.refused.keys().copied().collect();
+        self.superseded.retain(|ip, _| refused_now.contains(ip));
+        let stale =
+            |f: &Failure| self.superseded.get(&f.ip) == Some(&(f.message.clone(), f.since.clone()));
+        let failures: Vec<Failure> = plan
+            .failures
+            .iter()
+            .filter(|f| !stale(f))
+            .cloned()
+            .collect();
+        for f in &failures {
             let r = self.refusals.entry(f.ip).or_insert_with(|| Refusal {
                 node: f.node.clone(),
                 backoff: REFUSAL_BACKOFF,
@@ -174,6 +189,9 @@ impl CloudSync {
             match w {
                 Write::Create { ip, node } | Write::Move { ip, to: node, .. } => {
                     self.requested.insert(*ip, (node.clone(), now));
+                    if let Some(r) = plan.refused.get(ip) {
+                        self.superseded.insert(*ip, r.clone());
+                    }
                 }
                 Write::Delete { ip } => {
                     self.requested.remove(ip);
