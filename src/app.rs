@@ -150,6 +150,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                     source.snapshots.clone(),
                     config.node_name.clone(),
                     config.egress_ip_probe,
+                    egress_ip::cloud_sync::Settings {
+                        platform: config.platform,
+                        attach_seconds: admin.metrics.egress_ip_cloud_attach(),
+                    },
                 ));
                 elector = Some(e);
             }
@@ -162,9 +166,16 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     changes.mark_unchanged();
     proxy_health.queued(std::time::Instant::now());
     let queued = proxy_health.clone();
+    let dataplane_timer =
+        admin::egress_ip_dataplane::DataplaneTimer::new(&config.node_name, admin.metrics.clone());
+    let arrivals = dataplane_timer.clone();
     tokio::spawn(async move {
         while changes.changed().await.is_ok() {
-            queued.queued(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            queued.queued(now);
+            if let Some(snap) = changes.borrow().as_ref() {
+                arrivals.arrived(snap, now);
+            }
             if change_tx.send(Event::Changed).is_err() {
                 break;
             }
@@ -223,6 +234,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     }
     observers.push(Box::new(LogReport));
     observers.push(Box::new(DnsLearning(learning_tx)));
+    observers.push(Box::new(dataplane_timer));
     observers.push(Box::new(DriftRepairs { state: admin }));
     observers.push(Box::new(SyncHealth {
         health: proxy_health.clone(),

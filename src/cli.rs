@@ -338,4 +338,16 @@ pub struct Opts {
         value_name = "SECONDS"
     )]
     pub dns_min_ttl_seconds: Option<u32>,
+    /// Where egress IPs live: `auto` (from the Nodes' `spec.providerID`: `aws://`,
+    /// `azure://`, `gce://`, `openstack://`, anything else bare metal), `baremetal`, `aws`,
+    /// `azure`, `gcp` or `openstack`. On a cloud the EgressIP assigner asks the cloud
+    /// controller for each IP (CloudPrivateIPConfig) and places it only once attached.
+    /// Default: auto.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_PLATFORM",
+        value_name = "PLATFORM"
+    )]
+    pub platform: Option<String>,
 }

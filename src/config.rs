@@ -2,6 +2,7 @@
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
 use crate::cli::Opts;
+use crate::controller::egress_ip::platform::PlatformChoice;
 use crate::controller::egress_ip::probe;
 use crate::controller::lease::Timings;
 use crate::source::limits::Limits;
@@ -100,6 +101,8 @@ pub struct Config {
     pub egress_ip_probe: probe::Settings,
     /// The transparent DNS proxy of `dnsName` rules (`--dns-proxy-port`, `--dns-min-ttl-seconds`).
     pub dns_proxy: DnsProxySettings,
+    /// `--platform`: bare metal, a cloud, or detected from the Nodes.
+    pub platform: PlatformChoice,
 }
 
 /// `port`: `None` = no proxy (and no steering).
@@ -148,6 +151,7 @@ impl Config {
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
             dns_proxy: DnsProxySettings::default(),
+            platform: PlatformChoice::Auto,
         }
     }
 
@@ -251,6 +255,13 @@ impl Config {
             misses: probe_misses,
             ..probe::Settings::default()
         };
+        let platform = match opts.platform.clone().or(file.platform) {
+            Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
+                option: "--platform",
+                reason,
+            })?,
+            None => PlatformChoice::Auto,
+        };
         let leader_elect_namespace = opts
             .leader_elect_namespace
             .clone()
@@ -350,6 +361,7 @@ impl Config {
                     .unwrap_or(DEFAULT_DNS_MIN_TTL_SECS)
                     .max(1),
             },
+            platform,
         })
     }
 }
@@ -464,6 +476,7 @@ struct FileConfig {
     egress_ip_probe_misses: Option<u32>,
     dns_proxy_port: Option<u16>,
     dns_min_ttl_seconds: Option<u32>,
+    platform: Option<String>,
 }
 
 /// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.
@@ -837,6 +850,28 @@ mod tests {
             let e = Config::resolve(&o).unwrap_err().to_string();
             assert!(e.contains("--egress-ip-probe-interval"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn platform_defaults_to_auto_from_flag_or_file() {
+        use crate::controller::egress_ip::platform::Platform;
+        assert_eq!(
+            Config::resolve(&opts()).unwrap().platform,
+            PlatformChoice::Auto
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "platform: azure\n").unwrap();
+        let mut o = opts();
+        o.config = Some(path);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.platform, PlatformChoice::Fixed(Platform::Azure));
+        o.platform = Some("baremetal".into());
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(c.platform, PlatformChoice::Fixed(Platform::BareMetal));
+        o.platform = Some("ec2".into());
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(e.starts_with("--platform: \"ec2\" is not one of"), "{e}");
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct Metrics {
     leader: Family<RoleLabel, Gauge>,
     /// The EgressFirewall DNS proxy's own metrics (it updates them).
     pub dns_proxy: crate::dnsproxy::metrics::ProxyMetrics,
+    egress_ip_cloud_attach: Histogram,
+    egress_ip_dataplane: Histogram,
 }
 
 impl Default for Metrics {
@@ -105,6 +107,8 @@ impl Metrics {
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
             dns_proxy: Default::default(),
+            egress_ip_cloud_attach: crate::controller::egress_ip::cloud_sync::attach_histogram(),
+            egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             registry: Registry::default(),
             kubeproxy,
         };
@@ -171,10 +175,32 @@ impl Metrics {
              role this agent is a candidate for)",
             m.leader.clone(),
         );
+        registry.register(
+            "egress_ip_cloud_attach_seconds",
+            "EgressIP assigner on a cloud: from writing a CloudPrivateIPConfig (create or move) \
+             to seeing it Assigned=True on the requested node",
+            m.egress_ip_cloud_attach.clone(),
+        );
+        registry.register(
+            "egress_ip_dataplane_seconds",
+            "Hosting node: from a snapshot whose EgressIP status.items newly places an egress IP \
+             on this node to the end of the committed sync that programs it",
+            m.egress_ip_dataplane.clone(),
+        );
         Metrics {
             registry: root,
             ..m
         }
+    }
+
+    /// The histogram the EgressIP assigner records the cloud's latency in.
+    pub fn egress_ip_cloud_attach(&self) -> Histogram {
+        self.egress_ip_cloud_attach.clone()
+    }
+
+    /// One egress IP newly placed on this node, programmed `took` after its snapshot.
+    pub fn observe_egress_ip_dataplane(&self, took: Duration) {
+        self.egress_ip_dataplane.observe(took.as_secs_f64());
     }
 
     /// Whether this agent leads `role` now.

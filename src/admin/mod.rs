@@ -4,6 +4,7 @@
 //! ruleset the agent last applied, rendered as `--dry-run` prints it.
 
 mod drift;
+pub mod egress_ip_dataplane;
 pub mod kubeproxy;
 pub mod metrics;
 mod server;

@@ -46,6 +46,8 @@ pub struct EipCluster {
     ports: Vec<String>,
     /// Behind a lock so that a test can restart agents while another thread samples.
     agents: std::sync::Mutex<Vec<Option<AgentProcess>>>,
+    /// Nodes are AWS instances ([`EipCluster::make_cloud`]).
+    cloud: std::sync::atomic::AtomicBool,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
     // Last: the agents and the API server must stop before the namespaces go.
@@ -113,6 +115,7 @@ impl EipCluster {
             seg,
             ports,
             agents: std::sync::Mutex::new((0..n).map(|_| None).collect()),
+            cloud: std::sync::atomic::AtomicBool::new(false),
             kubeconfig,
             _dir: dir,
             _lab: lab,
@@ -151,7 +154,29 @@ impl EipCluster {
         if let Some(old) = self.api.object("Node", "", &node_name(i)) {
             obj["metadata"]["annotations"] = old["metadata"]["annotations"].clone();
         }
+        if self.cloud.load(std::sync::atomic::Ordering::Relaxed) {
+            // What AWS and its cloud controller put on a Node: the instance, and the NIC's
+            // subnet and room for egress IPs.
+            obj["spec"]["providerID"] = json!(format!("aws:///us-east-1a/i-{}", node_name(i)));
+            let config = json!([{"interface": format!("eni-{}", node_name(i)),
+                "ifaddr": {"ipv4": "192.168.50.0/24"}, "capacity": {"ipv4": 4}}]);
+            if !obj["metadata"]["annotations"].is_object() {
+                obj["metadata"]["annotations"] = json!({});
+            }
+            obj["metadata"]["annotations"]["cloud.network.openshift.io/egress-ipconfig"] =
+                json!(config.to_string());
+        }
         self.api.put(obj);
+    }
+
+    /// Makes every node an AWS instance (`spec.providerID` and the
+    /// `cloud.network.openshift.io/egress-ipconfig` annotation): the assigner then goes
+    /// through CloudPrivateIPConfigs (answer them with `testing::cloud_controller`).
+    pub fn make_cloud(&self, assignable: &[usize]) {
+        self.cloud.store(true, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..self.nodes.len() {
+            self.put_node(i, assignable.contains(&i));
+        }
     }
 
     /// The EgressIP `backend` (EIP, namespace `team: backend`, pods `app: api`), without

@@ -14,9 +14,12 @@
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
 //! - `eip_cluster`: a multi-node EgressIP cluster in netns, in Kubernetes mode against `fakeapi`.
 //! - `fakeapi`: an in-process Kubernetes API server (lists, watches, status writes, Leases).
+//! - `cloud_controller`: a cloud-controller stand-in answering CloudPrivateIPConfigs over
+//!   `fakeapi`, with an injectable delay and injectable `CloudResponseError`s.
 
 pub mod args;
 pub mod bombs;
+pub mod cloud_controller;
 pub mod eip_cluster;
 pub mod fakeapi;
 pub mod lab;

@@ -185,6 +185,14 @@ fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
     assert!(grants("", "nodes", "patch"));
     assert!(grants("k8s.ovn.org", "egressips/status", "patch"));
     assert!(grants("k8s.ovn.org", "egressips", "patch"));
+    // The cloud flow: one CloudPrivateIPConfig per egress IP, created, moved, deleted.
+    for verb in ["create", "patch", "delete"] {
+        let cpic = "cloudprivateipconfigs";
+        assert!(
+            grants("cloud.network.openshift.io", cpic, verb),
+            "{verb} {cpic}"
+        );
+    }
     // Least privilege: reads, those patches and events, nothing else.
     for rule in role.rules.iter().flatten() {
         for resource in rule.resources.iter().flatten() {
@@ -197,6 +205,10 @@ fn rbac_binds_the_service_account_to_what_the_agent_reads_and_writes() {
                         ["get", "list", "watch", "patch"].contains(&verb.as_str())
                     }
                     "events" => verb == "create" || verb == "patch",
+                    "cloudprivateipconfigs" => {
+                        ["get", "list", "watch", "create", "patch", "delete"]
+                            .contains(&verb.as_str())
+                    }
                     _ => ["get", "list", "watch"].contains(&verb.as_str()),
                 };
                 assert!(allowed, "{verb} {resource} is more than the agent needs");

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use nodeplane::testing::fakeapi::{FakeApi, Recorded};
 
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 const LABEL: &str = "k8s.ovn.org/egress-assignable";
 
 fn node(name: &str, ip: &str, assignable: bool, ready: bool) -> Value {
@@ -40,14 +40,14 @@ fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
 
 /// The fake API server, and the assigner task with its Kubernetes source on a runtime of
 /// their own.
-struct Assigner {
-    api: FakeApi,
-    leading: watch::Sender<bool>,
+pub(crate) struct Assigner {
+    pub(crate) api: FakeApi,
+    pub(crate) leading: watch::Sender<bool>,
     _rt: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
 }
 
-fn start(api: FakeApi, leading: bool) -> Assigner {
+pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -73,6 +73,8 @@ fn start(api: FakeApi, leading: bool) -> Assigner {
                 misses: 0,
                 ..Default::default()
             },
+            // Bare metal: the fake nodes have no providerID.
+            egress_ip::cloud_sync::Settings::default(),
         ));
     });
     Assigner {
@@ -83,12 +85,12 @@ fn start(api: FakeApi, leading: bool) -> Assigner {
     }
 }
 
-fn fake_api() -> FakeApi {
+pub(crate) fn fake_api() -> FakeApi {
     FakeApi::start(TcpListener::bind("127.0.0.1:0").expect("bind fake API server"))
 }
 
 /// `status.items` of an EgressIP as `(ip, node)` pairs.
-fn items(api: &FakeApi, name: &str) -> Option<Vec<(String, String)>> {
+pub(crate) fn items(api: &FakeApi, name: &str) -> Option<Vec<(String, String)>> {
     let obj = api.object("EgressIP", "", name)?;
     let items = obj["status"]["items"].as_array()?.clone();
     Some(
@@ -105,7 +107,7 @@ fn items(api: &FakeApi, name: &str) -> Option<Vec<(String, String)>> {
 }
 
 #[track_caller]
-fn wait_items(api: &FakeApi, name: &str, want: &[(&str, &str)]) {
+pub(crate) fn wait_items(api: &FakeApi, name: &str, want: &[(&str, &str)]) {
     let want: Vec<(String, String)> = want
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -125,7 +127,7 @@ fn patches(api: &FakeApi, name: &str) -> Vec<Recorded> {
         .collect()
 }
 
-fn events(api: &FakeApi, name: &str, reason: &str) -> Vec<Value> {
+pub(crate) fn events(api: &FakeApi, name: &str, reason: &str) -> Vec<Value> {
     api.writes()
         .into_iter()
         .filter(|w| w.method == "POST" && w.path.ends_with("/events"))

@@ -14,6 +14,12 @@
 //!    name that sorts first), never to a node already hosting another IP of the same
 //!    EgressIP.
 //!
+//! On a cloud ([`NodeInfo::cloud`] set) a node also needs room and a subnet in the cloud: an
+//! IP stays or goes on it only while its NIC's `egress-ipconfig` subnets contain the IP and
+//! its capacity (per family and shared) is not used up, so a node never hosts more than its
+//! capacity. A node whose annotation is missing or malformed gets no new IP (it keeps the
+//! ones it has, as with unknown subnets).
+//!
 //! A candidate is a node labelled `k8s.ovn.org/egress-assignable` (any value), Ready, not
 //! being deleted, and healthy ([`NodeInfo::healthy`]: the verdict of the leader's ICMP probes,
 //! `super::probe`). A candidate *fits* an IP when one of its `k8s.ovn.org/host-cidrs` networks
@@ -26,6 +32,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+
+use super::egress_ipconfig::{self, CloudNic};
 
 /// One node as the assigner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +55,9 @@ pub struct NodeInfo {
     /// The annotation is present and valid. Without it the node gets no new IP but keeps
     /// the ones it has.
     pub subnets_known: bool,
+    /// On a cloud: the node's NIC from `cloud.network.openshift.io/egress-ipconfig`, or why
+    /// it cannot be read. `None` on bare metal (no cloud limits).
+    pub cloud: Option<Result<CloudNic, String>>,
 }
 
 /// Why a node is not a candidate (first failing check).
@@ -105,8 +116,12 @@ pub struct EgressIpInfo {
     pub created: Option<i128>,
     /// `spec.egressIPs`, parsed, in spec order, without duplicates.
     pub ips: Vec<IpAddr>,
-    /// The current `status.items` (IP -> node).
+    /// The current `status.items` (IP -> node); on a cloud, where each IP's
+    /// CloudPrivateIPConfig asks for it.
     pub current: BTreeMap<IpAddr, String>,
+    /// Nodes the cloud recently failed to attach an IP to: not chosen for it (a current
+    /// assignment there does not stay).
+    pub avoid: BTreeMap<IpAddr, BTreeSet<String>>,
 }
 
 /// Why an IP is not assigned.
@@ -118,6 +133,8 @@ pub enum Reason {
     NoFittingSubnet,
     /// Every fitting candidate already hosts another IP of this EgressIP.
     NoFreeNode { fitting: usize },
+    /// Candidates fit by host subnet, none has room for it in the cloud: why, per node.
+    NoCloudRoom { nodes: Vec<String> },
     /// The IP is a node's own address.
     NodeAddress { node: String },
     /// An older EgressIP asks for the same IP.
@@ -131,6 +148,7 @@ impl Reason {
             Reason::NoCandidate => "NoCandidate",
             Reason::NoFittingSubnet => "NoFittingSubnet",
             Reason::NoFreeNode { .. } => "NoFreeNode",
+            Reason::NoCloudRoom { .. } => "NoCloudRoom",
             Reason::NodeAddress { .. } => "NodeAddress",
             Reason::Conflict { .. } => "Conflict",
         }
@@ -151,6 +169,11 @@ impl fmt::Display for Reason {
             Reason::NoFreeNode { fitting } => write!(
                 f,
                 "each of the {fitting} candidate node(s) whose subnet contains it already hosts another IP of this EgressIP"
+            ),
+            Reason::NoCloudRoom { nodes } => write!(
+                f,
+                "no candidate node can host it in the cloud: {}",
+                nodes.join("; ")
             ),
             Reason::NodeAddress { node } => write!(f, "it is an address of node {node}"),
             Reason::Conflict { with } => {
@@ -219,7 +242,7 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
 
     // Pass 1: refusals and the assignments that stay.
     let mut owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    let mut count: BTreeMap<String, Load> = BTreeMap::new();
     // Per EgressIP (in `order`): per spec index, the node or the problem; None = to place.
     let mut slots: Vec<Vec<Option<Result<String, Reason>>>> = Vec::with_capacity(order.len());
     for e in &order {
@@ -239,14 +262,17 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
                 continue;
             }
             owner.insert(*ip, e.name.as_str());
-            let stays =
-                e.current.get(ip).and_then(|n| candidate(n)).filter(|n| {
-                    (n.fits(*ip) || !n.subnets_known) && !used.contains(n.name.as_str())
-                });
+            let avoided = |n: &NodeInfo| e.avoid.get(ip).is_some_and(|a| a.contains(&n.name));
+            let stays = e.current.get(ip).and_then(|n| candidate(n)).filter(|n| {
+                (n.fits(*ip) || !n.subnets_known)
+                    && !avoided(n)
+                    && !used.contains(n.name.as_str())
+                    && cloud_refusal(n, *ip, &count).is_none_or(|r| r.keeps())
+            });
             match stays {
                 Some(n) => {
                     used.insert(n.name.as_str());
-                    *count.entry(n.name.clone()).or_default() += 1;
+                    count.entry(n.name.clone()).or_default().add(*ip);
                     row.push(Some(Ok(n.name.clone())));
                 }
                 None => row.push(None),
@@ -270,10 +296,11 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
             let result = match slot {
                 Some(r) => r,
                 None => {
-                    let placed = place(*ip, &candidates, &used, &count);
+                    let avoid = e.avoid.get(ip).cloned().unwrap_or_default();
+                    let placed = place(*ip, &candidates, &used, &avoid, &count);
                     if let Ok(node) = &placed {
                         used.insert(node.clone());
-                        *count.entry(node.clone()).or_default() += 1;
+                        count.entry(node.clone()).or_default().add(*ip);
                     }
                     placed
                 }
@@ -292,13 +319,95 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
     out
 }
 
+/// IPs a node hosts so far, per family.
+#[derive(Debug, Clone, Copy, Default)]
+struct Load {
+    v4: usize,
+    v6: usize,
+}
+
+impl Load {
+    fn add(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(_) => self.v4 += 1,
+            IpAddr::V6(_) => self.v6 += 1,
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.v4 + self.v6
+    }
+}
+
+/// Why the cloud will not take `ip` on a node.
+enum CloudRefusal {
+    /// The egress-ipconfig annotation is missing or malformed.
+    Unknown(String),
+    OutsideSubnets(Vec<IpNet>),
+    Full(egress_ipconfig::Capacity),
+}
+
+impl CloudRefusal {
+    /// A node whose cloud limits are unknown keeps what it has.
+    fn keeps(&self) -> bool {
+        matches!(self, CloudRefusal::Unknown(_))
+    }
+
+    fn describe(&self, node: &str) -> String {
+        match self {
+            CloudRefusal::Unknown(why) => format!("node {node}: {why}"),
+            CloudRefusal::OutsideSubnets(nets) => {
+                let nets: Vec<String> = nets.iter().map(IpNet::to_string).collect();
+                format!(
+                    "node {node}: not in its cloud subnets ({})",
+                    nets.join(", ")
+                )
+            }
+            CloudRefusal::Full(c) => {
+                let limit = |name: &str, v: Option<u32>| v.map(|v| format!("{name} {v}"));
+                let limits: Vec<String> = [
+                    limit("ipv4", c.ipv4),
+                    limit("ipv6", c.ipv6),
+                    limit("ip", c.ip),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                format!("node {node}: at capacity ({})", limits.join(", "))
+            }
+        }
+    }
+}
+
+/// `None` when the node has no cloud limits or room for `ip` in the cloud.
+fn cloud_refusal(n: &NodeInfo, ip: IpAddr, count: &BTreeMap<String, Load>) -> Option<CloudRefusal> {
+    let nic = match n.cloud.as_ref()? {
+        Ok(nic) => nic,
+        Err(why) => {
+            return Some(CloudRefusal::Unknown(format!(
+                "annotation {}: {why}",
+                egress_ipconfig::ANNOTATION
+            )));
+        }
+    };
+    let load = count.get(&n.name).copied().unwrap_or_default();
+    if !nic.fits(ip) {
+        Some(CloudRefusal::OutsideSubnets(nic.subnets.clone()))
+    } else if !nic.capacity.has_room(load.v4, load.v6, ip) {
+        Some(CloudRefusal::Full(nic.capacity))
+    } else {
+        None
+    }
+}
+
 /// The fitting candidate with the fewest IPs (ties by name) not already hosting an IP of the
-/// same EgressIP.
+/// same EgressIP, with room in the cloud and not in `avoid`.
 fn place(
     ip: IpAddr,
     candidates: &[&NodeInfo],
     used: &BTreeSet<String>,
-    count: &BTreeMap<String, usize>,
+    avoid: &BTreeSet<String>,
+    count: &BTreeMap<String, Load>,
 ) -> Result<String, Reason> {
     if candidates.is_empty() {
         return Err(Reason::NoCandidate);
@@ -307,10 +416,31 @@ fn place(
     if fitting.is_empty() {
         return Err(Reason::NoFittingSubnet);
     }
+    let mut refusals = Vec::new();
+    let fitting: Vec<&&NodeInfo> = fitting
+        .into_iter()
+        .filter(|c| match cloud_refusal(c, ip, count) {
+            None if avoid.contains(&c.name) => {
+                refusals.push(format!(
+                    "node {}: the cloud failed to attach it there, retrying later",
+                    c.name
+                ));
+                false
+            }
+            None => true,
+            Some(r) => {
+                refusals.push(r.describe(&c.name));
+                false
+            }
+        })
+        .collect();
+    if fitting.is_empty() {
+        return Err(Reason::NoCloudRoom { nodes: refusals });
+    }
     fitting
         .iter()
         .filter(|c| !used.contains(&c.name))
-        .min_by_key(|c| (count.get(&c.name).copied().unwrap_or(0), &c.name))
+        .min_by_key(|c| (count.get(&c.name).map_or(0, Load::total), &c.name))
         .map(|c| c.name.clone())
         .ok_or(Reason::NoFreeNode {
             fitting: fitting.len(),
@@ -318,329 +448,4 @@ fn place(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn node(name: &str, addr: &str, cidrs: &[&str]) -> NodeInfo {
-        NodeInfo {
-            name: name.into(),
-            assignable: true,
-            ready: true,
-            deleting: false,
-            healthy: true,
-            addresses: vec![ip(addr)],
-            host_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
-            subnets_known: true,
-        }
-    }
-
-    /// `created` 0: no creationTimestamp.
-    fn eip(name: &str, created: i128, ips: &[&str], current: &[(&str, &str)]) -> EgressIpInfo {
-        EgressIpInfo {
-            name: name.into(),
-            created: (created != 0).then_some(created),
-            ips: ips.iter().map(|i| ip(i)).collect(),
-            current: current
-                .iter()
-                .map(|(i, n)| (ip(i), n.to_string()))
-                .collect(),
-        }
-    }
-
-    fn items(a: &Assignment) -> Vec<(String, String)> {
-        a.items
-            .iter()
-            .map(|(i, n)| (i.to_string(), n.clone()))
-            .collect()
-    }
-
-    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
-        p.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    fn three() -> Vec<NodeInfo> {
-        vec![
-            node("w1", "192.168.1.11", &["192.168.1.11/24", "fd00::11/64"]),
-            node("w2", "192.168.1.12", &["192.168.1.12/24", "fd00::12/64"]),
-            node("w3", "192.168.2.13", &["192.168.2.13/24"]),
-        ]
-    }
-
-    #[test]
-    fn spreads_by_count_and_never_puts_two_ips_of_one_egress_ip_on_one_node() {
-        let eips = [
-            eip("a", 1, &["192.168.1.100", "192.168.1.101"], &[]),
-            eip("b", 2, &["192.168.1.102", "fd00::100"], &[]),
-        ];
-        let out = assign(&eips, &three());
-        assert_eq!(
-            items(&out["a"]),
-            pairs(&[("192.168.1.100", "w1"), ("192.168.1.101", "w2")])
-        );
-        // w1 and w2 have one each: ties by name.
-        assert_eq!(
-            items(&out["b"]),
-            pairs(&[("192.168.1.102", "w1"), ("fd00::100", "w2")])
-        );
-        assert!(out["a"].problems.is_empty() && out["b"].problems.is_empty());
-
-        // A third IP in the 192.168.1.0/24 subnet: only two nodes fit.
-        let eips = [eip(
-            "a",
-            0,
-            &["192.168.1.100", "192.168.1.101", "192.168.1.102"],
-            &[],
-        )];
-        let out = assign(&eips, &three());
-        assert_eq!(out["a"].items.len(), 2);
-        assert_eq!(
-            out["a"].problems[0].to_string(),
-            "spec.egressIPs[2]: 192.168.1.102 is not assigned: each of the 2 candidate node(s) \
-             whose subnet contains it already hosts another IP of this EgressIP"
-        );
-    }
-
-    #[test]
-    fn refusals_name_their_reason() {
-        let eips = [
-            eip("old", 1, &["192.168.1.50"], &[]),
-            // Created later, asks for the same IP, and currently has it in status.
-            eip(
-                "young",
-                3,
-                &[
-                    "192.168.1.50",
-                    "192.168.1.12",
-                    "10.9.9.9",
-                    "192.168.1.0",
-                    "192.168.1.255",
-                ],
-                &[("192.168.1.50", "w2")],
-            ),
-        ];
-        let out = assign(&eips, &three());
-        assert_eq!(items(&out["old"]), pairs(&[("192.168.1.50", "w1")]));
-        let young: Vec<String> = out["young"]
-            .problems
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
-        assert_eq!(
-            young,
-            [
-                "spec.egressIPs[0]: 192.168.1.50 is not assigned: EgressIP old, created earlier, asks for the same IP",
-                "spec.egressIPs[1]: 192.168.1.12 is not assigned: it is an address of node w2",
-                "spec.egressIPs[2]: 10.9.9.9 is not assigned: no candidate node has a subnet containing it (k8s.ovn.org/host-cidrs)",
-                "spec.egressIPs[3]: 192.168.1.0 is not assigned: no candidate node has a subnet containing it (k8s.ovn.org/host-cidrs)",
-                "spec.egressIPs[4]: 192.168.1.255 is not assigned: no candidate node has a subnet containing it (k8s.ovn.org/host-cidrs)",
-            ]
-        );
-        assert!(out["young"].items.is_empty());
-        // No creation time sorts last; then by name.
-        let eips = [
-            eip("a", 0, &["192.168.1.50"], &[]),
-            eip("z", 1, &["192.168.1.50"], &[]),
-        ];
-        let out = assign(&eips, &three());
-        assert_eq!(out["z"].items.len(), 1);
-        assert_eq!(out["a"].problems[0].reason.code(), "Conflict");
-        // No candidate at all.
-        let mut nodes = three();
-        nodes.iter_mut().for_each(|n| n.assignable = false);
-        let out = assign(&[eip("a", 0, &["192.168.1.50"], &[])], &nodes);
-        assert_eq!(out["a"].problems[0].reason, Reason::NoCandidate);
-    }
-
-    #[test]
-    fn sticky_while_the_node_stays_a_candidate_and_moves_when_it_does_not() {
-        let current = [("192.168.1.100", "w2")];
-        let eips = [eip("a", 0, &["192.168.1.100"], &current)];
-        // w1 has fewer IPs, but the IP stays on w2.
-        let out = assign(&eips, &three());
-        assert_eq!(items(&out["a"]), pairs(&[("192.168.1.100", "w2")]));
-        // A node joining moves nothing.
-        let mut nodes = three();
-        nodes.push(node("w0", "192.168.1.10", &["192.168.1.10/24"]));
-        assert_eq!(
-            items(&assign(&eips, &nodes)["a"]),
-            pairs(&[("192.168.1.100", "w2")])
-        );
-        // w2 stops being a candidate, for each reason: the IP moves to w1.
-        for edit in [
-            (|n: &mut NodeInfo| n.ready = false) as fn(&mut NodeInfo),
-            |n| n.assignable = false,
-            |n| n.deleting = true,
-            |n| n.healthy = false,
-            |n| n.host_cidrs = vec!["192.168.9.0/24".parse().unwrap()],
-        ] {
-            let mut nodes = three();
-            edit(&mut nodes[1]);
-            let out = assign(&eips, &nodes);
-            assert_eq!(items(&out["a"]), pairs(&[("192.168.1.100", "w1")]));
-        }
-        // Subnets not published (yet): the IP stays, but nothing new goes there.
-        let mut nodes = three();
-        nodes[1].host_cidrs.clear();
-        nodes[1].subnets_known = false;
-        assert_eq!(
-            items(&assign(&eips, &nodes)["a"]),
-            pairs(&[("192.168.1.100", "w2")])
-        );
-        let fresh = [eip("b", 0, &["192.168.1.101", "192.168.1.102"], &[])];
-        let out = assign(&fresh, &nodes);
-        assert_eq!(items(&out["b"]), pairs(&[("192.168.1.101", "w1")]));
-        assert_eq!(
-            out["b"].problems[0].reason,
-            Reason::NoFreeNode { fitting: 1 }
-        );
-        // A status naming two IPs of one EgressIP on one node keeps the first only.
-        let eips = [eip(
-            "a",
-            0,
-            &["192.168.1.100", "192.168.1.101"],
-            &[("192.168.1.100", "w2"), ("192.168.1.101", "w2")],
-        )];
-        let out = assign(&eips, &three());
-        assert_eq!(
-            items(&out["a"]),
-            pairs(&[("192.168.1.100", "w2"), ("192.168.1.101", "w1")])
-        );
-    }
-
-    #[test]
-    fn candidacy_reports_the_first_failing_check() {
-        let mut n = node("w1", "192.168.1.11", &[]);
-        assert_eq!(n.candidacy(), Ok(()));
-        n.healthy = false;
-        assert_eq!(n.candidacy(), Err(NotCandidate::Unhealthy));
-        n.ready = false;
-        assert_eq!(n.candidacy(), Err(NotCandidate::NotReady));
-        n.deleting = true;
-        assert_eq!(n.candidacy(), Err(NotCandidate::Deleting));
-        n.assignable = false;
-        assert_eq!(n.candidacy(), Err(NotCandidate::NotAssignable));
-        let net: IpNet = "10.0.0.0/31".parse().unwrap();
-        assert!(subnet_fits(&net, ip("10.0.0.0")) && subnet_fits(&net, ip("10.0.0.1")));
-        let net: IpNet = "fd00::/64".parse().unwrap();
-        assert!(!subnet_fits(&net, ip("fd00::")) && subnet_fits(&net, ip("fd00::ffff")));
-    }
-
-    prop_compose! {
-        fn arb_node()(
-            i in 0u8..6,
-            flags in proptest::collection::vec(any::<bool>(), 4),
-            subnets in proptest::collection::btree_set(0u8..3, 0..3),
-        ) -> NodeInfo {
-            NodeInfo {
-                name: format!("n{i}"),
-                assignable: flags[0] || flags[1],
-                ready: flags[1] || flags[2],
-                deleting: false,
-                healthy: true,
-                addresses: vec![IpAddr::from([10, 0, 9, i])],
-                host_cidrs: subnets
-                    .iter()
-                    .map(|s| IpNet::new(IpAddr::from([10, 0, *s, 10 + i]), 24).unwrap())
-                    .collect(),
-                subnets_known: flags[3] || !subnets.is_empty(),
-            }
-        }
-    }
-
-    prop_compose! {
-        fn arb_eip()(
-            name in 0u8..5,
-            created in proptest::option::of(0u8..3),
-            ips in proptest::collection::btree_set((0u8..4, 0u8..6), 1..4),
-            current in proptest::collection::vec((0u8..4, 0u8..6, 0u8..6), 0..4),
-        ) -> EgressIpInfo {
-            let addr = |(s, h): (u8, u8)| if s == 3 {
-                IpAddr::from([10, 0, 9, h]) // some are node addresses
-            } else {
-                IpAddr::from([10, 0, s, 100 + h])
-            };
-            let ips: Vec<IpAddr> = ips.into_iter().map(addr).collect();
-            let current = current
-                .into_iter()
-                .map(|(s, h, n)| (addr((s, h)), format!("n{n}")))
-                .filter(|(ip, _)| ips.contains(ip))
-                .collect();
-            EgressIpInfo {
-                name: format!("e{name}"),
-                created: created.map(i128::from),
-                ips,
-                current,
-            }
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn invariants(
-            nodes in proptest::collection::vec(arb_node(), 0..6),
-            eips in proptest::collection::vec(arb_eip(), 0..5),
-        ) {
-            let mut eips = eips;
-            eips.sort_by(|a, b| a.name.cmp(&b.name));
-            eips.dedup_by(|a, b| a.name == b.name);
-            let mut nodes = nodes;
-            nodes.sort_by(|a, b| a.name.cmp(&b.name));
-            nodes.dedup_by(|a, b| a.name == b.name);
-            let out = assign(&eips, &nodes);
-            // Deterministic, also whatever the input order.
-            let mut rev_e = eips.clone();
-            rev_e.reverse();
-            let mut rev_n = nodes.clone();
-            rev_n.reverse();
-            prop_assert_eq!(&out, &assign(&rev_e, &rev_n));
-            let node_addrs: BTreeSet<IpAddr> = nodes
-                .iter()
-                .flat_map(|n| n.addresses.iter().copied().chain(n.host_cidrs.iter().map(IpNet::addr)))
-                .collect();
-            let mut hosted: BTreeSet<IpAddr> = BTreeSet::new();
-            for e in &eips {
-                let a = &out[&e.name];
-                // Every IP is either assigned or has a problem, exactly once.
-                prop_assert_eq!(a.items.len() + a.problems.len(), e.ips.len());
-                let mut on: BTreeSet<&str> = BTreeSet::new();
-                for (ip, node) in &a.items {
-                    // No two IPs of one EgressIP on one node.
-                    prop_assert!(on.insert(node.as_str()), "{} twice on {}", e.name, node);
-                    let n = nodes.iter().find(|n| &n.name == node).unwrap();
-                    prop_assert!(n.candidacy().is_ok());
-                    // Inside the node's host-cidrs (or kept on a node whose are unknown).
-                    prop_assert!(
-                        n.fits(*ip) || (!n.subnets_known && e.current.get(ip) == Some(node))
-                    );
-                    // Never a node's address; never two EgressIPs on one IP.
-                    prop_assert!(!node_addrs.contains(ip));
-                    prop_assert!(hosted.insert(*ip));
-                }
-                // Sticky: a current assignment to a fitting candidate, not refused, stays
-                // unless it is the second IP of this EgressIP on that node.
-                for (ip, node) in &e.current {
-                    let kept = nodes.iter().any(|n| {
-                        &n.name == node
-                            && n.candidacy().is_ok()
-                            && (n.fits(*ip) || !n.subnets_known)
-                    });
-                    let refused = a.problems.iter().any(|p| p.ip == *ip);
-                    let first_on_node = e.ips.iter().take_while(|i| *i != ip).all(|i| {
-                        e.current.get(i) != Some(node)
-                            || a.items.iter().all(|(x, n)| x != i || n != node)
-                    });
-                    if kept && !refused && first_on_node {
-                        prop_assert!(a.items.contains(&(*ip, node.clone())), "{} left {}", ip, node);
-                    }
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -18,26 +18,33 @@
 //! with `/status`.
 
 pub mod assign;
+pub mod cloud;
+pub mod cloud_sync;
+pub mod egress_ipconfig;
 pub mod fence;
 pub mod host_cidrs;
+pub mod platform;
 pub mod probe;
+mod term;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::info;
 
-use crate::api::EgressIP;
 use crate::api::egress_ip::EGRESS_ASSIGNABLE_LABEL;
+use crate::api::{CloudPrivateIPConfig, EgressIP};
 use crate::snapshot::{self, Snapshot};
-use assign::{Assignment, EgressIpInfo, NodeInfo, Problem};
+use assign::{Assignment, EgressIpInfo, NodeInfo};
+use cloud_sync::CloudSync;
+use platform::Platform;
+use term::Term;
 
 /// The field manager of the assigner role, whichever agent leads.
 pub const FIELD_MANAGER: &str = "nodeplane-egress-ip-assigner";
@@ -46,14 +53,17 @@ pub const NOT_ASSIGNED: &str = "EgressIPNotAssigned";
 /// Normal Event reason for an IP moved to another node.
 pub const MOVED: &str = "EgressIPMoved";
 const RETRY: Duration = Duration::from_secs(2);
+
 const EVENT_NOTE_MAX: usize = 1024;
 
 /// The assigner's view of the nodes and EgressIPs of a snapshot. `healthy` is the probes'
-/// verdict per node name. EgressIPs that do not validate are left out (their status is left
-/// alone; the node agents report why they are invalid).
+/// verdict per node name; on a cloud `platform`, each node's NIC limits come from its
+/// `egress-ipconfig` annotation. EgressIPs that do not validate are left out (their status
+/// is left alone; the node agents report why they are invalid).
 pub fn inputs(
     snap: &Snapshot,
     healthy: impl Fn(&str) -> bool,
+    platform: Platform,
 ) -> (Vec<EgressIpInfo>, Vec<NodeInfo>) {
     let nodes = snap
         .nodes()
@@ -79,6 +89,14 @@ pub fn inputs(
                 addresses: snapshot::node_ips(node),
                 subnets_known: host_cidrs.is_some(),
                 host_cidrs: host_cidrs.unwrap_or_default(),
+                cloud: platform.is_cloud().then(|| {
+                    node.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(egress_ipconfig::ANNOTATION))
+                        .ok_or_else(|| "is missing".to_string())
+                        .and_then(|v| egress_ipconfig::parse(v))
+                }),
             }
         })
         .collect();
@@ -96,6 +114,7 @@ pub fn inputs(
                 name: v.name,
                 ips: v.ips,
                 current: v.assignments,
+                avoid: BTreeMap::new(),
             })
         })
         .collect();
@@ -141,11 +160,28 @@ pub struct Decision {
 
 /// The assignment of every valid EgressIP of the snapshot and whether its status must change.
 pub fn decide(snap: &Snapshot, healthy: impl Fn(&str) -> bool) -> Vec<Decision> {
-    let (eips, nodes) = inputs(snap, healthy);
-    let mut out = assign::assign(&eips, &nodes);
+    let (eips, nodes) = inputs(snap, healthy, Platform::BareMetal);
+    let out = assign::assign(&eips, &nodes);
+    decisions(snap, &eips, out, None)
+}
+
+/// [`Decision`]s from the assignment `out` of `eips`. On a cloud, `confirmed` (the
+/// `(ip, node)` pairs the cloud has attached, `cloud::Plan::confirmed`) limits what
+/// `status.items` says: an IP is written only once attached where it is assigned.
+pub fn decisions(
+    snap: &Snapshot,
+    eips: &[EgressIpInfo],
+    mut out: BTreeMap<String, Assignment>,
+    confirmed: Option<&BTreeSet<(IpAddr, String)>>,
+) -> Vec<Decision> {
     eips.iter()
         .filter_map(|e| {
-            let assignment = out.remove(&e.name)?;
+            let mut assignment = out.remove(&e.name)?;
+            if let Some(confirmed) = confirmed {
+                assignment
+                    .items
+                    .retain(|(ip, n)| confirmed.contains(&(*ip, n.clone())));
+            }
             let obj = snap.egress_ips().get(&e.name)?;
             let want: BTreeSet<(String, String)> = assignment
                 .items
@@ -214,6 +250,7 @@ pub async fn run(
     mut snapshots: watch::Receiver<Option<Snapshot>>,
     instance: String,
     probes: probe::Settings,
+    cloud: cloud_sync::Settings,
 ) {
     let recorder = Recorder::new(
         client.clone(),
@@ -222,6 +259,7 @@ pub async fn run(
             instance: Some(instance),
         },
     );
+    let cloud_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let api: Api<EgressIP> = Api::all(client);
     loop {
         if !*leading.borrow_and_update() {
@@ -231,7 +269,8 @@ pub async fn run(
             continue;
         }
         info!("EgressIP assigner: leading");
-        let mut term = Term::new(&api, &recorder);
+        let cloud_sync = CloudSync::new(cloud_api.clone(), &cloud);
+        let mut term = Term::new(&api, &recorder, cloud_sync, &cloud);
         // The probes of this term: every node alive until they say otherwise.
         let (targets_tx, targets_rx) = watch::channel(probe::Targets::new());
         let (verdicts_tx, mut verdicts) = watch::channel(probe::Verdicts::new());
@@ -251,6 +290,7 @@ pub async fn run(
                 let v = verdicts.borrow_and_update().clone();
                 term.sync(&snap, &leading, &v).await;
             }
+            let wake = term.wake_in();
             tokio::select! {
                 changed = leading.changed() => {
                     if changed.is_err() {
@@ -264,7 +304,7 @@ pub async fn run(
                 changed = snapshots.changed() => if changed.is_err() { return },
                 // The prober ends only with its targets: a closed channel cannot happen here.
                 Ok(()) = verdicts.changed() => {}
-                _ = tokio::time::sleep(RETRY), if term.retrying() => {}
+                _ = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => {}
             }
         }
     }
@@ -276,202 +316,6 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Items written and the object's resourceVersion they were decided on.
-type Sent = (Vec<(IpAddr, String)>, Option<String>);
-
-/// One leadership term's memory.
-struct Term<'a> {
-    api: &'a Api<EgressIP>,
-    recorder: &'a Recorder,
-    path: StatusPath,
-    /// Items written per EgressIP and the resourceVersion the decision was made on: not
-    /// written again until the snapshot shows a newer version of the object.
-    sent: BTreeMap<String, Sent>,
-    /// Writes that failed, to retry.
-    failed: BTreeSet<String>,
-    /// The last reason reported per (EgressIP, IP): one Event per new reason.
-    reported: BTreeMap<(String, IpAddr), String>,
-}
-
-impl<'a> Term<'a> {
-    fn new(api: &'a Api<EgressIP>, recorder: &'a Recorder) -> Term<'a> {
-        Term {
-            api,
-            recorder,
-            path: StatusPath::Subresource,
-            sent: BTreeMap::new(),
-            failed: BTreeSet::new(),
-            reported: BTreeMap::new(),
-        }
-    }
-
-    fn retrying(&self) -> bool {
-        !self.failed.is_empty()
-    }
-
-    async fn sync(
-        &mut self,
-        snap: &Snapshot,
-        leading: &watch::Receiver<bool>,
-        verdicts: &probe::Verdicts,
-    ) {
-        let decisions = decide(snap, healthy_from(verdicts));
-        let names: BTreeSet<&str> = decisions.iter().map(|d| d.name.as_str()).collect();
-        self.sent.retain(|n, _| names.contains(n.as_str()));
-        self.failed.retain(|n| names.contains(n.as_str()));
-        self.reported.retain(|(n, _), _| names.contains(n.as_str()));
-        for d in &decisions {
-            if !*leading.borrow() {
-                return;
-            }
-            self.report(d).await;
-            if !d.write {
-                self.sent.remove(&d.name);
-                self.failed.remove(&d.name);
-                continue;
-            }
-            let this = (d.assignment.items.clone(), d.resource_version.clone());
-            if self.sent.get(&d.name) == Some(&this) && !self.failed.contains(&d.name) {
-                continue;
-            }
-            match self.write(&d.name, &d.assignment.items).await {
-                Ok(()) => {
-                    info!(
-                        "EgressIP {}: status.items = {}",
-                        d.name,
-                        describe(&d.assignment.items)
-                    );
-                    self.failed.remove(&d.name);
-                    self.report_moves(d).await;
-                }
-                Err(e) => {
-                    warn!(
-                        "EgressIP {}: cannot write status.items, retrying: {e}",
-                        d.name
-                    );
-                    self.failed.insert(d.name.clone());
-                }
-            }
-            self.sent.insert(d.name.clone(), this);
-        }
-    }
-
-    /// Applies the items (see the module documentation for the path).
-    async fn write(&mut self, name: &str, items: &[(IpAddr, String)]) -> Result<(), kube::Error> {
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let body = status_body(name, items);
-        let shows = |obj: &EgressIP| {
-            let got: Vec<(String, String)> = obj
-                .status
-                .iter()
-                .flat_map(|s| s.items.iter())
-                .map(|i| (i.egress_ip.clone(), i.node.clone()))
-                .collect();
-            let want: Vec<(String, String)> = items
-                .iter()
-                .map(|(i, n)| (i.to_string(), n.clone()))
-                .collect();
-            got == want
-        };
-        if self.path == StatusPath::Subresource {
-            match self
-                .api
-                .patch_status(name, &params, &Patch::Apply(&body))
-                .await
-            {
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                other => return other.map(|_| ()),
-            }
-        }
-        match self.api.patch(name, &params, &Patch::Apply(&body)).await {
-            Ok(obj) if shows(&obj) => {
-                if self.path != StatusPath::Object {
-                    info!(
-                        "EgressIP CRD has no status subresource: status is written with the object"
-                    );
-                    self.path = StatusPath::Object;
-                }
-                Ok(())
-            }
-            Ok(_) if self.path == StatusPath::Object => {
-                // The API server ignored the status: the CRD has a subresource now.
-                self.path = StatusPath::Subresource;
-                self.api
-                    .patch_status(name, &params, &Patch::Apply(&body))
-                    .await
-                    .map(|_| ())
-            }
-            Ok(_) => Ok(()),
-            // Gone: the next snapshot drops it.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                debug!("EgressIP {name}: gone before its status was written");
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn report(&mut self, d: &Decision) {
-        let object = reference(d);
-        let problems: BTreeMap<IpAddr, &Problem> =
-            d.assignment.problems.iter().map(|p| (p.ip, p)).collect();
-        self.reported
-            .retain(|(n, ip), _| n != &d.name || problems.contains_key(ip));
-        for (ip, p) in problems {
-            let note = p.to_string();
-            let key = (d.name.clone(), ip);
-            if self.reported.get(&key) == Some(&note) {
-                continue;
-            }
-            warn!("EgressIP {}: {note}", d.name);
-            self.publish(&object, EventType::Warning, NOT_ASSIGNED, &note)
-                .await;
-            self.reported.insert(key, note);
-        }
-    }
-
-    /// Normal Events for the IPs a successful write moved.
-    async fn report_moves(&self, d: &Decision) {
-        let object = reference(d);
-        for (ip, from, to) in &d.moved {
-            let note = format!("{ip} moved from node {from} to node {to}");
-            self.publish(&object, EventType::Normal, MOVED, &note).await;
-        }
-    }
-
-    async fn publish(&self, object: &ObjectReference, type_: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(crate::text::one_line_within(note, EVENT_NOTE_MAX).into_owned()),
-            action: "Assign".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, object).await {
-            warn!("cannot create Event for EgressIP {:?}: {e}", object.name);
-        }
-    }
-}
-
-fn reference(d: &Decision) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("k8s.ovn.org/v1".into()),
-        kind: Some("EgressIP".into()),
-        name: Some(d.name.clone()),
-        uid: d.uid.clone(),
-        ..Default::default()
-    }
-}
-
-fn describe(items: &[(IpAddr, String)]) -> String {
-    let parts: Vec<String> = items.iter().map(|(ip, n)| format!("{ip} on {n}")).collect();
-    if parts.is_empty() {
-        "[]".into()
-    } else {
-        parts.join(", ")
     }
 }
 

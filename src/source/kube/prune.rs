@@ -22,8 +22,9 @@ const NODE_CONDITION: &str = "Ready";
 const CONDITION_FIELDS: &[&str] = &["type", "status"];
 /// The node spec keeps only its taints (the proxy health server's node eligibility reads
 /// `ToBeDeletedByClusterAutoscaler`), each only its key and effect: a taint's value and
-/// `timeAdded` are nobody's input.
-const NODE_SPEC: &[&str] = &["taints"];
+/// `timeAdded` are nobody's input; and `providerID` (the EgressIP assigner's platform
+/// detection).
+const NODE_SPEC: &[&str] = &["taints", "providerID"];
 const TAINT_FIELDS: &[&str] = &["key", "effect"];
 
 /// Strips unused data from a raw object before it is decoded.
@@ -158,12 +159,13 @@ mod tests {
     }
 
     #[test]
-    fn nodes_keep_addresses_ready_taints_and_annotations_only() {
+    fn nodes_keep_addresses_ready_taints_provider_id_and_annotations_only() {
         let cidrs = r#"["192.0.2.1/24"]"#;
         let mut node = json!({
             "metadata": {"name": "w1", "labels": {"a": "b"},
                 "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
-            "spec": {"podCIDR": "10.0.0.0/24", "taints": [{"key": "ToBeDeletedByClusterAutoscaler",
+            "spec": {"podCIDR": "10.0.0.0/24", "providerID": "aws:///us-east-1a/i-0abc",
+                "taints": [{"key": "ToBeDeletedByClusterAutoscaler",
                 "value": "1700000000", "effect": "NoSchedule"}]},
             "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
                 "conditions": [
@@ -177,7 +179,8 @@ mod tests {
             node,
             json!({"metadata": {"name": "w1", "labels": {"a": "b"},
                     "annotations": {"k8s.ovn.org/host-cidrs": cidrs}},
-                "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+                "spec": {"providerID": "aws:///us-east-1a/i-0abc",
+                    "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
                 "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
                     "conditions": [{"type": "Ready", "status": "True"}]}})
         );

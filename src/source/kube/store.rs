@@ -23,7 +23,9 @@ pub enum Change {
     /// Published after the debounce.
     Changed,
     /// Published at once: an EgressIP's `status.items` changed (an egress IP moved, was
-    /// assigned or released), where every debounced millisecond is takeover time.
+    /// assigned or released), where every debounced millisecond is takeover time; or a
+    /// CloudPrivateIPConfig's status did (the cloud attached or refused an egress IP, which
+    /// the assigner turns into `status.items`).
     Urgent,
 }
 
@@ -46,9 +48,19 @@ fn egress_ip_items(obj: Option<&AnyObject>) -> Vec<(String, String)> {
     }
 }
 
+/// The status of a CloudPrivateIPConfig (None for another kind or no object).
+fn cloud_status(obj: Option<&AnyObject>) -> Option<&crate::api::CloudPrivateIPConfigStatus> {
+    match obj {
+        Some(AnyObject::CloudPrivateIPConfig(c)) => c.status.as_ref(),
+        _ => None,
+    }
+}
+
 fn classify(before: Option<&AnyObject>, after: Option<&AnyObject>) -> Change {
     let eip = |o: Option<&AnyObject>| o.is_some_and(|o| o.kind() == Kind::EgressIP);
-    if (eip(before) || eip(after)) && egress_ip_items(before) != egress_ip_items(after) {
+    let moved = (eip(before) || eip(after)) && egress_ip_items(before) != egress_ip_items(after);
+    let cloud_answered = after.is_some() && cloud_status(before) != cloud_status(after);
+    if moved || cloud_answered {
         Change::Urgent
     } else {
         Change::Changed
@@ -87,7 +99,8 @@ impl Store {
                 Change::Changed
             }
             Update::Apply(obj) => {
-                let after = (obj.kind() == Kind::EgressIP).then(|| obj.clone());
+                let after = matches!(obj.kind(), Kind::EgressIP | Kind::CloudPrivateIPConfig)
+                    .then(|| obj.clone());
                 let before = self.objects.insert(obj);
                 classify(before.as_ref(), after.as_ref())
             }
@@ -210,6 +223,32 @@ mod tests {
             "moved"
         );
         assert_eq!(s.apply(Update::Apply(ns("x"))), Change::Changed);
+        // The cloud's answer on a CloudPrivateIPConfig is urgent too; its spec is not.
+        let cpic = |node: &str, status: Option<&str>| -> AnyObject {
+            let mut v = serde_json::json!({"apiVersion": "cloud.network.openshift.io/v1",
+                "kind": "CloudPrivateIPConfig", "metadata": {"name": "192.168.50.200"},
+                "spec": {"node": node}});
+            if let Some(st) = status {
+                v["status"] = serde_json::json!({"node": node, "conditions": [{"type": "Assigned",
+                    "status": st, "reason": "CloudResponseSuccess", "message": "",
+                    "lastTransitionTime": "2024-01-01T00:00:00Z"}]});
+            }
+            let c: crate::api::CloudPrivateIPConfig = serde_json::from_value(v).unwrap();
+            AnyObject::CloudPrivateIPConfig(std::sync::Arc::new(c))
+        };
+        assert_eq!(
+            s.apply(Update::Apply(cpic("node-1", None))),
+            Change::Changed
+        );
+        assert_eq!(
+            s.apply(Update::Apply(cpic("node-1", Some("True")))),
+            Change::Urgent,
+            "attached"
+        );
+        assert_eq!(
+            s.apply(Update::Apply(cpic("node-1", Some("True")))),
+            Change::Changed
+        );
         let key = ObjectKey::cluster("e");
         assert_eq!(
             s.apply(Update::Delete(Kind::EgressIP, key)),

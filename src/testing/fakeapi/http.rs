@@ -400,6 +400,25 @@ fn write(
             None => not_found(&format!("{} {}/{}", t.resource.kind, key.0, key.1)),
         };
     }
+    if t.resource.kind != "Lease" && t.subresource.is_none() {
+        // Creation (POST on the collection) and deletion, as the CloudPrivateIPConfig flow
+        // uses them.
+        if method == Method::POST && t.name.is_none() {
+            return create(shared, t.resource, body);
+        }
+        if method == Method::DELETE && t.name.is_some() {
+            let (ns, name) = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
+            let ev = shared.state().delete(t.resource.kind, &ns, &name);
+            return match ev {
+                Some(ev) => {
+                    let obj = ev.object.clone();
+                    shared.publish(ev);
+                    full(StatusCode::OK, obj)
+                }
+                None => not_found(&format!("{} {ns}/{name}", t.resource.kind)),
+            };
+        }
+    }
     if t.resource.kind == "Lease" && t.subresource.is_none() {
         return super::lease::write(shared, method, t.namespace, t.name, body);
     }
@@ -407,6 +426,36 @@ fn write(
         StatusCode::METHOD_NOT_ALLOWED,
         status(405, "MethodNotAllowed", format!("{method} {path}")),
     )
+}
+
+/// POST: a new object (`409` when the name is taken), without its status.
+fn create(shared: &Shared, resource: super::store::Resource, mut body: Value) -> Response<Body> {
+    let key = super::store::key_of(resource, &body);
+    let mut state = shared.state();
+    if state
+        .objects
+        .get(&resource)
+        .is_some_and(|m| m.contains_key(&key))
+    {
+        return full(
+            StatusCode::CONFLICT,
+            status(
+                409,
+                "AlreadyExists",
+                format!("{} {} exists", resource.kind, key.1),
+            ),
+        );
+    }
+    if let Some(o) = body.as_object_mut() {
+        o.remove("status");
+    }
+    // A new uid per creation: a deleted then recreated object is another object.
+    body["metadata"]["uid"] = json!(format!("uid-{}-{}-{}", resource.kind, key.1, state.rv + 1));
+    let ev = state.put(body);
+    drop(state);
+    let obj = ev.object.clone();
+    shared.publish(ev);
+    full(StatusCode::CREATED, obj)
 }
 
 /// PATCH on an object: a JSON merge patch (what the agent sends for its Node's annotation), or

@@ -116,6 +116,18 @@ impl FakeApi {
         self.shared.state().objects.get(&r)?.get(&key).cloned()
     }
 
+    /// A handle on the objects for helper threads (`crate::testing::cloud_controller`).
+    pub fn objects_handle(&self) -> Objects {
+        Objects {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Every object of `kind`, by name.
+    pub fn objects(&self, kind: &str) -> Vec<Value> {
+        self.objects_handle().list(kind)
+    }
+
     /// List requests for `kind` wait until [`release_lists`](Self::release_lists).
     pub fn hold_lists(&self, kind: &'static str) {
         self.shared.held.lock().unwrap().insert(kind);
@@ -250,5 +262,40 @@ mod tests {
             ["ns0", "ns1", "ns2", "ns3", "ns4"].map(|n| json!(n))
         );
         assert_eq!(api.lists("Namespace"), 1, "one list completed");
+    }
+}
+
+/// The fake's objects, shared with a helper thread.
+#[derive(Clone)]
+pub struct Objects {
+    shared: Arc<http::Shared>,
+}
+
+impl Objects {
+    /// Every object of `kind`, by name.
+    pub fn list(&self, kind: &str) -> Vec<Value> {
+        let r = Resource::by_kind(kind);
+        let state = self.shared.state();
+        state
+            .objects
+            .get(&r)
+            .map_or_else(Vec::new, |m| m.values().cloned().collect())
+    }
+
+    /// Changes a cluster-scoped object in place, atomically: `change` sees the current
+    /// object and returns whether to write it (watchers see MODIFIED).
+    pub fn update(&self, kind: &str, name: &str, change: impl FnOnce(&mut Value) -> bool) {
+        let r = Resource::by_kind(kind);
+        let mut state = self.shared.state();
+        let key = (String::new(), name.to_string());
+        let Some(mut obj) = state.objects.get(&r).and_then(|m| m.get(&key)).cloned() else {
+            return;
+        };
+        if !change(&mut obj) {
+            return;
+        }
+        let ev = state.put(obj);
+        drop(state);
+        self.shared.publish(ev);
     }
 }

@@ -72,6 +72,15 @@ impl DatagramSink {
         arrivals.iter().rev().find(|a| a.src == src).map(|a| a.at)
     }
 
+    /// The first datagram from `src` that arrived at or after `since`.
+    pub fn first_from(&self, src: IpAddr, since: Instant) -> Option<Instant> {
+        let arrivals = self.arrivals.lock().unwrap();
+        arrivals
+            .iter()
+            .find(|a| a.src == src && a.at >= since)
+            .map(|a| a.at)
+    }
+
     /// What the stream looked like from `since` on, counting only datagrams from `src` as
     /// the service: see [`Outage`].
     pub fn outage(&self, src: IpAddr, since: Instant) -> Outage {
@@ -138,13 +147,27 @@ pub struct DatagramSender {
 
 impl DatagramSender {
     pub fn start(ns: &Ns, dst: SocketAddr, interval: Duration) -> DatagramSender {
+        DatagramSender::spawn(ns, dst, interval, false)
+    }
+
+    /// Like [`start`](Self::start), each datagram from a new socket: a new flow (conntrack
+    /// entry) each time, so a NAT change shows on the next datagram instead of only on new
+    /// connections.
+    pub fn start_new_flows(ns: &Ns, dst: SocketAddr, interval: Duration) -> DatagramSender {
+        DatagramSender::spawn(ns, dst, interval, true)
+    }
+
+    fn spawn(ns: &Ns, dst: SocketAddr, interval: Duration, new_flows: bool) -> DatagramSender {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = ns.spawn(move || {
-            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind sender");
+            let mut socket = UdpSocket::bind("0.0.0.0:0").expect("bind sender");
             let start = Instant::now();
             let mut seq: u64 = 0;
             while !s.load(Ordering::Relaxed) {
+                if new_flows && seq > 0 {
+                    socket = UdpSocket::bind("0.0.0.0:0").expect("bind sender");
+                }
                 // Errors (no route, EPERM from a drop rule) are part of what is measured.
                 let _ = socket.send_to(&seq.to_be_bytes(), dst);
                 seq += 1;
