@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::testing::fakeapi::FakeApi;
-use crate::testing::lab::{AgentProcess, Lab, Ns, Pod, Segment};
+use crate::testing::lab::{AgentProcess, Exclusive, Lab, Ns, Pod, Segment, exclusive};
 use crate::testing::objects;
 
 /// The egress IP every test places.
@@ -50,8 +50,11 @@ pub struct EipCluster {
     cloud: std::sync::atomic::AtomicBool,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
-    // Last: the agents and the API server must stop before the namespaces go.
+    // The agents and the API server must stop before the namespaces go.
     _lab: Lab,
+    // Last of all: three agents and their probes are timing-sensitive; no other lab of the
+    // test binary runs meanwhile.
+    _alone: Exclusive,
 }
 
 pub fn node_name(i: usize) -> String {
@@ -66,6 +69,7 @@ impl EipCluster {
     /// `n` nodes; those in `assignable` carry the egress-assignable label. No agent runs yet
     /// and no EgressIP exists.
     pub fn new(n: usize, assignable: &[usize]) -> EipCluster {
+        let alone = exclusive();
         let mut lab = Lab::new();
         let seg = lab.add_segment("seg");
         let apihost = lab.add_host("api");
@@ -119,6 +123,7 @@ impl EipCluster {
             kubeconfig,
             _dir: dir,
             _lab: lab,
+            _alone: alone,
         };
         c.put_objects(assignable);
         c
