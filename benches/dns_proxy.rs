@@ -16,17 +16,13 @@ use nodeplane::testing::args::arg;
 use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup_here};
 use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, eventually};
 use nodeplane::testing::objects;
+use nodeplane::testing::stats::percentile;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
 const DNS: &str = "192.168.1.100:53";
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
 
 /// `n` sequential lookups of `name` inside `ns`; the latencies in ms.
 fn latencies(ns: &Ns, name: &str, n: usize) -> Vec<f64> {

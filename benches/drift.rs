@@ -28,6 +28,7 @@ use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;
 use nodeplane::testing::lab::{Lab, Ns, run_cmd};
 use nodeplane::testing::objects;
+use nodeplane::testing::stats::percentile;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
@@ -261,11 +262,6 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not after {timeout:?}");
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn drift_repair(drifts: usize, services: usize) {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use nodeplane::testing::args::arg;
 use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster};
 use nodeplane::testing::lab::{DatagramSender, DatagramSink};
+use nodeplane::testing::stats::percentile;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -135,9 +136,4 @@ fn steady(sink: &DatagramSink, eip: IpAddr) {
         assert!(Instant::now() < deadline, "stream not steady: {o:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }

@@ -25,6 +25,7 @@ use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;
 use nodeplane::testing::lab::{Lab, Ns};
 use nodeplane::testing::objects;
+use nodeplane::testing::stats;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
@@ -83,9 +84,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// Sorts `v` and takes its `p` quantile.
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    stats::percentile(v, p)
 }
 
 /// `n` sequential TCP connections (connect, read one byte, close) from `ns`, each timed.

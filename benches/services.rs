@@ -29,6 +29,7 @@ use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::fakeapi::FakeApi;
 use nodeplane::testing::lab::{self, Lab, Ns};
 use nodeplane::testing::objects;
+use nodeplane::testing::stats::percentile;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
@@ -429,11 +430,6 @@ fn scales() -> Option<Vec<(usize, usize)>> {
             })
             .collect(),
     )
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 /// `n` x `e` in a fake API server; the agent started `runs` times against it, each into an

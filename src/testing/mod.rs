@@ -10,6 +10,7 @@
 //! - `listing`: the kernel's view of a table, normalised for comparisons.
 //! - `large`: a large synthetic table (kernel tests and benches).
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
+//! - `stats`: `percentile`, the one quantile every bench prints.
 //! - `args`: command-line options of the harness-less benches.
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
 //! - `eip_cluster`: a multi-node EgressIP cluster in netns, in Kubernetes mode against `fakeapi`.
@@ -27,3 +28,4 @@ pub mod large;
 pub mod listing;
 pub mod nft_check;
 pub mod objects;
+pub mod stats;
