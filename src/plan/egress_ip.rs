@@ -99,6 +99,9 @@ const MAC_PREFIX: [u8; 2] = [0x0a, 0x6e];
 /// Packet mark bits the agent uses for steering (`meta mark`), one value per set of hosting
 /// nodes: `(n + 1) << 16`.
 pub const MARK_MASK: u32 = 0x00ff_0000;
+/// Set on packets that arrived through the tunnel (`eip-prerouting`): steered here from
+/// another node for SNAT to an egress IP.
+pub const TUNNELED: u32 = 0x0200_0000;
 /// Steering tables `STEER_TABLE_BASE + n` and the priority of their `ip rule`s.
 pub const STEER_TABLE_BASE: u32 = 7100;
 pub const STEER_RULE_PRIORITY: u32 = 7100;
@@ -778,6 +781,10 @@ fn add_base_chains(part: &mut Part) {
     // Only connections the pods opened: replies to inbound connections are not steered.
     let original = || Stmt::matches(Field::CtDirection, Value::CtDir(CtDir::Original));
     pre.push(Rule::new(vec![
+        Stmt::matches(Field::IifName, Value::IfName(TUNNEL_DEV.into())),
+        Stmt::MarkOr(TUNNELED),
+    ]));
+    pre.push(Rule::new(vec![
         original(),
         Stmt::vmap(vec![Field::Ip4Saddr], STEER_V4),
     ]));
@@ -806,6 +813,18 @@ fn add_base_chains(part: &mut Part) {
             },
         })]));
     }
+    // Steered here but no SNAT on this node (a move in flight: the sender's node switched
+    // before this one got the mapping, or away from it): drop, never let a CNI masquerade it
+    // to this node's address. The dropped first packet leaves no conntrack entry, so the
+    // flow's next packet meets the mapping once it is in place.
+    post.push(Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::Mark],
+            op: MatchOp::AnyFlag(TUNNELED),
+        }),
+        Stmt::Counter,
+        Stmt::Verdict(Verdict::Drop),
+    ]));
     part.add_chain(post);
     let mut out = Chain::base(
         TUNNEL_OUT,

@@ -61,7 +61,8 @@ fn recovered(c: &EipCluster, sink: &DatagramSink, since: Instant) -> Outage {
         }
         if Instant::now() > deadline {
             panic!(
-                "no EIP traffic {WAIT:?} after the event: {o:?}; status {}\n{}",
+                "no EIP traffic {WAIT:?} after the event: {o:?}; sources {:?}; status {}\n{}",
+                sink.sources_since(since),
                 c.status(),
                 c.all_logs()
             );

@@ -66,6 +66,21 @@ impl DatagramSink {
         self.arrivals.lock().unwrap().clone()
     }
 
+    /// How many datagrams came from each source address after `since` (for failure messages).
+    pub fn sources_since(&self, since: Instant) -> std::collections::BTreeMap<IpAddr, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for a in self
+            .arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.at > since)
+        {
+            *out.entry(a.src).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// The time of the last arrival from `src`, if any.
     pub fn last_from(&self, src: IpAddr) -> Option<Instant> {
         let arrivals = self.arrivals.lock().unwrap();
