@@ -1,12 +1,14 @@
 //! The node's view of the cluster: an immutable, indexed set of objects.
 //!
 //! Sources (manifests, kube) build a [`Snapshot`] with a [`SnapshotBuilder`]; planners read it.
-//! Objects are `Arc`ed and the whole snapshot sits behind one `Arc`, so cloning a snapshot is
-//! O(1) and turning it back into a builder to apply a delta copies pointers, not objects.
-//! Every map is a `BTreeMap` so that iteration order, and therefore planner output, is
-//! deterministic.
+//! Objects are `Arc`ed and every map is a persistent ordered map ([`ObjectMap`]): cloning a
+//! snapshot, turning it into a builder and building it again are O(1), and applying a delta
+//! costs O(change x log n) (the indexes are kept up to date on each insert and remove).
+//! Consecutive snapshots share every untouched subtree, so [`changes`] between them costs
+//! the size of the change, not of the cluster. Maps are ordered so that iteration order,
+//! and therefore planner output, is deterministic.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -174,31 +176,34 @@ impl AnyObject {
     }
 }
 
+/// The objects of one kind by key: a persistent ordered map (O(1) clone, shared subtrees).
+pub type ObjectMap<K, T> = imbl::OrdMap<K, Arc<T>>;
+
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Objects {
-    namespaces: BTreeMap<String, Arc<Namespace>>,
-    pods: BTreeMap<ObjectKey, Arc<Pod>>,
-    nodes: BTreeMap<String, Arc<Node>>,
-    services: BTreeMap<ObjectKey, Arc<Service>>,
-    endpoints: BTreeMap<ObjectKey, Arc<Endpoints>>,
-    endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
-    egress_firewalls: BTreeMap<ObjectKey, Arc<EgressFirewall>>,
-    egress_qoses: BTreeMap<ObjectKey, Arc<EgressQoS>>,
-    egress_ips: BTreeMap<String, Arc<EgressIP>>,
-    cloud_private_ip_configs: BTreeMap<String, Arc<CloudPrivateIPConfig>>,
-    network_policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
+    namespaces: ObjectMap<String, Namespace>,
+    pods: ObjectMap<ObjectKey, Pod>,
+    nodes: ObjectMap<String, Node>,
+    services: ObjectMap<ObjectKey, Service>,
+    endpoints: ObjectMap<ObjectKey, Endpoints>,
+    endpoint_slices: ObjectMap<ObjectKey, EndpointSlice>,
+    egress_firewalls: ObjectMap<ObjectKey, EgressFirewall>,
+    egress_qoses: ObjectMap<ObjectKey, EgressQoS>,
+    egress_ips: ObjectMap<String, EgressIP>,
+    cloud_private_ip_configs: ObjectMap<String, CloudPrivateIPConfig>,
+    network_policies: ObjectMap<ObjectKey, NetworkPolicy>,
 }
 
-/// Indexes derived from the objects at build time.
+/// Indexes over the objects, updated with every insert and remove.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Indexes {
     /// spec.nodeName -> pods.
-    pods_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
+    pods_by_node: imbl::OrdMap<String, imbl::OrdSet<ObjectKey>>,
     /// (namespace, kubernetes.io/service-name) -> slices.
-    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    slices_by_service: imbl::OrdMap<ObjectKey, imbl::OrdSet<ObjectKey>>,
 }
 
-#[derive(Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Inner {
     objects: Objects,
     indexes: Indexes,
@@ -210,10 +215,10 @@ pub struct Snapshot {
     inner: Arc<Inner>,
 }
 
-/// Accumulates objects; `build` computes the indexes and freezes the result.
+/// Accumulates objects (and keeps the indexes); `build` freezes the result.
 #[derive(Debug, Clone, Default)]
 pub struct SnapshotBuilder {
-    objects: Objects,
+    inner: Inner,
 }
 
 impl SnapshotBuilder {
@@ -226,23 +231,44 @@ impl SnapshotBuilder {
     pub fn insert(&mut self, obj: impl Into<AnyObject>) -> Option<AnyObject> {
         let obj = obj.into();
         let key = obj.key();
-        let o = &mut self.objects;
-        match obj {
-            AnyObject::Namespace(x) => o.namespaces.insert(key.name, x).map(AnyObject::from),
-            AnyObject::Pod(x) => o.pods.insert(key, x).map(AnyObject::from),
-            AnyObject::Node(x) => o.nodes.insert(key.name, x).map(AnyObject::from),
-            AnyObject::Service(x) => o.services.insert(key, x).map(AnyObject::from),
-            AnyObject::Endpoints(x) => o.endpoints.insert(key, x).map(AnyObject::from),
-            AnyObject::EndpointSlice(x) => o.endpoint_slices.insert(key, x).map(AnyObject::from),
-            AnyObject::EgressFirewall(x) => o.egress_firewalls.insert(key, x).map(AnyObject::from),
-            AnyObject::EgressQoS(x) => o.egress_qoses.insert(key, x).map(AnyObject::from),
-            AnyObject::NetworkPolicy(x) => o.network_policies.insert(key, x).map(AnyObject::from),
-            AnyObject::EgressIP(x) => o.egress_ips.insert(key.name, x).map(AnyObject::from),
+        self.inner.indexes.add(&key, &obj);
+        let new = obj.clone();
+        let o = &mut self.inner.objects;
+        let old = match obj {
+            AnyObject::Namespace(x) => o
+                .namespaces
+                .insert(key.name.clone(), x)
+                .map(AnyObject::from),
+            AnyObject::Pod(x) => o.pods.insert(key.clone(), x).map(AnyObject::from),
+            AnyObject::Node(x) => o.nodes.insert(key.name.clone(), x).map(AnyObject::from),
+            AnyObject::Service(x) => o.services.insert(key.clone(), x).map(AnyObject::from),
+            AnyObject::Endpoints(x) => o.endpoints.insert(key.clone(), x).map(AnyObject::from),
+            AnyObject::EndpointSlice(x) => o
+                .endpoint_slices
+                .insert(key.clone(), x)
+                .map(AnyObject::from),
+            AnyObject::EgressFirewall(x) => o
+                .egress_firewalls
+                .insert(key.clone(), x)
+                .map(AnyObject::from),
+            AnyObject::EgressQoS(x) => o.egress_qoses.insert(key.clone(), x).map(AnyObject::from),
+            AnyObject::NetworkPolicy(x) => o
+                .network_policies
+                .insert(key.clone(), x)
+                .map(AnyObject::from),
+            AnyObject::EgressIP(x) => o
+                .egress_ips
+                .insert(key.name.clone(), x)
+                .map(AnyObject::from),
             AnyObject::CloudPrivateIPConfig(x) => o
                 .cloud_private_ip_configs
-                .insert(key.name, x)
+                .insert(key.name.clone(), x)
                 .map(AnyObject::from),
+        };
+        if let Some(old) = &old {
+            self.inner.indexes.drop_stale(&key, old, Some(&new));
         }
+        old
     }
 
     /// Chaining form of [`insert`](Self::insert), handy in tests.
@@ -253,9 +279,9 @@ impl SnapshotBuilder {
 
     /// Removes an object; for cluster-scoped kinds only `key.name` is used.
     pub fn remove(&mut self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
-        let o = &mut self.objects;
+        let o = &mut self.inner.objects;
         let name = &key.name;
-        match kind {
+        let old = match kind {
             Kind::Namespace => o.namespaces.remove(name).map(AnyObject::from),
             Kind::Pod => o.pods.remove(key).map(AnyObject::from),
             Kind::Node => o.nodes.remove(name).map(AnyObject::from),
@@ -269,12 +295,16 @@ impl SnapshotBuilder {
             Kind::CloudPrivateIPConfig => {
                 o.cloud_private_ip_configs.remove(name).map(AnyObject::from)
             }
+        };
+        if let Some(old) = &old {
+            self.inner.indexes.drop_stale(&old.key(), old, None);
         }
+        old
     }
 
     /// Removes every object of one kind (a kube source relisting that kind).
     pub fn clear_kind(&mut self, kind: Kind) {
-        let o = &mut self.objects;
+        let o = &mut self.inner.objects;
         match kind {
             Kind::Namespace => o.namespaces.clear(),
             Kind::Pod => o.pods.clear(),
@@ -288,46 +318,111 @@ impl SnapshotBuilder {
             Kind::EgressIP => o.egress_ips.clear(),
             Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.clear(),
         }
+        match kind {
+            Kind::Pod => self.inner.indexes.pods_by_node.clear(),
+            Kind::EndpointSlice => self.inner.indexes.slices_by_service.clear(),
+            _ => {}
+        }
     }
 
+    /// Freezes the builder: O(1), the indexes are already up to date.
     pub fn build(self) -> Snapshot {
-        let indexes = Indexes::compute(&self.objects);
         Snapshot {
-            inner: Arc::new(Inner {
-                objects: self.objects,
-                indexes,
-            }),
+            inner: Arc::new(self.inner),
+        }
+    }
+}
+
+/// The index entry an object has, if any: (index, index key).
+enum IndexEntry {
+    PodOnNode(String),
+    SliceOfService(ObjectKey),
+}
+
+impl IndexEntry {
+    fn of(key: &ObjectKey, obj: &AnyObject) -> Option<IndexEntry> {
+        match obj {
+            AnyObject::Pod(pod) => pod_node_name(pod).map(|n| IndexEntry::PodOnNode(n.to_string())),
+            AnyObject::EndpointSlice(slice) => {
+                labels(&slice.metadata).get(SERVICE_NAME_LABEL).map(|svc| {
+                    IndexEntry::SliceOfService(ObjectKey::new(key.namespace.clone(), svc.clone()))
+                })
+            }
+            _ => None,
         }
     }
 }
 
 impl Indexes {
-    fn compute(o: &Objects) -> Indexes {
-        let mut ix = Indexes::default();
-        for (key, pod) in &o.pods {
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-                ix.pods_by_node
-                    .entry(node.to_string())
+    /// Indexes `obj` (stored at `key`).
+    fn add(&mut self, key: &ObjectKey, obj: &AnyObject) {
+        match IndexEntry::of(key, obj) {
+            Some(IndexEntry::PodOnNode(node)) => {
+                self.pods_by_node
+                    .entry(node)
                     .or_default()
                     .insert(key.clone());
             }
-        }
-        for (key, slice) in &o.endpoint_slices {
-            if let Some(service) = labels(&slice.metadata).get(SERVICE_NAME_LABEL) {
-                let service = ObjectKey::new(key.namespace.clone(), service.clone());
-                ix.slices_by_service
-                    .entry(service)
+            Some(IndexEntry::SliceOfService(svc)) => {
+                self.slices_by_service
+                    .entry(svc)
                     .or_default()
                     .insert(key.clone());
             }
+            None => {}
         }
-        ix
     }
+
+    /// Unindexes `old` (which was at `key`) unless `now`, the object stored there now, has
+    /// the same entry.
+    fn drop_stale(&mut self, key: &ObjectKey, old: &AnyObject, now: Option<&AnyObject>) {
+        let Some(was) = IndexEntry::of(key, old) else {
+            return;
+        };
+        let is = now.and_then(|n| IndexEntry::of(key, n));
+        match (was, is) {
+            (IndexEntry::PodOnNode(a), Some(IndexEntry::PodOnNode(b))) if a == b => {}
+            (IndexEntry::SliceOfService(a), Some(IndexEntry::SliceOfService(b))) if a == b => {}
+            (IndexEntry::PodOnNode(node), _) => remove_from(&mut self.pods_by_node, &node, key),
+            (IndexEntry::SliceOfService(svc), _) => {
+                remove_from(&mut self.slices_by_service, &svc, key)
+            }
+        }
+    }
+}
+
+/// Removes `key` from the set at `index[at]`, and the set once empty.
+fn remove_from<K: Ord + Clone>(
+    index: &mut imbl::OrdMap<K, imbl::OrdSet<ObjectKey>>,
+    at: &K,
+    key: &ObjectKey,
+) {
+    if let Some(set) = index.get_mut(at) {
+        set.remove(key);
+        if set.is_empty() {
+            index.remove(at);
+        }
+    }
+}
+
+/// What changed in one kind between two snapshots: (key, before, after) for every object
+/// added (`None` before), removed (`None` after) or replaced by a different one. Subtrees the
+/// two maps share are skipped, so consecutive snapshots cost the size of their difference.
+pub fn changes<'a, K: Ord + Clone, T: PartialEq>(
+    prev: &'a ObjectMap<K, T>,
+    cur: &'a ObjectMap<K, T>,
+) -> impl Iterator<Item = (&'a K, Option<&'a Arc<T>>, Option<&'a Arc<T>>)> + 'a {
+    use imbl::ordmap::DiffItem;
+    prev.diff(cur).map(|d| match d {
+        DiffItem::Add(k, v) => (k, None, Some(v)),
+        DiffItem::Remove(k, v) => (k, Some(v), None),
+        DiffItem::Update { old, new } => (new.0, Some(old.1), Some(new.1)),
+    })
 }
 
 /// Values in a namespaced map whose key is in `namespace`, in name order.
 fn in_namespace<'a, T>(
-    map: &'a BTreeMap<ObjectKey, Arc<T>>,
+    map: &'a ObjectMap<ObjectKey, T>,
     namespace: &'a str,
 ) -> impl Iterator<Item = &'a Arc<T>> + 'a {
     map.range(ObjectKey::new(namespace, "")..)
@@ -336,7 +431,7 @@ fn in_namespace<'a, T>(
 }
 
 fn get_ns<'a, T>(
-    map: &'a BTreeMap<ObjectKey, Arc<T>>,
+    map: &'a ObjectMap<ObjectKey, T>,
     namespace: &str,
     name: &str,
 ) -> Option<&'a Arc<T>> {
@@ -351,7 +446,7 @@ impl Snapshot {
     /// A builder holding this snapshot's objects (pointer copies), to apply a delta.
     pub fn to_builder(&self) -> SnapshotBuilder {
         SnapshotBuilder {
-            objects: self.inner.objects.clone(),
+            inner: (*self.inner).clone(),
         }
     }
 
@@ -360,37 +455,37 @@ impl Snapshot {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    pub fn namespaces(&self) -> &BTreeMap<String, Arc<Namespace>> {
+    pub fn namespaces(&self) -> &ObjectMap<String, Namespace> {
         &self.inner.objects.namespaces
     }
-    pub fn pods(&self) -> &BTreeMap<ObjectKey, Arc<Pod>> {
+    pub fn pods(&self) -> &ObjectMap<ObjectKey, Pod> {
         &self.inner.objects.pods
     }
-    pub fn nodes(&self) -> &BTreeMap<String, Arc<Node>> {
+    pub fn nodes(&self) -> &ObjectMap<String, Node> {
         &self.inner.objects.nodes
     }
-    pub fn services(&self) -> &BTreeMap<ObjectKey, Arc<Service>> {
+    pub fn services(&self) -> &ObjectMap<ObjectKey, Service> {
         &self.inner.objects.services
     }
-    pub fn endpoints(&self) -> &BTreeMap<ObjectKey, Arc<Endpoints>> {
+    pub fn endpoints(&self) -> &ObjectMap<ObjectKey, Endpoints> {
         &self.inner.objects.endpoints
     }
-    pub fn endpoint_slices(&self) -> &BTreeMap<ObjectKey, Arc<EndpointSlice>> {
+    pub fn endpoint_slices(&self) -> &ObjectMap<ObjectKey, EndpointSlice> {
         &self.inner.objects.endpoint_slices
     }
-    pub fn egress_firewalls(&self) -> &BTreeMap<ObjectKey, Arc<EgressFirewall>> {
+    pub fn egress_firewalls(&self) -> &ObjectMap<ObjectKey, EgressFirewall> {
         &self.inner.objects.egress_firewalls
     }
-    pub fn egress_qoses(&self) -> &BTreeMap<ObjectKey, Arc<EgressQoS>> {
+    pub fn egress_qoses(&self) -> &ObjectMap<ObjectKey, EgressQoS> {
         &self.inner.objects.egress_qoses
     }
-    pub fn network_policies(&self) -> &BTreeMap<ObjectKey, Arc<NetworkPolicy>> {
+    pub fn network_policies(&self) -> &ObjectMap<ObjectKey, NetworkPolicy> {
         &self.inner.objects.network_policies
     }
-    pub fn egress_ips(&self) -> &BTreeMap<String, Arc<EgressIP>> {
+    pub fn egress_ips(&self) -> &ObjectMap<String, EgressIP> {
         &self.inner.objects.egress_ips
     }
-    pub fn cloud_private_ip_configs(&self) -> &BTreeMap<String, Arc<CloudPrivateIPConfig>> {
+    pub fn cloud_private_ip_configs(&self) -> &ObjectMap<String, CloudPrivateIPConfig> {
         &self.inner.objects.cloud_private_ip_configs
     }
 
@@ -478,25 +573,7 @@ impl Snapshot {
     }
 
     pub fn get(&self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
-        let o = &self.inner.objects;
-        let name = &key.name;
-        match kind {
-            Kind::Namespace => o.namespaces.get(name).cloned().map(AnyObject::from),
-            Kind::Pod => o.pods.get(key).cloned().map(AnyObject::from),
-            Kind::Node => o.nodes.get(name).cloned().map(AnyObject::from),
-            Kind::Service => o.services.get(key).cloned().map(AnyObject::from),
-            Kind::Endpoints => o.endpoints.get(key).cloned().map(AnyObject::from),
-            Kind::EndpointSlice => o.endpoint_slices.get(key).cloned().map(AnyObject::from),
-            Kind::EgressFirewall => o.egress_firewalls.get(key).cloned().map(AnyObject::from),
-            Kind::EgressQoS => o.egress_qoses.get(key).cloned().map(AnyObject::from),
-            Kind::NetworkPolicy => o.network_policies.get(key).cloned().map(AnyObject::from),
-            Kind::EgressIP => o.egress_ips.get(name).cloned().map(AnyObject::from),
-            Kind::CloudPrivateIPConfig => o
-                .cloud_private_ip_configs
-                .get(name)
-                .cloned()
-                .map(AnyObject::from),
-        }
+        snapshot_get(&self.inner.objects, kind, key)
     }
 
     /// Number of objects of one kind.
@@ -537,7 +614,7 @@ impl Snapshot {
     /// Every object, kinds in [`Kind::ALL`] order, then by key.
     pub fn objects(&self) -> impl Iterator<Item = AnyObject> + '_ {
         let o = &self.inner.objects;
-        fn all<'a, K, T>(m: &'a BTreeMap<K, Arc<T>>) -> impl Iterator<Item = AnyObject> + 'a
+        fn all<'a, K: Ord, T>(m: &'a ObjectMap<K, T>) -> impl Iterator<Item = AnyObject> + 'a
         where
             AnyObject: From<Arc<T>>,
         {
@@ -553,6 +630,28 @@ impl Snapshot {
             .chain(all(&o.egress_qoses))
             .chain(all(&o.egress_ips))
             .chain(all(&o.cloud_private_ip_configs))
+            .chain(all(&o.network_policies))
+    }
+}
+
+fn snapshot_get(o: &Objects, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
+    let name = &key.name;
+    match kind {
+        Kind::Namespace => o.namespaces.get(name).cloned().map(AnyObject::from),
+        Kind::Pod => o.pods.get(key).cloned().map(AnyObject::from),
+        Kind::Node => o.nodes.get(name).cloned().map(AnyObject::from),
+        Kind::Service => o.services.get(key).cloned().map(AnyObject::from),
+        Kind::Endpoints => o.endpoints.get(key).cloned().map(AnyObject::from),
+        Kind::EndpointSlice => o.endpoint_slices.get(key).cloned().map(AnyObject::from),
+        Kind::EgressFirewall => o.egress_firewalls.get(key).cloned().map(AnyObject::from),
+        Kind::EgressQoS => o.egress_qoses.get(key).cloned().map(AnyObject::from),
+        Kind::NetworkPolicy => o.network_policies.get(key).cloned().map(AnyObject::from),
+        Kind::EgressIP => o.egress_ips.get(name).cloned().map(AnyObject::from),
+        Kind::CloudPrivateIPConfig => o
+            .cloud_private_ip_configs
+            .get(name)
+            .cloned()
+            .map(AnyObject::from),
     }
 }
 

@@ -2,7 +2,6 @@
 //! dashboards and clusterloader2 read nodeplane unchanged: sync duration and last sync time,
 //! nftables sync failures, network programming latency, and the proxy health probes by code.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::snapshot::{ObjectKey, Snapshot};
+use crate::snapshot::{self, ObjectKey, ObjectMap, Snapshot};
 
 /// Set by the EndpointSlice and Endpoints controllers: when the change that led to this
 /// version of the object happened (a pod became ready, a service changed).
@@ -169,22 +168,17 @@ impl ProgrammingLatency {
     }
 }
 
-/// Calls `f(old, new)` for every object of `cur` that is new or replaced since `prev`: one
-/// merge walk over the two sorted maps comparing pointers (no lookups; this runs after every
-/// sync).
-fn changed<T>(
-    prev: Option<&BTreeMap<ObjectKey, Arc<T>>>,
-    cur: &BTreeMap<ObjectKey, Arc<T>>,
+/// Calls `f(old, new)` for every object of `cur` that is new or replaced since `prev`
+/// (this runs after every sync: the cost is the size of the change, see `snapshot::changes`).
+fn changed<T: PartialEq>(
+    prev: Option<&ObjectMap<ObjectKey, T>>,
+    cur: &ObjectMap<ObjectKey, T>,
     mut f: impl FnMut(Option<&T>, &T),
 ) {
-    let empty = BTreeMap::new();
-    let mut old = prev.unwrap_or(&empty).iter().peekable();
-    for (k, new) in cur {
-        while old.next_if(|(ok, _)| *ok < k).is_some() {}
-        match old.next_if(|(ok, _)| *ok == k) {
-            Some((_, o)) if Arc::ptr_eq(o, new) => {}
-            Some((_, o)) => f(Some(&**o), new),
-            None => f(None, new),
+    let empty = ObjectMap::new();
+    for (_, old, new) in snapshot::changes(prev.unwrap_or(&empty), cur) {
+        if let Some(new) = new {
+            f(old.map(|o| &**o), new);
         }
     }
 }

@@ -189,3 +189,87 @@ fn kinds_and_normalize() {
     assert_eq!(n.key().to_string(), "n");
     assert_eq!(p.key().to_string(), "default/x");
 }
+
+#[test]
+fn a_relabelled_slice_moves_between_services_and_changes_lists_only_the_difference() {
+    let s = sample();
+    let mut b = s.to_builder();
+    b.insert(slice("a", "web-def", "api"));
+    let s2 = b.build();
+    assert_eq!(
+        names(s2.endpoint_slices_for_service("a", "web")),
+        ["web-abc"]
+    );
+    assert_eq!(
+        names(s2.endpoint_slices_for_service("a", "api")),
+        ["web-def"]
+    );
+    let changed: Vec<String> = changes(s.endpoint_slices(), s2.endpoint_slices())
+        .map(|(k, old, new)| format!("{k} {} {}", old.is_some(), new.is_some()))
+        .collect();
+    assert_eq!(changed, ["a/web-def true true"]);
+    // An identical object re-sent (a relist) is no change.
+    let mut b = s2.to_builder();
+    b.insert(slice("a", "web-def", "api"));
+    assert_eq!(
+        changes(s2.endpoint_slices(), b.build().endpoint_slices()).count(),
+        0
+    );
+    let mut b = s2.to_builder();
+    b.clear_kind(Kind::EndpointSlice);
+    let s3 = b.build();
+    assert_eq!(s3.endpoint_slices_for_service("a", "api").count(), 0);
+    assert_eq!(
+        changes(s2.endpoint_slices(), s3.endpoint_slices()).count(),
+        3
+    );
+}
+
+mod incremental {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step: insert pod `i` on node `n`, insert slice `i` of service `svc`, or remove.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Pod(u8, u8),
+        Slice(u8, u8),
+        RemovePod(u8),
+        RemoveSlice(u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..8u8, 0..3u8).prop_map(|(i, n)| Step::Pod(i, n)),
+            (0..8u8, 0..3u8).prop_map(|(i, n)| Step::Slice(i, n)),
+            (0..8u8).prop_map(Step::RemovePod),
+            (0..8u8).prop_map(Step::RemoveSlice),
+        ]
+    }
+
+    proptest! {
+        /// The indexes kept up to date by every insert and remove equal those of a snapshot
+        /// built from scratch from the same objects.
+        #[test]
+        fn indexes_kept_by_deltas_equal_indexes_built_from_scratch(
+            steps in proptest::collection::vec(step(), 0..40)
+        ) {
+            let mut snap = Snapshot::default();
+            for s in steps {
+                let mut b = snap.to_builder();
+                match s {
+                    Step::Pod(i, n) => { b.insert(pod("a", &format!("p{i}"), &format!("n{n}"), &[])); }
+                    Step::Slice(i, n) => { b.insert(slice("a", &format!("s{i}"), &format!("svc{n}"))); }
+                    Step::RemovePod(i) => { b.remove(Kind::Pod, &ObjectKey::new("a", format!("p{i}"))); }
+                    Step::RemoveSlice(i) => { b.remove(Kind::EndpointSlice, &ObjectKey::new("a", format!("s{i}"))); }
+                }
+                snap = b.build();
+            }
+            let mut scratch = Snapshot::builder();
+            for o in snap.objects() {
+                scratch.insert(o);
+            }
+            prop_assert_eq!(scratch.build(), snap);
+        }
+    }
+}

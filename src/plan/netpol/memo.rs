@@ -7,8 +7,7 @@ use super::pods::NAMESPACE_NAME_LABEL;
 use crate::api::network_policy::{NamespaceScope, Peer, PortSpec, ValidatedPolicy};
 use crate::api::{Namespace, Pod};
 use crate::nft::ir::Part;
-use crate::snapshot::{self, ObjectKey, Snapshot};
-use std::collections::BTreeMap;
+use crate::snapshot::{self, ObjectKey, ObjectMap, Snapshot};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -36,8 +35,8 @@ pub struct PolicySet {
 /// The inputs of last plan that decide what must be planned again.
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
-    pods: BTreeMap<ObjectKey, Arc<Pod>>,
-    namespaces: BTreeMap<String, Arc<Namespace>>,
+    pods: ObjectMap<ObjectKey, Pod>,
+    namespaces: ObjectMap<String, Namespace>,
 }
 
 /// What changed since [`Seen`]: every namespace (re-plan all) or these pods.
@@ -55,26 +54,14 @@ impl Seen {
         }
     }
 
-    /// Pointer comparisons: O(pods + namespaces), no label is read for unchanged objects.
+    /// The difference of two snapshots: O(change), see `snapshot::changes`.
     pub fn changes<'a>(&'a self, snapshot: &'a Snapshot) -> Changes<'a> {
-        let same_ns = self.namespaces.len() == snapshot.namespaces().len()
-            && self
-                .namespaces
-                .iter()
-                .zip(snapshot.namespaces())
-                .all(|((ka, a), (kb, b))| ka == kb && Arc::ptr_eq(a, b));
-        let mut pods = Vec::new();
-        for (key, old) in &self.pods {
-            match snapshot.pods().get(key) {
-                Some(new) if Arc::ptr_eq(old, new) => {}
-                new => pods.push((Some(&**old), new.map(|p| &**p))),
-            }
-        }
-        for (key, new) in snapshot.pods() {
-            if !self.pods.contains_key(key) {
-                pods.push((None, Some(&**new)));
-            }
-        }
+        let same_ns = snapshot::changes(&self.namespaces, snapshot.namespaces())
+            .next()
+            .is_none();
+        let pods = snapshot::changes(&self.pods, snapshot.pods())
+            .map(|(_, old, new)| (old.map(|p| &**p), new.map(|p| &**p)))
+            .collect();
         Changes {
             everything: !same_ns,
             pods,

@@ -420,66 +420,23 @@ fn bump<K: Ord + Clone>(counts: &mut imbl::OrdMap<K, usize>, key: K, by: isize) 
     n
 }
 
-/// Services whose Service, EndpointSlices or Endpoints differ (by pointer) between two
-/// snapshots: merge walks over the sorted maps, no lookups.
+/// Services whose Service, EndpointSlices or Endpoints differ between two snapshots: the
+/// cost is the size of the change (see `snapshot::changes`).
 fn changed_services(prev: &Snapshot, cur: &Snapshot) -> BTreeSet<ObjectKey> {
     let mut out = BTreeSet::new();
     if prev.ptr_eq(cur) {
         return out;
     }
-    changed_keys(prev.services(), cur.services(), |k, _| {
-        out.insert(k.clone());
-    });
-    changed_keys(prev.endpoints(), cur.endpoints(), |k, _| {
-        out.insert(k.clone());
-    });
-    changed_keys(prev.endpoint_slices(), cur.endpoint_slices(), |k, s| {
-        if let Some(svc) = snapshot::labels(&s.metadata).get(snapshot::SERVICE_NAME_LABEL) {
-            out.insert(ObjectKey::new(k.namespace.clone(), svc.clone()));
-        }
-    });
-    out
-}
-
-/// Calls `f` for every key added, removed or replaced (with each version of the object).
-fn changed_keys<T>(
-    a: &BTreeMap<ObjectKey, Arc<T>>,
-    b: &BTreeMap<ObjectKey, Arc<T>>,
-    mut f: impl FnMut(&ObjectKey, &T),
-) {
-    use std::cmp::Ordering::*;
-    let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
-    loop {
-        match (x.peek(), y.peek()) {
-            (None, None) => break,
-            (Some((k, v)), None) => {
-                f(k, v);
-                x.next();
+    out.extend(snapshot::changes(prev.services(), cur.services()).map(|c| c.0.clone()));
+    out.extend(snapshot::changes(prev.endpoints(), cur.endpoints()).map(|c| c.0.clone()));
+    for (k, old, new) in snapshot::changes(prev.endpoint_slices(), cur.endpoint_slices()) {
+        for slice in old.into_iter().chain(new) {
+            if let Some(svc) = snapshot::labels(&slice.metadata).get(snapshot::SERVICE_NAME_LABEL) {
+                out.insert(ObjectKey::new(k.namespace.clone(), svc.clone()));
             }
-            (None, Some((k, v))) => {
-                f(k, v);
-                y.next();
-            }
-            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                Less => {
-                    f(ka, va);
-                    x.next();
-                }
-                Greater => {
-                    f(kb, vb);
-                    y.next();
-                }
-                Equal => {
-                    if !Arc::ptr_eq(va, vb) {
-                        f(ka, va);
-                        f(kb, vb);
-                    }
-                    x.next();
-                    y.next();
-                }
-            },
         }
     }
+    out
 }
 
 fn plan_service(

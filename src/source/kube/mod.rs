@@ -132,21 +132,31 @@ async fn store_task(
             }
         }
     };
+    // When the last snapshot went out: a change after a quiet spell goes out at once.
+    let mut published: Option<Instant> = None;
     loop {
         let Some(msg) = rx.recv().await else { return };
+        let was_synced = store.all_synced();
         let change = handle(msg, &mut store);
         if !change.any() {
             continue;
         }
         // Coalesce the burst; a moved egress IP ends it at once (what is queued is still
-        // taken in, see `take`).
+        // taken in, see `take`), and so do the first change after a quiet spell (leading
+        // edge, as kube-proxy's bounded-frequency runner syncs at once when it last synced
+        // long enough ago: a lone endpoint change costs no debounce) and the last initial
+        // list (a cold start waits for nothing more).
         let now = Instant::now();
         let mut burst = BURST.start(now);
+        let idle = published.is_none_or(|at| now >= at + DEBOUNCE);
+        let change = escalate(change, was_synced, store.all_synced(), idle);
         take(&mut burst, change, now);
         loop {
             match tokio::time::timeout_at(burst.deadline(), rx.recv()).await {
                 Ok(Some(msg)) => {
+                    let was_synced = store.all_synced();
                     let change = handle(msg, &mut store);
+                    let change = escalate(change, was_synced, store.all_synced(), false);
                     let now = Instant::now();
                     burst.event(now);
                     take(&mut burst, change, now);
@@ -162,9 +172,22 @@ async fn store_task(
                 info!("every initial list synced");
             }
             snapshots.send_replace(Some(store.snapshot()));
+            published = Some(Instant::now());
         } else {
             debug!(?unsynced, "waiting for initial lists");
         }
+    }
+}
+
+/// How urgent a change is, given whether the store was and is synced and whether the
+/// source was `idle` (nothing published for a debounce interval): the change that completes
+/// the first view, and the first change after a quiet spell, go out at once.
+fn escalate(change: Change, was_synced: bool, synced: bool, idle: bool) -> Change {
+    let first_view = !was_synced && synced;
+    if change.any() && (first_view || (idle && was_synced)) {
+        Change::Urgent
+    } else {
+        change
     }
 }
 
@@ -219,5 +242,19 @@ mod tests {
         burst.event(t0 + ms(50));
         take(&mut burst, Change::Urgent, t0 + ms(50));
         assert_eq!(burst.deadline(), t0 + ms(50));
+    }
+
+    #[test]
+    fn the_first_view_and_a_change_after_quiet_go_out_at_once() {
+        use Change::*;
+        // The last initial list completes the view: no debounce before the cold start.
+        assert_eq!(escalate(Changed, false, true, false), Urgent);
+        // Lists still missing: nothing to publish early.
+        assert_eq!(escalate(Changed, false, false, true), Changed);
+        // Synced and idle: the lone change goes at once; in a burst it waits for quiet.
+        assert_eq!(escalate(Changed, true, true, true), Urgent);
+        assert_eq!(escalate(Changed, true, true, false), Changed);
+        // No change stays no change.
+        assert_eq!(escalate(None, true, true, true), None);
     }
 }
