@@ -13,6 +13,7 @@ pub mod controller;
 pub mod dns;
 pub mod dnsproxy;
 pub mod healthcheck;
+pub mod heap;
 pub mod net;
 pub mod nft;
 pub mod observe;

@@ -8,6 +8,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    nodeplane::heap::limit_arenas();
     let cli = Cli::parse();
     let config = match Config::resolve(&cli.opts) {
         Ok(c) => c,

@@ -71,6 +71,19 @@ pub struct SyncReport {
     pub health_checks: HealthChecks,
     /// Whose DNS answers the EgressFirewall DNS proxy learns from, and into which sets.
     pub dns_learning: std::sync::Arc<crate::plan::firewall::learning::Learning>,
+    /// Where the sync's time went (logged with "sync done").
+    pub took: SyncTimes,
+}
+
+/// The steps of one sync, timed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SyncTimes {
+    /// Planning and settling (user space only).
+    pub plan: std::time::Duration,
+    /// The nftables diff and transaction (both tables), kernel commit included.
+    pub nft: std::time::Duration,
+    /// Addresses, routes and rules, and the conntrack cleanup.
+    pub net: std::time::Duration,
 }
 
 /// An object's verdict as the log, `--dry-run` and the admin ruleset print it: one line

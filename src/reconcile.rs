@@ -12,7 +12,9 @@ use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
 use crate::nft::{ApplyStats, Engine, Family, NftBackend, NftError, TABLE_NAME, Table};
-use crate::observe::{ReconcileError, SyncObserver, SyncOutcome, SyncReport, status_line};
+use crate::observe::{
+    ReconcileError, SyncObserver, SyncOutcome, SyncReport, SyncTimes, status_line,
+};
 use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
@@ -122,6 +124,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
     /// Plans `snapshot` and brings the kernel to it. nftables first, so that rules exist
     /// before an address starts attracting traffic; removal order is handled per backend.
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
+        let started = std::time::Instant::now();
         let mut desired = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
         // Fenced: every egress address is refused like one no interface can take, so the
         // backends remove it and the features fail closed (NetDesired holds only those).
@@ -159,11 +162,13 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             health_checks,
             ..
         } = desired;
+        let planned_at = std::time::Instant::now();
         // The bridge table first: the inet table's policy chains never exist without it.
         let bridged = self.sync_bridge(bridge)?;
         let mut nft = self.engine.sync(ruleset)?;
         nft.ops += bridged.ops;
         nft.messages += bridged.messages;
+        let committed_at = std::time::Instant::now();
         // After the new rules are in: a deleted flow's next packet picks a live backend, or
         // reaches the frontend that now has one.
         if self.conntrack_cleanup
@@ -177,12 +182,20 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             std::sync::Arc::new(crate::plan::firewall::learning::learning(&memory.firewall));
         self.memory = memory;
         self.save_state();
+        if nft.ops >= TRIM_AFTER_OPS {
+            crate::heap::release_freed_memory();
+        }
         Ok(SyncReport {
             nft,
             net_ops: changes.len(),
             statuses,
             health_checks,
             dns_learning,
+            took: SyncTimes {
+                plan: planned_at - started,
+                nft: committed_at - planned_at,
+                net: committed_at.elapsed(),
+            },
         })
     }
 
@@ -376,11 +389,18 @@ fn real_reconciler(
     .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
 
+/// A transaction this large (a cold start, a full resync) leaves tens of MiB of freed
+/// temporaries in malloc's arenas: they are handed back (see `heap`).
+const TRIM_AFTER_OPS: usize = 2000;
+
 fn log_report(report: &SyncReport) {
     info!(
         nft_ops = report.nft.ops,
         nft_messages = report.nft.messages,
         net_ops = report.net_ops,
+        plan_ms = report.took.plan.as_secs_f64() * 1e3,
+        nft_ms = report.took.nft.as_secs_f64() * 1e3,
+        net_ms = report.took.net.as_secs_f64() * 1e3,
         "sync done"
     );
     for s in &report.statuses {

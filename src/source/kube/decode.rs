@@ -37,9 +37,16 @@ pub fn decode(kind: Kind, obj: DynamicObject) -> Result<AnyObject, Rejection> {
         uid: uid.clone(),
         message,
     };
-    let mut value = serde_json::to_value(&obj).map_err(|e| reject(e.to_string()))?;
-    drop(obj);
+    // The free-form data (spec, status...) moves over as it is; only the metadata is
+    // serialized again (serializing the whole object was most of a cold start's decode).
+    let metadata = serde_json::to_value(&obj.metadata).map_err(|e| reject(e.to_string()))?;
+    let mut value = match obj.data {
+        Value::Object(map) => Value::Object(map),
+        Value::Null => Value::Object(serde_json::Map::new()),
+        _ => return Err(reject("the object is not a JSON map".into())),
+    };
     if let Some(map) = value.as_object_mut() {
+        map.insert("metadata".into(), metadata);
         // List items come without their type; the typed decoders want it.
         map.insert("apiVersion".into(), Value::from(kind.api_version()));
         map.insert("kind".into(), Value::from(kind.as_str()));

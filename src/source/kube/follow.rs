@@ -173,11 +173,30 @@ async fn list(
         limit: config.page_size,
         ..ListParams::default()
     };
+    // The next page is asked for as soon as a page arrives, and fetched while this one is
+    // decoded: the server's and the network's time overlap the agent's.
+    let fetch = |params: ListParams| {
+        let api = api.clone();
+        Prefetch(tokio::spawn(async move {
+            match tokio::time::timeout(liveness.idle(), api.list(&params)).await {
+                Err(_) => Err(Failure::Stalled(liveness.idle())),
+                Ok(page) => page.map_err(Failure::List),
+            }
+        }))
+    };
+    let mut next = fetch(params.clone());
     loop {
-        let page = match tokio::time::timeout(liveness.idle(), api.list(&params)).await {
-            Err(_) => return Err(Failure::Stalled(liveness.idle())),
-            Ok(page) => page.map_err(Failure::List)?,
-        };
+        let mut page = (&mut next.0).await.map_err(|e| {
+            Failure::Status(Box::new(Status::failure(
+                &format!("list task: {e}"),
+                "InternalError",
+            )))
+        })??;
+        let token = page.metadata.continue_.take().filter(|c| !c.is_empty());
+        if let Some(token) = &token {
+            params.continue_token = Some(token.clone());
+            next = fetch(params.clone());
+        }
         for obj in page.items {
             let msg = match decode(kind, obj) {
                 Ok(o) => Msg::Update(Update::InitApply(o)),
@@ -187,8 +206,8 @@ async fn list(
                 return Ok(None);
             }
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params.continue_token = Some(token),
+        match token {
+            Some(_) => {}
             None => {
                 let Some(rv) = page.metadata.resource_version.filter(|v| !v.is_empty()) else {
                     return Err(Failure::Status(Box::new(Status::failure(
@@ -202,6 +221,15 @@ async fn list(
                 return Ok(Some(rv));
             }
         }
+    }
+}
+
+/// A page being fetched; dropped (the list failed or the store is gone), it is cancelled.
+struct Prefetch<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Prefetch<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
