@@ -237,14 +237,12 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
     let mut before: BTreeMap<Claim, Option<Rank>> = BTreeMap::new();
     let mut settle: BTreeSet<ObjectKey> = BTreeSet::new();
     let zone = settings.zone.as_deref();
-    let planned = plan_each(&changed, |key| {
-        snapshot
+    for key in &changed {
+        let pk = part_key(key);
+        let new = snapshot
             .services()
             .get(key)
-            .map(|svc| plan_service(snapshot, config, &rules, zone, key, svc))
-    });
-    for (key, new) in changed.iter().zip(planned) {
-        let pk = part_key(key);
+            .map(|svc| plan_service(snapshot, config, &rules, zone, key, svc));
         let old_frontends = memo.entries.get(&pk).map(|e| e.udp_frontends.clone());
         if let Some(e) = &new {
             let old = old_frontends.unwrap_or_default();
@@ -357,32 +355,6 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         stale_udp,
         new_udp_frontends,
     }
-}
-
-/// Below this many services one thread plans them: spawning costs more than it saves.
-const PARALLEL_MIN: usize = 2000;
-
-/// `plan(key)` for every key, in order. A cold start or a full re-plan (thousands of
-/// services, each independent of the others) is spread over the node's cores; the result
-/// is the same as one thread's, element for element.
-fn plan_each<T: Send>(keys: &BTreeSet<ObjectKey>, plan: impl Fn(&ObjectKey) -> T + Sync) -> Vec<T> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if keys.len() < PARALLEL_MIN || threads < 2 {
-        return keys.iter().map(plan).collect();
-    }
-    let keys: Vec<&ObjectKey> = keys.iter().collect();
-    let chunk = keys.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let plan = &plan;
-        let workers: Vec<_> = keys
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(|k| plan(k)).collect::<Vec<T>>()))
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("a service planner thread panicked"))
-            .collect()
-    })
 }
 
 /// Every Node's InternalIP/ExternalIP with the (first by name) node that has it.
