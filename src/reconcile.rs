@@ -71,7 +71,8 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
     pub fn new(config: Config, nft: N, net: B) -> Self {
         Reconciler {
             config,
-            engine: Engine::new(nft),
+            engine: Engine::new(nft)
+                .with_chunks(CREATE_CHUNK_OPS, crate::plan::services::names::is_bulk_map),
             bridge: Engine::new(N::default()),
             bridge_absent: false,
             net,
@@ -388,6 +389,10 @@ fn real_reconciler(
     .with_fence(fence)
     .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
+
+/// Elements per transaction after the first when a large table is created (a cold start):
+/// the node's other nftables users wait for our commit no longer than ~20 ms.
+const CREATE_CHUNK_OPS: usize = 10_000;
 
 /// A transaction this large (a cold start, a full resync) leaves tens of MiB of freed
 /// temporaries in malloc's arenas: they are handed back (see `heap`).

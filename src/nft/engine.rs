@@ -86,6 +86,16 @@ pub struct Engine<B: NftBackend> {
     current: Option<Table>,
     /// Read-backs done (start-up, resync, drift, after a rejection).
     read_backs: u64,
+    /// Creating a table of more operations than this splits the elements of the sets the
+    /// predicate names off into later transactions (see [`Transaction::create_chunked`]).
+    chunks: Option<Chunking>,
+}
+
+/// Most elements per transaction after the first, and which sets may be deferred.
+#[derive(Debug, Clone, Copy)]
+struct Chunking {
+    max_ops: usize,
+    deferrable: fn(&str) -> bool,
 }
 
 impl<B: NftBackend> Engine<B> {
@@ -94,7 +104,18 @@ impl<B: NftBackend> Engine<B> {
             backend,
             current: None,
             read_backs: 0,
+            chunks: None,
         }
+    }
+
+    /// Creates large tables in transactions of at most `max_ops` elements after the first,
+    /// deferring only the elements of the sets `deferrable` names.
+    pub fn with_chunks(mut self, max_ops: usize, deferrable: fn(&str) -> bool) -> Self {
+        self.chunks = Some(Chunking {
+            max_ops,
+            deferrable,
+        });
+        self
     }
 
     pub fn backend(&self) -> &B {
@@ -152,9 +173,16 @@ impl<B: NftBackend> Engine<B> {
     fn repair(&mut self, desired: Table) -> Result<ApplyStats, NftError> {
         self.read_backs += 1;
         let baseline = self.backend.read_back(&desired)?;
-        let tx = match &baseline.table {
-            None => Transaction::create(&desired),
-            Some(cur) => Transaction::from_baseline(cur, &desired, &baseline),
+        let tx = match (&baseline.table, self.chunks) {
+            (None, Some(c)) => {
+                let mut txs = Transaction::create_chunked(&desired, c.max_ops, &c.deferrable);
+                if txs.len() > 1 {
+                    return self.apply_chunks(txs, desired);
+                }
+                txs.remove(0)
+            }
+            (None, None) => Transaction::create(&desired),
+            (Some(cur), _) => Transaction::from_baseline(cur, &desired, &baseline),
         };
         if tx.is_empty() {
             self.current = Some(desired);
@@ -163,6 +191,23 @@ impl<B: NftBackend> Engine<B> {
         let stats = self.backend.apply(&tx)?;
         self.current = Some(desired);
         Ok(stats)
+    }
+
+    /// Applies the transactions of a chunked creation in order. If one fails, what the kernel
+    /// holds is unknown: the next sync reads it back.
+    fn apply_chunks(
+        &mut self,
+        txs: Vec<Transaction>,
+        desired: Table,
+    ) -> Result<ApplyStats, NftError> {
+        let mut total = ApplyStats::default();
+        for tx in &txs {
+            let stats = self.backend.apply(tx)?;
+            total.ops += stats.ops;
+            total.messages += stats.messages;
+        }
+        self.current = Some(desired);
+        Ok(total)
     }
 
     /// Forgets what the kernel holds: the next sync reads the table back and repairs

@@ -418,3 +418,118 @@ proptest! {
         prop_assert_eq!(tx.into_table(), flat);
     }
 }
+
+/// A table whose parts put `n` elements in the data map "bulk" and one in the verdict map
+/// "dispatch" (a filtering map, never deferred).
+fn bulk_table(n: u16) -> Table {
+    let mut t = table(&[("a", 1)], &[(1, "a")]);
+    t.add_set(Set::new(
+        "bulk",
+        vec![DataType::Ipv4Addr],
+        SetKind::Map(vec![DataType::InetService]),
+    ));
+    for p in 0..4u16 {
+        let mut part = Part::default();
+        for i in (0..n).filter(|i| i % 4 == p) {
+            let ip = Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8);
+            part.add_mapping(
+                "bulk",
+                vec![KeyPart::Value(Value::Ipv4(ip))],
+                ElemData::Values(vec![Value::Port(i)]),
+            );
+        }
+        if p == 0 {
+            part.add_mapping(
+                "dispatch",
+                vec![KeyPart::Value(Value::Ipv4(Ipv4Addr::new(10, 0, 0, 9)))],
+                ElemData::Verdict(Verdict::Goto("a".into())),
+            );
+        }
+        t.insert_part(format!("p{p}"), std::sync::Arc::new(part));
+    }
+    t
+}
+
+#[test]
+fn a_large_new_table_is_created_in_chunks_with_every_filtering_element_in_the_first() {
+    let desired = bulk_table(250);
+    let mut engine =
+        Engine::new(FakeBackend::default()).with_chunks(100, |name: &str| name == "bulk");
+    let stats = engine.sync(desired.clone()).unwrap();
+    let sent = &engine.backend().applied;
+    // The first transaction creates everything but the bulk elements; 250 follow in 3.
+    assert_eq!(
+        sent.len(),
+        4,
+        "{:?}",
+        sent.iter().map(|t| t.op_count()).collect::<Vec<_>>()
+    );
+    assert!(
+        sent[0]
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::AddSetWithParts { set, .. } if set.name == "dispatch"))
+    );
+    assert!(sent[0].ops.iter().all(|op| {
+        op.set()
+            .is_none_or(|s| s.name != "bulk" || op.elements().next().is_none())
+    }));
+    assert_eq!(
+        sent[1..]
+            .iter()
+            .map(Transaction::op_count)
+            .collect::<Vec<_>>(),
+        [100, 100, 50]
+    );
+    assert_eq!(
+        stats.ops,
+        sent.iter().map(Transaction::op_count).sum::<usize>()
+    );
+    // Same kernel state as one transaction, and a restart finds nothing to write.
+    assert_eq!(engine.backend().table.as_ref(), Some(&desired.flatten()));
+    let mut restarted = Engine::new(FakeBackend {
+        table: engine.backend().table.clone(),
+        ..Default::default()
+    });
+    assert_eq!(
+        restarted.sync(desired.clone()).unwrap(),
+        ApplyStats::default()
+    );
+    // Small tables, and tables that exist, are not split.
+    let mut small = Engine::new(FakeBackend::default()).with_chunks(1000, |_: &str| true);
+    small.sync(desired).unwrap();
+    assert_eq!(small.backend().applied.len(), 1);
+}
+
+#[test]
+fn a_failed_chunk_leaves_the_engine_reading_back_and_finishing_the_table() {
+    let desired = bulk_table(250);
+    let mut engine = Engine::new(FailThird::default()).with_chunks(100, |n: &str| n == "bulk");
+    // The creation and the first 100 elements go in, then the backend refuses: the sync
+    // fails...
+    assert!(engine.sync(desired.clone()).is_err());
+    // ...and the next one reads the half-filled table back and adds only what is missing.
+    let stats = engine.sync(desired.clone()).unwrap();
+    assert_eq!(stats.ops, 150, "the two chunks that never went in");
+    assert_eq!(engine.backend().0.table.as_ref(), Some(&desired.flatten()));
+}
+
+/// A backend that refuses the third transaction it is given.
+#[derive(Default)]
+struct FailThird(FakeBackend, usize);
+
+impl NftBackend for FailThird {
+    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError> {
+        self.1 += 1;
+        if self.1 == 3 {
+            self.0.reject_next = Some("EBUSY".into());
+        }
+        self.0.apply(tx)
+    }
+    fn read_back(
+        &mut self,
+        desired: &Table,
+    ) -> Result<nodeplane::nft::readback::Baseline, NftError> {
+        self.0.read_back(desired)
+    }
+}

@@ -64,6 +64,19 @@ pub fn backends(f: IpFamily, frontend: Frontend, local: bool) -> &'static str {
     }
 }
 
+/// The maps a new table may receive after its first commit (see
+/// `Transaction::create_chunked`): the dispatch and backends maps hold the bulk of a large
+/// cluster's elements, and one still missing only means its service is not load-balanced
+/// yet (the connection meets `svc-check`); nothing that filters traffic lives in them.
+pub fn is_bulk_map(name: &str) -> bool {
+    [IpFamily::V4, IpFamily::V6].into_iter().any(|f| {
+        name == dispatch(f)
+            || [Frontend::Addr, Frontend::NodePort]
+                .into_iter()
+                .any(|fe| name == backends(f, fe, false) || name == backends(f, fe, true))
+    })
+}
+
 /// `ip saddr . ip daddr` of this node's endpoints: a connection DNATed back to the endpoint
 /// that opened it (hairpin) is masqueraded.
 pub fn hairpin(f: IpFamily) -> &'static str {
