@@ -99,20 +99,24 @@ fn full_sync_of_parts_encodes_like_the_flat_table() {
     }
 }
 
+/// The rich table dealt into parts: keys of every set interleave across parts; one interval
+/// set is filled only by a part; chains and sets (with elements) owned by parts.
+fn dealt_rich_table() -> Table {
+    parts::dealt(
+        rich_table(),
+        "cidrs6",
+        &["svc-a", "svc-b"],
+        &["affinity", "timed"],
+    )
+}
+
 #[test]
 fn full_sync_of_parts_lists_like_nft_of_the_flat_table() {
     let mut lab = Lab::new();
     let ours = lab.add_host("parts");
     let flat = lab.add_host("pflat");
     let text = lab.add_host("ptext");
-    // Keys of every set interleave across parts; one interval set is filled only by a
-    // part; chains and sets (with elements) owned by parts.
-    let table = parts::dealt(
-        rich_table(),
-        "cidrs6",
-        &["svc-a", "svc-b"],
-        &["affinity", "timed"],
-    );
+    let table = dealt_rich_table();
     let tx = Transaction::create(&table);
     let with_parts = tx
         .ops
@@ -144,12 +148,7 @@ fn a_table_created_in_chunks_lists_like_nft_of_the_flat_table() {
     let flat = lab.add_host("cflat");
     // Every set filled by parts may be deferred here (interval sets are kept whole by
     // `create_chunked`); chunks of 3 elements make many transactions.
-    let table = parts::dealt(
-        rich_table(),
-        "cidrs6",
-        &["svc-a", "svc-b"],
-        &["affinity", "timed"],
-    );
+    let table = dealt_rich_table();
     let txs = Transaction::create_chunked(&table, 3, &|_: &str| true);
     assert!(txs.len() > 3, "{} transactions", txs.len());
     ours.enter(|| {
