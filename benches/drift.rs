@@ -28,7 +28,7 @@ use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;
 use nodeplane::testing::lab::{Lab, Ns, run_cmd};
 use nodeplane::testing::objects;
-use nodeplane::testing::stats::percentile;
+use nodeplane::testing::stats::{median, ms, percentile};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
@@ -80,10 +80,6 @@ fn cluster(n: usize) -> Snapshot {
         b.insert(slice);
     }
     b.build()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// CPU time (user + system) of thread `tid` of this process, 10 ms resolution.
@@ -177,11 +173,6 @@ fn cold_apply(snap: &Snapshot, listen: Listen) -> ColdApply {
         bytes,
         overruns,
     }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn listener_cost(services: usize, rounds: usize) {

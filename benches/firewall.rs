@@ -18,10 +18,9 @@ use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::{Memory, plan_with_dns};
 use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;
-use nodeplane::testing::lab::{Lab, Ns, Pod};
+use nodeplane::testing::lab::{self, Lab, Ns, Pod};
 use nodeplane::testing::objects;
-use std::io::Read;
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
@@ -53,31 +52,9 @@ fn pod_doc(ns: &str, name: &str, ip: &str) -> String {
     objects::pod(ns, name).on(NODE).ips(&[ip]).to_string()
 }
 
-/// `n` sequential TCP connections (connect, read the server's line, close) from inside `ns`.
+/// `n` sequential connections from `ns` to the server (connect, read its byte, close).
 fn connect_loop(ns: &Ns, n: usize) -> Duration {
-    ns.enter(move || {
-        let start = Instant::now();
-        for _ in 0..n {
-            let mut s =
-                TcpStream::connect_timeout(&SERVER.parse().unwrap(), Duration::from_secs(1))
-                    .expect("the server is allowed");
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).expect("reply");
-        }
-        start.elapsed()
-    })
-}
-
-/// A blocking accept loop (the lab's servers poll, which would dominate the numbers): one
-/// byte per connection, then close. The thread lives until the process exits.
-fn fast_server(ext: &Ns) {
-    use std::io::Write;
-    let listener = ext.enter(|| std::net::TcpListener::bind(SERVER).expect("bind server"));
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            let _ = c.write_all(b"x");
-        }
-    });
+    lab::connect_times(ns, SERVER, n).into_iter().sum()
 }
 
 fn packet_cost(conns: usize, rounds: usize) {
@@ -96,7 +73,7 @@ fn packet_cost(conns: usize, rounds: usize) {
     lab.add_addr(&ext, "lo", "203.0.113.10/32");
     lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
     lab.add_route(&ext, "10.128.0.0/14", "192.168.1.1");
-    fast_server(&ext);
+    lab::byte_server(&ext, SERVER);
     let dir = tempfile::tempdir().unwrap();
     let mut docs = vec![
         objects::egress_firewall("fw10", &rules(10)).to_string(),

@@ -23,11 +23,10 @@ use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::plan::{Memory, plan_with};
 use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;
-use nodeplane::testing::lab::{Lab, Ns};
+use nodeplane::testing::lab::{self, Lab, Ns};
 use nodeplane::testing::objects;
-use nodeplane::testing::stats;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
+use nodeplane::testing::stats::{self, ms};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
@@ -80,31 +79,15 @@ fn thread_cpu() -> Duration {
     Duration::from_nanos(ns.expect("schedstat: CPU time"))
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 /// Sorts `v` and takes its `p` quantile.
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
     stats::percentile(v, p)
 }
 
-/// `n` sequential TCP connections (connect, read one byte, close) from `ns`, each timed.
+/// `n` sequential connections from `ns` to the server, each timed.
 fn connect_times(ns: &Ns, n: usize) -> Vec<Duration> {
-    let dst: std::net::SocketAddr = SERVER.parse().unwrap();
-    ns.enter(move || {
-        (0..n)
-            .map(|_| {
-                let t = Instant::now();
-                let mut s =
-                    TcpStream::connect_timeout(&dst, Duration::from_secs(1)).expect("connect");
-                let mut buf = [0u8; 1];
-                s.read_exact(&mut buf).expect("reply");
-                t.elapsed()
-            })
-            .collect()
-    })
+    lab::connect_times(ns, SERVER, n)
 }
 
 /// Connection setup with no policy, one policy and all of them, in alternating rounds
@@ -115,14 +98,7 @@ fn latency(policies: usize, pods: usize, conns: usize) {
     let node = lab.add_node("node");
     let client = lab.add_pod(&node, "client", &["10.128.1.1"]);
     let server = lab.add_pod(&node, "server", &["10.128.0.1"]);
-    let listener = server
-        .ns
-        .enter(|| std::net::TcpListener::bind("0.0.0.0:8080").unwrap());
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            let _ = c.write_all(b"x");
-        }
-    });
+    lab::byte_server(&server.ns, "0.0.0.0:8080");
     client.ns.sysctl("net.ipv4.tcp_tw_reuse", "1");
     let cfg = Config::for_node(NODE);
     let tables: Vec<(String, Table)> = [

@@ -29,10 +29,9 @@ use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::fakeapi::FakeApi;
 use nodeplane::testing::lab::{self, Lab, Ns};
 use nodeplane::testing::objects;
-use nodeplane::testing::stats::percentile;
+use nodeplane::testing::stats::{median, ms, percentile};
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
@@ -192,15 +191,6 @@ fn nft_stdin(text: &str) -> Duration {
     start.elapsed()
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 /// Cold apply, kube-proxy layout, and one-endpoint changes at `n` services.
 fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
     let mut lab = Lab::new();
@@ -310,18 +300,9 @@ fn apply_cost(n: usize, e: usize, changes: usize, compare_kube_proxy: bool) {
     }
 }
 
-/// `n` sequential TCP connections (connect, read, close) from inside `ns`; per connection.
+/// `n` sequential connections from `ns` to `dst`: the mean per connection.
 fn connect_loop(ns: &Ns, dst: &str, n: usize) -> Duration {
-    let dst: std::net::SocketAddr = dst.parse().unwrap();
-    ns.enter(move || {
-        let start = Instant::now();
-        for _ in 0..n {
-            let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(1)).expect("connect");
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).expect("reply");
-        }
-        start.elapsed() / n as u32
-    })
+    lab::connect_times(ns, dst, n).into_iter().sum::<Duration>() / n as u32
 }
 
 /// Connection setup from a pod to a ClusterIP with 10 and with `n` services installed, and
@@ -334,14 +315,7 @@ fn latency(n: usize, e: usize, conns: usize) {
     let node = lab.add_node("node");
     let client = lab.add_pod(&node, "client", &["10.128.0.5"]);
     let backend = lab.add_pod(&node, "backend", &["10.128.0.6"]);
-    let listener = backend
-        .ns
-        .enter(|| std::net::TcpListener::bind("0.0.0.0:8080").unwrap());
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            let _ = c.write_all(b"x");
-        }
-    });
+    lab::byte_server(&backend.ns, "0.0.0.0:8080");
     client.ns.sysctl("net.ipv4.tcp_tw_reuse", "1");
     let cfg = Config::for_node(NODE);
     let real = [Ipv4Addr::new(10, 128, 0, 6)];
@@ -466,16 +440,18 @@ fn kube_cold_start(n: usize, e: usize, runs: usize) {
     // kernel's nftables lock (plus the `nft` process's own ~5 ms). It keeps a core busy, so
     // the start-up figures are taken without it.
     let neighbour = std::env::args().any(|a| a == "--neighbour");
-    node.nft(&["add", "table", "inet", "neighbour"]).unwrap();
-    node.nft(&[
-        "add",
-        "set",
-        "inet",
-        "neighbour",
-        "s",
-        "{ type ipv4_addr; }",
-    ])
-    .unwrap();
+    if neighbour {
+        node.nft(&["add", "table", "inet", "neighbour"]).unwrap();
+        node.nft(&[
+            "add",
+            "set",
+            "inet",
+            "neighbour",
+            "s",
+            "{ type ipv4_addr; }",
+        ])
+        .unwrap();
+    }
     let mut waits: Vec<Duration> = Vec::new();
     for _ in 0..runs {
         let _ = node.nft(&["delete", "table", "inet", "nodeplane"]);

@@ -8,6 +8,17 @@ pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The median (upper middle) of unsorted samples.
+pub fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// A duration in milliseconds, for printing.
+pub fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 #[cfg(test)]
 mod tests {
     use super::percentile;

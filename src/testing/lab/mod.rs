@@ -12,6 +12,7 @@
 //! assert_eq!(reply.src_ip(), pod.ip());
 //! ```
 mod agent;
+mod byte_server;
 mod datagrams;
 pub mod dns;
 mod matrix;
@@ -23,6 +24,7 @@ mod traffic;
 use std::time::{Duration, Instant};
 
 pub use agent::{AgentProcess, ManifestAgent, agent_bin};
+pub use byte_server::{byte_server, connect_times};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
 pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
 pub use netns::{
