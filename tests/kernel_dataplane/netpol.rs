@@ -21,11 +21,11 @@
 //! checked by `nft -c` in the unit tests only: this kernel has no SCTP sockets.
 
 use nodeplane::testing::lab::{
-    Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server, assert_truth, eventually,
+    self, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server, assert_truth,
+    eventually,
 };
 use nodeplane::testing::objects;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub const NODES: [&str; 2] = ["node-1", "node-2"];
@@ -344,34 +344,13 @@ fn established_connections_survive_a_policy_change() {
     c.apply(&[]);
     let server = &c.pods[0].1; // x/a
     let client = &c.pods[1].1; // x/b
-    let listener = server
-        .ns
-        .enter(|| TcpListener::bind("0.0.0.0:7000").unwrap());
-    let echo = std::thread::spawn(move || {
-        let (conn, _) = listener.accept().unwrap();
-        let mut reader = BufReader::new(conn.try_clone().unwrap());
-        let mut writer = conn;
-        let mut line = String::new();
-        while reader.read_line(&mut line).unwrap_or(0) > 0 {
-            writer.write_all(line.as_bytes()).unwrap();
-            line.clear();
-        }
-    });
-    let dst = format!("{}:7000", server.ip());
-    let mut conn = client
-        .ns
-        .enter(move || TcpStream::connect_timeout(&dst.parse().unwrap(), SECOND).unwrap());
-    conn.set_read_timeout(Some(SECOND)).unwrap();
-    let mut roundtrip = |msg: &str| {
-        conn.write_all(format!("{msg}\n").as_bytes()).unwrap();
-        let mut reader = BufReader::new(conn.try_clone().unwrap());
-        let mut got = String::new();
-        reader.read_line(&mut got).map(|_| got.trim().to_string())
-    };
-    assert_eq!(roundtrip("before").unwrap(), "before");
+    let dst = SocketAddr::new(server.ip(), 7000);
+    let echo = lab::line_echo_server(&server.ns, dst);
+    let mut conn = EchoConn::connect(&client.ns, dst, SECOND);
+    assert_eq!(conn.roundtrip("before").unwrap(), "before");
     c.apply(&[policy("x", "deny", DENY_INGRESS)]);
     // Documented choice: a policy change does not cut established connections ...
-    assert_eq!(roundtrip("after").unwrap(), "after");
+    assert_eq!(conn.roundtrip("after").unwrap(), "after");
     // ... while new ones are denied.
     c.check("new connections denied", 4, TCP80, |_, to| !in_ns(to, "x"));
     drop(conn);

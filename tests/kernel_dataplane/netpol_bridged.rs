@@ -6,11 +6,10 @@
 //! `cleanup` removes it.
 
 use nodeplane::testing::lab::{
-    Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth, eventually,
+    self, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth, eventually,
 };
 use nodeplane::testing::objects;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 const NODE: &str = "node-1";
@@ -204,35 +203,13 @@ fn an_established_bridged_connection_survives_a_policy_edit() {
     br_netfilter(&b.node, false);
     b.agent.write("policies.yaml", &only("b", "a"));
     b.agent.once(&[]);
-    let listener = b.pods[0]
-        .ns
-        .enter(|| TcpListener::bind("0.0.0.0:7000").unwrap());
-    let echo = std::thread::spawn(move || {
-        let (conn, _) = listener.accept().unwrap();
-        let mut reader = BufReader::new(conn.try_clone().unwrap());
-        let mut writer = conn;
-        let mut line = String::new();
-        while reader.read_line(&mut line).unwrap_or(0) > 0 {
-            writer.write_all(line.as_bytes()).unwrap();
-            line.clear();
-        }
-    });
     let dst = SocketAddr::new(b.pods[0].addr, 7000);
-    let second = Duration::from_secs(1);
-    let mut conn = b.pods[1]
-        .ns
-        .enter(move || TcpStream::connect_timeout(&dst, second).unwrap());
-    conn.set_read_timeout(Some(second)).unwrap();
-    let mut roundtrip = |msg: &str| {
-        conn.write_all(format!("{msg}\n").as_bytes()).unwrap();
-        let mut reader = BufReader::new(conn.try_clone().unwrap());
-        let mut got = String::new();
-        reader.read_line(&mut got).map(|_| got.trim().to_string())
-    };
-    assert_eq!(roundtrip("before").unwrap(), "before");
+    let echo = lab::line_echo_server(&b.pods[0].ns, dst);
+    let mut conn = EchoConn::connect(&b.pods[1].ns, dst, Duration::from_secs(1));
+    assert_eq!(conn.roundtrip("before").unwrap(), "before");
     b.agent.write("policies.yaml", &deny_all());
     b.agent.once(&[]);
-    assert_eq!(roundtrip("after").unwrap(), "after");
+    assert_eq!(conn.roundtrip("after").unwrap(), "after");
     truth(&b, "deny all, new connections", |f, t| f == t);
     drop(conn);
     echo.join().unwrap();

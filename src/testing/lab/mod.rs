@@ -15,6 +15,7 @@ mod agent;
 mod byte_server;
 mod datagrams;
 pub mod dns;
+mod echo;
 mod matrix;
 mod netns;
 mod stream;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 pub use agent::{AgentProcess, ManifestAgent, agent_bin};
 pub use byte_server::{byte_server, connect_times};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
+pub use echo::{EchoConn, line_echo_server};
 pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
