@@ -14,7 +14,7 @@
 //! 5. `--kube-cold-start N1xE1,N2xE2 --runs R`: instead of 1-4, the real agent in
 //!    Kubernetes mode against the test kit's fake API server holding N services x E
 //!    endpoints, started R times into an empty table: time from spawn to its first
-//!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then.
+//!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then (and its peak, VmHWM).
 //!    `BENCH_SHOW_LOG=1` prints each run's agent log (`NODEPLANE_LOG_LEVEL` is passed on).
 //!
 //! `--change-scales N1,N2,...` runs only 1 (without kube-proxy's layout) and 2 at each N, with
@@ -435,6 +435,7 @@ fn kube_cold_start(n: usize, e: usize, runs: usize) {
     );
     let mut took = Vec::new();
     let mut rss = Vec::new();
+    let mut peak = Vec::new();
     // `--neighbour`: another nftables user of the node, one-element commits to its own table
     // in a loop while the agent starts. Its longest wait is how long our commits hold the
     // kernel's nftables lock (plus the `nft` process's own ~5 ms). It keeps a core busy, so
@@ -496,12 +497,15 @@ fn kube_cold_start(n: usize, e: usize, runs: usize) {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             waits.push(probe.join().unwrap());
             let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
-            let kb: u64 = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0);
-            rss.push(kb);
+            let kb = |field: &str| -> u64 {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            rss.push(kb("VmRSS:"));
+            peak.push(kb("VmHWM:"));
             let (_, logs) = agent.stop();
             if std::env::var_os("BENCH_SHOW_LOG").is_some() {
                 println!("{logs}");
@@ -518,12 +522,13 @@ fn kube_cold_start(n: usize, e: usize, runs: usize) {
     took.sort();
     println!(
         "kube cold start, {n} x {e}, {runs} runs: spawn to first committed sync p50 {:.0} ms, \
-         p99 {:.0} ms (min {:.0}, max {:.0}); RSS then {} MiB (max)",
+         p99 {:.0} ms (min {:.0}, max {:.0}); RSS then {} MiB (max), peak RSS {} MiB (max)",
         ms(percentile(&took, 0.5)),
         ms(percentile(&took, 0.99)),
         ms(took[0]),
         ms(took[took.len() - 1]),
-        rss.iter().max().copied().unwrap_or(0) / 1024
+        rss.iter().max().copied().unwrap_or(0) / 1024,
+        peak.iter().max().copied().unwrap_or(0) / 1024
     );
 }
 

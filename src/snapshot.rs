@@ -161,13 +161,16 @@ impl AnyObject {
         ObjectKey::of(self.kind(), self.meta())
     }
 
-    /// Brings an object to the form the snapshot stores: `managedFields` dropped (large and
-    /// never read), namespaced objects without a namespace put in `default` (as kubectl
+    /// Brings an object to the form the snapshot stores: `managedFields` and kubectl's
+    /// last-applied annotation dropped (large and never read), namespaced objects without a namespace put in `default` (as kubectl
     /// does), and any namespace on a cluster-scoped object cleared.
     pub fn normalize(&mut self) {
         let namespaced = self.kind().is_namespaced();
         let meta = self.meta_mut();
         meta.managed_fields = None;
+        if let Some(a) = meta.annotations.as_mut() {
+            a.remove(LAST_APPLIED);
+        }
         if !namespaced {
             meta.namespace = None;
         } else if meta.namespace.as_deref().unwrap_or_default().is_empty() {
@@ -175,6 +178,8 @@ impl AnyObject {
         }
     }
 }
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The objects of one kind by key: a persistent ordered map (O(1) clone, shared subtrees).
 pub type ObjectMap<K, T> = imbl::OrdMap<K, Arc<T>>;

@@ -9,6 +9,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use super::exact;
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointSlice {
@@ -17,9 +19,13 @@ pub struct EndpointSlice {
     /// `IPv4`, `IPv6` or `FQDN`.
     #[serde(default)]
     pub address_type: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact::vec")]
     pub endpoints: Vec<Endpoint>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "exact::option_vec",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ports: Option<Vec<EndpointPort>>,
 }
 
@@ -47,7 +53,7 @@ impl k8s_openapi::Metadata for EndpointSlice {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact::vec")]
     pub addresses: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<EndpointConditions>,
@@ -63,7 +69,7 @@ pub struct Endpoint {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointHints {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact::vec")]
     pub for_zones: Vec<ForZone>,
 }
 

@@ -1,7 +1,8 @@
 //! API types: the four OVN-Kubernetes / OpenShift CRDs (field for field as in the OpenShift 4.13
 //! network API reference), label selectors, and validation into parsed forms that planners use
 //! without re-parsing strings. Core types come from k8s-openapi and are re-exported here,
-//! except EndpointSlice, whose reduced own type keeps large clusters cheap to hold.
+//! except EndpointSlice and Service, whose reduced own types keep large clusters cheap to
+//! hold and to decode.
 
 pub mod cloud_private_ip_config;
 pub mod crds;
@@ -9,9 +10,11 @@ pub mod egress_firewall;
 pub mod egress_ip;
 pub mod egress_qos;
 pub mod endpoint_slice;
+pub mod exact;
 pub mod network_policy;
 mod schema;
 pub mod selector;
+pub mod service;
 pub mod validate;
 
 pub use cloud_private_ip_config::{
@@ -32,7 +35,8 @@ pub use selector::{Selector, SelectorError};
 pub use validate::{Invalid, PortMatch, Protocol, ValidationError};
 
 pub use endpoint_slice::EndpointSlice;
-pub use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
+pub use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod};
 pub use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};
 pub use network_policy::ValidatedPolicy;
+pub use service::Service;

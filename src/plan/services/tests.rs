@@ -402,13 +402,15 @@ fn an_external_ip_never_takes_over_another_services_cluster_ip() {
     );
 
     // Even when it is older, and on another port of the address.
-    let older = aged(
-        "aa-evil",
+    let older = objects::service(
         "grab",
         "172.30.0.11",
-        "2020-01-01T00:00:00Z",
-        "externalIPs: ['172.30.0.10'], ports: [{name: http, port: 5432, protocol: TCP}]",
-    );
+        "{name: http, port: 5432, protocol: TCP}",
+    )
+    .in_namespace("aa-evil")
+    .spec("externalIPs: ['172.30.0.10']")
+    .created("2020-01-01T00:00:00Z")
+    .object();
     let mut b = snap.to_builder();
     b.insert(older);
     let d2 = plan_with(&b.build(), &cfg, &d.memory);

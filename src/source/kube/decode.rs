@@ -1,11 +1,16 @@
-//! Per-object decoding. The watch itself reads `DynamicObject`s (metadata plus free-form
-//! data), so a malformed spec never fails a list or a watch: each object is decoded on its own
-//! and a bad one is reported by name and skipped while the rest of its kind flows on.
+//! Per-object decoding. A list page is split into its items' JSON texts and each item is
+//! decoded on its own (watch events likewise), so a malformed spec never fails a list or a
+//! watch: a bad object is reported by name and skipped while the rest of its kind flows on.
+//!
+//! Items are decoded straight from their text into the typed object. Going through a
+//! `DynamicObject` first (serde's flatten buffer, then a `serde_json::Value` tree, then the
+//! type) allocated every field three times and was most of a cold start's decode.
 
 use kube::api::DynamicObject;
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::prune::prune;
+use super::prune::{needs_prune, prune};
 use crate::snapshot::{AnyObject, Kind, ObjectKey};
 
 /// An object that could not be decoded: who, and why.
@@ -27,34 +32,65 @@ pub fn key_of(kind: Kind, obj: &DynamicObject) -> ObjectKey {
     ObjectKey::of(kind, &obj.metadata)
 }
 
-/// Decodes, prunes and normalises one watched object.
-pub fn decode(kind: Kind, obj: DynamicObject) -> Result<AnyObject, Rejection> {
-    let key = key_of(kind, &obj);
-    let uid = obj.metadata.uid.clone();
-    let reject = |message: String| Rejection {
-        kind,
-        key: key.clone(),
-        uid: uid.clone(),
-        message,
+/// Decodes, prunes and normalises one object from its JSON text.
+pub fn decode(kind: Kind, text: &str) -> Result<AnyObject, Rejection> {
+    let decoded = if needs_prune(kind) {
+        serde_json::from_str::<Value>(text).and_then(|mut value| {
+            prune(kind, &mut value);
+            AnyObject::deserialize(kind, value)
+        })
+    } else {
+        let mut d = serde_json::Deserializer::from_str(text);
+        AnyObject::deserialize(kind, &mut d).and_then(|o| d.end().map(|()| o))
     };
-    // The free-form data (spec, status...) moves over as it is; only the metadata is
-    // serialized again (serializing the whole object was most of a cold start's decode).
-    let metadata = serde_json::to_value(&obj.metadata).map_err(|e| reject(e.to_string()))?;
-    let mut value = match obj.data {
-        Value::Object(map) => Value::Object(map),
-        Value::Null => Value::Object(serde_json::Map::new()),
-        _ => return Err(reject("the object is not a JSON map".into())),
-    };
-    if let Some(map) = value.as_object_mut() {
-        map.insert("metadata".into(), metadata);
-        // List items come without their type; the typed decoders want it.
-        map.insert("apiVersion".into(), Value::from(kind.api_version()));
-        map.insert("kind".into(), Value::from(kind.as_str()));
+    match decoded {
+        Ok(mut o) => {
+            o.normalize();
+            Ok(o)
+        }
+        Err(e) => Err(rejection(kind, text, e.to_string())),
     }
-    prune(kind, &mut value);
-    let mut decoded = AnyObject::deserialize(kind, value).map_err(|e| reject(e.to_string()))?;
-    decoded.normalize();
-    Ok(decoded)
+}
+
+/// Decodes one watch event's object.
+pub fn decode_dynamic(kind: Kind, obj: &DynamicObject) -> Result<AnyObject, Rejection> {
+    match serde_json::to_string(obj) {
+        Ok(text) => decode(kind, &text),
+        Err(e) => Err(Rejection {
+            kind,
+            key: key_of(kind, obj),
+            uid: obj.metadata.uid.clone(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// A rejection naming the object as far as its metadata can still be read.
+fn rejection(kind: Kind, text: &str, message: String) -> Rejection {
+    #[derive(Deserialize, Default)]
+    struct Head {
+        #[serde(default)]
+        metadata: Meta,
+    }
+    #[derive(Deserialize, Default)]
+    struct Meta {
+        name: Option<String>,
+        namespace: Option<String>,
+        uid: Option<String>,
+    }
+    // Whatever follows the object does not matter here.
+    let head = Head::deserialize(&mut serde_json::Deserializer::from_str(text)).unwrap_or_default();
+    let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: head.metadata.name,
+        namespace: head.metadata.namespace,
+        ..Default::default()
+    };
+    Rejection {
+        kind,
+        key: ObjectKey::of(kind, &meta),
+        uid: head.metadata.uid,
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -62,17 +98,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn dynamic(v: Value) -> DynamicObject {
-        serde_json::from_value(v).unwrap()
+    fn text(v: Value) -> String {
+        v.to_string()
     }
 
     #[test]
     fn a_bad_spec_is_a_rejection_naming_the_object() {
-        let obj = dynamic(json!({
+        let obj = text(json!({
             "metadata": {"name": "default", "namespace": "shop", "uid": "u1"},
             "spec": {"egress": "not-a-list"}
         }));
-        let r = decode(Kind::EgressFirewall, obj).unwrap_err();
+        let r = decode(Kind::EgressFirewall, &obj).unwrap_err();
         assert_eq!(r.key, ObjectKey::new("shop", "default"));
         assert_eq!(r.uid.as_deref(), Some("u1"));
         assert!(
@@ -84,13 +120,57 @@ mod tests {
 
     #[test]
     fn good_objects_decode_without_type_meta() {
-        let obj = dynamic(json!({
+        let obj = text(json!({
             "metadata": {"name": "default", "namespace": "shop",
                 "managedFields": [{"manager": "x"}]},
             "spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": "0.0.0.0/0"}}]}
         }));
-        let o = decode(Kind::EgressFirewall, obj).unwrap();
+        let o = decode(Kind::EgressFirewall, &obj).unwrap();
         assert_eq!(o.key(), ObjectKey::new("shop", "default"));
         assert!(o.meta().managed_fields.is_none());
+    }
+
+    /// Straight from text (Service) or through the pruned tree (Pod): the same metadata
+    /// is dropped, and list items need no apiVersion or kind.
+    #[test]
+    fn managed_fields_and_last_applied_are_dropped_on_both_paths() {
+        let meta = json!({"name": "a", "namespace": "n", "uid": "u",
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "keep": "me"}});
+        for (kind, obj) in [
+            (
+                Kind::Service,
+                json!({"metadata": meta, "spec": {"clusterIP": "10.96.0.1"}}),
+            ),
+            (
+                Kind::Pod,
+                json!({"metadata": meta, "spec": {"containers": []}}),
+            ),
+            (
+                Kind::EndpointSlice,
+                json!({"metadata": meta, "addressType": "IPv4", "endpoints": []}),
+            ),
+            (
+                Kind::EgressIP,
+                json!({"metadata": meta, "spec": {"egressIPs": [], "namespaceSelector": {}}}),
+            ),
+        ] {
+            let o = decode(kind, &text(obj)).unwrap_or_else(|r| panic!("{r}"));
+            assert!(o.meta().managed_fields.is_none(), "{kind}");
+            let annotations = o.meta().annotations.clone().unwrap_or_default();
+            assert_eq!(annotations.keys().collect::<Vec<_>>(), ["keep"], "{kind}");
+        }
+    }
+
+    #[test]
+    fn trailing_garbage_and_unreadable_metadata_are_rejections() {
+        let r = decode(
+            Kind::Service,
+            r#"{"metadata": {"name": "a", "namespace": "n"}} x"#,
+        )
+        .unwrap_err();
+        assert_eq!(r.key, ObjectKey::new("n", "a"));
+        let r = decode(Kind::Service, "[1]").unwrap_err();
+        assert_eq!(r.key, ObjectKey::new("", ""), "{r}");
     }
 }

@@ -20,12 +20,14 @@ use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use kube::core::Status;
 use tokio::sync::mpsc;
 
+use super::decode::{decode, decode_dynamic};
 use super::kinds::watch_config;
-use super::{Msg, SourceHealth, decode};
+use super::{Msg, SourceHealth};
 use crate::snapshot::Kind;
 use crate::source::kube::store::Update;
 use crate::timing::Backoff;
@@ -176,9 +178,12 @@ async fn list(
     // The next page is asked for as soon as a page arrives, and fetched while this one is
     // decoded: the server's and the network's time overlap the agent's.
     let fetch = |params: ListParams| {
-        let api = api.clone();
+        let client = api.clone().into_client();
+        let request = kube::core::Request::new(api.resource_url()).list(&params);
         Prefetch(tokio::spawn(async move {
-            match tokio::time::timeout(liveness.idle(), api.list(&params)).await {
+            let mut request = request.map_err(|e| Failure::List(kube::Error::BuildRequest(e)))?;
+            request.extensions_mut().insert("list");
+            match tokio::time::timeout(liveness.idle(), client.request_text(request)).await {
                 Err(_) => Err(Failure::Stalled(liveness.idle())),
                 Ok(page) => page.map_err(Failure::List),
             }
@@ -186,19 +191,22 @@ async fn list(
     };
     let mut next = fetch(params.clone());
     loop {
-        let mut page = (&mut next.0).await.map_err(|e| {
+        let text = (&mut next.0).await.map_err(|e| {
             Failure::Status(Box::new(Status::failure(
                 &format!("list task: {e}"),
                 "InternalError",
             )))
         })??;
-        let token = page.metadata.continue_.take().filter(|c| !c.is_empty());
+        // Only split into the items' texts here; each item is decoded on its own.
+        let page: Page =
+            serde_json::from_str(&text).map_err(|e| Failure::List(kube::Error::SerdeError(e)))?;
+        let token = page.metadata.continue_.filter(|c| !c.is_empty());
         if let Some(token) = &token {
             params.continue_token = Some(token.clone());
             next = fetch(params.clone());
         }
-        for obj in page.items {
-            let msg = match decode(kind, obj) {
+        for item in page.items {
+            let msg = match decode(kind, item.get()) {
                 Ok(o) => Msg::Update(Update::InitApply(o)),
                 Err(r) => Msg::Rejected(r),
             };
@@ -222,6 +230,15 @@ async fn list(
             }
         }
     }
+}
+
+/// One list page, its items still JSON text borrowed from the response.
+#[derive(serde::Deserialize)]
+struct Page<'a> {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(borrow, default)]
+    items: Vec<&'a serde_json::value::RawValue>,
 }
 
 /// A page being fetched; dropped (the list failed or the store is gone), it is cancelled.
@@ -285,7 +302,7 @@ async fn watch(
         let msg = match event {
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 advance(&mut rv, &obj);
-                match decode(kind, obj) {
+                match decode_dynamic(kind, &obj) {
                     Ok(o) => Msg::Update(Update::Apply(o)),
                     Err(r) => Msg::Rejected(r),
                 }

@@ -1,13 +1,11 @@
 //! Cached objects keep only what planners read. A pod carries its containers, volumes and
-//! conditions; a node its images and its spec but the taints; every object its managedFields
-//! and last-applied annotation. In a large cluster that is most of the memory a reflector
-//! would hold.
+//! conditions; a node its images and its spec but the taints. In a large cluster that is most
+//! of the memory a reflector would hold. (Every object's managedFields and last-applied
+//! annotation go in `AnyObject::normalize`.)
 
 use serde_json::{Map, Value};
 
 use crate::snapshot::Kind;
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Pod spec fields planners read; of the containers only their name (which the typed Pod
 /// requires) and named ports (NetworkPolicy resolves named ports on them) are kept.
@@ -27,17 +25,16 @@ const CONDITION_FIELDS: &[&str] = &["type", "status"];
 const NODE_SPEC: &[&str] = &["taints", "providerID"];
 const TAINT_FIELDS: &[&str] = &["key", "effect"];
 
+/// Whether `kind` is pruned before it is decoded (the others decode straight from text).
+pub fn needs_prune(kind: Kind) -> bool {
+    matches!(kind, Kind::Pod | Kind::Node)
+}
+
 /// Strips unused data from a raw object before it is decoded.
 pub fn prune(kind: Kind, value: &mut Value) {
     let Some(obj) = value.as_object_mut() else {
         return;
     };
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            a.remove(LAST_APPLIED);
-        }
-    }
     match kind {
         Kind::Pod => {
             keep_only(obj, "spec", POD_SPEC);
@@ -130,8 +127,7 @@ mod tests {
         let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "a", "namespace": "n", "labels": {"app": "x"},
-                "managedFields": [{"manager": "kubelet"}],
-                "annotations": {LAST_APPLIED: "{...}", "keep": "me"}},
+                "annotations": {"keep": "me"}},
             "spec": {"nodeName": "w1", "hostNetwork": false,
                 "containers": [{"name": "c", "image": "i"},
                     {"name": "web", "image": "i", "ports": [
