@@ -271,6 +271,9 @@ fn read_elements(
         if intr || !has_repeats(&elems) {
             return Ok((elems, intr));
         }
+        tracing::debug!(
+            "set {set}: its element dump repeated an element (a hash resize); reading again"
+        );
         match waits.next() {
             Some(ms) => std::thread::sleep(std::time::Duration::from_millis(*ms)),
             None => return Ok((elems, true)),
