@@ -29,26 +29,7 @@ pub struct EndpointSlice {
     pub ports: Option<Vec<EndpointPort>>,
 }
 
-impl k8s_openapi::Resource for EndpointSlice {
-    const API_VERSION: &'static str = "discovery.k8s.io/v1";
-    const GROUP: &'static str = "discovery.k8s.io";
-    const KIND: &'static str = "EndpointSlice";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "endpointslices";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for EndpointSlice {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+namespaced_resource!(EndpointSlice, api_version: "discovery.k8s.io/v1", group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices");
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -4,6 +4,33 @@
 //! except EndpointSlice and Service, whose reduced own types keep large clusters cheap to
 //! hold and to decode.
 
+/// `k8s_openapi::Resource` and `Metadata` for a reduced own type of a namespaced core kind
+/// (its `metadata` field is an `ObjectMeta`).
+macro_rules! namespaced_resource {
+    ($ty:ty, api_version: $av:literal, group: $g:literal, version: $v:literal, kind: $k:literal, plural: $p:literal) => {
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = $av;
+            const GROUP: &'static str = $g;
+            const KIND: &'static str = $k;
+            const VERSION: &'static str = $v;
+            const URL_PATH_SEGMENT: &'static str = $p;
+            type Scope = k8s_openapi::NamespaceResourceScope;
+        }
+
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+            fn metadata(&self) -> &Self::Ty {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut Self::Ty {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod cloud_private_ip_config;
 pub mod crds;
 pub mod egress_firewall;

@@ -22,26 +22,7 @@ pub struct Service {
     pub status: Option<ServiceStatus>,
 }
 
-impl k8s_openapi::Resource for Service {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Service";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "services";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for Service {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+namespaced_resource!(Service, api_version: "v1", group: "", version: "v1", kind: "Service", plural: "services");
 
 /// `Option` wherever the API has a default, as in k8s-openapi.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
