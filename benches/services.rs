@@ -14,7 +14,8 @@
 //! 5. `--kube-cold-start N1xE1,N2xE2 --runs R`: instead of 1-4, the real agent in
 //!    Kubernetes mode against the test kit's fake API server holding N services x E
 //!    endpoints, started R times into an empty table: time from spawn to its first
-//!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then (and its peak, VmHWM).
+//!    `sync done` log line (written after the transaction committed), p50/p99, and RSS then
+//!    and its peak (VmHWM).
 //!    `BENCH_SHOW_LOG=1` prints each run's agent log (`NODEPLANE_LOG_LEVEL` is passed on).
 //!
 //! `--change-scales N1,N2,...` runs only 1 (without kube-proxy's layout) and 2 at each N, with

@@ -167,8 +167,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         // The bridge table first: the inet table's policy chains never exist without it.
         let bridged = self.sync_bridge(bridge)?;
         let mut nft = self.engine.sync(ruleset)?;
-        nft.ops += bridged.ops;
-        nft.messages += bridged.messages;
+        nft += bridged;
         let committed_at = std::time::Instant::now();
         // After the new rules are in: a deleted flow's next packet picks a live backend, or
         // reaches the frontend that now has one.

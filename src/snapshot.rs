@@ -162,8 +162,9 @@ impl AnyObject {
     }
 
     /// Brings an object to the form the snapshot stores: `managedFields` and kubectl's
-    /// last-applied annotation dropped (large and never read), namespaced objects without a namespace put in `default` (as kubectl
-    /// does), and any namespace on a cluster-scoped object cleared.
+    /// last-applied annotation dropped (large and never read), namespaced objects without a
+    /// namespace put in `default` (as kubectl does), and any namespace on a cluster-scoped
+    /// object cleared.
     pub fn normalize(&mut self) {
         let namespaced = self.kind().is_namespaced();
         let meta = self.meta_mut();

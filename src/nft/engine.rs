@@ -27,6 +27,14 @@ pub struct ApplyStats {
     pub messages: usize,
 }
 
+/// Several transactions sent one after the other count as their sum.
+impl std::ops::AddAssign for ApplyStats {
+    fn add_assign(&mut self, other: ApplyStats) {
+        self.ops += other.ops;
+        self.messages += other.messages;
+    }
+}
+
 /// Executes transactions and reads the table back.
 pub trait NftBackend {
     /// Applies `tx` atomically or not at all.
@@ -202,9 +210,7 @@ impl<B: NftBackend> Engine<B> {
     ) -> Result<ApplyStats, NftError> {
         let mut total = ApplyStats::default();
         for tx in &txs {
-            let stats = self.backend.apply(tx)?;
-            total.ops += stats.ops;
-            total.messages += stats.messages;
+            total += self.backend.apply(tx)?;
         }
         self.current = Some(desired);
         Ok(total)

@@ -32,37 +32,50 @@ pub fn key_of(kind: Kind, obj: &DynamicObject) -> ObjectKey {
     ObjectKey::of(kind, &obj.metadata)
 }
 
-/// Decodes, prunes and normalises one object from its JSON text.
+/// Decodes, prunes and normalises one list item from its JSON text.
 pub fn decode(kind: Kind, text: &str) -> Result<AnyObject, Rejection> {
     let decoded = if needs_prune(kind) {
-        serde_json::from_str::<Value>(text).and_then(|mut value| {
-            prune(kind, &mut value);
-            AnyObject::deserialize(kind, value)
-        })
+        serde_json::from_str::<Value>(text).and_then(|value| from_value(kind, value))
     } else {
         let mut d = serde_json::Deserializer::from_str(text);
         AnyObject::deserialize(kind, &mut d).and_then(|o| d.end().map(|()| o))
     };
-    match decoded {
-        Ok(mut o) => {
-            o.normalize();
-            Ok(o)
-        }
-        Err(e) => Err(rejection(kind, text, e.to_string())),
-    }
+    decoded
+        .map(normalized)
+        .map_err(|e| rejection(kind, text, e.to_string()))
 }
 
-/// Decodes one watch event's object.
-pub fn decode_dynamic(kind: Kind, obj: &DynamicObject) -> Result<AnyObject, Rejection> {
-    match serde_json::to_string(obj) {
-        Ok(text) => decode(kind, &text),
-        Err(e) => Err(Rejection {
-            kind,
-            key: key_of(kind, obj),
-            uid: obj.metadata.uid.clone(),
-            message: e.to_string(),
-        }),
-    }
+/// Decodes, prunes and normalises one watch event's object. kube has already parsed it into
+/// metadata and a `Value` tree; the tree moves into the typed decoder as it is.
+pub fn decode_dynamic(kind: Kind, obj: DynamicObject) -> Result<AnyObject, Rejection> {
+    let key = key_of(kind, &obj);
+    let uid = obj.metadata.uid.clone();
+    let reject = |message: String| Rejection {
+        kind,
+        key: key.clone(),
+        uid: uid.clone(),
+        message,
+    };
+    let metadata = serde_json::to_value(&obj.metadata).map_err(|e| reject(e.to_string()))?;
+    let mut map = match obj.data {
+        Value::Object(map) => map,
+        Value::Null => serde_json::Map::new(),
+        _ => return Err(reject("the object is not a JSON map".into())),
+    };
+    map.insert("metadata".into(), metadata);
+    from_value(kind, Value::Object(map))
+        .map(normalized)
+        .map_err(|e| reject(e.to_string()))
+}
+
+fn from_value(kind: Kind, mut value: Value) -> Result<AnyObject, serde_json::Error> {
+    prune(kind, &mut value);
+    AnyObject::deserialize(kind, value)
+}
+
+fn normalized(mut o: AnyObject) -> AnyObject {
+    o.normalize();
+    o
 }
 
 /// A rejection naming the object as far as its metadata can still be read.
@@ -159,6 +172,49 @@ mod tests {
             assert!(o.meta().managed_fields.is_none(), "{kind}");
             let annotations = o.meta().annotations.clone().unwrap_or_default();
             assert_eq!(annotations.keys().collect::<Vec<_>>(), ["keep"], "{kind}");
+        }
+    }
+
+    /// A watch event's object (kube's `DynamicObject`) decodes to exactly what the same
+    /// object decodes to as a list item, pruned kinds included; a bad one is a rejection by
+    /// name on both paths.
+    #[test]
+    fn the_watch_path_decodes_like_the_list_path() {
+        let meta = json!({"name": "a", "namespace": "n", "uid": "u",
+            "managedFields": [{"manager": "kubectl"}]});
+        for (kind, obj) in [
+            (
+                Kind::Service,
+                json!({"metadata": meta, "spec": {"clusterIP": "10.96.0.1",
+                "ports": [{"port": 80}], "selector": {"app": "x"}}}),
+            ),
+            (
+                Kind::Pod,
+                json!({"metadata": meta, "spec": {"nodeName": "w1",
+                "containers": [{"name": "c", "image": "i"}]}, "status": {"podIP": "10.0.0.1"}}),
+            ),
+            (
+                Kind::EndpointSlice,
+                json!({"metadata": meta, "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.1"]}]}),
+            ),
+        ] {
+            let listed = decode(kind, &text(obj.clone())).unwrap_or_else(|r| panic!("{r}"));
+            let dynamic: DynamicObject = serde_json::from_value(obj).unwrap();
+            let watched = decode_dynamic(kind, dynamic).unwrap_or_else(|r| panic!("{r}"));
+            assert_eq!(watched, listed, "{kind}");
+        }
+        let bad = json!({"metadata": {"name": "b", "namespace": "n", "uid": "u2"},
+            "spec": {"ports": "not-a-list"}});
+        for r in [
+            decode(Kind::Service, &text(bad.clone())).unwrap_err(),
+            decode_dynamic(Kind::Service, serde_json::from_value(bad).unwrap()).unwrap_err(),
+        ] {
+            assert_eq!(
+                (r.key, r.uid.as_deref()),
+                (ObjectKey::new("n", "b"), Some("u2"))
+            );
+            assert!(r.message.contains("invalid type"), "{}", r.message);
         }
     }
 

@@ -302,7 +302,7 @@ async fn watch(
         let msg = match event {
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 advance(&mut rv, &obj);
-                match decode_dynamic(kind, &obj) {
+                match decode_dynamic(kind, obj) {
                     Ok(o) => Msg::Update(Update::Apply(o)),
                     Err(r) => Msg::Rejected(r),
                 }
