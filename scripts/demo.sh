@@ -29,6 +29,10 @@ target_dir=${CARGO_TARGET_DIR:-target}
 case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
 AGENT="$target_dir/$PROFILE/agent"
 ARGS=(--manifests "$MANIFESTS" --node-name "$NODE")
+# Every agent run of the demo keeps its state (last-valid.json) in a directory of its own, so
+# the demo leaves nothing on the host.
+NODEPLANE_STATE_DIR=$(mktemp -d)
+export NODEPLANE_STATE_DIR
 
 step "agent --dry-run ${ARGS[*]}"
 ruleset=$(mktemp)
@@ -39,6 +43,7 @@ fw_ns=()
 fw_pids=()
 eip_ns=()
 svc_ns=()
+np_ns=()
 cleanup() {
     for n in "${eip_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
     for n in "${svc_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
@@ -48,6 +53,8 @@ cleanup() {
     if [ -n "$ns" ]; then ip netns delete "$ns" 2>/dev/null || true; fi
     if [ -n "$qos_dir" ]; then rm -rf "$qos_dir"; fi
     for n in "${qos_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
+    for n in "${np_ns[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
+    rm -rf "$NODEPLANE_STATE_DIR"
 }
 trap cleanup EXIT
 "$AGENT" --dry-run "${ARGS[@]}" | tee "$ruleset"
@@ -132,7 +139,8 @@ spec:
 YAML
 cat "$qos_dir/cluster.yaml"
 step "agent --once in the node netns"
-ip netns exec "$q-node" "$AGENT" --once --manifests "$qos_dir" --node-name demo-node
+ip netns exec "$q-node" "$AGENT" --once --manifests "$qos_dir" --node-name demo-node \
+    --state-dir "$NODEPLANE_STATE_DIR/qos"
 
 # Receiver: one UDP socket per address, reports the TOS byte (IP_RECVTOS) of what arrives.
 cat >"$qos_dir/receiver.py" <<'PY'
@@ -177,7 +185,9 @@ ip netns exec "$q-node" nft list chain inet nodeplane "$qos_chain"
 # The example cluster's backend pod (10.128.0.11 on worker-1) behind a node netns running the
 # agent on examples/cluster as is; an external host with TCP listeners on 203.0.113.10:443,
 # 203.0.113.10:80 and 198.51.100.10:443. The backend firewall allows TCP 443 to 203.0.113.0/24
-# (rule 0) and denies everything else outside the cluster (rule 4).
+# (rule 0) and denies everything else outside the cluster (rule 4). The node's uplink is
+# worker-1's address on 192.168.50.0/24, where the example EgressIP of the backend API pods
+# (192.168.50.100, hosted by worker-1) lives: the allowed connection leaves with that source.
 step "EgressFirewall: backend pod -> node -> external host"
 f="nodeplane-fw-$$"
 fw_ns=("$f-node" "$f-pod" "$f-ext")
@@ -187,17 +197,17 @@ ip -n "$f-node" link add veth0 type veth peer name eth0 netns "$f-pod"
 ip -n "$f-node" link add eth0 type veth peer name eth0 netns "$f-ext"
 for n in "$f-node" "$f-pod" "$f-ext"; do ip -n "$n" link set eth0 up; done
 ip -n "$f-node" link set veth0 up
-ip -n "$f-node" addr add 192.168.1.1/24 dev eth0
+ip -n "$f-node" addr add 192.168.50.11/24 dev eth0
 ip -n "$f-node" route add 10.128.0.11/32 dev veth0
-ip -n "$f-node" route add 203.0.113.0/24 via 192.168.1.100
-ip -n "$f-node" route add 198.51.100.0/24 via 192.168.1.100
+ip -n "$f-node" route add 203.0.113.0/24 via 192.168.50.1
+ip -n "$f-node" route add 198.51.100.0/24 via 192.168.50.1
 ip -n "$f-pod" addr add 10.128.0.11/32 dev eth0
-ip -n "$f-pod" route add 192.168.1.1 dev eth0 scope link
-ip -n "$f-pod" route add default via 192.168.1.1 dev eth0
-ip -n "$f-ext" addr add 192.168.1.100/24 dev eth0
+ip -n "$f-pod" route add 192.168.50.11 dev eth0 scope link
+ip -n "$f-pod" route add default via 192.168.50.11 dev eth0
+ip -n "$f-ext" addr add 192.168.50.1/24 dev eth0
 ip -n "$f-ext" addr add 203.0.113.10/32 dev lo
 ip -n "$f-ext" addr add 198.51.100.10/32 dev lo
-ip -n "$f-ext" route add 10.128.0.0/14 via 192.168.1.1
+ip -n "$f-ext" route add 10.128.0.0/14 via 192.168.50.11
 cat "$MANIFESTS/policy/egress-firewall.yaml"
 # No DNS server in this demo: a resolver that fails at once (dnsName rules match nothing).
 printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$ruleset.resolv"
@@ -211,7 +221,7 @@ for a, p in (("203.0.113.10", 443), ("203.0.113.10", 80), ("198.51.100.10", 443)
     s.bind((a, p)); s.listen(16); socks.append(s)
 def serve(s):
     while True:
-        c, _ = s.accept(); c.sendall(b"hello\n"); c.close()
+        c, peer = s.accept(); c.sendall(peer[0].encode() + b"\n"); c.close()
 for s in socks:
     threading.Thread(target=serve, args=(s,), daemon=True).start()
 print("ready", flush=True)
@@ -219,8 +229,9 @@ threading.Event().wait()' >"$ruleset.srv" 2>&1 &
 fw_pids+=($!)
 for _ in $(seq 100); do grep -q ready "$ruleset.srv" && break; sleep 0.1; done
 probe() {
-    if ip netns exec "$f-pod" timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2 && head -1 <&3" >/dev/null 2>&1; then
-        echo "  $1:$2 connected"; return 0
+    local seen
+    if seen=$(ip netns exec "$f-pod" timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2 && head -1 <&3" 2>/dev/null); then
+        echo "  $1:$2 connected (the external host saw the source $seen)"; return 0
     fi
     echo "  $1:$2 blocked"; return 1
 }
@@ -359,3 +370,52 @@ step "the dispatch map, the shared pool chains and the backends map (frontend . 
 ip netns exec "$s-node" nft list map inet nodeplane svc-dispatch-v4 | sed 's/^/  /'
 ip netns exec "$s-node" nft list table inet nodeplane | grep -A3 'chain svc-v4-c[0-9]' | sed 's/^/  /'
 ip netns exec "$s-node" nft list map inet nodeplane svc-backends-v4 | sed 's/^/  /'
+
+# --- NetworkPolicy on the wire ---------------------------------------------------------------
+# worker-1's three pods of the example cluster behind a node netns: the web pod (frontend), the
+# API pod (backend, a server on its named port https = 8443) and prometheus (monitoring). The
+# example policy api-from-web lets only frontend's web pods reach the API pods on https.
+step "NetworkPolicy: web and prometheus pods -> API pod on worker-1"
+n="nodeplane-np-$$"
+np_ns=("$n-node" "$n-web" "$n-api" "$n-prom")
+for x in "${np_ns[@]}"; do ip netns add "$x"; ip -n "$x" link set lo up; done
+ip netns exec "$n-node" sysctl -qw net.ipv4.ip_forward=1
+ip -n "$n-node" link add eth0 type veth peer name eth1
+ip -n "$n-node" link set eth0 up; ip -n "$n-node" link set eth1 up
+ip -n "$n-node" addr add 192.168.50.11/24 dev eth0
+for p in web:10 api:11 prom:12; do
+    name=${p%%:*}; ip="10.128.0.${p##*:}"
+    ip -n "$n-node" link add "v$name" type veth peer name eth0 netns "$n-$name"
+    ip -n "$n-node" link set "v$name" up; ip -n "$n-$name" link set eth0 up
+    ip -n "$n-$name" addr add "$ip/32" dev eth0
+    ip -n "$n-$name" route add 192.168.50.11 dev eth0 scope link
+    ip -n "$n-$name" route add default via 192.168.50.11 dev eth0
+    ip -n "$n-node" route add "$ip/32" dev "v$name"
+done
+ip netns exec "$n-api" python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8443)); s.listen(16); print("ready", flush=True)
+while True:
+    c, peer = s.accept(); c.sendall(b"api served " + peer[0].encode() + b"\n"); c.close()' >"$ruleset.srvnp" 2>&1 &
+fw_pids+=($!)
+for _ in $(seq 100); do grep -q ready "$ruleset.srvnp" && break; sleep 0.1; done
+cat "$MANIFESTS/policy/network-policy.yaml"
+step "agent --once in the node netns (node worker-1)"
+ip netns exec "$n-node" "$AGENT" --once "${ARGS[@]}" --resolv-conf "$ruleset.resolv" 2>&1 \
+    | grep -i "networkpolic\|sync done" | sed 's/^/  /'
+step "web (frontend) and prometheus (monitoring) connect to the API pod 10.128.0.11:8443"
+if out=$(ip netns exec "$n-web" timeout 2 bash -c 'exec 3<>/dev/tcp/10.128.0.11/8443 && head -1 <&3'); then
+    echo "  web:        $out"
+else
+    echo "error: the web pod is allowed by api-from-web but was refused" >&2; exit 1
+fi
+if ip netns exec "$n-prom" timeout 2 bash -c 'exec 3<>/dev/tcp/10.128.0.11/8443 && head -1 <&3' 2>/dev/null; then
+    echo "error: prometheus is not allowed by api-from-web but was served" >&2; exit 1
+fi
+echo "  prometheus: refused (the API pod is isolated for ingress; no rule allows monitoring)"
+step "the policy's chain: one rule, its peers and the named port https (8443) as sets"
+np_chain=$(ip netns exec "$n-node" nft list table inet nodeplane | grep -o 'chain np-[A-Z0-9]*-backend_api_from_web-in' | head -1)
+ip netns exec "$n-node" nft list chain inet nodeplane "${np_chain#chain }" | sed 's/^/  /'
+
+step "demo done: every feature shown on real packets; nothing left on the host"

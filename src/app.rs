@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::controller::egress_ip;
 use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
 use crate::dns::{self, DnsService};
+use crate::features::Switch;
 use crate::healthcheck::proxy::{HEALTH_TIMEOUT, ProxyHealth, Stamp};
 use crate::healthcheck::{self, HealthServer};
 use crate::nft::monitor::{DEFAULT_RCVBUF, Monitor};
@@ -52,7 +53,12 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // kube-proxy's proxy health: healthy and eligible while starting up; up before the first
     // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
     let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
-    if let Some(addr) = config.healthz_bind_address {
+    let features = config.features.clone();
+    info!("features: {features}");
+    if let Some(addr) = config
+        .healthz_bind_address
+        .filter(|_| features.on(Switch::Services))
+    {
         let admin = admin.clone();
         let count = Arc::new(move |livez, code| admin.metrics.kubeproxy.probe(livez, code));
         healthcheck::spawn_proxy_health(addr, proxy_health.clone(), count);
@@ -91,20 +97,35 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         }
         None => {
             let liveness = kube_source::Liveness::new(config.api_watch_timeout);
-            let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
-            let source =
-                kube_source::start(client.clone(), source_health.unwrap_or_default(), liveness);
-            // Every agent publishes its own node's egress-capable subnets; the leader assigns.
-            let excluded = [config.cluster_cidrs.clone(), config.service_cidrs.clone()].concat();
-            tokio::spawn(egress_ip::host_cidrs::publish(
+            let client = kube_source::client(
+                config.kubeconfig.as_deref(),
+                config.api_server.as_ref(),
+                liveness,
+            )
+            .await?;
+            let source = kube_source::start(
                 client.clone(),
-                config.node_name.clone(),
-                excluded,
-                source.snapshots.clone(),
-            ));
+                source_health.unwrap_or_default(),
+                liveness,
+                &features.kinds(),
+            );
+            let egress_ip_on = features.on(Switch::EgressIp);
+            // Every agent publishes its own node's egress-capable subnets for nodeplane's
+            // assigner; where another controller assigns (`--egress-ip-assigner=false`, e.g.
+            // OVN-Kubernetes, whose ovnkube-node writes the annotation) the agent leaves it.
+            if egress_ip_on && config.egress_ip_assigner {
+                let excluded =
+                    [config.cluster_cidrs.clone(), config.service_cidrs.clone()].concat();
+                tokio::spawn(egress_ip::host_cidrs::publish(
+                    client.clone(),
+                    config.node_name.clone(),
+                    excluded,
+                    source.snapshots.clone(),
+                ));
+            }
             // Every agent fences itself when cut off from the assigner and the API server.
             let (fence_flag, fence_tx) = (fence.clone(), Mutex::new(tx.clone()));
-            tokio::spawn(egress_ip::fence::run(
+            let fence_task = egress_ip::fence::run(
                 egress_ip::fence::KubeCheck {
                     client: client.clone(),
                     timeout: config.egress_ip_probe.interval * (config.egress_ip_probe.misses + 1),
@@ -117,7 +138,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
                         let _ = fence_tx.lock().map(|t| t.send(Event::Changed));
                     }
                 },
-            ));
+            );
+            if egress_ip_on {
+                tokio::spawn(fence_task);
+            }
             let (status, rejections) = status::spawn_writer(client.clone(), &config.node_name);
             observers.push(Box::new(status));
             let mut rejected = source.rejections;
@@ -137,7 +161,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
             }
             // Candidates only once every kind is listed: an assigner must not act on a
             // partial view of the cluster.
-            if config.egress_ip_assigner {
+            if egress_ip_on && config.egress_ip_assigner {
                 let e = elect_egress_ip_assigner(client.clone(), &config);
                 tokio::spawn(report_leadership(
                     EGRESS_IP_ASSIGNER,
@@ -225,7 +249,9 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     // After every successful sync, in this order (as the loop did before it had observers):
     // the log, the drift repair (readiness back), the health-check ports.
     let (learning_tx, learning_rx) = watch::channel(Arc::default());
-    if let Err(e) = crate::dnsproxy::spawn(
+    if !features.on(Switch::EgressFirewall) {
+        // No dnsName rules to learn for: no listeners.
+    } else if let Err(e) = crate::dnsproxy::spawn(
         &config.dns_proxy,
         learning_rx,
         admin.metrics.dns_proxy.clone(),
@@ -233,6 +259,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         error!("dns proxy not started (pod DNS goes direct, only resolution feeds dnsName): {e}");
     }
     observers.push(Box::new(LogReport));
+    observers.push(Box::new(crate::memory_limit::MemoryWatch::start()));
     observers.push(Box::new(DnsLearning(learning_tx)));
     observers.push(Box::new(dataplane_timer));
     observers.push(Box::new(DriftRepairs { state: admin }));

@@ -87,6 +87,15 @@ pub struct Opts {
     #[arg(long, global = true, env = "NODEPLANE_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// The API server's real address (https://HOST:PORT), used instead of the one in the
+    /// kubeconfig or the in-cluster environment (KUBERNETES_SERVICE_HOST/PORT, which are
+    /// honoured as given). On a cluster without kube-proxy the in-cluster address is the
+    /// `kubernetes` ClusterIP, which only the agent's own table translates: after a reboot
+    /// the agent could not reach the API. Credentials still come from the kubeconfig or the
+    /// service account.
+    #[arg(long, global = true, env = "NODEPLANE_API_SERVER", value_name = "URL")]
+    pub api_server: Option<String>,
+
     /// Pod network of the cluster (repeatable, IPv4 and IPv6). Traffic to it is pod-to-pod
     /// and is never filtered by EgressFirewall or SNATed by EgressIP. Default: 10.128.0.0/14.
     #[arg(
@@ -234,6 +243,30 @@ pub struct Opts {
         value_name = "SECONDS"
     )]
     pub api_watch_timeout_seconds: Option<u64>,
+
+    /// Features to run (repeatable, comma-separated): egress-firewall, egress-qos, egress-ip,
+    /// services, network-policy, or all. A feature that is off has nothing of its own on
+    /// the node: no chains, sets, addresses, listeners, annotations or watches (e.g. turn
+    /// services off beside kube-proxy, network-policy off beside a CNI that enforces it).
+    /// Default: all.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_FEATURES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub features: Vec<String>,
+
+    /// Features to turn off (repeatable, comma-separated), after --features.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DISABLE_FEATURES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub disable_features: Vec<String>,
 
     /// Stand as a candidate for the cluster's EgressIP assigner (Kubernetes mode): at most one
     /// agent at a time holds the role, elected with the Lease `nodeplane-egress-assigner`.

@@ -5,6 +5,7 @@ use crate::cli::Opts;
 use crate::controller::egress_ip::platform::PlatformChoice;
 use crate::controller::egress_ip::probe;
 use crate::controller::lease::Timings;
+use crate::features::Features;
 use crate::source::limits::Limits;
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -67,6 +68,9 @@ pub struct Config {
     /// Resource limits on manifest files (`--manifest-max-*`).
     pub manifest_limits: Limits,
     pub kubeconfig: Option<PathBuf>,
+    /// `--api-server`: the API server's address, overriding the kubeconfig's or the
+    /// in-cluster one.
+    pub api_server: Option<hyper::Uri>,
     pub cluster_cidrs: Vec<IpNet>,
     pub service_cidrs: Vec<IpNet>,
     /// `spec.externalIPs` honoured: those in one of these and in none of
@@ -91,6 +95,8 @@ pub struct Config {
     /// Server-side timeout of each watch of the API; also bounds how long a silently stalled
     /// connection goes unnoticed (`source::kube::Liveness`).
     pub api_watch_timeout: Duration,
+    /// The features that run on this node (`--features`, `--disable-features`).
+    pub features: Features,
     /// Candidate for the cluster's EgressIP assigner (Kubernetes mode).
     pub egress_ip_assigner: bool,
     /// Namespace of the election Lease.
@@ -132,6 +138,7 @@ impl Config {
             manifests: None,
             manifest_limits: Limits::default(),
             kubeconfig: None,
+            api_server: None,
             cluster_cidrs: vec![DEFAULT_CLUSTER_CIDR.parse().expect("valid default")],
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
             external_ip_allowed_cidrs: Vec::new(),
@@ -146,6 +153,7 @@ impl Config {
             ),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
+            features: Features::default(),
             egress_ip_assigner: true,
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
@@ -294,6 +302,7 @@ impl Config {
             manifests: opts.manifests.clone().or(file.manifests),
             manifest_limits,
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
+            api_server: parse_api_server(opts.api_server.clone().or(file.api_server))?,
             cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
             service_cidrs: parse_cidrs("--service-cidr", &service)?,
             external_ip_allowed_cidrs: parse_cidrs(
@@ -341,6 +350,14 @@ impl Config {
                 .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
             api_watch_timeout: Duration::from_secs(watch_timeout),
+            features: Features::select(
+                &pick_list(&opts.features, file.features),
+                &pick_list(&opts.disable_features, file.disable_features),
+            )
+            .map_err(|reason| ConfigError::Invalid {
+                option: "--features",
+                reason,
+            })?,
             egress_ip_assigner: opts
                 .egress_ip_assigner
                 .or(file.egress_ip_assigner)
@@ -380,6 +397,21 @@ fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
         flags.to_vec()
     } else {
         file.unwrap_or_default()
+    }
+}
+
+/// `--api-server`: an absolute http(s) URL with a host (the path, if any, is kept as a prefix
+/// as kube does).
+fn parse_api_server(value: Option<String>) -> Result<Option<hyper::Uri>, ConfigError> {
+    let Some(value) = value else { return Ok(None) };
+    let invalid = |reason: String| ConfigError::Invalid {
+        option: "--api-server",
+        reason: format!("{:?}: {reason}", value.trim()),
+    };
+    let uri: hyper::Uri = value.trim().parse().map_err(|e| invalid(format!("{e}")))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("https" | "http"), Some(_)) => Ok(Some(uri)),
+        _ => Err(invalid("not an http(s)://HOST[:PORT] URL".into())),
     }
 }
 
@@ -455,6 +487,7 @@ struct FileConfig {
     manifest_max_depth: Option<usize>,
     manifest_max_alias_expansion: Option<u64>,
     kubeconfig: Option<PathBuf>,
+    api_server: Option<String>,
     cluster_cidr: Option<Vec<String>>,
     service_cidr: Option<Vec<String>>,
     external_ip_allowed_cidrs: Option<Vec<String>>,
@@ -467,6 +500,8 @@ struct FileConfig {
     healthz_bind_address: Option<String>,
     state_dir: Option<PathBuf>,
     api_watch_timeout_seconds: Option<u64>,
+    features: Option<Vec<String>>,
+    disable_features: Option<Vec<String>>,
     egress_ip_assigner: Option<bool>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,

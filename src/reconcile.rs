@@ -271,9 +271,14 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     let liveness = kube_source::Liveness::new(config.api_watch_timeout);
-    let client = kube_source::client(config.kubeconfig.as_deref(), liveness).await?;
+    let client = kube_source::client(
+        config.kubeconfig.as_deref(),
+        config.api_server.as_ref(),
+        liveness,
+    )
+    .await?;
     let health = SourceHealth::default();
-    let mut source = kube_source::start(client, health.clone(), liveness);
+    let mut source = kube_source::start(client, health.clone(), liveness, &config.features.kinds());
     let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
     match synced.await {
         Ok(Ok(snapshot)) => Ok(snapshot.clone().unwrap_or_default()),

@@ -135,6 +135,7 @@ pub struct EgressIp;
 
 impl Feature for EgressIp {
     const NAME: &'static str = PART;
+    const SWITCH: crate::features::Switch = crate::features::Switch::EgressIp;
     type Memory = EgressIpMemory;
 
     fn plan(inputs: &Inputs, memory: &EgressIpMemory, out: &mut Planned) -> EgressIpMemory {

@@ -66,6 +66,9 @@ pub trait Feature {
     /// The feature's name: the prefix of its table parts.
     const NAME: &'static str;
 
+    /// The switch that turns it on and off (`--features`).
+    const SWITCH: crate::features::Switch;
+
     /// What the feature carries from one plan to the next (kept by the reconciler after each
     /// successful apply).
     type Memory: Clone + Debug + Default + Send + Sync;

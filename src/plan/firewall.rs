@@ -124,6 +124,7 @@ pub struct Firewall;
 
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;
+    const SWITCH: crate::features::Switch = crate::features::Switch::EgressFirewall;
     type Memory = FirewallMemory;
 
     fn plan(inputs: &Inputs, memory: &FirewallMemory, out: &mut Planned) -> FirewallMemory {

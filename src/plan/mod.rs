@@ -40,8 +40,14 @@ macro_rules! features {
 
         fn plan_features(inputs: &Inputs, memory: &Memory, out: &mut Planned) -> Memory {
             // Struct fields are evaluated in the order written: registry order.
+            // A feature switched off plans nothing and remembers nothing.
+            let on = |switch| inputs.config.features.on(switch);
             Memory {
-                $($field: <$feature as Feature>::plan(inputs, &memory.$field, out),)*
+                $($field: if on(<$feature as Feature>::SWITCH) {
+                    <$feature as Feature>::plan(inputs, &memory.$field, out)
+                } else {
+                    Default::default()
+                },)*
             }
         }
 
@@ -51,12 +57,16 @@ macro_rules! features {
             report: &BackendReport,
             out: &mut Planned,
         ) {
-            $(<$feature as Feature>::settle(inputs, &memory.$field, report, out);)*
+            $(if inputs.config.features.on(<$feature as Feature>::SWITCH) {
+                <$feature as Feature>::settle(inputs, &memory.$field, report, out);
+            })*
         }
 
         fn dns_names_of_features(inputs: &Inputs, memory: &Memory) -> BTreeSet<String> {
             let mut names = BTreeSet::new();
-            $(names.extend(<$feature as Feature>::dns_names(inputs, &memory.$field));)*
+            $(if inputs.config.features.on(<$feature as Feature>::SWITCH) {
+                names.extend(<$feature as Feature>::dns_names(inputs, &memory.$field));
+            })*
             names
         }
     };

@@ -86,6 +86,7 @@ pub struct NetworkPolicies;
 
 impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
+    const SWITCH: crate::features::Switch = crate::features::Switch::NetworkPolicy;
     type Memory = NetpolMemory;
 
     fn plan(inputs: &Inputs, memory: &NetpolMemory, out: &mut Planned) -> NetpolMemory {

@@ -41,6 +41,7 @@ pub struct Qos;
 
 impl Feature for Qos {
     const NAME: &'static str = PREFIX;
+    const SWITCH: crate::features::Switch = crate::features::Switch::EgressQos;
     type Memory = QosMemory;
 
     /// Adds the dispatch maps and rules, and one part (`qos/<namespace>`: the namespace's

@@ -52,6 +52,81 @@ fn dry_run_of_the_examples_matches_golden() {
     assert_eq!(text, expected);
 }
 
+/// Each feature switched off leaves nothing of its own in the ruleset (chains, sets, maps) or
+/// in the network changes (`#` lines), and the others stay exactly as with every feature on.
+#[test]
+fn a_feature_switched_off_leaves_nothing_of_its_own_and_the_rest_unchanged() {
+    // Feature name -> the prefix of its table objects, and a word only its `#` lines use.
+    let features = [
+        ("egress-firewall", "fw-", None),
+        ("egress-qos", "qos-", None),
+        ("egress-ip", "eip-", Some("192.168.50.100")),
+        ("services", "svc-", None),
+        ("network-policy", "np-", None),
+    ];
+    let all = dry_run_examples(&[]);
+    let names = |text: &str, prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let rest = ["chain ", "set ", "map "]
+                    .iter()
+                    .find_map(|k| l.strip_prefix(k))?;
+                let name = rest.split_whitespace().next()?;
+                name.starts_with(prefix).then(|| name.to_string())
+            })
+            .collect()
+    };
+    for (name, prefix, word) in features {
+        assert!(
+            !names(&all, prefix).is_empty(),
+            "{name}: none in the examples"
+        );
+        let off = dry_run_examples(&["--disable-features", name]);
+        assert_eq!(
+            names(&off, prefix),
+            Vec::<String>::new(),
+            "{name} off:\n{off}"
+        );
+        if let Some(w) = word {
+            assert!(all.contains(w) && !off.contains(w), "{name} off:\n{off}");
+        }
+        for (other, other_prefix, _) in features.iter().filter(|f| f.0 != name) {
+            assert_eq!(
+                names(&off, other_prefix),
+                names(&all, other_prefix),
+                "{other} changed when {name} is off"
+            );
+        }
+        nft_check(&off);
+        // --features lists what runs: the same as disabling the rest.
+        let rest: Vec<&str> = features
+            .iter()
+            .map(|f| f.0)
+            .filter(|f| *f != name)
+            .collect();
+        assert_eq!(dry_run_examples(&["--features", &rest.join(",")]), off);
+    }
+    let bad = agent(
+        &[
+            "--dry-run",
+            "--manifests",
+            EXAMPLES,
+            "--node-name",
+            "w",
+            "--features",
+            "dns",
+        ],
+        &[],
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("--features") && stderr(&bad).contains("\"dns\""),
+        "{}",
+        stderr(&bad)
+    );
+}
+
 #[test]
 fn dry_run_is_accepted_by_nft_check_in_a_scratch_netns() {
     nft_check(&dry_run_examples(&[]));

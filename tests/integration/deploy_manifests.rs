@@ -323,6 +323,32 @@ fn example_configs_are_accepted_by_the_agent() {
     );
 }
 
+/// The kube-proxy-free component patches the agent container with an `--api-server` that the
+/// agent accepts.
+#[test]
+fn kube_proxy_free_component_sets_an_api_server_the_agent_accepts() {
+    let k: serde_json::Value = load("deploy/components/kube-proxy-free/kustomization.yaml");
+    assert_eq!(k["kind"], "Component");
+    let patch = k["patches"][0]["path"].as_str().expect("patch path");
+    // A strategic-merge patch: a partial DaemonSet.
+    let ds: serde_json::Value = load(&format!("deploy/components/kube-proxy-free/{patch}"));
+    assert_eq!(ds["metadata"]["name"], "nodeplane-agent");
+    let agent = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(agent["name"], "agent");
+    let url = agent["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "NODEPLANE_API_SERVER")
+        .and_then(|e| e["value"].as_str())
+        .expect("NODEPLANE_API_SERVER");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, format!("node-name: n\napi-server: {url}\n")).unwrap();
+    let c = resolve(&path);
+    assert_eq!(c.api_server.unwrap().to_string(), format!("{url}/"));
+}
+
 #[test]
 fn systemd_unit_keeps_only_net_admin_and_net_raw() {
     let unit = std::fs::read_to_string(repo("systemd/nodeplane-agent.service")).unwrap();

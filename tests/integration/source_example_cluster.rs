@@ -16,7 +16,7 @@ fn example_cluster_loads_without_problems() {
     let report = load_dir(&dir).unwrap();
     let problems: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
     assert!(problems.is_empty(), "{problems:#?}");
-    assert_eq!(report.files, 7);
+    assert_eq!(report.files, 8);
     assert_eq!(report.ignored, 1, "the Deployment");
 
     let s = &report.snapshot;
@@ -34,6 +34,7 @@ fn example_cluster_loads_without_problems() {
             (Kind::EgressQoS, 1),
             (Kind::EgressIP, 1),
             (Kind::CloudPrivateIPConfig, 1),
+            (Kind::NetworkPolicy, 1),
         ]
     );
 

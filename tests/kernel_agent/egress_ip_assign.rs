@@ -58,10 +58,15 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
     let (tx, rx) = watch::channel(leading);
     rt.block_on(async {
         let liveness = Liveness::new(Duration::from_secs(30));
-        let client = kube_source::client(Some(&kubeconfig), liveness)
+        let client = kube_source::client(Some(&kubeconfig), None, liveness)
             .await
             .expect("client");
-        let source = kube_source::start(client.clone(), SourceHealth::default(), liveness);
+        let source = kube_source::start(
+            client.clone(),
+            SourceHealth::default(),
+            liveness,
+            nodeplane::snapshot::Kind::ALL,
+        );
         tokio::spawn(egress_ip::run(
             client,
             rx,

@@ -541,6 +541,85 @@ fn malformed_object_is_reported_and_the_rest_applies() {
     );
 }
 
+/// Beside kube-proxy and a CNI that enforces NetworkPolicy, on a cluster whose EgressIPs
+/// another controller serves: with only the firewall and QoS on, the agent never asks for the
+/// other features' kinds, writes nothing to the API (no host-cidrs annotation, no Lease),
+/// opens no kube-proxy health port and programs no chain of theirs.
+#[test]
+fn features_switched_off_have_no_watches_writes_listeners_or_chains() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.api.put(network_policy("shop", "10.0.0.0/8"));
+    let health = "127.0.0.1:10256";
+    let agent = s.spawn_with(&[
+        "--features",
+        "egress-firewall,egress-qos",
+        "--healthz-bind-address",
+        health,
+    ]);
+    s.wait_table(&agent, "the firewall applied", |t| {
+        t.contains("203.0.113.0/24")
+    });
+    for kind in [
+        "Service",
+        "EndpointSlice",
+        "Endpoints",
+        "NetworkPolicy",
+        "EgressIP",
+    ] {
+        assert_eq!(s.api.lists(kind), 0, "{kind} was listed:\n{}", agent.logs());
+    }
+    assert!(s.api.lists("CloudPrivateIPConfig") == 0 && s.api.lists("EgressQoS") > 0);
+    let writes: Vec<String> = s
+        .api
+        .writes()
+        .iter()
+        .map(|w| format!("{} {}", w.method, w.path))
+        .filter(|w| w.contains("/nodes/") || w.contains("/leases"))
+        .collect();
+    assert_eq!(writes, Vec::<String>::new(), "{}", agent.logs());
+    let refused = s.node.enter(|| TcpStream::connect(health).err());
+    assert!(refused.is_some(), "{health} is served with services off");
+    let table = s.table().unwrap();
+    for prefix in ["chain svc-", "chain np-", "map eip-", "map svc-"] {
+        assert!(
+            !table.contains(prefix),
+            "{prefix} with its feature off:\n{table}"
+        );
+    }
+    agent.stop();
+}
+
+/// A node of a cluster without kube-proxy, after a reboot: the kubeconfig (as the in-cluster
+/// environment would) names the `kubernetes` ClusterIP, which nothing translates yet. With
+/// `--api-server` at the server's real address the agent lists, applies and follows changes.
+#[test]
+fn api_server_flag_reaches_the_api_when_the_kubernetes_cluster_ip_is_unroutable() {
+    let s = setup();
+    s.api.put(node(NODE, "192.168.50.11"));
+    s.api.put(namespace("shop"));
+    s.api.put(pod("shop", "web-1", "10.128.1.5"));
+    s.api.put(firewall("shop", "203.0.113.0/24"));
+    let cluster_ip = format!("{}-clusterip", s.kubeconfig);
+    let text = std::fs::read_to_string(&s.kubeconfig).unwrap();
+    let real = format!("http://{}", s.api.addr());
+    std::fs::write(&cluster_ip, text.replace(&real, "https://172.30.0.1:443")).unwrap();
+    let mut args = vec!["--kubeconfig", &cluster_ip, "--node-name", NODE];
+    args.extend(["--api-server", &real, "--admin-address", ADMIN]);
+    let agent = s.node.spawn_agent(&args);
+    s.wait_table(&agent, "applied from the real address", |t| {
+        t.contains("203.0.113.0/24")
+    });
+    s.api.put(firewall("shop", "198.51.100.0/24"));
+    s.wait_table(&agent, "a change over the real address", |t| {
+        t.contains("198.51.100.0/24")
+    });
+    agent.stop();
+}
+
 #[test]
 fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
     let s = setup();

@@ -60,6 +60,7 @@ impl Setup {
     async fn leases(&self) -> KubeLeases {
         let c = client(
             Some(&self.kubeconfig),
+            None,
             Liveness::new(Duration::from_secs(25)),
         )
         .await

@@ -161,6 +161,7 @@ pub struct Services;
 
 impl Feature for Services {
     const NAME: &'static str = "svc";
+    const SWITCH: crate::features::Switch = crate::features::Switch::Services;
     type Memory = Memo;
 
     fn plan(inputs: &Inputs, memo: &Memo, out: &mut Planned) -> Memo {

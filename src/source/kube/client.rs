@@ -1,6 +1,8 @@
 //! The API client: `--kubeconfig` when given, else kube's inference (in-cluster service
-//! account, then `$KUBECONFIG` / `~/.kube/config`), with timeouts so that no request waits on
-//! a silently stalled connection for longer than a watch may stay quiet.
+//! account, then `$KUBECONFIG` / `~/.kube/config`), at `--api-server` when given (a node
+//! without kube-proxy cannot reach the in-cluster `kubernetes` ClusterIP before the agent has
+//! programmed it), with timeouts so that no request waits on a silently stalled connection
+//! for longer than a watch may stay quiet.
 //!
 //! kube's defaults wait forever for a response (no read timeout) and 30 s for a connection;
 //! a request sent on a pooled connection that went dead (packets dropped, no RST) would then
@@ -27,7 +29,11 @@ use super::{KubeError, Liveness};
 /// A SYN that gets no answer for this long went into a black hole.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn client(kubeconfig: Option<&Path>, liveness: Liveness) -> Result<Client, KubeError> {
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    api_server: Option<&hyper::Uri>,
+    liveness: Liveness,
+) -> Result<Client, KubeError> {
     let mut config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path).map_err(|e| KubeError::Config {
@@ -46,6 +52,9 @@ pub async fn client(kubeconfig: Option<&Path>, liveness: Liveness) -> Result<Cli
             reason: e.to_string(),
         })?,
     };
+    if let Some(url) = api_server {
+        config.cluster_url = url.clone();
+    }
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(liveness.idle());
     config.reset_reader_on_write = true;

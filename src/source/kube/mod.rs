@@ -63,12 +63,18 @@ pub struct KubeSource {
     pub health: SourceHealth,
 }
 
-/// Starts one watch per kind and the store task, reporting into `health`. Must be called
-/// inside a tokio runtime.
-pub fn start(client: Client, health: SourceHealth, liveness: Liveness) -> KubeSource {
+/// Starts one watch per kind of `kinds` (the enabled features', `Features::kinds`) and the
+/// store task, reporting into `health`; the other kinds are never requested and count as
+/// synced with no objects. Must be called inside a tokio runtime.
+pub fn start(
+    client: Client,
+    health: SourceHealth,
+    liveness: Liveness,
+    kinds: &[Kind],
+) -> KubeSource {
     let (tx, rx) = mpsc::unbounded_channel();
     health.set_stale_after(liveness.stale());
-    for kind in Kind::ALL {
+    for kind in kinds {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(*kind));
         tokio::spawn(follow::follow(
             api,
@@ -80,8 +86,12 @@ pub fn start(client: Client, health: SourceHealth, liveness: Liveness) -> KubeSo
     }
     let (snap_tx, snapshots) = watch::channel(None);
     let (rej_tx, rejections) = mpsc::channel(256);
-    health.set_unsynced(Kind::ALL.to_vec());
-    tokio::spawn(store_task(rx, snap_tx, rej_tx, health.clone()));
+    health.set_unsynced(kinds.to_vec());
+    let mut store = Store::default();
+    for kind in Kind::ALL.iter().filter(|k| !kinds.contains(k)) {
+        store.mark_absent(*kind);
+    }
+    tokio::spawn(store_task(store, rx, snap_tx, rej_tx, health.clone()));
     tokio::spawn(probe_api(client, health.clone()));
     KubeSource {
         snapshots,
@@ -98,12 +108,12 @@ enum Msg {
 }
 
 async fn store_task(
+    mut store: Store,
     mut rx: mpsc::UnboundedReceiver<Msg>,
     snapshots: watch::Sender<Option<Snapshot>>,
     rejections: mpsc::Sender<Rejection>,
     health: SourceHealth,
 ) {
-    let mut store = Store::default();
     let handle = |msg: Msg, store: &mut Store| -> Change {
         match msg {
             Msg::Update(u) => store.apply(u),
