@@ -143,6 +143,30 @@ pub struct Opts {
     )]
     pub external_ip_rejected_cidrs: Vec<String>,
 
+    /// LoadBalancer IPs (`status.loadBalancer.ingress[].ip`) the agent honours (repeatable,
+    /// IPv4 and IPv6). Whatever this says, an ingress IP inside --cluster-cidr (a pod's
+    /// address) or --service-cidr, or a node's address, is refused: the controllers that write
+    /// Service status may be wrong or compromised. Default: all others (as kube-proxy).
+    #[arg(
+        long = "load-balancer-ip-allowed-cidrs",
+        global = true,
+        env = "NODEPLANE_LOAD_BALANCER_IP_ALLOWED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub load_balancer_ip_allowed_cidrs: Vec<String>,
+
+    /// LoadBalancer IPs never honoured, even when allowed (rejected wins), e.g. the addresses
+    /// of the API server or other infrastructure outside the cluster. Default: none.
+    #[arg(
+        long = "load-balancer-ip-rejected-cidrs",
+        global = true,
+        env = "NODEPLANE_LOAD_BALANCER_IP_REJECTED_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub load_balancer_ip_rejected_cidrs: Vec<String>,
+
     /// kube-proxy's --nodeport-addresses: the local addresses NodePorts are served on.
     /// `primary` (the default, as kube-proxy's nftables mode): the node's primary address per
     /// family (the first InternalIP, else ExternalIP, of its Node object). Or CIDRs

@@ -79,6 +79,10 @@ pub struct Config {
     pub external_ip_allowed_cidrs: Vec<IpNet>,
     /// `spec.externalIPs` never honoured, even when allowed (rejected wins).
     pub external_ip_rejected_cidrs: Vec<IpNet>,
+    /// LoadBalancer IPs honoured: those in one of these (empty: any) and in none of
+    /// `load_balancer_ip_rejected_cidrs`; never one in the cluster or service CIDRs.
+    pub load_balancer_ip_allowed_cidrs: Vec<IpNet>,
+    pub load_balancer_ip_rejected_cidrs: Vec<IpNet>,
     /// kube-proxy's `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
     pub resync: Duration,
@@ -143,6 +147,8 @@ impl Config {
             service_cidrs: vec![DEFAULT_SERVICE_CIDR.parse().expect("valid default")],
             external_ip_allowed_cidrs: Vec::new(),
             external_ip_rejected_cidrs: Vec::new(),
+            load_balancer_ip_allowed_cidrs: Vec::new(),
+            load_balancer_ip_rejected_cidrs: Vec::new(),
             nodeport_addresses: NodePortAddresses::Primary,
             resync: DEFAULT_RESYNC,
             log_level: "info".into(),
@@ -319,6 +325,20 @@ impl Config {
                     file.external_ip_rejected_cidrs,
                 ),
             )?,
+            load_balancer_ip_allowed_cidrs: parse_cidrs(
+                "--load-balancer-ip-allowed-cidrs",
+                &pick_list(
+                    &opts.load_balancer_ip_allowed_cidrs,
+                    file.load_balancer_ip_allowed_cidrs,
+                ),
+            )?,
+            load_balancer_ip_rejected_cidrs: parse_cidrs(
+                "--load-balancer-ip-rejected-cidrs",
+                &pick_list(
+                    &opts.load_balancer_ip_rejected_cidrs,
+                    file.load_balancer_ip_rejected_cidrs,
+                ),
+            )?,
             nodeport_addresses: NodePortAddresses::parse(&pick_list(
                 &opts.nodeport_addresses,
                 file.nodeport_addresses,
@@ -492,6 +512,8 @@ struct FileConfig {
     service_cidr: Option<Vec<String>>,
     external_ip_allowed_cidrs: Option<Vec<String>>,
     external_ip_rejected_cidrs: Option<Vec<String>>,
+    load_balancer_ip_allowed_cidrs: Option<Vec<String>>,
+    load_balancer_ip_rejected_cidrs: Option<Vec<String>>,
     nodeport_addresses: Option<Vec<String>>,
     resync_seconds: Option<u64>,
     log_level: Option<String>,

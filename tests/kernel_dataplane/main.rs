@@ -16,4 +16,5 @@ mod netpol_interplay;
 mod probe;
 mod qos;
 mod services;
+mod services_lb_status;
 mod services_parity;

@@ -125,6 +125,9 @@ struct Settings {
     service_cidrs: Vec<IpNet>,
     allowed: Vec<IpNet>,
     rejected: Vec<IpNet>,
+    cluster_cidrs: Vec<IpNet>,
+    lb_allowed: Vec<IpNet>,
+    lb_rejected: Vec<IpNet>,
     /// This node's primary addresses (from its Node object): they rarely change, and a
     /// change re-plans every service.
     node_primary: Vec<IpAddr>,
@@ -141,6 +144,9 @@ impl Settings {
             service_cidrs: config.service_cidrs.clone(),
             allowed: config.external_ip_allowed_cidrs.clone(),
             rejected: config.external_ip_rejected_cidrs.clone(),
+            cluster_cidrs: config.cluster_cidrs.clone(),
+            lb_allowed: config.load_balancer_ip_allowed_cidrs.clone(),
+            lb_rejected: config.load_balancer_ip_rejected_cidrs.clone(),
             node_primary: node
                 .map(|n| snapshot::node_primary_ips(n))
                 .unwrap_or_default(),
@@ -231,6 +237,9 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         service_cidrs: &config.service_cidrs,
         external_allowed: &config.external_ip_allowed_cidrs,
         external_rejected: &config.external_ip_rejected_cidrs,
+        cluster_cidrs: &config.cluster_cidrs,
+        lb_allowed: &config.load_balancer_ip_allowed_cidrs,
+        lb_rejected: &config.load_balancer_ip_rejected_cidrs,
     };
     let mut stale_udp = Vec::new();
     let mut new_udp_frontends = Vec::new();

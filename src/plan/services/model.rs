@@ -74,6 +74,9 @@ pub struct AddressRules<'a> {
     pub service_cidrs: &'a [IpNet],
     pub external_allowed: &'a [IpNet],
     pub external_rejected: &'a [IpNet],
+    pub cluster_cidrs: &'a [IpNet],
+    pub lb_allowed: &'a [IpNet],
+    pub lb_rejected: &'a [IpNet],
 }
 
 /// Why an address can never be a Service frontend, whoever asks: traffic to it is the node's
@@ -104,6 +107,31 @@ pub fn unusable(ip: IpAddr, node_ips: &BTreeMap<IpAddr, String>) -> Option<Strin
         }
     };
     Some(format!("is {class}"))
+}
+
+impl AddressRules<'_> {
+    /// Why a LoadBalancer ingress IP is not honoured: Service status is written by controllers
+    /// that may be wrong or compromised, and an ingress IP takes the address over for every
+    /// client of the node, the node itself included. A pod's address (the cluster CIDRs) or a
+    /// service CIDR address is never an LB IP; the operator's lists narrow the rest.
+    fn lb_refusal(&self, ip: IpAddr) -> Option<String> {
+        let within = |flag: &str, nets: &[IpNet]| {
+            let net = nets.iter().find(|n| n.contains(&ip))?;
+            Some(format!("is in {flag} {net}"))
+        };
+        within("--cluster-cidr", self.cluster_cidrs)
+            .or_else(|| within("--service-cidr", self.service_cidrs))
+            .or_else(|| within("--load-balancer-ip-rejected-cidrs", self.lb_rejected))
+            .or_else(|| {
+                let allowed = self.lb_allowed;
+                (!allowed.is_empty() && !allowed.iter().any(|n| n.contains(&ip))).then(|| {
+                    format!(
+                        "is not in --load-balancer-ip-allowed-cidrs {}",
+                        list(allowed)
+                    )
+                })
+            })
+    }
 }
 
 impl Model {
@@ -342,7 +370,12 @@ impl Addresses<'_> {
                         continue;
                     }
                 }
-                Frontend::LoadBalancer => {}
+                Frontend::LoadBalancer => {
+                    if let Some(why) = self.rules.lb_refusal(ip) {
+                        self.refused.push(format!("{field}: {ip} {why}"));
+                        continue;
+                    }
+                }
             }
             self.fields.insert(ip, field);
             out.push(ip);
