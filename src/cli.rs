@@ -9,8 +9,10 @@ use std::path::PathBuf;
 #[command(
     name = "agent",
     version,
-    about = "nodeplane node agent: turns EgressFirewall, EgressQoS, EgressIP and Service objects \
-             into nftables rules (table inet nodeplane), addresses and routes on this node.",
+    about = "nodeplane node agent: turns EgressFirewall, EgressQoS, EgressIP, \
+             CloudPrivateIPConfig, Service / Endpoints / EndpointSlice and NetworkPolicy objects \
+             into nftables rules (table inet nodeplane, and table bridge nodeplane for bridged \
+             pods), addresses, routes and policy rules on this node.",
     long_about = None
 )]
 pub struct Cli {
@@ -23,8 +25,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Remove everything the agent created on this node: the nftables table inet nodeplane and
-    /// the addresses, routes and policy rules it marked as its own. Nothing else is touched.
+    /// Remove everything the agent created on this node: the nftables tables inet nodeplane
+    /// and bridge nodeplane, the EgressIP addresses, the np-eip tunnel, and the routes and
+    /// policy rules it marked as its own. Nothing else is touched. The state directory is
+    /// left alone (delete it by hand to forget the last valid objects).
     Cleanup,
 }
 
@@ -238,12 +242,13 @@ pub struct Opts {
     )]
     pub resolv_conf: Option<PathBuf>,
 
-    /// Directory for the last valid EgressFirewall, EgressQoS and EgressIP objects
-    /// (`last-valid.json`), so that an object turned invalid while the agent was down keeps
-    /// its last valid rules after a restart. Default: /var/lib/nodeplane.
+    /// Directory for the last valid EgressFirewall, EgressQoS, EgressIP and NetworkPolicy
+    /// objects (`last-valid.json`), so that an object turned invalid while the agent was down
+    /// keeps its last valid rules after a restart. Default: /var/lib/nodeplane.
     ///
     /// It holds the last valid EgressFirewall and EgressQoS of each namespace and the last
-    /// valid version of each EgressIP, as API objects, with the node name: after a restart
+    /// valid version of each EgressIP and NetworkPolicy, as API objects, with the node name:
+    /// after a restart
     /// (or in the next --once), an object that is invalid is planned from its saved version
     /// instead of the namespace falling open. Written atomically after a successful sync
     /// when those objects changed; created (mode 0700) if missing; a failed write is a

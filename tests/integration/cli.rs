@@ -275,6 +275,11 @@ fn help_explains_every_option() {
         "--leader-elect-retry-period",
         "--egress-ip-probe-interval",
         "--egress-ip-probe-misses",
+        "--api-server",
+        "--features",
+        "--disable-features",
+        "--load-balancer-ip-allowed-cidrs",
+        "--load-balancer-ip-rejected-cidrs",
         "cleanup",
         "NODEPLANE_",
     ] {
@@ -282,5 +287,16 @@ fn help_explains_every_option() {
             help.contains(flag),
             "--help does not mention {flag}:\n{help}"
         );
+    }
+    // The first line names every feature's objects, as the README's feature table does.
+    let summary = help.lines().next().unwrap_or_default();
+    for kind in nodeplane::snapshot::Kind::ALL {
+        let always = ["Namespace", "Pod", "Node"];
+        if !always.contains(&kind.as_str()) {
+            assert!(summary.contains(kind.as_str()), "{kind} not in {summary:?}");
+        }
+    }
+    for feature in nodeplane::features::Switch::ALL {
+        assert!(help.contains(feature.name()), "--help lacks {feature}");
     }
 }
