@@ -45,11 +45,18 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     let manifest_health = config.manifests.is_some().then(ManifestHealth::default);
     let admin =
         Arc::new(AdminState::new(source_health.clone()).with_manifests(manifest_health.clone()));
-    admin::serve(config.admin_address, admin.clone())
+    admin::serve(config.admin_address, admin.clone(), admin::Surface::Admin)
         .await
         .map_err(|e| {
             ReconcileError::Runtime(format!("admin server on {}: {e}", config.admin_address))
         })?;
+    // A taken metrics port (kube-proxy still running beside the agent) costs the scrape
+    // target, not the dataplane.
+    if let Some(addr) = config.metrics_bind_address
+        && let Err(e) = admin::serve(addr, admin.clone(), admin::Surface::Metrics).await
+    {
+        error!("metrics server on {addr}: {e} (metrics stay on the admin server)");
+    }
     // kube-proxy's proxy health: healthy and eligible while starting up; up before the first
     // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
     let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));

@@ -210,7 +210,9 @@ pub struct Opts {
     pub log_level: Option<String>,
 
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics, /ruleset) in run mode.
-    /// Loopback by default; use 0.0.0.0:PORT to let Prometheus scrape it. Default:
+    /// Keep it on loopback (the default): /ruleset shows every namespace's rules, dnsNames,
+    /// learned addresses and pod IPs, and /readyz the agent's state; any pod could read them
+    /// on a node address. Prometheus scrapes --metrics-bind-address instead. Default:
     /// 127.0.0.1:9942.
     #[arg(
         long,
@@ -219,6 +221,16 @@ pub struct Opts {
         value_name = "HOST:PORT"
     )]
     pub admin_address: Option<std::net::SocketAddr>,
+
+    /// Metrics-only HTTP server in run mode (`/metrics`, kube-proxy's port): safe to expose,
+    /// it serves nothing but the metrics. Empty disables it. Default: 0.0.0.0:10249.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_METRICS_BIND_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
+    pub metrics_bind_address: Option<String>,
 
     /// kube-proxy's node-level health server in run mode: `/healthz` (200 while the dataplane
     /// is in sync and the node is not being deleted, else 503; what cloud load balancers probe

@@ -17,6 +17,8 @@ pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9942";
+/// kube-proxy's metrics port: existing scrape configs find the agent there.
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = "0.0.0.0:10249";
 /// kube-proxy's default `--healthz-bind-address`.
 pub const DEFAULT_HEALTHZ_BIND_ADDRESS: &str = "0.0.0.0:10256";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
@@ -91,6 +93,8 @@ pub struct Config {
     pub resolv_conf: PathBuf,
     /// Where the admin HTTP server listens in run mode.
     pub admin_address: std::net::SocketAddr,
+    /// The metrics-only server (`--metrics-bind-address`); `None` (empty) disables it.
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
     /// kube-proxy's `--healthz-bind-address`: the node-level proxy health server (`/healthz`,
     /// `/livez`) in run mode; `None` (an empty value) disables it.
     pub healthz_bind_address: Option<std::net::SocketAddr>,
@@ -154,6 +158,9 @@ impl Config {
             log_level: "info".into(),
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
             admin_address: DEFAULT_ADMIN_ADDRESS.parse().expect("valid default"),
+            metrics_bind_address: Some(
+                DEFAULT_METRICS_BIND_ADDRESS.parse().expect("valid default"),
+            ),
             healthz_bind_address: Some(
                 DEFAULT_HEALTHZ_BIND_ADDRESS.parse().expect("valid default"),
             ),
@@ -296,13 +303,7 @@ impl Config {
             .as_deref()
             .or(file.healthz_bind_address.as_deref())
             .unwrap_or(DEFAULT_HEALTHZ_BIND_ADDRESS);
-        let healthz_bind_address = match healthz.trim() {
-            "" => None,
-            a => Some(a.parse().map_err(|e| ConfigError::Invalid {
-                option: "--healthz-bind-address",
-                reason: format!("{a:?} is not HOST:PORT (empty disables): {e}"),
-            })?),
-        };
+        let healthz_bind_address = optional_address("--healthz-bind-address", healthz)?;
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
@@ -363,6 +364,13 @@ impl Config {
                 .admin_address
                 .or(file.admin_address)
                 .unwrap_or_else(|| DEFAULT_ADMIN_ADDRESS.parse().expect("valid default")),
+            metrics_bind_address: optional_address(
+                "--metrics-bind-address",
+                opts.metrics_bind_address
+                    .as_deref()
+                    .or(file.metrics_bind_address.as_deref())
+                    .unwrap_or(DEFAULT_METRICS_BIND_ADDRESS),
+            )?,
             healthz_bind_address,
             state_dir: opts
                 .state_dir
@@ -417,6 +425,20 @@ fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
         flags.to_vec()
     } else {
         file.unwrap_or_default()
+    }
+}
+
+/// A listener's HOST:PORT; empty: the listener is off.
+fn optional_address(
+    option: &'static str,
+    value: &str,
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    match value.trim() {
+        "" => Ok(None),
+        a => Ok(Some(a.parse().map_err(|e| ConfigError::Invalid {
+            option,
+            reason: format!("{a:?} is not HOST:PORT (empty disables): {e}"),
+        })?)),
     }
 }
 
@@ -519,6 +541,7 @@ struct FileConfig {
     log_level: Option<String>,
     resolv_conf: Option<PathBuf>,
     admin_address: Option<std::net::SocketAddr>,
+    metrics_bind_address: Option<String>,
     healthz_bind_address: Option<String>,
     state_dir: Option<PathBuf>,
     api_watch_timeout_seconds: Option<u64>,

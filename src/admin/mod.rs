@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 pub use metrics::{CountingLookup, Metrics};
-pub use server::serve;
+pub use server::{Surface, serve};
 
 use crate::nft::TABLE_NAME;
 use crate::nft::ir::Table;

@@ -1,4 +1,5 @@
-//! The admin HTTP server (hyper 1, HTTP/1.1): `/healthz`, `/readyz`, `/metrics`, `/ruleset`.
+//! The admin HTTP server (hyper 1, HTTP/1.1): `/healthz`, `/readyz`, `/metrics`, `/ruleset`,
+//! on loopback; and the metrics-only server (`/metrics`), which may face the network.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,11 +17,30 @@ use tracing::{debug, info};
 
 use super::AdminState;
 
-/// Binds `addr` and serves in the background; returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, state: Arc<AdminState>) -> std::io::Result<SocketAddr> {
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// Everything: the agent's state (`/ruleset`, `/readyz`) is for the node's admin only.
+    Admin,
+    /// `/metrics` only, safe to expose to the network (kube-proxy's `:10249`).
+    Metrics,
+}
+
+/// Binds `addr` and serves `surface` in the background; returns the bound address (port 0
+/// picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    state: Arc<AdminState>,
+    surface: Surface,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    info!("admin server on http://{local} (/healthz /readyz /metrics /ruleset)");
+    match surface {
+        Surface::Admin => {
+            info!("admin server on http://{local} (/healthz /readyz /metrics /ruleset)")
+        }
+        Surface::Metrics => info!("metrics server on http://{local}/metrics"),
+    }
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -32,7 +52,7 @@ pub async fn serve(addr: SocketAddr, state: Arc<AdminState>) -> std::io::Result<
             };
             let state = state.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |req| respond(state.clone(), req));
+                let service = service_fn(move |req| respond(state.clone(), surface, req));
                 if let Err(e) = http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await
@@ -47,12 +67,17 @@ pub async fn serve(addr: SocketAddr, state: Arc<AdminState>) -> std::io::Result<
 
 async fn respond(
     state: Arc<AdminState>,
+    surface: Surface,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into()));
     }
-    Ok(match req.uri().path() {
+    let path = req.uri().path();
+    if surface == Surface::Metrics && path != "/metrics" {
+        return Ok(text(StatusCode::NOT_FOUND, "try /metrics\n".into()));
+    }
+    Ok(match path {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => {
             let repairs = format!(

@@ -202,6 +202,42 @@ fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
 }
 
 /// The agent's resident memory in kB.
+/// A pod reads the node's metrics on kube-proxy's port and nothing else: the rules, learned
+/// addresses and pod IPs of `/ruleset` and the state in `/readyz` stay on the loopback admin
+/// server.
+#[test]
+fn metrics_face_the_network_and_the_ruleset_stays_on_loopback() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let pod = lab.add_pod(&node, "pod", &["10.128.0.5"]);
+    lab.add_addr(&node, "lo", "192.168.50.11/32");
+    let agent = node.spawn_agent(&args(EXAMPLES, &[]));
+    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let metrics: std::net::SocketAddr = "192.168.50.11:10249".parse().unwrap();
+    let wait = Duration::from_secs(10);
+    let ruleset = eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
+        Ok((200, body)) if body.contains("table inet nodeplane") => Ok(body),
+        other => Err(format!("{other:?}\n{}", agent.logs())),
+    });
+    assert!(ruleset.contains("10.128.0.11"), "pod IPs in /ruleset");
+    let (code, body) = pod.ns.http_get(metrics, "/metrics", wait).expect("metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("nodeplane_sync_duration_seconds"), "{body}");
+    for path in ["/ruleset", "/readyz", "/"] {
+        let (code, body) = pod.ns.http_get(metrics, path, wait).expect("answer");
+        assert_eq!(code, 404, "{path} served to a pod: {body}");
+        assert!(!body.contains("10.128.0.11"), "{path}: {body}");
+    }
+    let refused = pod
+        .ns
+        .http_get("192.168.50.11:9942".parse().unwrap(), "/ruleset", wait);
+    assert!(
+        refused.is_err(),
+        "the admin server is reachable from a pod: {refused:?}"
+    );
+    agent.stop();
+}
+
 fn rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
