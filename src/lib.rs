@@ -14,6 +14,7 @@ pub mod dns;
 pub mod dnsproxy;
 pub mod healthcheck;
 pub mod heap;
+pub mod host;
 pub mod net;
 pub mod nft;
 pub mod observe;

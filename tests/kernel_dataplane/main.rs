@@ -15,5 +15,6 @@ mod netpol_bridged;
 mod netpol_interplay;
 mod probe;
 mod qos;
+mod sandbox;
 mod services;
 mod services_parity;
