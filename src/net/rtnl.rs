@@ -593,8 +593,9 @@ fn announce_added(
 }
 
 /// Creates the tunnel device (first deleting an owned one of the same name it replaces),
-/// marks it, brings it up, gives it its IPv4 settings and adds its entries. Returns the links as they
-/// are afterwards (routes over the new device need its index).
+/// marks it, brings it up, gives it its IPv4 settings (also to a kept one that lacks them)
+/// and adds its entries. Returns the links as they are afterwards (routes over the new
+/// device need its index).
 async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLink>, NetError> {
     if let Some(spec) = &t.create {
         let object = format!("link {}", spec.name);
