@@ -82,18 +82,30 @@ pub fn denials(log: &str) -> Vec<&str> {
 
 /// Sets up the mounts, then execs `setpriv` (so the agent keeps the pid `ip netns exec`
 /// started: signals and `/proc/<pid>` reach it). `$1` is the writable state directory, `$2`
-/// the capability list in setpriv's form, the rest the agent's command line. A mount that
-/// cannot be made read-only fails the start: a sandbox that is not the DaemonSet's must not
-/// pass for one.
+/// the capability list in setpriv's form, the rest the agent's command line. Mounts hidden
+/// under a later mount at the same place or above it (the `/sys` that `ip netns exec`
+/// mounts over the host's, with the host's cgroup mounts below) cannot be reached and are
+/// skipped; every other one is remounted read-only keeping its flags (a user namespace, as
+/// in `scripts/test-unprivileged.sh`, refuses to drop locked ones). A mount that cannot be
+/// made read-only fails the start: a sandbox that is not the DaemonSet's must not pass for
+/// one.
 const SETUP: &str = r#"
 state=$1; caps=$2; shift 2
 mkdir -p "$state"
 mount --bind "$state" "$state"
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
-for m in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
+awk '{ t[NR] = $5; o[NR] = $6 }
+  END {
+    for (i = 1; i <= NR; i++) {
+      hidden = 0
+      for (j = i + 1; j <= NR; j++)
+        if (t[j] == "/" || t[j] == t[i] || index(t[i], t[j] "/") == 1) { hidden = 1; break }
+      if (!hidden) print t[i], o[i]
+    }
+  }' /proc/self/mountinfo | while read -r m opts; do
   case "$m" in "$state"|/proc|/proc/*|/dev|/dev/*|/run/netns/*) continue;; esac
-  mount -o remount,bind,ro "$m"
+  mount -o "remount,bind,ro,${opts#rw,}" "$m"
 done
 exec setpriv --no-new-privs --bounding-set=-all,"$caps" -- "$@"
 "#;
