@@ -30,6 +30,10 @@ pub const NET_RAW: Capability = Capability {
     why: "gratuitous ARP / neighbour advertisements of egress IPs and the EgressIP node probes",
 };
 
+/// Every capability the agent uses: exactly what `deploy/daemonset.yaml` adds and the
+/// systemd unit keeps (a deploy test holds the three equal).
+pub const ALL: [&Capability; 3] = [&NET_ADMIN, &NET_RAW, &NET_BIND_SERVICE];
+
 /// Where the kernel reports the calling process's capabilities.
 const STATUS: &str = "/proc/self/status";
 

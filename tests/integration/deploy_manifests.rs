@@ -65,11 +65,15 @@ fn daemonset_is_host_network_with_only_the_sandbox_capabilities() {
 
     let c = &pod.containers[0];
     let caps = c.security_context.clone().unwrap().capabilities.unwrap();
-    // Exactly what the kernel tests' sandbox grants (`lab::sandbox`).
-    assert_eq!(
-        caps.add.unwrap(),
-        nodeplane::testing::lab::sandbox::CAPABILITIES
-    );
+    // Exactly what the kernel tests' sandbox grants (`lab::sandbox`) and what the agent
+    // checks for at start (`host::ALL`).
+    let sandbox = nodeplane::testing::lab::sandbox::CAPABILITIES;
+    assert_eq!(caps.add.unwrap(), sandbox);
+    let used: Vec<&str> = nodeplane::host::ALL
+        .iter()
+        .map(|c| c.name.trim_start_matches("CAP_"))
+        .collect();
+    assert_eq!(used, sandbox);
     assert_eq!(caps.drop.unwrap(), ["ALL"]);
     assert!(c.resources.clone().unwrap().requests.is_some());
     let env = c.env.clone().unwrap();
