@@ -4,9 +4,10 @@
 set -euo pipefail
 
 # Build: libnftnl/libmnl headers and pkg-config. Runtime of the demo and the kernel tests:
-# nft, ip, ping (the lab's ping helper), python3 (the demo's servers).
+# nft, ip, ping (the lab's ping helper), python3 (the demo's servers), unshare and setpriv
+# (util-linux: the lab's DaemonSet sandbox).
 PACKAGES=(libnftnl-dev libmnl-dev nftables iproute2 pkg-config iputils-ping gcc libc6-dev
-    ca-certificates curl python3)
+    ca-certificates curl python3 util-linux)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -17,6 +17,7 @@ use crate::dns::{self, DnsService};
 use crate::features::Switch;
 use crate::healthcheck::proxy::{HEALTH_TIMEOUT, ProxyHealth, Stamp};
 use crate::healthcheck::{self, HealthServer};
+use crate::host;
 use crate::nft::monitor::{DEFAULT_RCVBUF, Monitor};
 use crate::nft::{Family, TABLE_NAME};
 use crate::observe::{ReconcileError, SyncObserver, SyncOutcome};
@@ -57,6 +58,7 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
     {
         error!("metrics server on {addr}: {e} (metrics stay on the admin server)");
     }
+    check_host(&config, &admin);
     // kube-proxy's proxy health: healthy and eligible while starting up; up before the first
     // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
     let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
@@ -263,7 +265,10 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         learning_rx,
         admin.metrics.dns_proxy.clone(),
     ) {
-        error!("dns proxy not started (pod DNS goes direct, only resolution feeds dnsName): {e}");
+        let message =
+            format!("not started (pod DNS goes direct, only resolution feeds dnsName rules): {e}");
+        error!("dns proxy {message}");
+        admin.environment_error("dns proxy", &message);
     }
     observers.push(Box::new(LogReport));
     observers.push(Box::new(crate::memory_limit::MemoryWatch::start()));
@@ -289,6 +294,31 @@ pub async fn run(config: Config) -> Result<(), ReconcileError> {
         e.shutdown().await;
     }
     result?
+}
+
+/// The capabilities and sysctls the agent needs (`host`): each gap is logged and shown in
+/// `/readyz` (a missing capability keeps it degraded). Nothing is changed.
+fn check_host(config: &Config, admin: &AdminState) {
+    let mut needed = vec![&host::NET_ADMIN, &host::NET_RAW];
+    if config.dns_proxy.port.is_some() && config.features.on(Switch::EgressFirewall) {
+        needed.push(&host::NET_BIND_SERVICE);
+    }
+    match host::effective_capabilities() {
+        Ok(effective) => {
+            let missing = host::missing(effective, &needed);
+            for m in &missing {
+                error!("{m}");
+            }
+            if !missing.is_empty() {
+                admin.environment_error("capabilities", &missing.join("; "));
+            }
+        }
+        Err(e) => warn!("cannot read the agent's capabilities: {e}"),
+    }
+    for (key, problem) in host::sysctl_warnings() {
+        warn!("{key} {problem}");
+        admin.environment_warning(key, &problem);
+    }
 }
 
 /// Starts this agent's candidacy for the EgressIP assigner role (Lease

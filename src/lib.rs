@@ -15,6 +15,7 @@ pub mod dnsproxy;
 pub mod features;
 pub mod healthcheck;
 pub mod heap;
+pub mod host;
 pub mod memory_limit;
 pub mod net;
 pub mod nft;

@@ -39,6 +39,17 @@ pub struct AdminState {
     drift: Mutex<drift::DriftStatus>,
     /// Per cluster-wide role this agent is a candidate for: a line for `/readyz`.
     roles: Mutex<BTreeMap<String, String>>,
+    /// What the host lacks, found at start (`host`, the DNS proxy's start).
+    environment: Mutex<Environment>,
+}
+
+/// Problems of the agent's environment, by what they concern (`capabilities`, `dns proxy`,
+/// `sysctl`). Errors (a missing capability, a listener that cannot work) keep `/readyz`
+/// degraded; warnings are lines of its body.
+#[derive(Default)]
+struct Environment {
+    errors: BTreeMap<String, String>,
+    warnings: BTreeMap<String, String>,
 }
 
 #[derive(Default)]
@@ -106,6 +117,35 @@ impl AdminState {
             .insert(role.to_string(), line);
     }
 
+    /// Something the agent needs from its host is missing: `/readyz` stays degraded
+    /// naming it (the caller logs it).
+    pub fn environment_error(&self, what: &str, message: &str) {
+        self.environment()
+            .errors
+            .insert(what.into(), message.into());
+    }
+
+    /// A host setting that defeats a feature: a `warning:` line of `/readyz` (the caller
+    /// logs it).
+    pub fn environment_warning(&self, what: &str, message: &str) {
+        self.environment()
+            .warnings
+            .insert(what.into(), message.into());
+    }
+
+    /// One `warning: <what>: <message>` line per environment warning, for `/readyz`.
+    pub fn environment_warnings(&self) -> String {
+        let env = self.environment();
+        env.warnings
+            .iter()
+            .map(|(w, m)| format!("warning: {w}: {}\n", one_line(m)))
+            .collect()
+    }
+
+    fn environment(&self) -> std::sync::MutexGuard<'_, Environment> {
+        self.environment.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// One `<role>: leader|follower (leader: <holder>)` line per role, for `/readyz`.
     pub fn leadership(&self) -> String {
         let roles = self.roles.lock().unwrap_or_else(|p| p.into_inner());
@@ -121,6 +161,12 @@ impl AdminState {
             manifests.check()?;
         }
         self.drift().check(Instant::now())?;
+        let errors: Vec<String> = (self.environment().errors.iter())
+            .map(|(w, m)| format!("{w}: {m}"))
+            .collect();
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
         let last = self.last();
         if let Some(e) = &last.error {
             return Err(format!("last sync failed: {e}"));

@@ -81,9 +81,10 @@ async fn respond(
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => {
             let repairs = format!(
-                "drift repairs: {}\n{}",
+                "drift repairs: {}\n{}{}",
                 state.drift_repairs(),
-                state.leadership()
+                state.leadership(),
+                state.environment_warnings()
             );
             match state.ready() {
                 Ok(()) => text(StatusCode::OK, format!("ready\n{repairs}")),

@@ -28,8 +28,8 @@ use tokio::sync::watch;
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Binds the transparent listeners and serves them on the current tokio runtime. An error
-/// (no CAP_NET_ADMIN, port taken) leaves pod DNS going direct: the steering rules find no
-/// socket and do not match.
+/// (no CAP_NET_ADMIN or CAP_NET_BIND_SERVICE, port taken) leaves pod DNS going direct: the
+/// steering rules find no socket and do not match.
 pub fn spawn(
     settings: &DnsProxySettings,
     learning: watch::Receiver<Arc<Learning>>,
@@ -38,6 +38,7 @@ pub fn spawn(
     let Some(port) = settings.port else {
         return Ok(());
     };
+    probe_answer_socket()?;
     let backend = NftnlBackend::new();
     let learner = learn::Learner::new(backend, TABLE_NAME, settings.min_ttl_secs);
     let holder = hold::Holder::start(learner, learning, metrics);
@@ -48,6 +49,33 @@ pub fn spawn(
     }
     tracing::info!("dns proxy listening on port {port} (udp, tcp)");
     Ok(())
+}
+
+/// Where the start-up probe binds an answer socket: a documentation address (RFC 5737) that
+/// no node holds, on the DNS port, as every UDP answer's socket binds the server's.
+const PROBE_ANSWER_FROM: &str = "192.0.2.1:53";
+
+/// UDP answers go to pods from the server's address and port 53 (`socket::answer_socket`),
+/// and binding a port below 1024 needs CAP_NET_BIND_SERVICE: IP_TRANSPARENT does not exempt
+/// it (EACCES, measured on 6.18; unless `net.ipv4.ip_unprivileged_port_start` is lowered).
+/// Tried once at start, so that a missing capability stops the proxy with an error (pods'
+/// DNS then goes direct) instead of failing every answer, counted only as a metric.
+fn probe_answer_socket() -> std::io::Result<()> {
+    let from = PROBE_ANSWER_FROM.parse().expect("valid address");
+    match socket::answer_socket(from) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (CAP_NET_BIND_SERVICE missing)"
+            } else {
+                ""
+            };
+            Err(std::io::Error::new(
+                e.kind(),
+                format!("answers cannot be sent from port 53: binding {from}: {e}{hint}"),
+            ))
+        }
+    }
 }
 
 /// Binds one family's listeners and serves them.

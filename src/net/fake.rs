@@ -226,7 +226,14 @@ fn apply_tunnel_adds(state: &mut KernelState, t: &TunnelChanges) -> Result<(), N
             name: spec.name.clone(),
             vxlan: Some((spec.vni, spec.port, Some(spec.local))),
             mac: Some(spec.mac),
+            inet_conf: Some(super::links::TUNNEL_INET_CONF),
         });
+    }
+    if let Some(dev) = &t.configure {
+        match state.owned_links.iter_mut().find(|l| &l.name == dev) {
+            Some(link) => link.inet_conf = Some(super::links::TUNNEL_INET_CONF),
+            None => return Err(kernel_err(format!("link {dev}"), "set", libc::ENODEV)),
+        }
     }
     for f in &t.fdb_add {
         if state.link_by_name(&f.dev).is_none() {

@@ -12,9 +12,11 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    AfSpecInet, AfSpecUnspec, InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage,
 };
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -30,7 +32,17 @@ pub struct OwnedLink {
     /// `(vni, port, local)` when it is a VXLAN device.
     pub vxlan: Option<(u32, u16, Option<IpAddr>)>,
     pub mac: Option<[u8; 6]>,
+    /// Its IPv4 `(rp_filter, src_valid_mark)` (None when the kernel did not report them).
+    pub inet_conf: Option<(i32, i32)>,
 }
+
+/// The tunnel's IPv4 settings: `src_valid_mark` 1, so that the reverse-path check of a
+/// decapsulated packet looks its source up with the packet's mark (`TUNNELED`, set by
+/// `eip-prerouting`) and finds the agent's route back over the tunnel, whatever
+/// `rp_filter` the host has in `all`, `default` or here; and `rp_filter` 0 on the device,
+/// which alone suffices while `all` is 0. Set through RTM_SETLINK (`IFLA_AF_SPEC` /
+/// `IFLA_INET_CONF`), never through `/proc/sys`. (`rp_filter`, `src_valid_mark`)
+pub const TUNNEL_INET_CONF: (i32, i32) = (0, 1);
 
 /// A permanent FDB entry on an owned link: frames to `mac` go to `dst`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,6 +72,9 @@ pub struct TunnelChanges {
     pub neigh_del: Vec<NeighEntry>,
     /// Owned links to delete (their entries and routes go with them).
     pub delete: Vec<String>,
+    /// The owned link whose IPv4 settings are not [`TUNNEL_INET_CONF`] (a kept one, e.g.
+    /// created by an older agent; a created one is configured as part of `create`).
+    pub configure: Option<String>,
 }
 
 pub fn mac_text(mac: &[u8; 6]) -> String {
@@ -72,6 +87,7 @@ pub fn mac_text(mac: &[u8; 6]) -> String {
 impl TunnelChanges {
     pub fn len(&self) -> usize {
         usize::from(self.create.is_some())
+            + usize::from(self.configure.is_some())
             + self.fdb_add.len()
             + self.neigh_add.len()
             + self.fdb_del.len()
@@ -95,6 +111,17 @@ impl TunnelChanges {
                 t.port,
                 t.local,
                 mac_text(&t.mac)
+            ));
+        }
+        if let Some(dev) = self
+            .create
+            .as_ref()
+            .map(|t| &t.name)
+            .or(self.configure.as_ref())
+        {
+            let (rp_filter, src_valid_mark) = TUNNEL_INET_CONF;
+            out.push(format!(
+                "link set {dev} ipv4 conf rp_filter {rp_filter} src_valid_mark {src_valid_mark}"
             ));
         }
         for f in &self.fdb_add {
@@ -195,6 +222,9 @@ pub(crate) fn plan(
             changes.neigh_add.extend(neigh);
         }
         Some(link) => {
+            if link.inet_conf != Some(TUNNEL_INET_CONF) {
+                changes.configure = Some(link.name.clone());
+            }
             let have_fdb: BTreeSet<FdbEntry> = state
                 .fdb
                 .iter()
@@ -305,8 +335,10 @@ pub(crate) fn parse_owned(msg: &LinkMessage) -> Option<OwnedLink> {
     let mut name = None;
     let mut mac = None;
     let mut vxlan = None;
+    let mut inet_conf = None;
     for attr in &msg.attributes {
         match attr {
+            LinkAttribute::AfSpecUnspec(specs) => inet_conf = parse_inet_conf(specs),
             LinkAttribute::IfAlias(a) => alias = Some(a.as_str()),
             LinkAttribute::IfName(n) => name = Some(n.clone()),
             LinkAttribute::Address(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
@@ -319,7 +351,48 @@ pub(crate) fn parse_owned(msg: &LinkMessage) -> Option<OwnedLink> {
         name: name.unwrap_or_else(|| format!("if{}", msg.header.index)),
         vxlan,
         mac,
+        inet_conf,
     })
+}
+
+fn parse_inet_conf(specs: &[AfSpecUnspec]) -> Option<(i32, i32)> {
+    specs.iter().find_map(|s| match s {
+        AfSpecUnspec::Inet(inet) => inet.iter().find_map(|i| match i {
+            AfSpecInet::DevConf(c) => Some((c.rp_filter, c.src_vmark)),
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+/// `RTM_NEWLINK` (set) giving link `index` the IPv4 settings [`TUNNEL_INET_CONF`].
+/// netlink-packet-route's `DevConfRequest` leaves out zero values, so the nested
+/// `IFLA_INET_CONF` (one `u32` attribute per `IPV4_DEVCONF_*` index) is built here.
+pub(crate) fn inet_conf_message(index: u32) -> LinkMessage {
+    const IFLA_INET_CONF: u16 = 1;
+    const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+    const IPV4_DEVCONF_SRC_VMARK: u16 = 24;
+    let (rp_filter, src_valid_mark) = TUNNEL_INET_CONF;
+    let settings = [
+        DefaultNla::new(
+            IPV4_DEVCONF_RP_FILTER,
+            (rp_filter as u32).to_ne_bytes().to_vec(),
+        ),
+        DefaultNla::new(
+            IPV4_DEVCONF_SRC_VMARK,
+            (src_valid_mark as u32).to_ne_bytes().to_vec(),
+        ),
+    ];
+    let mut nested = vec![0u8; settings.as_slice().buffer_len()];
+    settings.as_slice().emit(&mut nested);
+    let conf = DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested);
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+            AfSpecInet::Other(conf),
+        ])]));
+    msg
 }
 
 fn parse_vxlan(infos: &[LinkInfo]) -> Option<(u32, u16, Option<IpAddr>)> {
@@ -408,11 +481,50 @@ mod tests {
                 name: t.name.clone(),
                 vxlan: Some((t.vni, t.port, Some(t.local))),
                 mac: Some(t.mac),
+                inet_conf: Some(TUNNEL_INET_CONF),
             }],
             fdb: wanted_entries(t).0.into_iter().collect(),
             neighbours: wanted_entries(t).1.into_iter().collect(),
             ..Default::default()
         }
+    }
+
+    /// A kept tunnel without its IPv4 settings (an older agent's, or reset by someone) gets
+    /// them again; the message is RTM_SETLINK with `IFLA_AF_SPEC` / `AF_INET` /
+    /// `IFLA_INET_CONF` holding both values, the zero included, as the kernel parses it
+    /// (`inet_set_link_af`), and the link dump's `IFLA_INET_CONF` reads back as they were set.
+    #[test]
+    fn tunnel_ipv4_settings_are_set_through_netlink_and_repaired() {
+        let t = spec(&[]);
+        let mut st = owned_state(&t);
+        st.owned_links[0].inet_conf = Some((1, 0));
+        let mut c = TunnelChanges::default();
+        plan(&st, Some(&t), &mut c).unwrap();
+        assert_eq!(c.configure.as_deref(), Some("np-eip"));
+        assert_eq!(
+            c.describe_adds(),
+            vec!["link set np-eip ipv4 conf rp_filter 0 src_valid_mark 1"]
+        );
+        st.owned_links[0].inet_conf = Some(TUNNEL_INET_CONF);
+        let mut c = TunnelChanges::default();
+        plan(&st, Some(&t), &mut c).unwrap();
+        assert!(c.is_empty(), "{c:?}");
+
+        let msg = inet_conf_message(9);
+        assert_eq!(msg.header.index, 9);
+        let mut bytes = vec![0u8; msg.buffer_len()];
+        msg.emit(&mut bytes);
+        // After the 16-byte ifinfomsg: IFLA_AF_SPEC (26) > AF_INET (2) > IFLA_INET_CONF
+        // (1, nested) > [RP_FILTER (8) = 0, SRC_VMARK (24) = 1], native-endian u32s.
+        let nla = |len: u16, kind: u16| [len.to_ne_bytes(), kind.to_ne_bytes()].concat();
+        let mut want = nla(28, 26);
+        want.extend(nla(24, 2));
+        want.extend(nla(20, 1 | NLA_F_NESTED));
+        want.extend(nla(8, 8));
+        want.extend(0u32.to_ne_bytes());
+        want.extend(nla(8, 24));
+        want.extend(1u32.to_ne_bytes());
+        assert_eq!(&bytes[16..], want.as_slice());
     }
 
     #[test]

@@ -593,8 +593,9 @@ fn announce_added(
 }
 
 /// Creates the tunnel device (first deleting an owned one of the same name it replaces),
-/// marks it, brings it up, sets its sysctls and adds its entries. Returns the links as they
-/// are afterwards (routes over the new device need its index).
+/// marks it, brings it up, gives it its IPv4 settings (also to a kept one that lacks them)
+/// and adds its entries. Returns the links as they are afterwards (routes over the new
+/// device need its index).
 async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLink>, NetError> {
     if let Some(spec) = &t.create {
         let object = format!("link {}", spec.name);
@@ -611,7 +612,10 @@ async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLin
         let index = link_index(&links, object.clone(), &spec.name)?;
         let req = RouteNetlinkMessage::SetLink(links::up_message(index));
         execute(handle, object.clone(), "set up", req, 0, &[]).await?;
-        tunnel_sysctls(&spec.name)?;
+        configure_tunnel(handle, &spec.name, &links).await?;
+    } else if let Some(dev) = &t.configure {
+        let links = read_links(handle).await?;
+        configure_tunnel(handle, dev, &links).await?;
     }
     let links = read_links(handle).await?;
     for f in &t.fdb_add {
@@ -637,26 +641,16 @@ async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLin
     Ok(links)
 }
 
-/// Decapsulated packets arrive on the tunnel with a pod source that the main table routes
-/// elsewhere, and the tunnel has no IPv4 address: the kernel's reverse-path check rejects
-/// such packets in both strict (1) and loose (2) mode, so the device gets 0. The kernel uses
-/// max(all, device): with `all` above 0 the check still applies, which is logged.
-fn tunnel_sysctls(dev: &str) -> Result<(), NetError> {
-    let path = format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter");
-    std::fs::write(&path, "0").map_err(|source| NetError::Kernel {
-        object: format!("link {dev}"),
-        op: "set rp_filter",
-        source,
-    })?;
-    let all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter");
-    if all.as_deref().map(str::trim).is_ok_and(|v| v != "0") {
-        tracing::warn!(
-            "link {dev}: net.ipv4.conf.all.rp_filter is not 0, so traffic steered here from \
-             other nodes is dropped by the reverse-path check; set it to 0 (per-interface \
-             values still apply to the other interfaces)"
-        );
-    }
-    Ok(())
+/// [`links::TUNNEL_INET_CONF`] on the tunnel, through RTM_SETLINK (see there why).
+async fn configure_tunnel(
+    handle: &Handle,
+    dev: &str,
+    links: &[KernelLink],
+) -> Result<(), NetError> {
+    let object = format!("link {dev}");
+    let index = link_index(links, object.clone(), dev)?;
+    let req = RouteNetlinkMessage::SetLink(links::inet_conf_message(index));
+    execute(handle, object, "set ipv4 conf", req, 0, &[]).await
 }
 
 async fn tunnel_dels(

@@ -102,6 +102,15 @@ pub const MARK_MASK: u32 = 0x00ff_0000;
 /// Set on packets that arrived through the tunnel (`eip-prerouting`): steered here from
 /// another node for SNAT to an egress IP.
 pub const TUNNELED: u32 = 0x0200_0000;
+/// The reverse-path table: the cluster's IPv4 CIDRs over the tunnel, looked up (`ip rule
+/// fwmark TUNNELED`) only for packets that arrived through it. With `src_valid_mark` on the
+/// tunnel (`net::links::TUNNEL_INET_CONF`) the kernel's reverse-path check of such a packet
+/// uses its mark, finds its pod source routed back over the tunnel and passes in strict and
+/// loose mode, whatever `rp_filter` says in `all`, `default` or on the uplink. The forward
+/// lookup of the same packet (to a destination outside the cluster) finds nothing here and
+/// goes on to the main table.
+pub const RETURN_TABLE: u32 = 7090;
+pub const RETURN_RULE_PRIORITY: u32 = 7090;
 /// Steering tables `STEER_TABLE_BASE + n` and the priority of their `ip rule`s.
 pub const STEER_TABLE_BASE: u32 = 7100;
 pub const STEER_RULE_PRIORITY: u32 = 7100;
@@ -304,6 +313,9 @@ fn plan(
                 net.addresses.insert(AddressSpec::host(*ip));
             }
         }
+    }
+    if let Some(tunnel) = &tunnel {
+        return_routing(config, tunnel, net);
     }
     net.tunnel = tunnel;
     if !dropped.is_empty() {
@@ -711,6 +723,39 @@ fn leaves_cluster() -> Vec<Rule> {
         .map(|s| ret(Field::Ip4Daddr, s))
         .chain(v6.iter().map(|s| ret(Field::Ip6Daddr, s)))
         .collect()
+}
+
+/// [`RETURN_TABLE`] and its rule (IPv4: IPv6 has no reverse-path filter in routing).
+fn return_routing(config: &Config, tunnel: &TunnelSpec, net: &mut NetDesired) {
+    let cidrs: Vec<IpNet> = config
+        .cluster_cidrs
+        .iter()
+        .filter(|c| c.addr().is_ipv4())
+        .copied()
+        .collect();
+    if cidrs.is_empty() {
+        return;
+    }
+    for dst in cidrs {
+        net.routes.insert(RouteSpec {
+            table: RETURN_TABLE,
+            dst,
+            nexthops: vec![NextHop {
+                via: None,
+                dev: Some(tunnel.name.clone()),
+                weight: 1,
+                onlink: false,
+            }],
+            local: false,
+        });
+    }
+    net.rules.insert(RuleSpec {
+        priority: RETURN_RULE_PRIORITY,
+        fwmark: Some((TUNNELED, TUNNELED)),
+        from: None,
+        table: RETURN_TABLE,
+        family: Family::V4,
+    });
 }
 
 /// The rule and multipath default route(s) of steering group `n`.

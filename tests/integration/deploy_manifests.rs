@@ -49,7 +49,7 @@ fn kustomization_lists_every_manifest() {
 }
 
 #[test]
-fn daemonset_is_host_network_with_only_net_admin_and_net_raw() {
+fn daemonset_is_host_network_with_only_the_sandbox_capabilities() {
     let ds: DaemonSet = load("deploy/daemonset.yaml");
     let sa: ServiceAccount = load("deploy/serviceaccount.yaml");
     let cm: ConfigMap = load("deploy/configmap.yaml");
@@ -65,7 +65,15 @@ fn daemonset_is_host_network_with_only_net_admin_and_net_raw() {
 
     let c = &pod.containers[0];
     let caps = c.security_context.clone().unwrap().capabilities.unwrap();
-    assert_eq!(caps.add.unwrap(), ["NET_ADMIN", "NET_RAW"]);
+    // Exactly what the kernel tests' sandbox grants (`lab::sandbox`) and what the agent
+    // checks for at start (`host::ALL`).
+    let sandbox = nodeplane::testing::lab::sandbox::CAPABILITIES;
+    assert_eq!(caps.add.unwrap(), sandbox);
+    let used: Vec<&str> = nodeplane::host::ALL
+        .iter()
+        .map(|c| c.name.trim_start_matches("CAP_"))
+        .collect();
+    assert_eq!(used, sandbox);
     assert_eq!(caps.drop.unwrap(), ["ALL"]);
     assert!(c.resources.clone().unwrap().requests.is_some());
     let env = c.env.clone().unwrap();
@@ -350,7 +358,7 @@ fn kube_proxy_free_component_sets_an_api_server_the_agent_accepts() {
 }
 
 #[test]
-fn systemd_unit_keeps_only_net_admin_and_net_raw() {
+fn systemd_unit_keeps_only_the_sandbox_capabilities() {
     let unit = std::fs::read_to_string(repo("systemd/nodeplane-agent.service")).unwrap();
     let value = |key: &str| {
         let prefix = format!("{key}=");
@@ -358,8 +366,13 @@ fn systemd_unit_keeps_only_net_admin_and_net_raw() {
         line.unwrap_or_else(|| panic!("{key} missing"))
             .trim_start_matches(&prefix)
     };
-    assert_eq!(value("CapabilityBoundingSet"), "CAP_NET_ADMIN CAP_NET_RAW");
-    assert_eq!(value("AmbientCapabilities"), "CAP_NET_ADMIN CAP_NET_RAW");
+    let caps: Vec<String> = nodeplane::testing::lab::sandbox::CAPABILITIES
+        .iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    assert_eq!(value("CapabilityBoundingSet"), caps.join(" "));
+    assert_eq!(value("AmbientCapabilities"), caps.join(" "));
+    assert_eq!(value("ProtectKernelTunables"), "yes");
     assert_eq!(value("NoNewPrivileges"), "yes");
     assert_eq!(value("ProtectSystem"), "strict");
     assert_eq!(value("Restart"), "on-failure");

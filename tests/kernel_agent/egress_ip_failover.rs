@@ -72,7 +72,7 @@ fn recovered(c: &EipCluster, sink: &DatagramSink, since: Instant) -> Outage {
 }
 
 #[test]
-fn an_egress_ip_without_status_is_placed_and_moves_when_its_node_dies() {
+pub(crate) fn an_egress_ip_without_status_is_placed_and_moves_when_its_node_dies() {
     let c = cluster_led_by_node_3();
     c.put_egress_ip();
     let host = c.wait_hosted(WAIT);
@@ -82,11 +82,12 @@ fn an_egress_ip_without_status_is_placed_and_moves_when_its_node_dies() {
         c.status()
     );
     let ext_server = c.ext.tcp_server(format!("{EXT}:8080"), "ext");
-    // The other nodes steer once they read the new status: converged within WAIT.
+    // The hosting node holds the IP; the other nodes steer once their agents have synced
+    // the same status (until then the pods leave as without EgressIP, the documented case).
     for pod in 0..3 {
         eventually(WAIT, || match c.source_seen(pod, ext_server.addr()) {
             Ok(ip) if ip == eip() => Ok(()),
-            seen => Err(format!("pod{} via {}: {seen:?}", pod + 1, node_name(host))),
+            other => Err(format!("pod{} via {}: {other:?}", pod + 1, node_name(host))),
         });
     }
     assert_eq!(c.ext_neighbour(), Some(c.macs[host].clone()));
@@ -256,7 +257,8 @@ fn when_the_assigners_own_node_dies_a_new_assigner_moves_its_ip() {
 }
 
 #[test]
-fn a_node_cut_off_from_the_assigner_and_the_api_server_drops_its_ip_and_keeps_it_dropped() {
+pub(crate) fn a_node_cut_off_from_the_assigner_and_the_api_server_drops_its_ip_and_keeps_it_dropped()
+ {
     let c = cluster_led_by_node_3();
     c.put_egress_ip();
     let cut = c.wait_hosted(WAIT);

@@ -8,3 +8,4 @@ mod egress_ip_cloud;
 mod egress_ip_failover;
 mod kube;
 mod lease;
+mod sandbox;

@@ -145,7 +145,7 @@ fn learned_elements(node: &Ns, pattern: &str) -> String {
 }
 
 #[test]
-fn rotating_answers_are_allowed_before_the_pod_connects() {
+pub(crate) fn rotating_answers_are_allowed_before_the_pod_connects() {
     let mut zone = Zone::default();
     zone.rotating.insert(
         "rot.example.com".into(),

@@ -25,6 +25,8 @@ struct Topo {
     nodes: Vec<Ns>,
     /// eth MAC of each node on the segment.
     macs: Vec<String>,
+    /// Each node's interface on the segment (its uplink).
+    uplinks: Vec<String>,
     ext: Ns,
     api1: Pod,
     api2: Pod,
@@ -49,12 +51,14 @@ fn topo() -> Topo {
     let seg = lab.add_segment("seg");
     let mut nodes = Vec::new();
     let mut macs = Vec::new();
+    let mut uplinks = Vec::new();
     for i in 0..3 {
         let n = lab.add_node(&format!("node{}", i + 1));
         let cidrs = [format!("{}/24", node_ip(i)), format!("{}/64", node_ip6(i))];
         let iface = lab.attach(&n, &seg, &[&cidrs[0], &cidrs[1]]);
         let link = n.run(&["cat", &format!("/sys/class/net/{iface}/address")]);
         macs.push(link.trim().to_string());
+        uplinks.push(iface);
         // What a CNI's source NAT looks like (Calico natOutgoing, flannel ipMasq).
         let cni = format!(
             "table ip cni {{\n chain post {{\n type nat hook postrouting priority srcnat;\n \
@@ -92,6 +96,7 @@ fn topo() -> Topo {
     let t = Topo {
         nodes,
         macs,
+        uplinks,
         ext,
         api1,
         api2,
@@ -247,7 +252,7 @@ fn eip_state(ns: &Ns) -> String {
 }
 
 #[test]
-fn egress_ip_snat_steering_announcement_move_delete_and_cleanup() {
+pub(crate) fn egress_ip_snat_steering_announcement_move_delete_and_cleanup() {
     let t = topo();
     // A second object whose IP no node subnet contains: reported, and harmless to the rest.
     t.write_file(
@@ -493,4 +498,86 @@ fn an_egress_ip_on_an_unreachable_node_fails_closed() {
             .then_some(())
             .ok_or_else(|| format!("node-2 log:\n{logs}"))
     });
+}
+
+/// Sets `net.ipv4.conf.{all,default,<uplink>}.rp_filter` to `value` on every node (as a
+/// RHEL-family or CIS-hardened host has them: an operator's choice, never the agent's).
+fn set_rp_filter(t: &Topo, value: &str) {
+    for (node, uplink) in t.nodes.iter().zip(&t.uplinks) {
+        for dev in ["all", "default", uplink.as_str()] {
+            node.sysctl(&format!("net.ipv4.conf.{dev}.rp_filter"), value);
+        }
+    }
+}
+
+/// `(all, default, uplink)` rp_filter of each node, as text.
+fn rp_filters(t: &Topo) -> Vec<String> {
+    let read = |node: &Ns, dev: &str| {
+        node.run(&["cat", &format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter")])
+            .trim()
+            .to_string()
+    };
+    t.nodes
+        .iter()
+        .zip(&t.uplinks)
+        .map(|(n, up)| format!("{} {} {}", read(n, "all"), read(n, "default"), read(n, up)))
+        .collect()
+}
+
+/// Steering to node-1 works with reverse-path filtering `value` in `all`, `default` and
+/// the uplink on every node, and the agent changes none of those host-wide settings.
+fn steering_with_rp_filter(value: &str) {
+    let t = topo();
+    set_rp_filter(&t, value);
+    let before = rp_filters(&t);
+    t.host_on("node-1");
+    let agents = t.spawn_agents();
+    eventually_source(&t.api1, false, EIP4, CONVERGE * 2);
+    // api2 on node-2 is steered over the tunnel: node-1's reverse-path check sees it.
+    eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
+    for _ in 0..5 {
+        assert_eq!(source_seen(&t.api2, false).unwrap().to_string(), EIP4);
+    }
+    eventually_source(&t.api2, true, EIP6, CONVERGE);
+    // Unselected and cluster traffic as before.
+    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
+    let reply = t
+        .api1
+        .ns
+        .tcp_connect("10.128.2.5:9000", SECOND)
+        .expect_reply();
+    assert_eq!(reply.src_ip(), t.api1.ip());
+    assert_eq!(
+        rp_filters(&t),
+        before,
+        "host-wide rp_filter settings changed"
+    );
+    // The tunnel's own settings, which the agent set through netlink.
+    let conf = |key: &str| {
+        let path = format!("/proc/sys/net/ipv4/conf/np-eip/{key}");
+        t.nodes[0].run(&["cat", &path]).trim().to_string()
+    };
+    assert_eq!(
+        (conf("rp_filter"), conf("src_valid_mark")),
+        ("0".into(), "1".into())
+    );
+    for a in agents {
+        let (status, logs) = a.stop();
+        assert!(status.success(), "agent exit {status:?}\n{logs}");
+    }
+}
+
+#[test]
+fn steering_with_rp_filter_off() {
+    steering_with_rp_filter("0");
+}
+
+#[test]
+pub(crate) fn steering_with_strict_rp_filter() {
+    steering_with_rp_filter("1");
+}
+
+#[test]
+fn steering_with_loose_rp_filter() {
+    steering_with_rp_filter("2");
 }

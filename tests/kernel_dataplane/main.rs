@@ -15,6 +15,7 @@ mod netpol_bridged;
 mod netpol_interplay;
 mod probe;
 mod qos;
+mod sandbox;
 mod services;
 mod services_lb_status;
 mod services_parity;

@@ -412,7 +412,7 @@ fn host_network_pods_are_not_subject() {
 }
 
 #[test]
-fn run_mode_applies_edits_and_deletes_live_and_keeps_the_last_valid_version() {
+pub(crate) fn run_mode_applies_edits_and_deletes_live_and_keeps_the_last_valid_version() {
     let c = cluster();
     c.write(&[]);
     let agents: Vec<_> = c.agents.iter().map(|a| a.spawn(&[])).collect();

@@ -454,7 +454,7 @@ fn udp_ask(sock: &UdpSocket, dst: &str, within: Duration) -> Option<String> {
 }
 
 #[test]
-fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
+pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
     let t = topo();
     let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
     let write = |eps: &[Ep]| {
@@ -537,7 +537,7 @@ fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), String> {
 /// left the node fails the check (load balancers drain it) while that endpoint still serves
 /// the connections that arrive (kube-proxy's TestHealthCheckNodePortWhenTerminating).
 #[test]
-fn health_check_node_port_counts_ready_local_endpoints() {
+pub(crate) fn health_check_node_port_counts_ready_local_endpoints() {
     let t = topo();
     let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
     let write = |eps: &[Ep]| {

@@ -277,7 +277,7 @@ fn wait_repaired(ns: &Ns, expected: &[String], since: Instant, agent: &AgentProc
 }
 
 #[test]
-fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
+pub(crate) fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
     // Repair latency is part of what these tests check: no other lab runs meanwhile.
     let _alone = lab::exclusive();
     let t = topo();

@@ -5,3 +5,4 @@
 mod backend;
 mod drift;
 mod quiet;
+mod sandbox;

@@ -78,6 +78,16 @@ fn on(node: &str, snap: &Snapshot) -> Desired {
     plan_all(snap, &Config::for_node(node))
 }
 
+/// The steering routes (every route but the reverse-path table's).
+fn steer_routes(d: &Desired) -> impl Iterator<Item = &RouteSpec> {
+    d.net.routes.iter().filter(|r| r.table != RETURN_TABLE)
+}
+
+/// The steering rules (every rule but the reverse-path one).
+fn steer_rules(d: &Desired) -> impl Iterator<Item = &RuleSpec> {
+    d.net.rules.iter().filter(|r| r.table != RETURN_TABLE)
+}
+
 fn elements(d: &Desired, map: &str) -> Vec<(String, String)> {
     d.ruleset.flatten().sets[map]
         .elements
@@ -136,7 +146,7 @@ fn hosting_node_snats_every_selected_pod_and_holds_the_address() {
     assert!(elements(&d, STEER_V4).is_empty());
     let addrs: Vec<String> = d.net.addresses.iter().map(|a| a.to_string()).collect();
     assert_eq!(addrs, vec!["192.168.50.200/32", "fd00:50::200/128"]);
-    assert!(d.net.routes.is_empty() && d.net.rules.is_empty());
+    assert_eq!((steer_routes(&d).count(), steer_rules(&d).count()), (0, 0));
     let tunnel = d
         .net
         .tunnel
@@ -165,7 +175,7 @@ fn other_nodes_steer_local_pods_over_multipath_to_all_hosting_nodes() {
         "identity SNAT keeps the pod source through a CNI masquerade"
     );
     assert!(d.net.addresses.is_empty());
-    let route = d.net.routes.iter().next().expect("steering route");
+    let route = steer_routes(&d).next().expect("steering route");
     assert_eq!(route.table, STEER_TABLE_BASE);
     let vias: Vec<String> = route
         .nexthops
@@ -179,7 +189,7 @@ fn other_nodes_steer_local_pods_over_multipath_to_all_hosting_nodes() {
             "192.168.50.13 Some(\"np-eip\") true"
         ]
     );
-    let rule = d.net.rules.iter().next().unwrap();
+    let rule = steer_rules(&d).next().unwrap();
     assert_eq!(
         (rule.fwmark, rule.table, rule.family),
         (Some((0x1_0000, MARK_MASK)), STEER_TABLE_BASE, Family::V4)
@@ -197,7 +207,7 @@ fn other_nodes_steer_local_pods_over_multipath_to_all_hosting_nodes() {
     // worker-3 has no selected local pod: it only hosts (SNAT for both pods).
     let d3 = on("worker-3", &snap);
     assert_eq!(elements(&d3, SNAT_V4).len(), 2);
-    assert!(d3.net.routes.is_empty());
+    assert_eq!(steer_routes(&d3).count(), 0);
 }
 
 #[test]
@@ -385,7 +395,7 @@ fn a_hosting_node_without_a_node_object_fails_closed_and_is_reported() {
         vec![("10.128.2.5".to_string(), unreachable_jump())]
     );
     assert!(elements(&d, SNAT_V4).is_empty(), "no identity SNAT");
-    assert!(d.net.routes.is_empty() && d.net.rules.is_empty());
+    assert_eq!((steer_routes(&d).count(), steer_rules(&d).count()), (0, 0));
     let chain = &d.ruleset.flatten().chains[UNREACHABLE];
     let text = crate::nft::render::render_table(&{
         let mut t = Table::new("t");
@@ -436,7 +446,7 @@ fn an_unroutable_hosting_node_is_skipped_and_the_others_still_carry_the_traffic(
         elements(&d, STEER_V4),
         pairs(&[("10.128.2.5", "Jump(\"eip-steer-0\")")])
     );
-    let route = d.net.routes.iter().next().expect("route");
+    let route = steer_routes(&d).next().expect("route");
     let vias: Vec<String> = route
         .nexthops
         .iter()
@@ -549,4 +559,40 @@ fn problems_every_node_sees_are_reported_by_one_node_only() {
     // No problem, no event.
     let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
     assert_eq!(event(&on("worker-1", &snap), "backend"), None);
+}
+
+/// Every node with the tunnel routes the IPv4 cluster CIDRs back over it in the reverse-path
+/// table, looked up only for packets marked as tunneled, so that the kernel's strict or loose
+/// reverse-path check of a decapsulated packet passes (README "Reverse-path filtering").
+#[test]
+fn tunnel_nodes_route_cluster_sources_back_over_the_tunnel_for_marked_packets() {
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
+    for node in ["worker-1", "worker-2"] {
+        let d = on(node, &snap);
+        let back: Vec<String> = d
+            .net
+            .routes
+            .iter()
+            .filter(|r| r.table == RETURN_TABLE)
+            .map(|r| format!("{} {:?} {:?}", r.dst, r.nexthops[0].via, r.nexthops[0].dev))
+            .collect();
+        assert_eq!(back, vec!["10.128.0.0/14 None Some(\"np-eip\")"], "{node}");
+        let rules: Vec<_> = d
+            .net
+            .rules
+            .iter()
+            .filter(|r| r.table == RETURN_TABLE)
+            .map(|r| (r.priority, r.fwmark, r.family))
+            .collect();
+        assert_eq!(
+            rules,
+            vec![(RETURN_RULE_PRIORITY, Some((TUNNELED, TUNNELED)), Family::V4)],
+            "{node}"
+        );
+    }
+    // The mark is outside the steering bits: a tunneled packet never matches a steering rule.
+    assert_eq!(TUNNELED & MARK_MASK, 0);
+    // No EgressIP hosted anywhere: no tunnel, no reverse-path routing.
+    let d = on("worker-1", &cluster(&[]).build());
+    assert!(d.net.routes.is_empty() && d.net.rules.is_empty());
 }

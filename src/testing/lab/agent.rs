@@ -1,5 +1,6 @@
 //! Running the `agent` binary under test inside a netns.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
 use super::netns::{CmdError, Ns};
+use super::sandbox;
 
 /// The `agent` binary Cargo built next to the running test or bench: Cargo puts those in
 /// `target/<profile>/deps/` and the binaries they need in `target/<profile>/`. The kit is a
@@ -40,6 +42,9 @@ pub struct AgentProcess {
     child: Child,
     log: PathBuf,
     ns: Ns,
+    /// Started in the DaemonSet's sandbox: stopping it checks that the sandbox denied it
+    /// nothing (see `sandbox::denials`).
+    sandboxed: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -63,6 +68,20 @@ impl AgentProcess {
     pub fn stop(mut self) -> (ExitStatus, String) {
         let status = self.terminate();
         (status, self.logs())
+    }
+
+    /// Panics if the agent ran sandboxed and its log shows the sandbox denying it something.
+    fn check_sandbox(&self) {
+        if !self.sandboxed {
+            return;
+        }
+        let logs = self.logs();
+        let denied = sandbox::denials(&logs);
+        assert!(
+            denied.is_empty(),
+            "the DaemonSet's sandbox denied the agent:\n{}\n--- log ---\n{logs}",
+            denied.join("\n")
+        );
     }
 
     /// SIGKILL at once (no shutdown path runs); returns the exit status and the logs.
@@ -115,6 +134,9 @@ impl AgentProcess {
     }
 
     fn terminate(&mut self) -> ExitStatus {
+        if !std::thread::panicking() {
+            self.check_sandbox();
+        }
         if let Some(s) = self.try_status() {
             return s;
         }
@@ -143,12 +165,21 @@ impl Ns {
     /// Ok(stdout), Err includes stderr. Like `spawn_agent`, with this netns's state
     /// directory (`Ns::state_dir`) unless `args` name another.
     pub fn run_agent(&self, args: &[&str]) -> Result<String, CmdError> {
-        let bin = agent_bin();
-        let bin = bin.to_str().expect("utf-8 path");
         let state = format!("NODEPLANE_STATE_DIR={}", self.state_dir().display());
-        let mut argv = vec!["env", &state, bin];
-        argv.extend_from_slice(args);
-        self.exec(&argv)
+        let argv = self.agent_argv(args);
+        let mut full: Vec<&str> = vec!["env", &state];
+        full.extend(argv.iter().map(|a| a.to_str().expect("utf-8 argument")));
+        self.exec(&full)
+    }
+
+    /// `agent args...`, inside the DaemonSet's sandbox when the caller runs `sandboxed`.
+    fn agent_argv(&self, args: &[&str]) -> Vec<OsString> {
+        let mut argv = vec![OsString::from(agent_bin())];
+        argv.extend(args.iter().map(OsString::from));
+        if sandbox::is_sandboxed() {
+            argv = sandbox::wrap(&self.state_dir(), &argv);
+        }
+        argv
     }
 
     /// Starts the agent in the background in this netns.
@@ -159,8 +190,7 @@ impl Ns {
         let err = out.try_clone().expect("dup agent log");
         let child = Command::new("ip")
             .args(["netns", "exec", self.name()])
-            .arg(agent_bin())
-            .args(args)
+            .args(self.agent_argv(args))
             .env("NODEPLANE_STATE_DIR", self.state_dir())
             .stdin(Stdio::null())
             .stdout(out)
@@ -171,6 +201,7 @@ impl Ns {
             child,
             log,
             ns: self.clone(),
+            sandboxed: sandbox::is_daemonset_sandbox(),
             _dir: dir,
         }
     }

@@ -18,6 +18,7 @@ pub mod dns;
 mod echo;
 mod matrix;
 mod netns;
+pub mod sandbox;
 mod stream;
 mod topology;
 mod traffic;
@@ -32,6 +33,7 @@ pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
 };
+pub use sandbox::{sandboxed, sandboxed_with};
 pub use stream::{ConnStream, StreamTally};
 pub use topology::{Lab, Link, POD_GW4, POD_GW6, Pod, Segment};
 pub use traffic::{Outcome, Reply, Server};
