@@ -226,7 +226,19 @@ fn apply_tunnel_adds(state: &mut KernelState, t: &TunnelChanges) -> Result<(), N
             name: spec.name.clone(),
             vxlan: Some((spec.vni, spec.port, Some(spec.local))),
             mac: Some(spec.mac),
+            tos_inherit: true,
         });
+    }
+    if let Some(name) = &t.tos_inherit {
+        match state.owned_links.iter_mut().find(|l| &l.name == name) {
+            Some(link) => link.tos_inherit = true,
+            None => {
+                return Err(NetError::NoDevice {
+                    object: format!("link {name}"),
+                    dev: name.clone(),
+                });
+            }
+        }
     }
     for f in &t.fdb_add {
         if state.link_by_name(&f.dev).is_none() {
