@@ -13,6 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::api::{
@@ -761,7 +762,52 @@ pub fn node_primary_ips(node: &Node) -> Vec<IpAddr> {
 }
 
 /// InternalIP and ExternalIP addresses: everything that identifies the node on the network
-/// (EgressFirewall nodeSelector targets, addresses an egress IP must not collide with).
+/// (addresses an egress IP must not collide with).
 pub fn node_ips(node: &Node) -> Vec<IpAddr> {
     node_addresses(node, &["InternalIP", "ExternalIP"])
+}
+
+/// The annotation in which OVN-Kubernetes (and each agent, for its own node) publishes the
+/// node's host addresses with their prefixes, secondary interfaces included.
+pub const HOST_CIDRS_ANNOTATION: &str = "k8s.ovn.org/host-cidrs";
+
+/// Parses a `k8s.ovn.org/host-cidrs` value: a JSON list of `address/prefix` strings; an entry
+/// that is not one is an error, and so is a prefix of length 0 (a node claiming every address).
+pub fn parse_host_cidrs(value: &str) -> Result<Vec<IpNet>, String> {
+    let items: Vec<String> =
+        serde_json::from_str(value).map_err(|e| format!("not a JSON list of strings: {e}"))?;
+    items
+        .iter()
+        .map(|s| match s.parse::<IpNet>() {
+            Ok(net) if net.prefix_len() == 0 => Err(format!("{s:?}: prefix length 0")),
+            Ok(net) => Ok(net),
+            Err(_) => Err(format!("{s:?} is not an address/prefix")),
+        })
+        .collect()
+}
+
+/// The node's `k8s.ovn.org/host-cidrs`, when the annotation is present.
+pub fn node_host_cidrs(node: &Node) -> Option<Result<Vec<IpNet>, String>> {
+    let value = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(HOST_CIDRS_ANNOTATION)?;
+    Some(parse_host_cidrs(value))
+}
+
+/// Every address of the node, as OVN-Kubernetes' EgressFirewall `nodeSelector` takes them:
+/// the addresses of its `k8s.ovn.org/host-cidrs` (secondary interfaces included; a malformed
+/// annotation counts as absent), plus its InternalIP and ExternalIP addresses.
+pub fn node_host_addresses(node: &Node) -> Vec<IpAddr> {
+    let mut ips = node_ips(node);
+    for net in node_host_cidrs(node)
+        .and_then(Result::ok)
+        .unwrap_or_default()
+    {
+        if !ips.contains(&net.addr()) {
+            ips.push(net.addr());
+        }
+    }
+    ips
 }

@@ -15,6 +15,39 @@ use super::validate::{Ctx, Invalid, ValidationError, parse_unicast_ip};
 /// Nodes are eligible to host egress IPs only with this label (any value).
 pub const EGRESS_ASSIGNABLE_LABEL: &str = "k8s.ovn.org/egress-assignable";
 
+/// The reasons of the Events on EgressIPs: OVN-Kubernetes' own wherever it has one for the
+/// same situation (its cluster manager's `recorder.Eventf` calls), so alerts written for it
+/// keep working; README "Events and status texts" lists the mapping.
+pub mod event_reason {
+    /// No node can host the IP (none assignable, none with a fitting subnet, none free, no
+    /// cloud capacity).
+    pub const NO_MATCHING_NODE: &str = "NoMatchingNodeFound";
+    /// Some IPs of the EgressIP are assigned, this one cannot be (no node can host it).
+    pub const UNASSIGNED_REQUEST: &str = "UnassignedRequest";
+    /// The IP is an address of a node.
+    pub const CONFLICT_WITH_NODE: &str = "EgressIPConflict";
+    /// The IP is already another (older) EgressIP's.
+    pub const ALREADY_ALLOCATED: &str = "UnsupportedRequest";
+    /// A pod is already served by another (older) EgressIP.
+    pub const POD_ALREADY_SERVED: &str = "UndefinedRequest";
+    /// The object does not validate (OVN-Kubernetes: an unparsable IP).
+    pub const INVALID: &str = "InvalidEgressIP";
+    /// Creating, moving or deleting a CloudPrivateIPConfig failed at the API server.
+    pub const CLOUD_ASSIGNMENT_FAILED: &str = "CloudAssignmentFailed";
+    pub const CLOUD_UPDATE_FAILED: &str = "CloudUpdateFailed";
+    pub const CLOUD_DELETION_FAILED: &str = "CloudDeletionFailed";
+    /// nodeplane's own, no counterpart: the cloud refused the IP on a node
+    /// (`CloudResponseError`).
+    pub const CLOUD_ERROR: &str = "EgressIPCloudError";
+    /// nodeplane's own: the IP was requested from the cloud (Normal).
+    pub const CLOUD_REQUESTED: &str = "EgressIPCloudRequested";
+    /// nodeplane's own: the IP moved to another node (Normal).
+    pub const MOVED: &str = "EgressIPMoved";
+    /// nodeplane's own: this node's dataplane cannot apply the object as asked (an address
+    /// no interface takes, an unreachable hosting node, a fenced node).
+    pub const NOT_APPLIED: &str = "EgressIPNotApplied";
+}
+
 /// Specification of the desired behavior of EgressIP.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(

@@ -2,7 +2,8 @@
 //!
 //! k8s-openapi's `Endpoint` is 352 bytes before its strings, almost all of it fields a
 //! proxy never looks at (targetRef, deprecatedTopology, hostname); `zone` and `hints` are
-//! kept for topology-aware routing. A node
+//! kept for topology-aware routing
+//! (`hints.forZones` and, Kubernetes 1.33+, `hints.forNodes`). A node
 //! holds every slice of the cluster: at 100,000 endpoints that type alone costs ~45 MB,
 //! this one ~12 MB. Unknown fields are ignored on decode, so any real slice parses.
 
@@ -52,6 +53,19 @@ pub struct Endpoint {
 pub struct EndpointHints {
     #[serde(default, deserialize_with = "exact::vec")]
     pub for_zones: Vec<ForZone>,
+    /// Kubernetes 1.33+, for `trafficDistribution: PreferSameNode`.
+    #[serde(
+        default,
+        deserialize_with = "exact::vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub for_nodes: Vec<ForNode>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForNode {
+    #[serde(default)]
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -96,7 +110,7 @@ mod tests {
               "conditions":{"ready":false,"serving":true,"terminating":true},
               "hostname":"web-0","nodeName":"worker-1","zone":"a",
               "targetRef":{"kind":"Pod","name":"web-0","namespace":"shop"},
-              "hints":{"forZones":[{"name":"a"}]}}],
+              "hints":{"forZones":[{"name":"a"}],"forNodes":[{"name":"worker-1"}]}}],
             "ports":[{"name":"http","port":8080,"protocol":"TCP","appProtocol":"http"}]}"#,
         )
         .unwrap();
@@ -107,6 +121,7 @@ mod tests {
         assert_eq!(e.zone.as_deref(), Some("a"));
         let hints = e.hints.as_ref().unwrap();
         assert_eq!(hints.for_zones[0].name, "a");
+        assert_eq!(hints.for_nodes[0].name, "worker-1");
         assert_eq!(
             e.conditions,
             Some(EndpointConditions {

@@ -24,6 +24,20 @@ pub struct Service {
 
 namespaced_resource!(Service, api_version: "v1", group: "", version: "v1", kind: "Service", plural: "services");
 
+/// The label that hands a Service (and, copied by the EndpointSlice controller, its slices)
+/// to a named service proxy: kube-proxy leaves such objects alone, and so does the agent.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+impl Service {
+    /// Labelled for another service proxy ([`SERVICE_PROXY_NAME_LABEL`], whatever its value).
+    pub fn for_another_proxy(&self) -> bool {
+        self.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    }
+}
+
 /// `Option` wherever the API has a default, as in k8s-openapi.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

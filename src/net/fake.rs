@@ -227,12 +227,24 @@ fn apply_tunnel_adds(state: &mut KernelState, t: &TunnelChanges) -> Result<(), N
             vxlan: Some((spec.vni, spec.port, Some(spec.local))),
             mac: Some(spec.mac),
             inet_conf: Some(super::links::TUNNEL_INET_CONF),
+            tos_inherit: true,
         });
     }
     if let Some(dev) = &t.configure {
         match state.owned_links.iter_mut().find(|l| &l.name == dev) {
             Some(link) => link.inet_conf = Some(super::links::TUNNEL_INET_CONF),
             None => return Err(kernel_err(format!("link {dev}"), "set", libc::ENODEV)),
+        }
+    }
+    if let Some(name) = &t.tos_inherit {
+        match state.owned_links.iter_mut().find(|l| &l.name == name) {
+            Some(link) => link.tos_inherit = true,
+            None => {
+                return Err(NetError::NoDevice {
+                    object: format!("link {name}"),
+                    dev: name.clone(),
+                });
+            }
         }
     }
     for f in &t.fdb_add {

@@ -8,6 +8,11 @@
 //! No learning and no flooding: each peer has one permanent FDB entry (its MAC -> its
 //! underlay address) and permanent neighbour entries (its gateways -> its MAC), so nothing is
 //! resolved at packet time and no frame goes to a node it is not for.
+//!
+//! The device copies the inner packet's DSCP into the outer header (`tos inherit`,
+//! `IFLA_VXLAN_TOS` 1), so an EgressQoS class crosses the underlay between the nodes. A
+//! device created without it (an older agent's) is changed in place (`RTM_NEWLINK` on the
+//! existing device, the kernel's changelink): its entries and the routes over it stay.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -24,16 +29,21 @@ use netlink_packet_route::neighbour::{
 
 use super::{KernelState, LINK_ALIAS, NetError, TunnelSpec};
 
+/// `(vni, port, local)` of a VXLAN device.
+pub type VxlanId = (u32, u16, Option<IpAddr>);
+
 /// A link the agent created (alias [`LINK_ALIAS`]), as read from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnedLink {
     pub index: u32,
     pub name: String,
-    /// `(vni, port, local)` when it is a VXLAN device.
-    pub vxlan: Option<(u32, u16, Option<IpAddr>)>,
+    /// When it is a VXLAN device.
+    pub vxlan: Option<VxlanId>,
     pub mac: Option<[u8; 6]>,
     /// Its IPv4 `(rp_filter, src_valid_mark)` (None when the kernel did not report them).
     pub inet_conf: Option<(i32, i32)>,
+    /// `IFLA_VXLAN_TOS` is 1 (`tos inherit`).
+    pub tos_inherit: bool,
 }
 
 /// The tunnel's IPv4 settings: `src_valid_mark` 1, so that the reverse-path check of a
@@ -43,6 +53,9 @@ pub struct OwnedLink {
 /// which alone suffices while `all` is 0. Set through RTM_SETLINK (`IFLA_AF_SPEC` /
 /// `IFLA_INET_CONF`), never through `/proc/sys`. (`rp_filter`, `src_valid_mark`)
 pub const TUNNEL_INET_CONF: (i32, i32) = (0, 1);
+
+/// `IFLA_VXLAN_TOS` value meaning "copy the inner packet's TOS" (iproute2's `tos inherit`).
+const TOS_INHERIT: u8 = 1;
 
 /// A permanent FDB entry on an owned link: frames to `mac` go to `dst`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -66,6 +79,8 @@ pub struct NeighEntry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TunnelChanges {
     pub create: Option<TunnelSpec>,
+    /// An owned device to switch to `tos inherit` in place.
+    pub tos_inherit: Option<String>,
     pub fdb_add: Vec<FdbEntry>,
     pub neigh_add: Vec<NeighEntry>,
     pub fdb_del: Vec<FdbEntry>,
@@ -88,6 +103,7 @@ impl TunnelChanges {
     pub fn len(&self) -> usize {
         usize::from(self.create.is_some())
             + usize::from(self.configure.is_some())
+            + usize::from(self.tos_inherit.is_some())
             + self.fdb_add.len()
             + self.neigh_add.len()
             + self.fdb_del.len()
@@ -105,7 +121,7 @@ impl TunnelChanges {
         let mut out = Vec::new();
         if let Some(t) = &self.create {
             out.push(format!(
-                "link add {} type vxlan id {} dstport {} local {} address {} nolearning alias {LINK_ALIAS}",
+                "link add {} type vxlan id {} dstport {} local {} address {} nolearning tos inherit alias {LINK_ALIAS}",
                 t.name,
                 t.vni,
                 t.port,
@@ -123,6 +139,9 @@ impl TunnelChanges {
             out.push(format!(
                 "link set {dev} ipv4 conf rp_filter {rp_filter} src_valid_mark {src_valid_mark}"
             ));
+        }
+        if let Some(name) = &self.tos_inherit {
+            out.push(format!("link set {name} type vxlan tos inherit"));
         }
         for f in &self.fdb_add {
             out.push(format!(
@@ -225,6 +244,9 @@ pub(crate) fn plan(
             if link.inet_conf != Some(TUNNEL_INET_CONF) {
                 changes.configure = Some(link.name.clone());
             }
+            if !link.tos_inherit {
+                changes.tos_inherit = Some(link.name.clone());
+            }
             let have_fdb: BTreeSet<FdbEntry> = state
                 .fdb
                 .iter()
@@ -270,7 +292,20 @@ pub(crate) fn create_message(t: &TunnelSpec) -> LinkMessage {
             InfoVxlan::Port(t.port),
             local,
             InfoVxlan::Learning(false),
+            InfoVxlan::Tos(TOS_INHERIT),
         ])),
+    ]));
+    msg
+}
+
+/// `RTM_NEWLINK` on the existing device `index` (no `NLM_F_CREATE`: the kernel's changelink)
+/// switching it to `tos inherit`; the rest of its configuration stays.
+pub(crate) fn tos_inherit_message(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Vxlan),
+        LinkInfo::Data(InfoData::Vxlan(vec![InfoVxlan::Tos(TOS_INHERIT)])),
     ]));
     msg
 }
@@ -349,9 +384,10 @@ pub(crate) fn parse_owned(msg: &LinkMessage) -> Option<OwnedLink> {
     (alias == Some(LINK_ALIAS)).then(|| OwnedLink {
         index: msg.header.index,
         name: name.unwrap_or_else(|| format!("if{}", msg.header.index)),
-        vxlan,
+        vxlan: vxlan.map(|(v, _)| v),
         mac,
         inet_conf,
+        tos_inherit: vxlan.is_some_and(|(_, tos)| tos == TOS_INHERIT),
     })
 }
 
@@ -395,22 +431,24 @@ pub(crate) fn inet_conf_message(index: u32) -> LinkMessage {
     msg
 }
 
-fn parse_vxlan(infos: &[LinkInfo]) -> Option<(u32, u16, Option<IpAddr>)> {
+/// `((vni, port, local), tos)` of a VXLAN device.
+fn parse_vxlan(infos: &[LinkInfo]) -> Option<(VxlanId, u8)> {
     let data = infos.iter().find_map(|i| match i {
         LinkInfo::Data(InfoData::Vxlan(d)) => Some(d),
         _ => None,
     })?;
-    let (mut vni, mut port, mut local) = (0, 0, None);
+    let (mut vni, mut port, mut local, mut tos) = (0, 0, None, 0);
     for d in data {
         match d {
             InfoVxlan::Id(v) => vni = *v,
             InfoVxlan::Port(p) => port = *p,
             InfoVxlan::Local(a) => local = Some(IpAddr::V4(*a)),
             InfoVxlan::Local6(a) => local = Some(IpAddr::V6(*a)),
+            InfoVxlan::Tos(t) => tos = *t,
             _ => {}
         }
     }
-    Some((vni, port, local))
+    Some(((vni, port, local), tos))
 }
 
 /// A permanent FDB or neighbour entry on an owned link (`None` for anything else).
@@ -433,6 +471,14 @@ pub(crate) fn parse_neigh(msg: &NeighbourMessage, state: &KernelState) -> Option
         match attr {
             NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some((*a).into()),
             NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => ip = Some((*a).into()),
+            // An FDB entry (family bridge): the crate cannot know the address family and
+            // keeps the bytes; 4 or 16 of them are the underlay address.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                ip = <[u8; 4]>::try_from(b.as_slice())
+                    .map(IpAddr::from)
+                    .or_else(|_| <[u8; 16]>::try_from(b.as_slice()).map(IpAddr::from))
+                    .ok();
+            }
             NeighbourAttribute::LinkLayerAddress(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
             _ => {}
         }
@@ -482,6 +528,7 @@ mod tests {
                 vxlan: Some((t.vni, t.port, Some(t.local))),
                 mac: Some(t.mac),
                 inet_conf: Some(TUNNEL_INET_CONF),
+                tos_inherit: true,
             }],
             fdb: wanted_entries(t).0.into_iter().collect(),
             neighbours: wanted_entries(t).1.into_iter().collect(),
@@ -562,6 +609,24 @@ mod tests {
         let mut c = TunnelChanges::default();
         plan(&st, None, &mut c).unwrap();
         assert_eq!(c.delete, vec!["np-eip".to_string()]);
+    }
+
+    #[test]
+    fn a_device_without_tos_inherit_is_changed_in_place() {
+        let t = spec(&[("192.168.50.12", 12)]);
+        let mut st = owned_state(&t);
+        st.owned_links[0].tos_inherit = false;
+        let mut c = TunnelChanges::default();
+        plan(&st, Some(&t), &mut c).unwrap();
+        assert_eq!(
+            (c.create.as_ref(), c.delete.len()),
+            (None, 0),
+            "kept, not recreated"
+        );
+        assert_eq!(
+            c.describe_adds(),
+            vec!["link set np-eip type vxlan tos inherit"]
+        );
     }
 
     #[test]

@@ -617,6 +617,13 @@ async fn tunnel_adds(handle: &Handle, t: &TunnelChanges) -> Result<Vec<KernelLin
         let links = read_links(handle).await?;
         configure_tunnel(handle, dev, &links).await?;
     }
+    if let Some(name) = &t.tos_inherit {
+        let object = format!("link {name}");
+        let links = read_links(handle).await?;
+        let index = link_index(&links, object.clone(), name)?;
+        let req = RouteNetlinkMessage::NewLink(links::tos_inherit_message(index));
+        execute(handle, object, "set tos inherit", req, 0, &[]).await?;
+    }
     let links = read_links(handle).await?;
     for f in &t.fdb_add {
         let object = format!("fdb {} dev {}", links::mac_text(&f.mac), f.dev);

@@ -811,7 +811,11 @@ pub enum Stmt {
         map: MapRef,
     },
     Nat(Nat),
-    Masquerade,
+    /// `masquerade`, with `fully-random` port allocation when asked (kube-proxy's choice:
+    /// random source ports avoid the conntrack insert races that drop UDP under load).
+    Masquerade {
+        fully_random: bool,
+    },
     /// `ip dscp set N` / `ip6 dscp set N` (ECN bits kept).
     DscpSet {
         family: IpFamily,

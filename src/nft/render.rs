@@ -268,7 +268,12 @@ fn stmt(s: &Stmt) -> String {
         Stmt::Log { prefix } => format!("log prefix {}", quoted(prefix)),
         Stmt::Vmap { key, map } => format!("{} vmap {}", fields(key), map_ref(map)),
         Stmt::Nat(nat) => nat_text(nat),
-        Stmt::Masquerade => "masquerade".into(),
+        Stmt::Masquerade { fully_random } => if *fully_random {
+            "masquerade fully-random"
+        } else {
+            "masquerade"
+        }
+        .into(),
         Stmt::DscpSet { family, dscp } => format!("{} dscp set {dscp}", family_kw(*family)),
         Stmt::MarkSet(m) => format!("meta mark set {m:#010x}"),
         Stmt::Tproxy { family, port } => match family {

@@ -39,7 +39,9 @@
 //!
 //! **Reports.** The EgressIP CRD has no `status.messages` (its status is `items`, which the
 //! assigning controller owns), so this planner's problems become Warning Events
-//! (`EgressIPNotApplied`, [`ObjectStatus::event`]) besides the status line of the log: a
+//! ([`ObjectStatus::event`]; reason `InvalidEgressIP`, `EgressIPConflict`,
+//! `UnsupportedRequest` or `UndefinedRequest` as OVN-Kubernetes names the case, else
+//! `EgressIPNotApplied`) besides the status line of the log: a
 //! problem of this node's own dataplane (an unreachable hosting node, a refused address) is
 //! reported by this node; a problem every node sees alike (invalid spec, conflicts,
 //! assignments) only by one node, the object's [`reporter`], so thousands of nodes do not
@@ -47,7 +49,8 @@
 
 use super::base::sets;
 use super::in_force::{Scope, Validated};
-use super::{BackendReport, Feature, Inputs, ObjectStatus, Planned};
+use super::{BackendReport, Feature, Inputs, NodeEvent, ObjectStatus, Planned};
+use crate::api::egress_ip::event_reason;
 use crate::api::{EgressIP, ValidatedEgressIp};
 use crate::config::Config;
 use crate::net::TunnelSpec;
@@ -123,6 +126,8 @@ struct Entry {
     object: Arc<EgressIP>,
     valid: Arc<ValidatedEgressIp>,
     problems: Vec<String>,
+    /// The Event reason of the first of `problems` that OVN-Kubernetes has a reason for.
+    reason: Option<&'static str>,
     /// Problems of this node's own dataplane (reported by this node whatever the reporter).
     local: Vec<String>,
     /// Usable `(ip, node)` assignments.
@@ -339,7 +344,14 @@ fn plan(
         } else {
             e.local.iter().collect()
         };
-        let event = (!shown.is_empty()).then(|| event_note(node, &join(&shown)));
+        let reason = match e.reason {
+            Some(r) if reports => r,
+            _ => event_reason::NOT_APPLIED,
+        };
+        let event = (!shown.is_empty()).then(|| NodeEvent {
+            reason,
+            note: event_note(node, &join(&shown)),
+        });
         statuses.push(ObjectStatus {
             kind: Kind::EgressIP,
             key: ObjectKey::cluster(e.key),
@@ -449,9 +461,11 @@ fn validate_all(
     let mut entries = Vec::new();
     for status in outcome.statuses {
         let name = &status.key.name;
+        let mut reason = None;
         let problems = match &status.result {
             Ok(()) => Vec::new(),
             Err(err) if outcome.fell_back.contains(name) => {
+                reason = Some(event_reason::INVALID);
                 vec![format!("{err} (the last valid version stays in force)")]
             }
             Err(err) => {
@@ -466,7 +480,10 @@ fn validate_all(
                     .filter(|n| !n.is_empty())
                     .min();
                 let first = first.or_else(|| snapshot.nodes().keys().next().map(String::as_str));
-                let event = (first == Some(node)).then(|| event_note(node, err));
+                let event = (first == Some(node)).then(|| NodeEvent {
+                    reason: event_reason::INVALID,
+                    note: event_note(node, err),
+                });
                 statuses.push(ObjectStatus { event, ..status });
                 continue;
             }
@@ -477,6 +494,7 @@ fn validate_all(
             object: in_force.object.clone(),
             valid: in_force.valid.clone(),
             problems,
+            reason,
             local: Vec::new(),
             hosted: Vec::new(),
         });
@@ -503,10 +521,12 @@ fn check_addresses(snapshot: &Snapshot, entries: &mut [Entry]) {
             if let Some(n) = node_of.get(ip) {
                 e.problems
                     .push(format!("{field}: {ip} is an address of node {n}"));
+                e.reason.get_or_insert(event_reason::CONFLICT_WITH_NODE);
             } else if let Some(first) = owner.get(ip) {
                 e.problems.push(format!(
                     "{field}: {ip} is also requested by EgressIP {first}, created earlier, which wins"
                 ));
+                e.reason.get_or_insert(event_reason::ALREADY_ALLOCATED);
             } else {
                 owner.insert(*ip, e.key.clone());
                 usable.insert(*ip);
@@ -579,6 +599,9 @@ fn claim_pods(snapshot: &Snapshot, entries: &mut [Entry]) -> BTreeMap<IpAddr, Cl
                 "spec.podSelector: pod {first}{more} already selected by an EgressIP created \
                  earlier, which wins"
             ));
+            entries[i]
+                .reason
+                .get_or_insert(event_reason::POD_ALREADY_SERVED);
         }
     }
     claims
@@ -942,8 +965,14 @@ fn address_refused(
                 };
                 // This node's own problem: reported by it whichever node reports the rest.
                 s.event = Some(match s.event.take() {
-                    None => event_note(node, &msg),
-                    Some(e) => format!("{e}; {msg}"),
+                    None => NodeEvent {
+                        reason: event_reason::NOT_APPLIED,
+                        note: event_note(node, &msg),
+                    },
+                    Some(e) => NodeEvent {
+                        note: format!("{}; {msg}", e.note),
+                        ..e
+                    },
                 });
             }
         }

@@ -336,8 +336,9 @@ fn namespace_part(inputs: &PartInputs) -> Part {
     f
 }
 
-/// The current addresses of each `dnsName` (DNS answers) and `nodeSelector` (the matching
-/// Nodes' InternalIP/ExternalIP) rule, by rule index.
+/// The current addresses of each `dnsName` (DNS answers) and `nodeSelector` (every address
+/// of the matching Nodes: `k8s.ovn.org/host-cidrs`, InternalIP, ExternalIP) rule, by rule
+/// index.
 fn resolve(
     fw: &ValidatedFirewall,
     snapshot: &Snapshot,
@@ -352,7 +353,7 @@ fn resolve(
                 .nodes()
                 .values()
                 .filter(|n| selector.matches_meta(&n.metadata))
-                .flat_map(|n| snapshot::node_ips(n))
+                .flat_map(|n| snapshot::node_host_addresses(n))
                 .collect(),
         };
         out.push((i, addrs));

@@ -114,7 +114,16 @@ pub struct ObjectStatus {
     /// What this node reports on the object as a Warning Event, for kinds whose status the
     /// agent does not write (EgressIP: see `egress_ip`): `None` when there is nothing to
     /// report or it is another node's to report.
-    pub event: Option<String>,
+    pub event: Option<NodeEvent>,
+}
+
+/// A Warning Event a node reports on an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// OVN-Kubernetes' reason where it has one for the case
+    /// ([`crate::api::egress_ip::event_reason`]).
+    pub reason: &'static str,
+    pub note: String,
 }
 
 /// Plans the node's desired state from the cluster snapshot, with no memory of earlier plans.

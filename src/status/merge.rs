@@ -2,6 +2,9 @@
 //! node agent owns exactly one `<node>: <verdict>` entry of `status.messages` (a list-type=set
 //! under its own server-side-apply field manager), and `status.status` is derived from all
 //! entries by a rule every node computes identically, so agents agree instead of fighting.
+//! The texts are OVN-Kubernetes' own: `status.status` is `<Kind> Rules applied` or, when any
+//! node's entry is a failure, `<Kind> Rules not correctly applied` (the reasons are in the
+//! entries), as its cluster manager writes it.
 
 /// What this node wants the object's status to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,18 +34,19 @@ pub fn node_message(node: &str, verdict: &str) -> String {
     format!("{node}: {verdict}")
 }
 
-/// The aggregate of every node's entry: the first failure in node order (without the node
-/// prefix), else success.
+/// The aggregate of every node's entry, as OVN-Kubernetes words it: `<Kind> Rules not
+/// correctly applied` when any entry is not `<Kind> Rules applied`, else the latter.
 pub fn aggregate(kind: &str, messages: &[String]) -> String {
     let applied = verdict(kind, None);
-    let mut sorted: Vec<&String> = messages.iter().collect();
-    sorted.sort();
-    sorted
-        .into_iter()
+    let failed = messages
+        .iter()
         .filter_map(|m| m.split_once(": ").map(|(_, v)| v))
-        .find(|v| *v != applied)
-        .map(str::to_string)
-        .unwrap_or(applied)
+        .any(|v| v != applied);
+    if failed {
+        format!("{kind} Rules not correctly applied")
+    } else {
+        applied
+    }
 }
 
 /// The patch this node should apply given the object's current status, or None when the
@@ -100,15 +104,16 @@ mod tests {
         // Another node failed: the aggregate says so on every node alike.
         let others = vec![node_message("w2", &bad)];
         let p = desired(EF, "w1", &ok, Some("x"), &others).unwrap();
-        assert_eq!(p.status, bad);
+        // OVN-Kubernetes' text, verbatim: the reason is in the node's entry only.
+        assert_eq!(p.status, "EgressFirewall Rules not correctly applied");
         let p3 = desired(EF, "w3", &ok, Some("x"), &others).unwrap();
         assert_eq!(p3.status, p.status);
         // Already there: nothing to write.
         let current = vec![node_message("w1", &ok), node_message("w2", &bad)];
-        assert_eq!(desired(EF, "w1", &ok, Some(&bad), &current), None);
+        assert_eq!(desired(EF, "w1", &ok, Some(&p.status), &current), None);
         // Our old entry is replaced, not added to.
         let current = vec![node_message("w1", &bad)];
-        let p = desired(EF, "w1", &ok, Some(&bad), &current).unwrap();
+        let p = desired(EF, "w1", &ok, Some(&p.status), &current).unwrap();
         assert_eq!(p.status, ok);
     }
 }

@@ -1,7 +1,8 @@
 //! Status write-back for EgressFirewall and EgressQoS, and Kubernetes Events for rejected
 //! input and for EgressIP problems (the EgressIP status is `items` only, owned by the
-//! assigning controller: an agent reports there through Warning Events `EgressIPNotApplied`,
-//! one per new problem text, whose note names the node; see `plan::egress_ip`). The run loop's [`StatusObserver`] works out, after every sync, which objects need a
+//! assigning controller: an agent reports there through Warning Events, with
+//! OVN-Kubernetes' reason where it has one, else `EgressIPNotApplied`, one per new problem
+//! text, whose note names the node; see `plan::egress_ip`). The run loop's [`StatusObserver`] works out, after every sync, which objects need a
 //! different status (see [`merge`]) and hands the patches to a tokio task that applies them
 //! with server-side apply under the field manager `nodeplane-<node>`, retrying failures; the
 //! reconcile thread never waits on the API server.
@@ -72,9 +73,6 @@ pub fn spawn_writer(client: Client, node: &str) -> (StatusObserver, RejectionSin
     (observer, RejectionSink { jobs })
 }
 
-/// Reason of the Warning Event an agent creates on an EgressIP it cannot apply as asked.
-pub const EGRESS_IP_REASON: &str = "EgressIPNotApplied";
-
 /// Turns objects that could not be decoded into Warning Events on them.
 #[derive(Clone)]
 pub struct RejectionSink {
@@ -138,7 +136,8 @@ impl StatusObserver {
         };
         let mut seen = BTreeSet::new();
         for s in report.statuses.iter().filter(|s| s.kind == Kind::EgressIP) {
-            let Some(note) = &s.event else { continue };
+            let Some(event) = &s.event else { continue };
+            let note = &event.note;
             let Some(obj) = snapshot.get(Kind::EgressIP, &s.key) else {
                 continue;
             };
@@ -149,7 +148,7 @@ impl StatusObserver {
             self.reported_eip.insert(s.key.clone(), note.clone());
             let _ = self.jobs.send(Job::Event {
                 object: reference(Kind::EgressIP, &s.key, obj.meta().uid.clone()),
-                reason: EGRESS_IP_REASON,
+                reason: event.reason,
                 note: note.clone(),
             });
         }
@@ -326,7 +325,7 @@ mod tests {
     use super::*;
     use crate::nft::ir::Table;
     use crate::observe::SyncReport;
-    use crate::plan::ObjectStatus;
+    use crate::plan::{NodeEvent, ObjectStatus};
     use crate::testing::objects;
 
     fn observe(o: &mut StatusObserver, snap: &Snapshot, event: Option<&str>) {
@@ -335,7 +334,10 @@ mod tests {
                 kind: Kind::EgressIP,
                 key: ObjectKey::cluster("backend"),
                 result: Err("x".into()),
-                event: event.map(str::to_string),
+                event: event.map(|note| NodeEvent {
+                    reason: "InvalidEgressIP",
+                    note: note.to_string(),
+                }),
             }],
             ..SyncReport::default()
         };
@@ -374,7 +376,8 @@ mod tests {
         observe(&mut o, &snap, Some(note));
         assert_eq!(
             events(&mut rx),
-            vec![("EgressIP".to_string(), EGRESS_IP_REASON, note.to_string())]
+            vec![("EgressIP".to_string(), "InvalidEgressIP", note.to_string())],
+            "the planner's reason"
         );
         observe(&mut o, &snap, Some(note));
         assert!(events(&mut rx).is_empty(), "same problem: no new Event");

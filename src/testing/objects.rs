@@ -553,6 +553,10 @@ pub struct Ep {
     terminating: bool,
     /// `hints.forZones` names.
     zones: Vec<String>,
+    /// `hints.forNodes` names.
+    nodes: Vec<String>,
+    /// Further `addresses` after `ip` (the API treats them as the same endpoint).
+    more_ips: Vec<String>,
 }
 
 /// A ready, serving, not terminating endpoint (conditions written out).
@@ -563,6 +567,8 @@ pub fn ep(ip: &str, node: &str) -> Ep {
         ready: Some(true),
         terminating: false,
         zones: Vec::new(),
+        nodes: Vec::new(),
+        more_ips: Vec::new(),
     }
 }
 
@@ -584,6 +590,18 @@ impl Ep {
     /// `hints: {forZones: [...]}` with these zone names (topology-aware routing).
     pub fn for_zones(mut self, zones: &[&str]) -> Ep {
         self.zones = zones.iter().map(|z| z.to_string()).collect();
+        self
+    }
+
+    /// `hints: {forNodes: [...]}` with these node names (`PreferSameNode`).
+    pub fn for_nodes(mut self, nodes: &[&str]) -> Ep {
+        self.nodes = nodes.iter().map(|n| n.to_string()).collect();
+        self
+    }
+
+    /// More `addresses` after the first.
+    pub fn more_ips(mut self, ips: &[&str]) -> Ep {
+        self.more_ips = ips.iter().map(|ip| ip.to_string()).collect();
         self
     }
 
@@ -640,16 +658,27 @@ impl Display for EndpointSlice {
                     let (serving, t) = (r || e.terminating, e.terminating);
                     format!(", conditions: {{ready: {r}, serving: {serving}, terminating: {t}}}")
                 });
-                let hints = if e.zones.is_empty() {
-                    String::new()
-                } else {
-                    let zones: Vec<String> =
-                        e.zones.iter().map(|z| format!("{{name: {z}}}")).collect();
-                    format!(", hints: {{forZones: [{}]}}", zones.join(", "))
+                let names = |names: &[String]| {
+                    let items: Vec<String> =
+                        names.iter().map(|n| format!("{{name: {n}}}")).collect();
+                    items.join(", ")
                 };
+                let hints = match (e.zones.is_empty(), e.nodes.is_empty()) {
+                    (true, true) => String::new(),
+                    _ => format!(
+                        ", hints: {{forZones: [{}], forNodes: [{}]}}",
+                        names(&e.zones),
+                        names(&e.nodes)
+                    ),
+                };
+                let addresses: Vec<String> = std::iter::once(&e.ip)
+                    .chain(&e.more_ips)
+                    .map(|ip| format!("'{ip}'"))
+                    .collect();
                 format!(
-                    "{{addresses: ['{}'], nodeName: {}{conditions}{hints}}}",
-                    e.ip, e.node
+                    "{{addresses: [{}], nodeName: {}{conditions}{hints}}}",
+                    addresses.join(", "),
+                    e.node
                 )
             })
             .collect();

@@ -300,3 +300,49 @@ fn help_explains_every_option() {
         assert!(help.contains(feature.name()), "--help lacks {feature}");
     }
 }
+
+/// `service.kubernetes.io/service-proxy-name` marks a Service (and its EndpointSlices) as
+/// another proxy's: kube-proxy does not program it, and neither does the agent, in manifests
+/// mode as in Kubernetes mode.
+#[test]
+fn dry_run_skips_services_labelled_for_another_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = |name: &str, ip: &str, labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\n\
+             metadata: {{name: {name}, namespace: default, labels: {{{labels}}}}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{name: http, port: 80, protocol: TCP}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}-1, namespace: default, \
+             labels: {{kubernetes.io/service-name: {name}, {labels}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+             endpoints: [{{addresses: ['10.128.0.9'], nodeName: worker-1}}]\n"
+        )
+    };
+    let docs = [
+        svc("ours", "172.30.0.10", "app: web"),
+        svc(
+            "theirs",
+            "172.30.0.20",
+            "'service.kubernetes.io/service-proxy-name': other-proxy",
+        ),
+    ];
+    std::fs::write(dir.path().join("services.yaml"), docs.join("---\n")).unwrap();
+    let out = agent(
+        &[
+            "--dry-run",
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--node-name",
+            "worker-1",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("172.30.0.10"), "{text}");
+    assert!(
+        !text.contains("172.30.0.20"),
+        "a Service labelled for another proxy is programmed:\n{text}"
+    );
+}

@@ -179,7 +179,9 @@ fn rich_table() -> Table {
     let mut post = Chain::base("nat-postrouting", nat(Hook::Postrouting, priority::SRCNAT));
     post.push(Rule::new(vec![
         Stmt::matches(Field::Mark, Value::Mark(0x4000)),
-        Stmt::Masquerade,
+        Stmt::Masquerade {
+            fully_random: false,
+        },
     ]));
     post.push(Rule::new(vec![Stmt::Nat(Nat {
         kind: NatKind::Snat,

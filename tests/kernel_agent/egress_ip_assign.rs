@@ -8,7 +8,7 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use nodeplane::controller::egress_ip::{self, FIELD_MANAGER, NOT_ASSIGNED};
+use nodeplane::controller::egress_ip::{self, FIELD_MANAGER};
 use nodeplane::source::kube::{self as kube_source, Liveness, SourceHealth};
 use nodeplane::testing::lab::{Lab, eventually};
 use serde_json::{Value, json};
@@ -178,7 +178,7 @@ fn assigns_by_server_side_apply_and_reports_a_conflict_as_an_event() {
     ));
     wait_items(&a.api, "younger", &[]);
     let ev = eventually(WAIT, || {
-        events(&a.api, "younger", NOT_ASSIGNED)
+        events(&a.api, "younger", "UnsupportedRequest")
             .pop()
             .ok_or("no Event yet".to_string())
     });
@@ -199,7 +199,7 @@ fn assigns_by_server_side_apply_and_reports_a_conflict_as_an_event() {
         "{:#?}",
         &a.api.writes()[writes..]
     );
-    assert_eq!(events(&a.api, "younger", NOT_ASSIGNED).len(), 1);
+    assert_eq!(events(&a.api, "younger", "UnsupportedRequest").len(), 1);
 }
 
 #[test]

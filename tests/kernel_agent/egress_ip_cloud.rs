@@ -10,7 +10,6 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use nodeplane::api::cloud_private_ip_config::name_for_ip;
-use nodeplane::controller::egress_ip::NOT_ASSIGNED;
 use nodeplane::controller::egress_ip::cloud_sync::{CLOUD_ERROR, CLOUD_REQUESTED};
 use nodeplane::testing::cloud_controller::CloudController;
 use nodeplane::testing::fakeapi::FakeApi;
@@ -152,9 +151,9 @@ fn cloud_error_is_reported_and_retried_on_another_node_then_on_the_same() {
     a.api.put(cloud_node("w2", "192.168.50.12", 4, false));
     wait_items(&a.api, "a", &[]);
     let why = eventually(WAIT, || {
-        events(&a.api, "a", NOT_ASSIGNED)
+        events(&a.api, "a", "NoMatchingNodeFound")
             .pop()
-            .ok_or("no EgressIPNotAssigned Event yet".to_string())
+            .ok_or("no NoMatchingNodeFound Event yet".to_string())
     });
     assert!(
         why["note"]
@@ -184,7 +183,7 @@ fn cloud_capacity_is_respected_and_ipv6_names_are_fully_expanded() {
     wait_items(&a.api, "b", &[("192.168.50.101", "w2")]);
     wait_items(&a.api, "v6", &[("fd00:50::100", "w1")]);
     let ev = eventually(WAIT, || {
-        events(&a.api, "c", NOT_ASSIGNED)
+        events(&a.api, "c", "NoMatchingNodeFound")
             .pop()
             .ok_or("no Event yet".to_string())
     });

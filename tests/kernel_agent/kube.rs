@@ -733,9 +733,10 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
             .pop()
             .ok_or("no team patch".to_string())
     });
+    // `status.status` is OVN-Kubernetes' own text, without a reason (the entries carry it).
     assert_eq!(
         team.body["status"]["status"],
-        "EgressFirewall Rules not correctly applied: boom"
+        "EgressFirewall Rules not correctly applied"
     );
     let stored = s.api.object("EgressFirewall", "team", "default").unwrap();
     assert_eq!(
@@ -753,9 +754,14 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
             .pop()
             .ok_or("no qos patch".to_string())
     });
-    let qos_status = qos_patch.body["status"]["status"]
-        .as_str()
-        .unwrap()
+    assert_eq!(
+        qos_patch.body["status"]["status"],
+        "EgressQoS Rules not correctly applied"
+    );
+    let entry = qos_patch.body["status"]["messages"][0].as_str().unwrap();
+    let qos_status = entry
+        .strip_prefix("worker-1: ")
+        .unwrap_or(entry)
         .to_string();
     assert!(
         qos_status.starts_with("EgressQoS Rules not correctly applied: spec.egress[0].dscp"),

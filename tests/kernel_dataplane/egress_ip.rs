@@ -581,3 +581,53 @@ pub(crate) fn steering_with_strict_rp_filter() {
 fn steering_with_loose_rp_filter() {
     steering_with_rp_filter("2");
 }
+
+/// The VXLAN packets `ns` received on its segment interface (the one holding `underlay`),
+/// counted by a netdev ingress table of the test's own: `(outer DSCP 46, any other DSCP)`.
+fn outer_dscp_counts(ns: &Ns) -> (u64, u64) {
+    let text = ns
+        .nft(&["list", "table", "netdev", "probe"])
+        .unwrap_or_default();
+    let packets = |tag: &str| {
+        let line = text.lines().find(|l| l.contains(tag)).unwrap_or_default();
+        let mut words = line.split_whitespace().skip_while(|w| *w != "packets");
+        words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    (packets("\"dscp-46\""), packets("\"dscp-other\""))
+}
+
+/// EgressQoS marks a pod's packets before the EgressIP steering tunnels them to the hosting
+/// node; the tunnel copies the inner DSCP into the outer header (`tos inherit`, as
+/// OVN-Kubernetes' Geneve does), so a network that prioritises by DSCP keeps the class on
+/// the hop between the nodes.
+#[test]
+fn egress_qos_dscp_crosses_the_underlay_in_the_tunnel_header() {
+    let t = topo();
+    t.host_on("node-1");
+    t.write_file(
+        "qos.yaml",
+        &objects::egress_qos("backend", "[{dscp: 46}]").to_string(),
+    );
+    let node1 = &t.nodes[0];
+    let listing = node1.run(&["ip", "-o", "-4", "addr", "show", "to", &node_ip(0)]);
+    let uplink = listing.split_whitespace().nth(1).expect("node-1's uplink");
+    let probe = format!(
+        "table netdev probe {{\n chain in {{\n type filter hook ingress device \"{uplink}\" \
+         priority 0;\n udp dport 4789 ip dscp 46 counter comment \"dscp-46\"\n \
+         udp dport 4789 ip dscp != 46 counter comment \"dscp-other\"\n }}\n}}\n"
+    );
+    node1
+        .exec_stdin(&["nft", "-f", "-"], &probe)
+        .expect("probe table");
+    let _agents = t.spawn_agents();
+    // api2 (node-2) is steered through the tunnel to node-1.
+    eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
+    for _ in 0..5 {
+        assert_eq!(source_seen(&t.api2, false).unwrap().to_string(), EIP4);
+    }
+    let (marked, other) = outer_dscp_counts(node1);
+    assert!(
+        marked >= 5 && other == 0,
+        "tunnel packets on the segment: {marked} with outer DSCP 46, {other} with another"
+    );
+}

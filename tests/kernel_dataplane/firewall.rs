@@ -333,6 +333,35 @@ fn node_selector_follows_node_labels() {
     assert!(status.success(), "{status}:\n{logs}");
 }
 
+/// OVN-Kubernetes takes a selected node's addresses from its `k8s.ovn.org/host-cidrs`
+/// (secondary interfaces included), not only from InternalIP/ExternalIP: a rule allowing a
+/// node whose storage address (H10) is only in host-cidrs lets the pod reach that address.
+#[test]
+fn node_selector_allows_a_host_cidrs_address() {
+    let t = topo();
+    t.write(
+        "[{type: Allow, to: {nodeSelector: {matchLabels: {role: storage}}}}, \
+          {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, \
+          {type: Deny, to: {cidrSelector: '::/0'}}]",
+    );
+    let node = objects::node("ext-storage", &[H20])
+        .labels(&[("role", "storage")])
+        .host_cidrs(&["203.0.113.20/24", "203.0.113.10/32", "2001:db8:1::10/64"]);
+    t.agent.write("nodes.yaml", &node.to_string());
+    let agent = t.agent.spawn(&[]);
+    let reach = || {
+        (
+            tcp_ok(&t.a1, &v4(H20, 80)),
+            tcp_ok(&t.a1, &v4(H10, 80)),
+            tcp_ok(&t.a1, &v6(H10_6, 80)),
+            tcp_ok(&t.a1, &v6(H20_6, 80)),
+        )
+    };
+    wait_for(10, (true, true, true, false), reach);
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
 #[test]
 fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
     let t = topo();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use nodeplane::net::{
     AddressSpec, Family, NetBackend, NetConfig, NetDesired, NextHop, Refusal, RouteSpec,
-    RtnlBackend, RuleSpec,
+    RtnlBackend, RuleSpec, TunnelPeer, TunnelSpec,
 };
 use nodeplane::testing::lab;
 use serde_json::Value;
@@ -688,4 +688,83 @@ fn backend_stays_in_its_namespace() {
     // A fresh backend finds the marked address and removes it.
     let mut b = lab.node.backend(cfg());
     assert_eq!(b.cleanup().unwrap().addresses_del.len(), 1);
+}
+
+/// The EgressIP tunnel copies the inner DSCP into the outer header (`tos inherit`): a new
+/// device is created so, and a device of the agent's without it (an older agent's) is
+/// changed in place: same ifindex, no link delete. The second sync is empty (the FDB entry
+/// the first one appended is read back).
+#[test]
+fn the_tunnel_inherits_the_tos_and_an_old_device_is_changed_in_place() {
+    let lab = lab();
+    let node = &lab.node;
+    let spec = TunnelSpec {
+        name: "np-eip".into(),
+        vni: 7100,
+        port: 4789,
+        local: ip("10.10.0.1"),
+        mac: [0x0a, 0x6e, 10, 10, 0, 1],
+        peers: [TunnelPeer {
+            underlay: ip("10.10.0.2"),
+            mac: [0x0a, 0x6e, 10, 10, 0, 2],
+            gateways: vec![ip("10.10.0.2")],
+        }]
+        .into(),
+    };
+    // As an older agent left it: ours (the alias), without `tos inherit`.
+    node.ip(&[
+        "link",
+        "add",
+        "np-eip",
+        "address",
+        "0a:6e:0a:0a:00:01",
+        "type",
+        "vxlan",
+        "id",
+        "7100",
+        "dstport",
+        "4789",
+        "local",
+        "10.10.0.1",
+        "nolearning",
+    ]);
+    node.ip(&["link", "set", "np-eip", "alias", "nodeplane", "up"]);
+    node.ip(&[
+        "neigh",
+        "replace",
+        "10.10.0.2",
+        "lladdr",
+        "0a:6e:0a:0a:00:02",
+        "dev",
+        "np-eip",
+        "nud",
+        "permanent",
+    ]);
+    node.ip(&["link", "set", "np-eip", "type", "vxlan", "tos", "0"]);
+    let before = node.ip_json(&["-d", "link", "show", "np-eip"]);
+    // `ip -j` prints IFLA_VXLAN_TOS in hex: 0x1 is what its text form calls `tos inherit`.
+    let tos = |link: &[Value]| link[0]["linkinfo"]["info_data"]["tos"].clone();
+    assert_ne!(tos(&before), "0x1", "{before:?}");
+    let mut b = node.backend(cfg());
+    let desired = NetDesired {
+        tunnel: Some(spec),
+        ..Default::default()
+    };
+    let changes = b.sync(&desired).unwrap();
+    let described = changes.describe();
+    assert!(
+        !described
+            .iter()
+            .any(|d| d.starts_with("link add") || d.starts_with("link del")),
+        "{described:?}"
+    );
+    assert!(
+        described.contains(&"link set np-eip type vxlan tos inherit".to_string()),
+        "{described:?}"
+    );
+    let after = node.ip_json(&["-d", "link", "show", "np-eip"]);
+    assert_eq!(tos(&after), "0x1", "{after:?}");
+    assert_eq!(after[0]["ifindex"], before[0]["ifindex"], "the same device");
+    let again = b.sync(&desired).unwrap();
+    assert!(again.is_empty(), "not converged: {:?}", again.describe());
 }

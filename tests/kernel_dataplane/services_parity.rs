@@ -188,7 +188,8 @@ fn pods_reaching_an_external_ip_follow_the_internal_policy_when_both_are_local()
     }
 }
 
-/// Topology-aware routing: a Service asking for it (`trafficDistribution: PreferClose`, the
+/// Topology-aware routing: a Service whose endpoints are hinted for zones (as the
+/// EndpointSlice controller does for `trafficDistribution: PreferClose` or the
 /// `topology-mode: Auto` annotation) reaches only the endpoints hinted for the node's zone,
 /// and every endpoint when the hints are incomplete (kube-proxy's fallback).
 #[test]
@@ -227,11 +228,104 @@ fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
         tcp_servers(&t.c1.ns, "172.30.0.60:80", 30),
         set(&["b1", "b3"])
     );
-    for dst in ["172.30.0.61:80", "172.30.0.62:80"] {
-        assert_eq!(
-            tcp_servers(&t.c1.ns, dst, 40),
-            set(&["b1", "b2", "b3"]),
-            "{dst}: every endpoint"
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.61:80", 40),
+        set(&["b1", "b2", "b3"]),
+        "incomplete hints: every endpoint"
+    );
+    // kube-proxy reads the hints whatever the Service says.
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.62:80", 30),
+        set(&["b1", "b3"])
+    );
+}
+
+/// kube-proxy takes only `addresses[0]` of an endpoint (the API says the others are the same
+/// endpoint): an endpoint listing two addresses gets the same share as one listing one, and
+/// its second address gets nothing.
+#[test]
+fn an_endpoint_with_two_addresses_weighs_as_much_as_one_with_one() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let docs = [
+        service_ips(
+            "multi",
+            &["172.30.0.70"],
+            "{name: http, port: 80, protocol: TCP}",
+        )
+        .to_string(),
+        endpoint_slice(
+            "multi",
+            "multi",
+            "IPv4",
+            TCP_PORTS,
+            &[ep(&b1, OTHER).more_ips(&[&b2]), ep(&b3, OTHER)],
+        )
+        .to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..1000 {
+        let r = t.c1.ns.tcp_connect("172.30.0.70:80", SECOND).expect_reply();
+        *counts.entry(r.server).or_default() += 1;
+    }
+    eprintln!("1,000 connections: {counts:?}");
+    assert_eq!(
+        counts.get("b2"),
+        None,
+        "b2 is the first endpoint's second address"
+    );
+    // Two equal weights: 500 expected each, one standard deviation 15.8; 400..600 is more
+    // than six deviations either way.
+    for server in ["b1", "b3"] {
+        let n = counts.get(server).copied().unwrap_or(0);
+        assert!(
+            (400..=600).contains(&n),
+            "{server}: {n} of 1,000 ({counts:?})"
         );
     }
+}
+
+/// `trafficDistribution: PreferSameNode` (Kubernetes 1.33+): the EndpointSlice controller
+/// hints each endpoint for its own node (`hints.forNodes`), and kube-proxy sends cluster
+/// traffic to the endpoints hinted for this node when every ready endpoint has a node hint
+/// and one is for this node; otherwise the zone hints decide, as kube-proxy's topology.go.
+#[test]
+fn prefer_same_node_chooses_the_local_endpoint() {
+    let t = topo();
+    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
+    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
+    t.agent.write("nodes.yaml", &node.to_string());
+    let same_node = [
+        ep(&b1, NODE).for_nodes(&[NODE]).for_zones(&["zone-a"]),
+        ep(&b2, OTHER).for_nodes(&[OTHER]).for_zones(&["zone-a"]),
+        ep(&b3, OTHER).for_nodes(&[OTHER]).for_zones(&["zone-b"]),
+    ];
+    // One ready endpoint without a node hint: the zone hints decide.
+    let partial = [
+        ep(&b1, NODE).for_nodes(&[NODE]).for_zones(&["zone-a"]),
+        ep(&b2, OTHER).for_zones(&["zone-a"]),
+        ep(&b3, OTHER).for_nodes(&[OTHER]).for_zones(&["zone-b"]),
+    ];
+    let http = "{name: http, port: 80, protocol: TCP}";
+    let docs = [
+        service_ips("same", &["172.30.0.71"], http)
+            .spec("trafficDistribution: PreferSameNode")
+            .to_string(),
+        endpoint_slice("same", "same", "IPv4", TCP_PORTS, &same_node).to_string(),
+        service_ips("partial", &["172.30.0.72"], http)
+            .spec("trafficDistribution: PreferSameNode")
+            .to_string(),
+        endpoint_slice("partial", "partial", "IPv4", TCP_PORTS, &partial).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+    t.agent.once(&[]);
+
+    assert_eq!(tcp_servers(&t.c1.ns, "172.30.0.71:80", 30), set(&["b1"]));
+    assert_eq!(
+        tcp_servers(&t.c1.ns, "172.30.0.72:80", 40),
+        set(&["b1", "b2"])
+    );
 }

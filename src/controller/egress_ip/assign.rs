@@ -142,6 +142,26 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason of the Warning Event reporting it: OVN-Kubernetes' for the same case
+    /// (`partly`: other IPs of the EgressIP are assigned).
+    pub fn event_reason(&self, partly: bool) -> &'static str {
+        use crate::api::egress_ip::event_reason::*;
+        match self {
+            Reason::NoCandidate
+            | Reason::NoFittingSubnet
+            | Reason::NoFreeNode { .. }
+            | Reason::NoCloudRoom { .. } => {
+                if partly {
+                    UNASSIGNED_REQUEST
+                } else {
+                    NO_MATCHING_NODE
+                }
+            }
+            Reason::NodeAddress { .. } => CONFLICT_WITH_NODE,
+            Reason::Conflict { .. } => ALREADY_ALLOCATED,
+        }
+    }
+
     /// A stable one-word form (Event annotations, logs, tests).
     pub fn code(&self) -> &'static str {
         match self {

@@ -22,10 +22,10 @@ use crate::api::cloud_private_ip_config::name_for_ip;
 use crate::api::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use crate::timing::Backoff;
 
-/// Warning Event reason for an IP the cloud refused.
-pub const CLOUD_ERROR: &str = "EgressIPCloudError";
-/// Normal Event reason for an IP requested from the cloud (created or moved).
-pub const CLOUD_REQUESTED: &str = "EgressIPCloudRequested";
+use crate::api::egress_ip::event_reason;
+/// Warning Event reason for an IP the cloud refused; Normal Event reason for an IP requested
+/// from the cloud (created or moved).
+pub use crate::api::egress_ip::event_reason::{CLOUD_ERROR, CLOUD_REQUESTED};
 /// Backoff of an IP the cloud refused on a node.
 const REFUSAL_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 /// Retry of a failed write to the API server.
@@ -184,6 +184,9 @@ impl CloudSync {
             if let Err(e) = self.write(w).await {
                 warn!("CloudPrivateIPConfig write {w:?} failed, retrying: {e}");
                 self.write_failed = true;
+                if let Some(note) = write_failure_note(plan, w, &e) {
+                    notes.push(note);
+                }
                 continue;
             }
             match w {
@@ -269,4 +272,29 @@ impl CloudSync {
             }
         }
     }
+}
+
+/// The Warning Event for a CloudPrivateIPConfig write the API server refused, on the
+/// EgressIP the IP belongs to, with OVN-Kubernetes' reason and wording (an IP being deleted
+/// belongs to none: logged only).
+fn write_failure_note(plan: &Plan, w: &Write, e: &kube::Error) -> Option<Note> {
+    let (ip, reason, verb) = match w {
+        Write::Create { ip, .. } => (ip, event_reason::CLOUD_ASSIGNMENT_FAILED, "created"),
+        Write::Move { ip, .. } => (ip, event_reason::CLOUD_UPDATE_FAILED, "updated"),
+        Write::Delete { ip } => (ip, event_reason::CLOUD_DELETION_FAILED, "deleted"),
+    };
+    // A deleted IP is no longer any EgressIP's: its failure is logged only.
+    let egress_ip = plan
+        .pending
+        .iter()
+        .find(|(_, i, _)| i == ip)
+        .map(|(eip, _, _)| eip.clone())?;
+    Some(Note {
+        text: format!(
+            "egress IP: {ip} for object EgressIP: {egress_ip} could not be {verb}, err: {e}"
+        ),
+        egress_ip,
+        warning: true,
+        reason,
+    })
 }

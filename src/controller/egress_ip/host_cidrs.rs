@@ -25,8 +25,8 @@ use tracing::{debug, info, warn};
 use crate::net::{KernelAddress, NODEPLANE_PROTO};
 use crate::snapshot::Snapshot;
 
-/// The annotation OVN-Kubernetes uses for the same data.
-pub const ANNOTATION: &str = "k8s.ovn.org/host-cidrs";
+/// The annotation OVN-Kubernetes uses for the same data, and its parser.
+pub use crate::snapshot::{HOST_CIDRS_ANNOTATION as ANNOTATION, parse_host_cidrs as parse};
 /// How often the kernel's addresses are read.
 pub const POLL: Duration = Duration::from_secs(10);
 
@@ -90,21 +90,6 @@ pub fn annotation_value(cidrs: &[IpNet]) -> String {
     items.sort();
     items.dedup();
     serde_json::to_string(&items).unwrap_or_else(|_| "[]".into())
-}
-
-/// Parses the annotation; entries that are not `address/prefix` are errors, and so is a
-/// prefix of length 0 (a node claiming every address).
-pub fn parse(value: &str) -> Result<Vec<IpNet>, String> {
-    let items: Vec<String> =
-        serde_json::from_str(value).map_err(|e| format!("not a JSON list of strings: {e}"))?;
-    items
-        .iter()
-        .map(|s| match s.parse::<IpNet>() {
-            Ok(net) if net.prefix_len() == 0 => Err(format!("{s:?}: prefix length 0")),
-            Ok(net) => Ok(net),
-            Err(_) => Err(format!("{s:?} is not an address/prefix")),
-        })
-        .collect()
 }
 
 fn link_facts(msg: &LinkMessage) -> LinkFacts {

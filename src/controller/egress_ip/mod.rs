@@ -48,10 +48,8 @@ use term::Term;
 
 /// The field manager of the assigner role, whichever agent leads.
 pub const FIELD_MANAGER: &str = "nodeplane-egress-ip-assigner";
-/// Warning Event reason for an IP that cannot be placed.
-pub const NOT_ASSIGNED: &str = "EgressIPNotAssigned";
 /// Normal Event reason for an IP moved to another node.
-pub const MOVED: &str = "EgressIPMoved";
+pub use crate::api::egress_ip::event_reason::MOVED;
 const RETRY: Duration = Duration::from_secs(2);
 
 const EVENT_NOTE_MAX: usize = 1024;

@@ -15,8 +15,8 @@ use super::assign::{self, Problem};
 use super::cloud_sync::{self, CloudSync, Note};
 use super::platform::Platform;
 use super::{
-    Decision, EVENT_NOTE_MAX, FIELD_MANAGER, MOVED, NOT_ASSIGNED, RETRY, StatusPath, cloud,
-    decisions, healthy_from, inputs, probe, status_body,
+    Decision, EVENT_NOTE_MAX, FIELD_MANAGER, MOVED, RETRY, StatusPath, cloud, decisions,
+    healthy_from, inputs, probe, status_body,
 };
 use crate::api::EgressIP;
 use crate::snapshot::Snapshot;
@@ -215,7 +215,8 @@ impl<'a> Term<'a> {
                 continue;
             }
             warn!("EgressIP {}: {note}", d.name);
-            self.publish(&object, EventType::Warning, NOT_ASSIGNED, &note)
+            let reason = p.reason.event_reason(!d.assignment.items.is_empty());
+            self.publish(&object, EventType::Warning, reason, &note)
                 .await;
             self.reported.insert(key, note);
         }

@@ -494,7 +494,10 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
             reg_proto: d.be32(5),
             flags: d.be32(7).unwrap_or(0),
         },
-        "masq" if d.get(2).is_none() => Expr::Masq,
+        // NFTA_MASQ_FLAGS; a masquerade to a port range (NFTA_MASQ_REG_PROTO_MIN) is not ours.
+        "masq" if d.get(2).is_none() => Expr::Masq {
+            flags: d.be32(1).unwrap_or(0),
+        },
         // NFTA_TPROXY_FAMILY, NFTA_TPROXY_REG_PORT; a port-only tproxy has no address.
         "tproxy" if d.get(2).is_none() => Expr::Tproxy {
             family: d.be32(1)?,

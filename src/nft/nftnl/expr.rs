@@ -89,7 +89,10 @@ pub enum Expr {
         /// port only; the kernel infers it from the proto register anyway).
         flags: u32,
     },
-    Masq,
+    /// `NF_NAT_RANGE_*` flags (`fully-random`), none when 0.
+    Masq {
+        flags: u32,
+    },
     /// `tproxy` to a port only (the address is the packet's destination).
     Tproxy {
         family: u32,
@@ -119,7 +122,7 @@ impl Expr {
             Expr::Counter => "counter",
             Expr::Log { .. } => "log",
             Expr::Nat { .. } => "nat",
-            Expr::Masq => "masq",
+            Expr::Masq { .. } => "masq",
             Expr::Tproxy { .. } => "tproxy",
             Expr::Reject { .. } => "reject",
         }
@@ -204,6 +207,7 @@ pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
 pub const NFT_NAT_SNAT: u32 = 0;
 pub const NFT_NAT_DNAT: u32 = 1;
 pub const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 16;
 pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
 pub const NFT_REJECT_TCP_RST: u32 = 1;
 pub const NFT_REJECT_ICMPX_UNREACH: u32 = 2;

@@ -302,7 +302,8 @@ fn build_expr(e: &Expr) -> ExprObj {
             }
             e
         }
-        Expr::Masq => ExprObj::new(c"masq"),
+        Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
+        Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),
         Expr::Tproxy { family, reg_port } => ExprObj::new(c"tproxy")
             .u32(sys::NFTNL_EXPR_TPROXY_FAMILY, *family)
             .u32(sys::NFTNL_EXPR_TPROXY_REG_PORT, *reg_port),

@@ -119,8 +119,13 @@ impl RuleLowering<'_> {
             }
             Stmt::Vmap { key, map } => self.vmap(key, map),
             Stmt::Nat(nat) => self.nat(nat),
-            Stmt::Masquerade => {
-                self.push(Expr::Masq);
+            Stmt::Masquerade { fully_random } => {
+                let flags = if *fully_random {
+                    NF_NAT_RANGE_PROTO_RANDOM_FULLY
+                } else {
+                    0
+                };
+                self.push(Expr::Masq { flags });
                 Ok(())
             }
             Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp),

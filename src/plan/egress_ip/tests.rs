@@ -257,6 +257,23 @@ fn node_addresses_and_double_assignments_are_reported_with_field_paths() {
     );
     let addrs: Vec<String> = d.net.addresses.iter().map(|a| a.to_string()).collect();
     assert_eq!(addrs, vec!["192.168.50.200/32"]);
+    // The Events carry OVN-Kubernetes' reason where it has one for the case.
+    let reason = |name| event_with_reason(&d, name).map(|(r, _)| r);
+    assert_eq!(reason("clash"), Some("EgressIPConflict"));
+    assert_eq!(
+        reason("backend"),
+        Some("EgressIPNotApplied"),
+        "no counterpart"
+    );
+}
+
+#[test]
+fn an_invalid_egress_ip_is_reported_as_invalid_egress_ip() {
+    let mut bad = egress_ip("bad", None, &["192.168.50.250"], &[]);
+    bad.spec.egress_ips = vec!["not-an-ip".into()];
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).with(bad).build();
+    let (reason, note) = event_with_reason(&on("worker-1", &snap), "bad").expect("an Event");
+    assert_eq!(reason, "InvalidEgressIP", "{note}");
 }
 
 #[test]
@@ -372,12 +389,17 @@ fn an_invalid_edit_keeps_the_last_valid_version_in_force() {
 }
 
 fn event(d: &Desired, name: &str) -> Option<String> {
+    event_with_reason(d, name).map(|(_, note)| note)
+}
+
+fn event_with_reason(d: &Desired, name: &str) -> Option<(&'static str, String)> {
     d.statuses
         .iter()
         .find(|s| s.kind == Kind::EgressIP && s.key.name == name)
         .expect("status")
         .event
         .clone()
+        .map(|e| (e.reason, e.note))
 }
 
 fn unreachable_jump() -> String {

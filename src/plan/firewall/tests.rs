@@ -335,3 +335,35 @@ fn unchanged_namespaces_keep_their_part() {
     );
     assert!(!same(&relabelled, "fw/web") && same(&relabelled, "fw/other"));
 }
+
+#[test]
+fn node_selector_takes_every_host_cidrs_address_and_follows_the_annotation() {
+    let infra = |cidrs: &[&str]| {
+        objects::node("infra-1", &["192.168.50.21"])
+            .labels(&[("role", "infra")])
+            .host_cidrs(cidrs)
+            .object()
+    };
+    let dns = answers(&["198.51.100.7"]);
+    let text = |d: &Desired| render_table(&d.ruleset.flatten());
+    let storage = "10.20.0.5 comment \"rule 2: Allow nodeSelector role=infra\" : accept";
+    let storage6 = "fd00:9::5 comment \"rule 2: Allow nodeSelector role=infra\" : accept";
+    let annotated = ["192.168.50.21/24", "10.20.0.5/16", "fd00:9::5/64"];
+    let d = run(snapshot().with(infra(&annotated)), &Memory::default(), &dns);
+    assert!(text(&d).contains(storage), "{}", text(&d));
+    assert!(text(&d).contains(storage6), "{}", text(&d));
+    // The annotation loses the storage address: the next plan drops it.
+    let d2 = run(
+        snapshot().with(infra(&["192.168.50.21/24"])),
+        &d.memory,
+        &dns,
+    );
+    assert!(!text(&d2).contains("10.20.0.5"), "{}", text(&d2));
+    assert!(text(&d2).contains("192.168.50.21 comment \"rule 2"));
+    // A malformed annotation counts as absent: InternalIP/ExternalIP still apply.
+    let mut bad = infra(&[]);
+    bad.metadata.annotations =
+        Some([("k8s.ovn.org/host-cidrs".to_string(), "not json".to_string())].into());
+    let d3 = run(snapshot().with(bad), &d2.memory, &dns);
+    assert!(text(&d3).contains("192.168.50.21 comment \"rule 2"));
+}

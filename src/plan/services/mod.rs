@@ -526,13 +526,7 @@ fn plan_service(
                 all,
                 local,
                 local_ready: ready,
-            } = model::backends(
-                &sources,
-                p,
-                fam,
-                &config.node_name,
-                zone.filter(|_| model.topology),
-            );
+            } = model::backends(&sources, p, fam, &config.node_name, zone);
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
                 if !all.is_empty() {
@@ -648,7 +642,7 @@ fn static_objects(t: &mut Table) {
             op: MatchOp::AnyFlag(names::MASQ_BIT),
         }),
         Stmt::MarkAnd(!names::MASQ_BIT),
-        Stmt::Masquerade,
+        Stmt::Masquerade { fully_random: true },
     ]));
     for (fam, saddr, daddr) in [
         (IpFamily::V4, Field::Ip4Saddr, Field::Ip4Daddr),
@@ -656,7 +650,7 @@ fn static_objects(t: &mut Table) {
     ] {
         masq.push(Rule::new(vec![
             Stmt::in_set(vec![saddr, daddr], names::hairpin(fam)),
-            Stmt::Masquerade,
+            Stmt::Masquerade { fully_random: true },
         ]));
     }
     t.add_chain(masq);

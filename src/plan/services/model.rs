@@ -1,7 +1,7 @@
 //! Service, EndpointSlice and Endpoints -> the validated facts the chains are built from:
 //! frontends (addresses and ports), policies, and the usable backends of each port.
 
-use super::topology::{self, Hint};
+use super::topology::{self, Hint, Hints};
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
@@ -53,8 +53,6 @@ pub struct Model {
     pub internal_local: bool,
     pub external_local: bool,
     pub health_check_node_port: Option<u16>,
-    /// The Service asks for topology-aware routing (see [`topology::requested`]).
-    pub topology: bool,
     /// The field path of every frontend address kept (`spec.clusterIP`, `spec.externalIPs[1]`,
     /// `status.loadBalancer.ingress[0].ip`): what a lost conflict is reported by.
     pub fields: BTreeMap<IpAddr, String>,
@@ -156,13 +154,17 @@ impl Model {
     }
 }
 
-/// `Ok(None)` for services that are not proxied (headless, ExternalName); `Err` names the
+/// `Ok(None)` for services that are not proxied (headless, ExternalName, labelled for another
+/// proxy: in manifests mode too, where no watch selector leaves them out); `Err` names the
 /// offending field. An unusable address (see [`unusable`], an externalIP outside the policy,
 /// an unparsable one) is left out and named in [`Model::refused`]; the rest applies.
 pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, String> {
     let Some(spec) = &svc.spec else {
         return Ok(None);
     };
+    if svc.for_another_proxy() {
+        return Ok(None);
+    }
     if spec.type_.as_deref() == Some("ExternalName") {
         return Ok(None);
     }
@@ -281,7 +283,6 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map(port_number)
             .transpose()
             .map_err(|e| format!("spec.healthCheckNodePort: {e}"))?,
-        topology: topology::requested(svc),
         fields: addrs.fields,
         refused: addrs.refused,
         node_refused: addrs.node_refused,
@@ -441,7 +442,7 @@ struct Candidate {
     backend: Backend,
     ready: bool,
     serving_terminating: bool,
-    hint: Hint,
+    hints: Hints,
 }
 
 /// The backends of one port in one family, as [`backends`] chooses them.
@@ -457,9 +458,10 @@ pub struct Chosen {
 }
 
 /// The backends of `port` in `fam`: ready ones; if none, serving-terminating ones (chosen
-/// separately for the whole set and for the node-local subset, as kube-proxy does). With
-/// `zone` (this node's, when the service asks for topology-aware routing) the ready ones of
-/// the whole set are narrowed to those hinted for the zone when [`topology::use_hints`].
+/// separately for the whole set and for the node-local subset, as kube-proxy does). The
+/// ready ones of the whole set are narrowed to those hinted for this `node` or its `zone`
+/// as [`topology::mode`] says. Of an endpoint's `addresses`, only the first is a backend:
+/// the API says the others are the same endpoint, and kube-proxy reads `addresses[0]`.
 pub fn backends(
     sources: &Sources,
     port: &Port,
@@ -494,27 +496,36 @@ pub fn backends(
                     let serving = c.and_then(|c| c.serving).unwrap_or(ready);
                     let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
                     let local = e.node_name.as_deref() == Some(node);
-                    let zones = e.hints.as_ref().map_or(&[][..], |h| &h.for_zones[..]);
-                    let hint = match zone {
-                        _ if zones.is_empty() => Hint::None,
-                        Some(z) if zones.iter().any(|f| f.name == z) => Hint::Here,
-                        _ => Hint::Elsewhere,
+                    let hints = e.hints.as_ref();
+                    let hints = Hints {
+                        node: Hint::of(
+                            hints
+                                .iter()
+                                .flat_map(|h| &h.for_nodes)
+                                .map(|n| n.name.as_str()),
+                            Some(node),
+                        ),
+                        zone: Hint::of(
+                            hints
+                                .iter()
+                                .flat_map(|h| &h.for_zones)
+                                .map(|z| z.name.as_str()),
+                            zone,
+                        ),
                     };
-                    for a in &e.addresses {
-                        if let Ok(ip) = a.parse::<IpAddr>()
-                            && IpFamily::of(ip) == fam
-                        {
-                            cands.push(Candidate {
-                                backend: Backend {
-                                    ip,
-                                    port: target,
-                                    local,
-                                },
-                                ready,
-                                serving_terminating: serving && terminating,
-                                hint,
-                            });
-                        }
+                    if let Some(Ok(ip)) = e.addresses.first().map(|a| a.parse::<IpAddr>())
+                        && IpFamily::of(ip) == fam
+                    {
+                        cands.push(Candidate {
+                            backend: Backend {
+                                ip,
+                                port: target,
+                                local,
+                            },
+                            ready,
+                            serving_terminating: serving && terminating,
+                            hints,
+                        });
                     }
                 }
             }
@@ -542,23 +553,25 @@ pub fn backends(
                             },
                             ready: true,
                             serving_terminating: false,
-                            hint: Hint::None,
+                            hints: Hints {
+                                node: Hint::None,
+                                zone: Hint::None,
+                            },
                         });
                     }
                 }
             }
         }
     }
-    let zoned =
-        zone.is_some() && topology::use_hints(cands.iter().filter(|c| c.ready).map(|c| c.hint));
+    let mode = topology::mode(cands.iter().filter(|c| c.ready).map(|c| c.hints));
     let choose = |only_local: bool| {
         let pool = || cands.iter().filter(move |c| !only_local || c.backend.local);
-        // Zone hints narrow cluster-wide choices only; the serving-terminating fallback
-        // ignores them, as kube-proxy's does.
-        let in_zone = |c: &&Candidate| only_local || !zoned || c.hint == Hint::Here;
+        // Hints narrow cluster-wide choices only; the serving-terminating fallback ignores
+        // them, as kube-proxy's does.
+        let hinted = |c: &&Candidate| only_local || mode.admits(c.hints);
         let mut out: Vec<Backend> = pool()
             .filter(|c| c.ready)
-            .filter(in_zone)
+            .filter(hinted)
             .map(|c| c.backend.clone())
             .collect();
         if out.is_empty() {

@@ -172,8 +172,11 @@ fn zone_hints_narrow_cluster_traffic_with_kube_proxys_fallbacks() {
             .build();
         backend_ips(&plan(&snap, &cfg))
     };
-    // Not asked for: hints are ignored.
-    assert_eq!(with("a", asked(""), hinted.clone()), all);
+    // Not asked for by the Service: the hints still decide, as in kube-proxy.
+    assert_eq!(
+        with("a", asked(""), hinted.clone()),
+        ["10.128.0.1", "10.128.0.3"]
+    );
     // No endpoint hinted for this zone.
     assert_eq!(
         with(
@@ -193,4 +196,107 @@ fn zone_hints_narrow_cluster_traffic_with_kube_proxys_fallbacks() {
         with("a", asked("trafficDistribution: PreferClose"), partial),
         all
     );
+}
+
+/// How many backend-map buckets point at each backend address.
+fn backend_buckets(d: &crate::plan::Desired) -> std::collections::BTreeMap<String, usize> {
+    let text = render_full(&d.ruleset);
+    let mut counts = std::collections::BTreeMap::new();
+    for ip in text
+        .lines()
+        .filter_map(|l| l.split(" : ").nth(1))
+        .filter_map(|v| v.split(" . ").next())
+        .filter(|ip| ip.starts_with("10.128."))
+    {
+        *counts
+            .entry(ip.trim_end_matches(',').to_string())
+            .or_default() += 1;
+    }
+    counts
+}
+
+#[test]
+fn only_the_first_address_of_an_endpoint_is_a_backend() {
+    let cfg = Config::for_node("n1");
+    let ports = "{name: http, port: 8080, protocol: TCP}";
+    let eps = [
+        objects::ep("10.128.0.1", "n2").more_ips(&["10.128.0.2"]),
+        objects::ep("10.128.0.3", "n2"),
+    ];
+    let snap = Snapshot::builder()
+        .with(
+            objects::service("a", "172.30.0.1", "{name: http, port: 80, protocol: TCP}")
+                .in_namespace("ns")
+                .object(),
+        )
+        .with(
+            objects::endpoint_slice("a-x", "a", "IPv4", ports, &eps)
+                .in_namespace("ns")
+                .object(),
+        )
+        .build();
+    let buckets = backend_buckets(&plan(&snap, &cfg));
+    assert_eq!(
+        buckets.keys().collect::<Vec<_>>(),
+        ["10.128.0.1", "10.128.0.3"],
+        "{buckets:?}"
+    );
+    assert_eq!(
+        buckets["10.128.0.1"], buckets["10.128.0.3"],
+        "equal weights"
+    );
+}
+
+#[test]
+fn node_hints_come_first_then_zone_hints_as_in_kube_proxy() {
+    let cfg = Config::for_node("n1");
+    let node = objects::node("n1", &["192.168.1.1"])
+        .labels(&[("topology.kubernetes.io/zone", "a")])
+        .object();
+    let svc = |extra: &str| {
+        let ports = "{name: http, port: 80, protocol: TCP}";
+        let s = objects::service("a", "172.30.0.1", ports).in_namespace("ns");
+        s.spec(extra).object()
+    };
+    // (address, node, forNodes, forZones)
+    let slice = |eps: &[(&str, &str, &[&str], &[&str])]| {
+        let ports = "{name: http, port: 8080, protocol: TCP}";
+        let eps: Vec<_> = eps
+            .iter()
+            .map(|(ip, n, nodes, zones)| objects::ep(ip, n).for_nodes(nodes).for_zones(zones))
+            .collect();
+        let s = objects::endpoint_slice("a-x", "a", "IPv4", ports, &eps);
+        s.in_namespace("ns").object()
+    };
+    let with = |svc: crate::api::Service, slice| {
+        let snap = Snapshot::builder()
+            .with(node.clone())
+            .with(svc)
+            .with(slice)
+            .build();
+        backend_ips(&plan(&snap, &cfg))
+    };
+    let same_node = "trafficDistribution: PreferSameNode";
+    let complete = slice(&[
+        ("10.128.0.1", "n1", &["n1"], &["a"]),
+        ("10.128.0.2", "n2", &["n2"], &["a"]),
+        ("10.128.0.3", "n3", &["n3"], &["b"]),
+    ]);
+    assert_eq!(with(svc(same_node), complete.clone()), ["10.128.0.1"]);
+    // One ready endpoint without a node hint: the zone hints decide.
+    let partial = slice(&[
+        ("10.128.0.1", "n1", &["n1"], &["a"]),
+        ("10.128.0.2", "n2", &[], &["a"]),
+        ("10.128.0.3", "n3", &["n3"], &["b"]),
+    ]);
+    assert_eq!(with(svc(same_node), partial), ["10.128.0.1", "10.128.0.2"]);
+    // No endpoint hinted for this node: the zone hints decide.
+    let elsewhere = slice(&[
+        ("10.128.0.2", "n2", &["n2"], &["a"]),
+        ("10.128.0.3", "n3", &["n3"], &["b"]),
+    ]);
+    assert_eq!(with(svc(same_node), elsewhere), ["10.128.0.2"]);
+    // kube-proxy reads the hints whatever the Service says (the EndpointSlice controller
+    // writes them only for a Service that asks).
+    assert_eq!(with(svc(""), complete), ["10.128.0.1"]);
 }

@@ -14,10 +14,8 @@
 use kube::api::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 
+use crate::api::service::SERVICE_PROXY_NAME_LABEL;
 use crate::snapshot::Kind;
-
-/// Objects owned by another service proxy are not ours to program (as kube-proxy does).
-const NOT_OTHER_PROXY: &str = "!service.kubernetes.io/service-proxy-name";
 
 /// The REST coordinates of a kind, for a `DynamicObject` API.
 pub fn api_resource(kind: Kind) -> ApiResource {
@@ -45,11 +43,15 @@ fn plural(kind: Kind) -> &'static str {
     }
 }
 
-/// The watch of one kind: label selectors where a part of the kind is never ours.
+/// The watch of one kind: label selectors where a part of the kind is never ours (objects
+/// owned by another service proxy, as kube-proxy's watches; the planner skips such Services
+/// too, for the manifests source).
 pub fn watch_config(kind: Kind) -> watcher::Config {
     let config = watcher::Config::default();
     match kind {
-        Kind::Service | Kind::EndpointSlice | Kind::Endpoints => config.labels(NOT_OTHER_PROXY),
+        Kind::Service | Kind::EndpointSlice | Kind::Endpoints => {
+            config.labels(&format!("!{SERVICE_PROXY_NAME_LABEL}"))
+        }
         _ => config,
     }
 }

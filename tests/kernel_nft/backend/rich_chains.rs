@@ -484,7 +484,7 @@ pub fn nat(t: &mut Table) {
     );
     post.push(Rule::new(vec![
         Stmt::matches(Field::Mark, Value::Mark(0x4000)),
-        Stmt::Masquerade,
+        Stmt::Masquerade { fully_random: true },
     ]));
     post.push(Rule::new(vec![Stmt::Nat(Nat {
         kind: NatKind::Snat,

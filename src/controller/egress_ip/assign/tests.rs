@@ -142,6 +142,27 @@ fn refusals_name_their_reason() {
 }
 
 #[test]
+fn event_reasons_are_ovn_kubernetes_ones() {
+    let node = |n: &str| Reason::NodeAddress { node: n.into() };
+    let older = |n: &str| Reason::Conflict { with: n.into() };
+    let cases = [
+        (Reason::NoCandidate, false, "NoMatchingNodeFound"),
+        (Reason::NoFittingSubnet, false, "NoMatchingNodeFound"),
+        (Reason::NoFreeNode { fitting: 1 }, true, "UnassignedRequest"),
+        (
+            Reason::NoCloudRoom { nodes: vec![] },
+            false,
+            "NoMatchingNodeFound",
+        ),
+        (node("w1"), false, "EgressIPConflict"),
+        (older("a"), true, "UnsupportedRequest"),
+    ];
+    for (reason, partly, want) in cases {
+        assert_eq!(reason.event_reason(partly), want, "{reason:?}");
+    }
+}
+
+#[test]
 fn sticky_while_the_node_stays_a_candidate_and_moves_when_it_does_not() {
     let current = [("192.168.1.100", "w2")];
     let eips = [eip("a", 0, &["192.168.1.100"], &current)];
