@@ -198,6 +198,26 @@ pub fn lookup(
 
 /// [`lookup`] from the calling thread's netns.
 pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<Lookup, String> {
+    lookup_with(server, name, timeout, false)
+}
+
+/// [`lookup`] straight over TCP (no UDP attempt first).
+pub fn lookup_tcp(
+    ns: &Ns,
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Lookup, String> {
+    let name = name.to_string();
+    ns.enter(move || lookup_with(server, &name, timeout, true))
+}
+
+fn lookup_with(
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+    tcp_only: bool,
+) -> Result<Lookup, String> {
     let mut q = Message::query();
     q.metadata.message_type = MessageType::Query;
     q.metadata.recursion_desired = true;
@@ -206,6 +226,10 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
         RecordType::A,
     ));
     let bytes = q.to_vec().map_err(|e| e.to_string())?;
+    if tcp_only {
+        let answer = tcp_exchange(server, &bytes, timeout)?;
+        return finish(&q, answer, true);
+    }
     let local = if server.is_ipv6() {
         "[::]:0"
     } else {
@@ -223,13 +247,20 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
     let mut over_tcp = false;
     if answer.metadata.truncation {
         over_tcp = true;
-        let mut conn =
-            TcpStream::connect_timeout(&server, timeout).map_err(|e| format!("tcp: {e}"))?;
-        conn.set_read_timeout(Some(timeout)).unwrap();
-        write_framed(&mut conn, &bytes).map_err(|e| e.to_string())?;
-        let reply = read_framed(&mut conn).ok_or("tcp: no answer")?;
-        answer = Message::from_vec(&reply).map_err(|e| e.to_string())?;
+        answer = tcp_exchange(server, &bytes, timeout)?;
     }
+    finish(&q, answer, over_tcp)
+}
+
+fn tcp_exchange(server: SocketAddr, query: &[u8], timeout: Duration) -> Result<Message, String> {
+    let mut conn = TcpStream::connect_timeout(&server, timeout).map_err(|e| format!("tcp: {e}"))?;
+    conn.set_read_timeout(Some(timeout)).unwrap();
+    write_framed(&mut conn, query).map_err(|e| e.to_string())?;
+    let reply = read_framed(&mut conn).ok_or("tcp: no answer")?;
+    Message::from_vec(&reply).map_err(|e| e.to_string())
+}
+
+fn finish(q: &Message, answer: Message, over_tcp: bool) -> Result<Lookup, String> {
     if answer.metadata.id != q.metadata.id {
         return Err("answer to another query".into());
     }
