@@ -47,10 +47,12 @@ fn latencies(ns: &Ns, name: &str, n: usize, spread: Duration) -> Vec<f64> {
 
 fn report(what: &str, sorted: &[f64]) {
     println!(
-        "  {what:<28} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} lookups)",
+        "  {what:<28} p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms, {} over 50 ms ({} lookups)",
         percentile(sorted, 0.5),
         percentile(sorted, 0.99),
+        percentile(sorted, 0.999),
         sorted[sorted.len() - 1],
+        sorted.iter().filter(|ms| **ms > 50.0).count(),
         sorted.len()
     );
 }
