@@ -733,3 +733,117 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     assert!(failures.is_empty(), "{failures:#?}\n{logs}");
     assert!(status.success(), "{status}:\n{logs}");
 }
+
+/// Seven pods of one tenant flood a trusted resolver that never answers (each query holds a
+/// slot until the upstream timeout); another tenant's lookups must keep working.
+#[test]
+fn one_tenants_flood_does_not_take_another_tenants_lookups() {
+    const FLOODERS: usize = 7;
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let victim = lab.add_pod(&node, "v", &["10.128.0.5"]);
+    let flooders: Vec<Pod> = (0..FLOODERS)
+        .map(|i| {
+            let addr = format!("10.128.1.{}", i + 1);
+            lab.add_pod(&node, &format!("f{i}"), &[addr.as_str()])
+        })
+        .collect();
+    let ext = lab.add_uplink_host(&node, "ext");
+    // 192.168.1.222 is routed to the external host, which does not forward: silence.
+    lab.add_route(&node, "192.168.1.222/32", "192.168.1.100");
+    let server = DnsServer::start(
+        &ext,
+        dns(),
+        zone_with(&[("v.example.com", "198.18.13.1", 30)]),
+    );
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    // Both servers are the node's resolvers (so the silent one is trusted too).
+    let resolv = agent.dir().join("resolv.conf.txt");
+    std::fs::write(
+        &resolv,
+        "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    let mut pods = vec![
+        objects::pod("alpha", "v")
+            .on(NODE)
+            .ips(&victim.addrs)
+            .to_string(),
+    ];
+    for (i, f) in flooders.iter().enumerate() {
+        pods.push(
+            objects::pod("flood", &format!("f{i}"))
+                .on(NODE)
+                .ips(&f.addrs)
+                .to_string(),
+        );
+    }
+    agent.write("pods.yaml", &pods.join("---\n"));
+    for ns in ["alpha", "flood"] {
+        agent.write(
+            &format!("fw-{ns}.yaml"),
+            &objects::egress_firewall(ns, "[{type: Allow, to: {dnsName: '*.example.com'}}]")
+                .to_string(),
+        );
+    }
+    let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    eventually(Duration::from_secs(15), || {
+        let _ = server.take_sources();
+        lookup(&victim.ns, dns(), "v.example.com", LOOKUP)?;
+        let sources = server.take_sources();
+        sources
+            .contains(&node_ip())
+            .then_some(())
+            .ok_or(format!("not proxied: {sources:?}"))
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let floods: Vec<_> = flooders
+        .iter()
+        .map(|f| {
+            let stop = stop.clone();
+            f.ns.spawn(move || {
+                let silent: SocketAddr = "192.168.1.222:53".parse().unwrap();
+                let mut sent = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A fresh source port per query, as a resolver would (up to ~1,000/s).
+                    let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                    let _ = lookup_query(sent).map(|q| sock.send_to(&q, silent));
+                    sent += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                sent
+            })
+        })
+        .collect();
+    // Let the flood fill what it can (its queries wait 5 s for the silent server).
+    std::thread::sleep(Duration::from_secs(3));
+    let results: Vec<Result<_, String>> = (0..10)
+        .map(|_| lookup(&victim.ns, dns(), "v.example.com", LOOKUP))
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent: u32 = floods.into_iter().map(|t| t.join().unwrap()).sum();
+    let (status, logs) = running.stop();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    assert_eq!(
+        failed, 0,
+        "{failed} of 10 lookups failed under a flood of {sent} queries: {results:?}"
+    );
+    assert!(
+        sent > 1000,
+        "the flood was too small to prove anything: {sent}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// A one-question A query for `q<n>.example.com` (what the flooders send).
+fn lookup_query(n: u32) -> Option<Vec<u8>> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut q = Message::query();
+    q.metadata.id = n as u16;
+    q.add_query(Query::query(
+        Name::from_ascii(format!("q{n}.example.com.")).ok()?,
+        RecordType::A,
+    ));
+    q.to_vec().ok()
+}
