@@ -699,15 +699,22 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     for on in [false, true, false] {
         let v = if on { "1" } else { "0" };
         node.sysctl("net.bridge.bridge-nf-call-iptables", v);
-        // Steered once the queries come from the node.
-        let mut last = String::new();
-        let steered = (0..30).any(|_| {
+        // Steered once the queries come from the node (the agent may still be starting).
+        let mut last: String;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let steered = loop {
             let _ = server.take_sources();
             let got = lookup(&pod, dns(), "br.example.com", LOOKUP);
             let sources = server.take_sources();
             last = format!("{got:?} from {sources:?}");
-            got.is_ok() && sources.contains(&node_ip())
-        });
+            if got.is_ok() && sources.contains(&node_ip()) {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         if !steered {
             failures.push(format!("br_netfilter {on}: UDP not steered: {last}"));
             continue;
