@@ -9,7 +9,7 @@
 
 use nodeplane::nft::ir::IpFamily;
 use nodeplane::plan::firewall::Names;
-use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_tcp};
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_tcp, send_spoofed_udp};
 use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -844,13 +844,58 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
 
 /// A one-question A query for `q<n>.example.com` (what the flooders send).
 fn lookup_query(n: u32) -> Option<Vec<u8>> {
+    Some(question(&format!("q{n}.example.com"), n as u16))
+}
+
+/// A one-question A query for `name`.
+fn question(name: &str, id: u16) -> Vec<u8> {
     use hickory_proto::op::{Message, Query};
     use hickory_proto::rr::{Name, RecordType};
     let mut q = Message::query();
-    q.metadata.id = n as u16;
-    q.add_query(Query::query(
-        Name::from_ascii(format!("q{n}.example.com.")).ok()?,
-        RecordType::A,
-    ));
-    q.to_vec().ok()
+    q.metadata.id = id;
+    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
+    q.add_query(Query::query(name, RecordType::A));
+    q.to_vec().expect("encodes")
+}
+
+#[test]
+fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
+    let t = topo(
+        zone_with(&[("payments.example.com", "198.18.10.10", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: payments.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    // No reverse-path filter on the node (many CNIs run loose or none; pods on one bridge
+    // pass it anyway), so the forged source gets through.
+    t.node.sysctl("net.ipv4.conf.all.rp_filter", "0");
+    let veth = format!("net.ipv4.conf.{}.rp_filter", t.g1.host_iface);
+    t.node.sysctl(&veth, "0");
+    let agent = t.spawn(&[]);
+    let server = rogue(
+        &t,
+        zone_with(&[("payments.example.com", "198.18.66.66", 3600)]),
+    );
+    // g1 (no EgressFirewall) asks the rogue server with a1's source address, again and
+    // again for a second (a forged datagram may meet a cold neighbour cache).
+    let query = question("payments.example.com", 7);
+    let (a1, rogue_addr) = ("10.128.0.5:40000".parse().unwrap(), ROGUE.parse().unwrap());
+    for _ in 0..10 {
+        send_spoofed_udp(&t.g1.ns, a1, rogue_addr, &query).expect("raw send");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let served = server.served();
+    let sources = server.take_sources();
+    let set = learned_elements(&t.node, "payments.example.com");
+    let poisoned = connects(&t.a1, "198.18.66.66".parse().unwrap());
+    let (status, logs) = agent.stop();
+    // Unproxied, the forged packet meets alpha's own EgressFirewall (it has a1's source),
+    // which denies the rogue server: it may well never get there.
+    eprintln!("the rogue server answered {served} forged queries");
+    assert!(
+        !poisoned,
+        "alpha learned the rogue answer ({sources:?} asked it):\n{set}"
+    );
+    assert!(!set.contains("198.18.66.66"), "{set}");
+    assert!(status.success(), "{status}:\n{logs}");
 }

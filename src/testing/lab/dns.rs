@@ -274,3 +274,48 @@ fn finish(q: &Message, answer: Message, over_tcp: bool) -> Result<Lookup, String
         .collect();
     Ok(Lookup { addrs, over_tcp })
 }
+
+/// Sends one UDP datagram with a forged IPv4 source (a raw socket with its own IP header, as
+/// a pod with CAP_NET_RAW can) from inside `ns`.
+pub fn send_spoofed_udp(
+    ns: &Ns,
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    use nix::sys::socket::{
+        AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket,
+    };
+    use std::os::fd::AsRawFd;
+    let udp_len = 8 + payload.len();
+    let total = 20 + udp_len;
+    let mut packet = Vec::with_capacity(total);
+    // IPv4 header: version 4, IHL 5, total length, TTL 64, UDP; the kernel fills in the
+    // checksum and the ID of a raw packet with its own header.
+    packet.extend_from_slice(&[0x45, 0]);
+    packet.extend_from_slice(&(total as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0]);
+    packet.extend_from_slice(&src.ip().octets());
+    packet.extend_from_slice(&dst.ip().octets());
+    // UDP header, checksum 0 (none, allowed over IPv4).
+    packet.extend_from_slice(&src.port().to_be_bytes());
+    packet.extend_from_slice(&dst.port().to_be_bytes());
+    packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0]);
+    packet.extend_from_slice(payload);
+    ns.enter(move || {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::Raw,
+        )?;
+        sendto(
+            fd.as_raw_fd(),
+            &packet,
+            &SockaddrIn::from(dst),
+            MsgFlags::empty(),
+        )?;
+        Ok(())
+    })
+}
