@@ -2,7 +2,10 @@
 //!
 //! `cargo bench --bench dns_proxy` (root: builds network namespaces); under `cargo test` a
 //! smoke-sized run. Options after `--`: `--lookups N` per latency mode (default 2000),
-//! `--threads N` and `--answers N` for the throughput run (default 4 and 8000).
+//! `--threads N` and `--answers N` for the throughput run (default 4 and 8000),
+//! `--conntrack N` entries kept alive on the node while measuring (default 20000) and
+//! `--spread-ms N` between lookups (default 5, so a run spans many keep-alive passes: a
+//! periodic stall shows in the p99).
 //!
 //! Pod `a1` (namespace `alpha`: `Allow *.example.com`, then `Deny 0.0.0.0/0`) is steered to
 //! the agent's proxy; pod `b1` (namespace `beta`, CIDR rules only) is not. The DNS server
@@ -24,13 +27,14 @@ const NODE: &str = "node-1";
 const DNS: &str = "192.168.1.100:53";
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `n` sequential lookups of `name` inside `ns`; the latencies in ms.
-fn latencies(ns: &Ns, name: &str, n: usize) -> Vec<f64> {
+/// `n` sequential lookups of `name` inside `ns`, `spread` apart; the latencies in ms.
+fn latencies(ns: &Ns, name: &str, n: usize, spread: Duration) -> Vec<f64> {
     let name = name.to_string();
     let server: SocketAddr = DNS.parse().unwrap();
     let mut v = ns.enter(move || {
         (0..n)
             .map(|_| {
+                std::thread::sleep(spread);
                 let t = Instant::now();
                 lookup_here(server, &name, TIMEOUT).expect("lookup");
                 t.elapsed().as_secs_f64() * 1000.0
@@ -43,10 +47,12 @@ fn latencies(ns: &Ns, name: &str, n: usize) -> Vec<f64> {
 
 fn report(what: &str, sorted: &[f64]) {
     println!(
-        "  {what:<28} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} lookups)",
+        "  {what:<28} p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms, {} over 50 ms ({} lookups)",
         percentile(sorted, 0.5),
         percentile(sorted, 0.99),
+        percentile(sorted, 0.999),
         sorted[sorted.len() - 1],
+        sorted.iter().filter(|ms| **ms > 50.0).count(),
         sorted.len()
     );
 }
@@ -57,6 +63,8 @@ fn main() {
     let lookups = arg("--lookups", 2000, 50);
     let threads = arg("--threads", 4, 2);
     let answers = arg("--answers", 8000, 100);
+    let conntrack = arg("--conntrack", 20_000, 2000);
+    let spread = Duration::from_millis(arg("--spread-ms", 5, 1) as u64);
 
     let mut lab = Lab::new();
     let node = lab.add_node("node");
@@ -96,7 +104,10 @@ fn main() {
         "fw-beta.yaml",
         &objects::egress_firewall("beta", beta).to_string(),
     );
-    let process = agent.spawn(&[]);
+    // The lab's server is the node's resolver (so the proxy trusts it).
+    let resolv = agent.dir().join("resolv.conf.txt");
+    std::fs::write(&resolv, "nameserver 192.168.1.100\n").unwrap();
+    let process = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
     eventually(Duration::from_secs(15), || {
         let _ = dns.take_sources();
         a1.ns
@@ -107,25 +118,39 @@ fn main() {
             .ok_or(format!("not proxied yet: {s:?}"))
     });
 
-    println!("DNS lookup latency (one at a time, from inside the pod):");
+    // Learn something first, so the keep-alive pass (which only runs while anything is
+    // learned) runs during every measurement.
+    latencies(&a1.ns, "rot.example.com", 10, Duration::ZERO);
+    let load = ConntrackLoad::start(&node, conntrack);
+    let entries = eventually(Duration::from_secs(60), || {
+        let n = conntrack_entries(&node);
+        (n >= conntrack)
+            .then_some(n)
+            .ok_or(format!("{n} conntrack entries"))
+    });
+    println!(
+        "DNS lookup latency (one at a time, {} ms apart, from inside the pod; {entries} conntrack entries on the node):",
+        spread.as_millis()
+    );
     report(
         "direct (not steered)",
-        &latencies(&b1.ns, "fixed.example.com", lookups),
+        &latencies(&b1.ns, "fixed.example.com", lookups, spread),
     );
     report(
         "proxied, already learned",
-        &latencies(&a1.ns, "fixed.example.com", lookups),
+        &latencies(&a1.ns, "fixed.example.com", lookups, spread),
     );
     report(
         "proxied, learning",
-        &latencies(&a1.ns, "rot.example.com", lookups),
+        &latencies(&a1.ns, "rot.example.com", lookups, spread),
     );
+    drop(load);
 
     let per_thread = answers / threads;
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| latencies(&a1.ns, "rot.example.com", per_thread));
+            s.spawn(|| latencies(&a1.ns, "rot.example.com", per_thread, Duration::ZERO));
         }
     });
     let elapsed = started.elapsed();
@@ -137,4 +162,57 @@ fn main() {
     );
     let (status, logs) = process.stop();
     assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// Keeps `n` UDP conntrack entries alive on the node: one datagram from the node to each of
+/// `n` ports of the uplink host, again every 10 s (the UDP timeout is 30 s).
+struct ConntrackLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConntrackLoad {
+    fn start(node: &Ns, n: usize) -> ConntrackLoad {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = node.spawn(move || {
+            let socks: Vec<std::net::UdpSocket> = (0..n.div_ceil(10_000))
+                .map(|_| std::net::UdpSocket::bind("0.0.0.0:0").expect("bind"))
+                .collect();
+            while !flag.load(Ordering::Relaxed) {
+                for i in 0..n {
+                    let port = 20_000 + (i % 10_000) as u16;
+                    let _ = socks[i / 10_000].send_to(b"x", ("192.168.1.100", port));
+                }
+                for _ in 0..100 {
+                    if flag.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        });
+        ConntrackLoad {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ConntrackLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The node's conntrack entries (`/proc/sys/net/netfilter/nf_conntrack_count` of its netns).
+fn conntrack_entries(node: &Ns) -> usize {
+    node.enter(|| std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -412,6 +412,50 @@ pub struct Opts {
         value_name = "SECONDS"
     )]
     pub dns_min_ttl_seconds: Option<u32>,
+
+    /// Longest time an address learned from one DNS answer stays allowed (a longer TTL is
+    /// cut to it; a TTL with the top bit set counts as 0, RFC 2181 8). Default: 86400.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_MAX_TTL_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub dns_max_ttl_seconds: Option<u32>,
+
+    /// The DNS servers whose answers the proxy learns from (repeatable or comma-separated):
+    /// only pod DNS to these is proxied; DNS to any other address is ordinary traffic for
+    /// the EgressFirewall and NetworkPolicy. Default: the ClusterIPs of the cluster DNS
+    /// Service (`kube-system/kube-dns` or `openshift-dns/dns-default`) and the nameservers
+    /// of --resolv-conf.
+    #[arg(
+        long = "dns-resolvers",
+        global = true,
+        env = "NODEPLANE_DNS_RESOLVERS",
+        value_delimiter = ',',
+        value_name = "ADDRESS"
+    )]
+    pub dns_resolvers: Vec<String>,
+
+    /// Learned addresses kept per queried name (the first ones of an answer; the least
+    /// recently answered go first). Default: 50.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_MAX_ADDRESSES_PER_NAME",
+        value_name = "COUNT"
+    )]
+    pub dns_max_addresses_per_name: Option<usize>,
+
+    /// Learned addresses kept per namespace, all its names together (the least recently
+    /// answered go first). Default: 2000.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_MAX_ADDRESSES_PER_NAMESPACE",
+        value_name = "COUNT"
+    )]
+    pub dns_max_addresses_per_namespace: Option<usize>,
     /// Where egress IPs live: `auto` (from the Nodes' `spec.providerID`: `aws://`,
     /// `azure://`, `gce://`, `openstack://`, anything else bare metal), `baremetal`, `aws`,
     /// `azure`, `gcp` or `openstack`. On a cloud the EgressIP assigner asks the cloud

@@ -9,6 +9,7 @@ use crate::features::Features;
 use crate::source::limits::Limits;
 use ipnet::IpNet;
 use serde::Deserialize;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -120,22 +121,55 @@ pub struct Config {
 }
 
 /// `port`: `None` = no proxy (and no steering).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsProxySettings {
     pub port: Option<u16>,
     pub min_ttl_secs: u32,
+    /// Longest time an address learned from one answer stays allowed (`--dns-max-ttl-seconds`).
+    pub max_ttl_secs: u32,
+    /// `--dns-resolvers`: the only servers whose answers are learned. Empty: the cluster DNS
+    /// Service's ClusterIPs plus `resolv_conf_nameservers`.
+    pub resolvers: Vec<IpAddr>,
+    /// The `nameserver` lines of `--resolv-conf`, read at start.
+    pub resolv_conf_nameservers: Vec<IpAddr>,
+    /// Learned addresses kept per queried name and per namespace (oldest evicted first).
+    pub max_per_name: usize,
+    pub max_per_namespace: usize,
 }
 
 pub const DEFAULT_DNS_PROXY_PORT: u16 = 15353;
 pub const DEFAULT_DNS_MIN_TTL_SECS: u32 = 5;
+/// One day (Cilium's `tofqdns-max-ttl` default is the same order).
+pub const DEFAULT_DNS_MAX_TTL_SECS: u32 = 86_400;
+/// As Cilium's `tofqdns-endpoint-max-ip-per-hostname`.
+pub const DEFAULT_DNS_MAX_PER_NAME: usize = 50;
+pub const DEFAULT_DNS_MAX_PER_NAMESPACE: usize = 2000;
 
 impl Default for DnsProxySettings {
     fn default() -> Self {
         DnsProxySettings {
             port: Some(DEFAULT_DNS_PROXY_PORT),
             min_ttl_secs: DEFAULT_DNS_MIN_TTL_SECS,
+            max_ttl_secs: DEFAULT_DNS_MAX_TTL_SECS,
+            resolvers: Vec::new(),
+            resolv_conf_nameservers: Vec::new(),
+            max_per_name: DEFAULT_DNS_MAX_PER_NAME,
+            max_per_namespace: DEFAULT_DNS_MAX_PER_NAMESPACE,
         }
     }
+}
+
+/// The `nameserver` addresses of a resolv.conf text (anything unparsable is skipped: the
+/// resolver itself reports a broken file).
+pub fn resolv_conf_nameservers(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver")).then(|| words.next())?
+        })
+        // A link-local IPv6 nameserver may carry a zone (`fe80::1%eth0`).
+        .filter_map(|a| a.split('%').next()?.parse().ok())
+        .collect()
 }
 
 impl Config {
@@ -303,6 +337,11 @@ impl Config {
             .as_deref()
             .or(file.healthz_bind_address.as_deref())
             .unwrap_or(DEFAULT_HEALTHZ_BIND_ADDRESS);
+        let resolv_conf = opts
+            .resolv_conf
+            .clone()
+            .or(file.resolv_conf.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_RESOLV_CONF));
         let healthz_bind_address = optional_address("--healthz-bind-address", healthz)?;
         Ok(Config {
             node_name,
@@ -355,11 +394,7 @@ impl Config {
                 .clone()
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
-            resolv_conf: opts
-                .resolv_conf
-                .clone()
-                .or(file.resolv_conf)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_RESOLV_CONF)),
+            resolv_conf: resolv_conf.clone(),
             admin_address: opts
                 .admin_address
                 .or(file.admin_address)
@@ -394,6 +429,28 @@ impl Config {
             leader_elect,
             egress_ip_probe,
             dns_proxy: DnsProxySettings {
+                resolvers: parse_addrs(
+                    "--dns-resolvers",
+                    &pick_list(&opts.dns_resolvers, file.dns_resolvers),
+                )?,
+                resolv_conf_nameservers: std::fs::read_to_string(&resolv_conf)
+                    .map(|t| resolv_conf_nameservers(&t))
+                    .unwrap_or_default(),
+                max_ttl_secs: opts
+                    .dns_max_ttl_seconds
+                    .or(file.dns_max_ttl_seconds)
+                    .unwrap_or(DEFAULT_DNS_MAX_TTL_SECS)
+                    .max(1),
+                max_per_name: opts
+                    .dns_max_addresses_per_name
+                    .or(file.dns_max_addresses_per_name)
+                    .unwrap_or(DEFAULT_DNS_MAX_PER_NAME)
+                    .max(1),
+                max_per_namespace: opts
+                    .dns_max_addresses_per_namespace
+                    .or(file.dns_max_addresses_per_namespace)
+                    .unwrap_or(DEFAULT_DNS_MAX_PER_NAMESPACE)
+                    .max(1),
                 port: Some(
                     opts.dns_proxy_port
                         .or(file.dns_proxy_port)
@@ -455,6 +512,18 @@ fn parse_api_server(value: Option<String>) -> Result<Option<hyper::Uri>, ConfigE
         (Some("https" | "http"), Some(_)) => Ok(Some(uri)),
         _ => Err(invalid("not an http(s)://HOST[:PORT] URL".into())),
     }
+}
+
+fn parse_addrs(option: &'static str, values: &[String]) -> Result<Vec<IpAddr>, ConfigError> {
+    values
+        .iter()
+        .map(|v| {
+            v.trim().parse().map_err(|e| ConfigError::Invalid {
+                option,
+                reason: format!("invalid address {v:?}: {e}"),
+            })
+        })
+        .collect()
 }
 
 fn parse_cidrs(option: &'static str, values: &[String]) -> Result<Vec<IpNet>, ConfigError> {
@@ -556,6 +625,10 @@ struct FileConfig {
     egress_ip_probe_misses: Option<u32>,
     dns_proxy_port: Option<u16>,
     dns_min_ttl_seconds: Option<u32>,
+    dns_max_ttl_seconds: Option<u32>,
+    dns_resolvers: Option<Vec<String>>,
+    dns_max_addresses_per_name: Option<usize>,
+    dns_max_addresses_per_namespace: Option<usize>,
     platform: Option<String>,
 }
 
@@ -883,17 +956,49 @@ mod tests {
 
     #[test]
     fn dns_proxy_defaults_file_flags_and_off() {
-        let c = Config::resolve(&opts()).unwrap();
-        assert_eq!(c.dns_proxy, DnsProxySettings::default());
-        assert_eq!(c.dns_proxy.port, Some(15353));
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(&path, "dns-proxy-port: 0\ndns-min-ttl-seconds: 9\n").unwrap();
+        let resolv = dir.path().join("resolv.conf");
+        std::fs::write(
+            &resolv,
+            "search x\nnameserver 10.0.0.2\nnameserver fe80::1%eth0\n",
+        )
+        .unwrap();
         let mut o = opts();
+        o.resolv_conf = Some(resolv);
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(
+            c.dns_proxy,
+            DnsProxySettings {
+                resolv_conf_nameservers: vec![
+                    "10.0.0.2".parse().unwrap(),
+                    "fe80::1".parse().unwrap()
+                ],
+                ..Default::default()
+            }
+        );
+        assert_eq!(c.dns_proxy.port, Some(15353));
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "dns-proxy-port: 0\ndns-min-ttl-seconds: 9\ndns-resolvers: [10.0.0.53]\ndns-max-addresses-per-name: 7\n",
+        )
+        .unwrap();
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.dns_proxy.port, None, "0 turns the proxy off");
         assert_eq!(c.dns_proxy.min_ttl_secs, 9);
+        assert_eq!(
+            c.dns_proxy.resolvers,
+            ["10.0.0.53".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(c.dns_proxy.max_per_name, 7);
+        o.dns_resolvers = vec!["not-an-address".into()];
+        let e = Config::resolve(&o).unwrap_err().to_string();
+        assert!(
+            e.contains("--dns-resolvers") && e.contains("not-an-address"),
+            "{e}"
+        );
+        o.dns_resolvers = Vec::new();
         o.dns_proxy_port = Some(5353);
         o.dns_min_ttl_seconds = Some(0);
         let c = Config::resolve(&o).unwrap();

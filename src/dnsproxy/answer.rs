@@ -68,6 +68,39 @@ pub fn is_query(bytes: &[u8]) -> bool {
         .is_ok_and(|m| m.metadata.message_type == MessageType::Query && m.queries.len() == 1)
 }
 
+/// The message ID (the first two bytes; 0 for a message too short to have one).
+pub fn id(bytes: &[u8]) -> u16 {
+    match bytes {
+        [a, b, ..] => u16::from_be_bytes([*a, *b]),
+        _ => 0,
+    }
+}
+
+/// Overwrites the message ID (no-op on a message too short to have one).
+pub fn set_id(bytes: &mut [u8], id: u16) {
+    if let Some(head) = bytes.get_mut(..2) {
+        head.copy_from_slice(&id.to_be_bytes());
+    }
+}
+
+/// A fresh random ID for an upstream query, so that an answer cannot be forged from the
+/// pod's own ID (`None` only if the OS has no randomness to give).
+pub fn fresh_id() -> Option<u16> {
+    let mut b = [0u8; 2];
+    getrandom::fill(&mut b).ok()?;
+    Some(u16::from_ne_bytes(b))
+}
+
+/// Whether `answer` is a response to `query`'s question (same name, type and class).
+pub fn answers_question(query: &[u8], answer: &[u8]) -> bool {
+    let (Ok(q), Ok(a)) = (Message::from_vec(query), Message::from_vec(answer)) else {
+        return false;
+    };
+    a.metadata.message_type == MessageType::Response
+        && a.queries.len() == 1
+        && a.queries == q.queries
+}
+
 /// `Www.Example.COM.` -> `www.example.com`.
 fn plain(name: &Name) -> String {
     let s = name.to_lowercase().to_ascii();
@@ -184,6 +217,29 @@ pub(crate) mod tests {
         e.add_query(Query::query(name("a.example.com."), RecordType::A));
         assert_eq!(parse(&e.to_vec().unwrap()), None);
         assert_eq!(parse(&[]), None);
+    }
+
+    #[test]
+    fn an_answer_counts_only_for_the_same_question() {
+        let mut q = Message::query();
+        q.add_query(Query::query(name("a.example.com."), RecordType::A));
+        let query = q.to_vec().unwrap();
+        assert!(answers_question(
+            &query,
+            &response("a.example.com.", &[], false)
+        ));
+        assert!(!answers_question(
+            &query,
+            &response("b.example.com.", &[], false)
+        ));
+        assert!(!answers_question(&query, &query), "the query itself");
+        assert!(!answers_question(&query, &[0xde, 0xad]));
+        let mut bytes = response("a.example.com.", &[], false);
+        set_id(&mut bytes, 0xbeef);
+        assert_eq!(id(&bytes), 0xbeef);
+        assert_eq!(id(&[1]), 0);
+        let ids: std::collections::BTreeSet<u16> = (0..64).filter_map(|_| fresh_id()).collect();
+        assert!(ids.len() > 50, "IDs are not random: {ids:?}");
     }
 
     proptest! {

@@ -1,53 +1,56 @@
-//! A per-pod share of the proxy's in-flight slots: one pod flooding queries (or holding
-//! connections) cannot take every slot and starve its neighbours' lookups.
+//! A namespace's share of the proxy's in-flight slots: the pods of one tenant (however many,
+//! and whatever source addresses they use) cannot take every slot and starve another
+//! tenant's lookups.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
+type InUse<K> = Arc<Mutex<HashMap<K, usize>>>;
+
 #[derive(Clone)]
-pub struct PerPod {
+pub struct Shares<K> {
     limit: usize,
-    in_use: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    in_use: InUse<K>,
 }
 
-/// A slot of one pod; released when dropped.
-pub struct Share {
-    pod: IpAddr,
-    in_use: Arc<Mutex<HashMap<IpAddr, usize>>>,
+/// A slot of one holder; released when dropped.
+pub struct Share<K: Hash + Eq> {
+    key: K,
+    in_use: InUse<K>,
 }
 
-impl PerPod {
-    pub fn new(limit: usize) -> PerPod {
-        PerPod {
+impl<K: Hash + Eq + Clone> Shares<K> {
+    pub fn new(limit: usize) -> Shares<K> {
+        Shares {
             limit: limit.max(1),
             in_use: Arc::default(),
         }
     }
 
-    /// A slot for `pod`, or `None` when it already holds its share.
-    pub fn try_acquire(&self, pod: IpAddr) -> Option<Share> {
+    /// A slot for `key`, or `None` when it already holds its share.
+    pub fn try_acquire(&self, key: K) -> Option<Share<K>> {
         let mut in_use = self.in_use.lock().unwrap_or_else(|e| e.into_inner());
-        let n = in_use.entry(pod).or_insert(0);
+        let n = in_use.entry(key.clone()).or_insert(0);
         if *n >= self.limit {
             return None;
         }
         *n += 1;
         Some(Share {
-            pod,
+            key,
             in_use: self.in_use.clone(),
         })
     }
 }
 
-impl Drop for Share {
+impl<K: Hash + Eq> Drop for Share<K> {
     fn drop(&mut self) {
         let mut in_use = self.in_use.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = in_use.get_mut(&self.pod) {
+        if let Some(n) = in_use.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                // Pods come and go: keep only those with slots in use.
-                in_use.remove(&self.pod);
+                // Holders come and go: keep only those with slots in use.
+                in_use.remove(&self.key);
             }
         }
     }
@@ -58,19 +61,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_pod_gets_its_share_and_gets_it_back() {
-        let fair = PerPod::new(2);
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let a1 = fair.try_acquire(a).unwrap();
-        let _a2 = fair.try_acquire(a).unwrap();
-        assert!(fair.try_acquire(a).is_none(), "a holds its share");
-        assert!(fair.try_acquire(b).is_some(), "b is not starved by a");
+    fn each_namespace_gets_its_share_and_gets_it_back() {
+        let fair = Shares::new(2);
+        let (a, b): (Arc<str>, Arc<str>) = ("alpha".into(), "beta".into());
+        let a1 = fair.try_acquire(a.clone()).unwrap();
+        let a2 = fair.try_acquire(a.clone()).unwrap();
+        assert!(
+            fair.try_acquire(a.clone()).is_none(),
+            "alpha holds its share"
+        );
+        assert!(
+            fair.try_acquire(b.clone()).is_some(),
+            "beta is not starved by alpha"
+        );
         drop(a1);
         assert!(fair.try_acquire(a).is_some(), "a slot came back");
-        drop(_a2);
+        drop(a2);
         assert!(
             fair.in_use.lock().unwrap().get(&b).is_none(),
-            "idle pods are forgotten"
+            "idle namespaces are forgotten"
         );
     }
 }

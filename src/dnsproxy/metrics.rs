@@ -18,6 +18,7 @@ pub struct ReasonLabel {
 pub struct ProxyMetrics {
     answers: Counter,
     learned: Counter,
+    evicted: Counter,
     hold: Histogram,
     errors: Family<ReasonLabel, Counter>,
 }
@@ -27,6 +28,7 @@ impl Default for ProxyMetrics {
         ProxyMetrics {
             answers: Counter::default(),
             learned: Counter::default(),
+            evicted: Counter::default(),
             // 50 µs .. ~1.6 s.
             hold: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             errors: Family::default(),
@@ -47,13 +49,18 @@ impl ProxyMetrics {
             self.learned.clone(),
         );
         registry.register(
+            "dns_proxy_evicted_addresses",
+            "Learned addresses deleted before their TTL to keep a name or namespace within its cap",
+            self.evicted.clone(),
+        );
+        registry.register(
             "dns_proxy_hold_seconds",
             "Time an answer with watched names was held until the kernel acknowledged its addresses",
             self.hold.clone(),
         );
         registry.register(
             "dns_proxy_errors",
-            "Proxy errors by reason (upstream_timeout, upstream, reply, receive, malformed, overload, learn, learner_busy, learner_gone, tcp, conntrack)",
+            "Proxy errors by reason (upstream_timeout, upstream, reply, receive, malformed, overload, untrusted, mismatch, random, learn, learner_busy, learner_gone, tcp, conntrack)",
             self.errors.clone(),
         );
     }
@@ -63,6 +70,9 @@ impl ProxyMetrics {
     }
     pub fn learned(&self, n: usize) {
         self.learned.inc_by(n as u64);
+    }
+    pub fn evicted(&self, n: usize) {
+        self.evicted.inc_by(n as u64);
     }
     pub fn held(&self, d: Duration) {
         self.hold.observe(d.as_secs_f64());

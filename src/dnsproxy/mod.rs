@@ -3,15 +3,17 @@
 //! (`plan::firewall::steer`); each answer's addresses of watched names are written to the
 //! learned sets, acknowledged by the kernel, before the answer goes on to the pod.
 //!
-//! `socket` (transparent sockets), `udp` and `tcp` (the two paths), `hold` (parse, learn on
-//! the learner thread, wait), `answer` (parsing, CNAME chains), `learn` (the learned-set
-//! writer), `metrics`.
+//! `socket` (transparent sockets), `udp` and `tcp` (the two paths), `resolvers` (listeners
+//! at the resolvers' own addresses, for bridged pods with br_netfilter), `fair` (a
+//! namespace's share of the slots), `hold` (parse, learn on the learner thread, wait),
+//! `answer` (parsing, CNAME chains, IDs), `learn` (the bounded learned-set writer), `metrics`.
 
 pub mod answer;
 pub mod fair;
 pub mod hold;
 pub mod learn;
 pub mod metrics;
+pub mod resolvers;
 pub mod socket;
 pub mod tcp;
 pub mod udp;
@@ -40,13 +42,34 @@ pub fn spawn(
     };
     probe_answer_socket()?;
     let backend = NftnlBackend::new();
-    let learner = learn::Learner::new(backend, TABLE_NAME, settings.min_ttl_secs);
-    let holder = hold::Holder::start(learner, learning, metrics);
+    let learner = learn::Learner::new(backend, TABLE_NAME, learn::Bounds::new(settings));
+    let holder = hold::Holder::start(learner, learning.clone(), metrics);
+    // Each query in flight holds an upstream socket, each connection two: stay well under
+    // the default 1,024 open files (every listener of both families together). A namespace
+    // (all its pods, whatever addresses they send from) gets a sixth.
+    let udp = udp::UdpProxy::new(
+        holder.clone(),
+        udp::Limits {
+            in_flight: 384,
+            per_namespace: 64,
+            upstream_timeout: UPSTREAM_TIMEOUT,
+        },
+    );
+    let tcp = tcp::TcpProxy::new(
+        holder,
+        tcp::Limits {
+            connections: 192,
+            per_namespace: 32,
+            upstream_timeout: UPSTREAM_TIMEOUT,
+            idle_timeout: Duration::from_secs(10),
+        },
+    );
     // IPv4 must work; IPv6 is served when the node can (a node without IPv6 skips it).
-    serve(false, port, &holder)?;
-    if let Err(e) = serve(true, port, &holder) {
+    serve(false, port, &udp, &tcp)?;
+    if let Err(e) = serve(true, port, &udp, &tcp) {
         tracing::warn!("dns proxy: no IPv6 listeners (pod DNS over IPv6 goes direct): {e}");
     }
+    tokio::spawn(resolvers::maintain(udp, tcp, learning));
     tracing::info!("dns proxy listening on port {port} (udp, tcp)");
     Ok(())
 }
@@ -78,31 +101,18 @@ fn probe_answer_socket() -> std::io::Result<()> {
     }
 }
 
-/// Binds one family's listeners and serves them.
-fn serve(v6: bool, port: u16, holder: &hold::Holder) -> std::io::Result<()> {
+/// Binds one family's `tproxy` listeners and serves them.
+fn serve(v6: bool, port: u16, udp: &udp::UdpProxy, tcp: &tcp::TcpProxy) -> std::io::Result<()> {
     let udp_listener = socket::udp_listener(v6, port)?;
     let tcp_listener = socket::tcp_listener(v6, port, 1024)?;
-    // Each query in flight holds an upstream socket, each connection two: stay well under
-    // the default 1,024 open files (both families together).
-    let udp_limits = udp::Limits {
-        in_flight: 192,
-        per_pod: 32,
-        upstream_timeout: UPSTREAM_TIMEOUT,
-    };
-    let tcp_limits = tcp::Limits {
-        connections: 96,
-        per_pod: 16,
-        upstream_timeout: UPSTREAM_TIMEOUT,
-        idle_timeout: Duration::from_secs(10),
-    };
-    let (udp_holder, tcp_holder) = (holder.clone(), holder.clone());
+    let (udp, tcp) = (udp.clone(), tcp.clone());
     tokio::spawn(async move {
-        if let Err(e) = udp::serve(udp_listener, udp_holder, udp_limits).await {
+        if let Err(e) = udp.serve(udp_listener).await {
             tracing::error!("dns proxy (udp) stopped: {e}");
         }
     });
     tokio::spawn(async move {
-        if let Err(e) = tcp::serve(tcp_listener, tcp_holder, tcp_limits).await {
+        if let Err(e) = tcp.serve(tcp_listener).await {
             tracing::error!("dns proxy (tcp) stopped: {e}");
         }
     });

@@ -51,7 +51,13 @@ fn any(v6: bool, port: u16) -> SocketAddr {
 /// The UDP listener at `0.0.0.0:port` (or `[::]:port`): each datagram comes with its
 /// original destination.
 pub fn udp_listener(v6: bool, port: u16) -> io::Result<tokio::net::UdpSocket> {
-    let addr = any(v6, port);
+    udp_listener_at(any(v6, port))
+}
+
+/// A transparent UDP listener at `addr` (a resolver's own address and port, not a local
+/// one), each datagram with its original destination as from [`udp_listener`].
+pub fn udp_listener_at(addr: SocketAddr) -> io::Result<tokio::net::UdpSocket> {
+    let v6 = addr.is_ipv6();
     let fd = transparent(SockType::Datagram, addr)?;
     if v6 {
         setsockopt(&fd, sockopt::Ipv6OrigDstAddr, &true)?;
@@ -76,11 +82,21 @@ const LISTENER_RCVBUF: usize = 4 << 20;
 /// The TCP listener at `0.0.0.0:port` (or `[::]:port`): an accepted connection's local
 /// address is the server the pod connected to.
 pub fn tcp_listener(v6: bool, port: u16, backlog: i32) -> io::Result<tokio::net::TcpListener> {
-    let addr = any(v6, port);
+    tcp_listener_at(any(v6, port), backlog)
+}
+
+/// A transparent TCP listener at `addr` (see [`udp_listener_at`]).
+pub fn tcp_listener_at(addr: SocketAddr, backlog: i32) -> io::Result<tokio::net::TcpListener> {
     let fd = transparent(SockType::Stream, addr)?;
     bind_to(&fd, addr)?;
     listen(&fd, Backlog::new(backlog).map_err(io::Error::from)?)?;
     tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd))
+}
+
+/// Whether `addr` is one of the node's own addresses (a plain, non-transparent bind to it
+/// works): a listener there would take the port from the node's own DNS server.
+pub fn is_local(addr: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((addr, 0)).is_ok()
 }
 
 /// A UDP socket bound to `server` (not a local address: IP_TRANSPARENT allows it), for

@@ -2,7 +2,8 @@
 //! connection gets its own connection to the server, and every length-prefixed answer on it
 //! is held until learned before it is written back.
 
-use super::fair::PerPod;
+use super::answer;
+use super::fair::Shares;
 use super::hold::Holder;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,41 +14,71 @@ use tokio::sync::Semaphore;
 pub struct Limits {
     /// Connections proxied at once; more are closed at once.
     pub connections: usize,
-    /// Of those, one pod's at most.
-    pub per_pod: usize,
+    /// Of those, one namespace's at most (all its pods together).
+    pub per_namespace: usize,
     /// How long to wait for the server (connect, and each answer).
     pub upstream_timeout: Duration,
     /// How long a connection may sit without a query.
     pub idle_timeout: Duration,
 }
 
-pub async fn serve(listener: TcpListener, holder: Holder, limits: Limits) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.connections));
-    let fair = PerPod::new(limits.per_pod);
-    let limits = Arc::new(limits);
-    loop {
-        let (pod_conn, pod) = match listener.accept().await {
-            Ok(c) => c,
-            Err(_) => {
+/// The TCP side of the proxy: the slots and shares every TCP listener draws from.
+#[derive(Clone)]
+pub struct TcpProxy {
+    holder: Holder,
+    slots: Arc<Semaphore>,
+    fair: Shares<Arc<str>>,
+    limits: Arc<Limits>,
+}
+
+impl TcpProxy {
+    pub fn new(holder: Holder, limits: Limits) -> TcpProxy {
+        TcpProxy {
+            holder,
+            slots: Arc::new(Semaphore::new(limits.connections)),
+            fair: Shares::new(limits.per_namespace),
+            limits: Arc::new(limits),
+        }
+    }
+
+    /// Serves the listener until it fails.
+    pub async fn serve(&self, listener: TcpListener) -> std::io::Result<()> {
+        let holder = &self.holder;
+        loop {
+            let (pod_conn, pod) = match listener.accept().await {
+                Ok(c) => c,
+                Err(_) => {
+                    holder.metrics().error("tcp");
+                    continue;
+                }
+            };
+            // With tproxy (or a listener at the resolver's address) the accepted socket's
+            // local address is the server the pod connected to.
+            let Ok(server) = pod_conn.local_addr() else {
                 holder.metrics().error("tcp");
                 continue;
-            }
-        };
-        let Some(share) = fair.try_acquire(pod.ip()) else {
-            holder.metrics().error("overload");
-            continue;
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            holder.metrics().error("overload");
-            continue;
-        };
-        let (holder, limits) = (holder.clone(), limits.clone());
-        tokio::spawn(async move {
-            let _slot = (slot, share);
-            if let Err(reason) = connection(&holder, pod_conn, pod.ip(), &limits).await {
-                holder.metrics().error(reason);
-            }
-        });
+            };
+            let Some(tenant) = holder.tenant(pod.ip(), server.ip()) else {
+                holder.metrics().error("untrusted");
+                continue;
+            };
+            let Some(share) = self.fair.try_acquire(tenant) else {
+                holder.metrics().error("overload");
+                continue;
+            };
+            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                holder.metrics().error("overload");
+                continue;
+            };
+            let (holder, limits) = (holder.clone(), self.limits.clone());
+            tokio::spawn(async move {
+                let _slot = (slot, share);
+                if let Err(reason) = connection(&holder, pod_conn, pod.ip(), server, &limits).await
+                {
+                    holder.metrics().error(reason);
+                }
+            });
+        }
     }
 }
 
@@ -55,10 +86,9 @@ async fn connection(
     holder: &Holder,
     mut pod_conn: TcpStream,
     pod: std::net::IpAddr,
+    server: std::net::SocketAddr,
     limits: &Limits,
 ) -> Result<(), &'static str> {
-    // With tproxy the accepted socket's local address is the server the pod connected to.
-    let server = pod_conn.local_addr().map_err(|_| "tcp")?;
     let mut upstream = tokio::time::timeout(limits.upstream_timeout, TcpStream::connect(server))
         .await
         .map_err(|_| "upstream_timeout")?
@@ -70,18 +100,26 @@ async fn connection(
                 // The pod closed, went idle, or sent a broken frame: done.
                 _ => return Ok(()),
             };
-        if !super::answer::is_query(&query) {
+        if !answer::is_query(&query) {
             return Err("malformed");
         }
-        write_message(&mut upstream, &query)
+        // A fresh ID upstream, the pod's own back (as on the UDP path).
+        let id = answer::fresh_id().ok_or("random")?;
+        let mut upstream_query = query.clone();
+        answer::set_id(&mut upstream_query, id);
+        write_message(&mut upstream, &upstream_query)
             .await
             .map_err(|_| "upstream")?;
-        let answer = tokio::time::timeout(limits.upstream_timeout, read_message(&mut upstream))
+        let mut answer = tokio::time::timeout(limits.upstream_timeout, read_message(&mut upstream))
             .await
             .map_err(|_| "upstream_timeout")?
             .map_err(|_| "upstream")?
             .ok_or("upstream")?;
-        holder.hold(pod, &answer).await;
+        if answer::id(&answer) != id || !answer::answers_question(&query, &answer) {
+            return Err("mismatch");
+        }
+        answer::set_id(&mut answer, answer::id(&query));
+        holder.hold(pod, server.ip(), &answer).await;
         write_message(&mut pod_conn, &answer)
             .await
             .map_err(|_| "reply")?;

@@ -101,6 +101,8 @@ pub struct FirewallMemory {
     /// Each namespace's part with the inputs it was built from: a namespace whose inputs did
     /// not change keeps its part (the same `Arc`, which the diff skips).
     built: BTreeMap<String, Built>,
+    /// The trusted resolvers as last planned ([`steer::trusted_resolvers`]).
+    resolvers: BTreeSet<IpAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -136,6 +138,8 @@ impl Feature for Firewall {
             &mut out.ruleset,
         );
         out.statuses.extend(statuses);
+        let mut memory = memory;
+        memory.resolvers = steer::trusted_resolvers(inputs.snapshot, &inputs.config.dns_proxy);
         if let Some(port) = inputs.config.dns_proxy.port {
             let learning = learning::learning(&memory);
             steer::plan(&learning, port, &mut out.ruleset, &mut out.net);
@@ -189,6 +193,7 @@ fn plan(
     let memory = FirewallMemory {
         validated: outcome.validated,
         built,
+        resolvers: BTreeSet::new(),
     };
     (outcome.statuses, memory)
 }

@@ -31,6 +31,9 @@ fn dry_run_examples(extra: &[&str]) -> String {
         EXAMPLES,
         "--node-name",
         "worker-1",
+        // Not the host's resolv.conf: the output must not depend on the machine.
+        "--dns-resolvers",
+        "172.30.0.10",
     ];
     args.extend_from_slice(extra);
     let out = agent(&args, &[]);
@@ -152,6 +155,8 @@ fn dry_run_needs_no_privileges() {
             EXAMPLES,
             "--node-name",
             "worker-1",
+            "--dns-resolvers",
+            "172.30.0.10",
         ])
         .output()
         .expect("setpriv (util-linux)");

@@ -9,7 +9,7 @@
 
 use nodeplane::nft::ir::IpFamily;
 use nodeplane::plan::firewall::Names;
-use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup};
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_tcp, send_spoofed_udp};
 use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -29,6 +29,8 @@ struct Topo {
     zone: Zone,
     a1: Pod,
     b1: Pod,
+    /// Namespace `gamma`: no EgressFirewall.
+    g1: Pod,
     dns: DnsServer,
     agent: ManifestAgent,
     _server: Server,
@@ -41,6 +43,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     let node = lab.add_node("node");
     let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
+    let g1 = lab.add_pod(&node, "g1", &["10.128.0.9", "fd01::9"]);
     let ext = lab.add_uplink_host(&node, "ext");
     ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
     lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
@@ -50,7 +53,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     let resolv = agent.dir().join("resolv.conf.txt");
     std::fs::write(
         &resolv,
-        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
+        "nameserver 192.168.1.100\nnameserver fd00:1::100\noptions timeout:1 attempts:1\n",
     )
     .unwrap();
     let pods = [
@@ -61,6 +64,10 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
         objects::pod("beta", "b1")
             .on(NODE)
             .ips(&b1.addrs)
+            .to_string(),
+        objects::pod("gamma", "g1")
+            .on(NODE)
+            .ips(&g1.addrs)
             .to_string(),
     ];
     agent.write("pods.yaml", &pods.join("---\n"));
@@ -79,6 +86,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
         zone,
         a1,
         b1,
+        g1,
         dns,
         agent,
         _server: server,
@@ -93,7 +101,16 @@ impl Topo {
         args.extend_from_slice(extra);
         let agent = self.agent.spawn(&args);
         // Up once the steering is in and the proxy listens: a1's queries come from the node.
+        // (The steering set first: the agent's own resolution of exact names also asks
+        // from the node, before its first sync.)
         eventually(Duration::from_secs(15), || {
+            let steered = self
+                .node
+                .nft(&["list", "set", "inet", "nodeplane", "fw-dns-pods-v4"])
+                .unwrap_or_default();
+            if !steered.contains(&self.a1.ip().to_string()) {
+                return Err(format!("a1 not steered yet: {steered}"));
+            }
             let _ = self.dns.take_sources();
             lookup(&self.a1.ns, dns(), "probe.example.com", LOOKUP)?;
             let sources = self.dns.take_sources();
@@ -455,5 +472,430 @@ fn a_namespace_without_dns_names_never_goes_through_the_proxy() {
         "{steered}"
     );
     let (status, logs) = agent.stop();
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// A DNS server a pod picked (not one of the node's resolvers), on the external host.
+const ROGUE: &str = "198.18.200.53:53";
+
+fn rogue(t: &Topo, zone: Zone) -> DnsServer {
+    DnsServer::start(&t.ext, ROGUE.parse().unwrap(), zone)
+}
+
+#[test]
+fn an_answer_from_a_server_the_pod_picked_is_never_learned() {
+    // The namespace lets its pods reach the rogue server (a namespace that allows "DNS
+    // anywhere"): the pod gets its answer, but the answer must not open anything.
+    let t = topo(
+        zone_with(&[("payments.example.com", "198.18.10.10", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{cidrSelector: 198.18.200.53/32}}, ports: [{{protocol: UDP, port: 53}}]}}, \
+              {{type: Allow, to: {{dnsName: payments.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let server = rogue(
+        &t,
+        zone_with(&[("payments.example.com", "198.18.66.66", i32::MAX as u32)]),
+    );
+    let got = lookup(
+        &t.a1.ns,
+        ROGUE.parse().unwrap(),
+        "payments.example.com",
+        LOOKUP,
+    )
+    .expect("the rogue server is allowed, so it answers");
+    assert_eq!(got.addrs, ["198.18.66.66".parse::<Ipv4Addr>().unwrap()]);
+    let sources = server.take_sources();
+    let poisoned = connects(&t.a1, "198.18.66.66".parse().unwrap());
+    let set = learned_elements(&t.node, "payments.example.com");
+    // The real answer (from the node's resolver) still works.
+    let real = resolve_and_connect(&t.a1, "payments.example.com");
+    let (status, logs) = agent.stop();
+    assert!(
+        !poisoned,
+        "the rogue answer was learned ({sources:?} asked it):\n{set}"
+    );
+    assert_eq!(
+        sources,
+        [t.a1.ip()].into(),
+        "the query to the rogue server was proxied"
+    );
+    assert_eq!(real, ("198.18.10.10".parse().unwrap(), true));
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn dns_to_a_server_the_firewall_denies_stays_denied() {
+    let t = topo(
+        zone_with(&[]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let server = rogue(&t, zone_with(&[("tunnel.example.org", "198.18.77.77", 30)]));
+    let rogue_addr: SocketAddr = ROGUE.parse().unwrap();
+    let udp = lookup(&t.a1.ns, rogue_addr, "tunnel.example.org", LOOKUP);
+    let tcp = lookup_tcp(&t.a1.ns, rogue_addr, "tunnel.example.org", LOOKUP);
+    let sources = server.take_sources();
+    let (status, logs) = agent.stop();
+    assert!(
+        udp.is_err(),
+        "UDP DNS to a denied address got through: {udp:?} ({sources:?})"
+    );
+    assert!(
+        tcp.is_err(),
+        "TCP DNS to a denied address got through: {tcp:?} ({sources:?})"
+    );
+    assert!(
+        sources.is_empty(),
+        "the rogue server was asked by {sources:?}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+#[test]
+fn a_pods_own_port_53_traffic_to_a_pod_meets_that_pods_network_policy() {
+    let t = topo(
+        zone_with(&[]),
+        &format!("[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}]"),
+    );
+    // g1 serves DNS and admits nobody (ingress isolated, no rule).
+    let policy = objects::network_policy("gamma", "deny", "  podSelector: {}\n  ingress: []\n");
+    t.agent.write("np-gamma.yaml", &policy.to_string());
+    let g1_dns: SocketAddr = "10.128.0.9:53".parse().unwrap();
+    let isolated = DnsServer::start(
+        &t.g1.ns,
+        g1_dns,
+        zone_with(&[("x.example.com", "198.18.11.1", 30)]),
+    );
+    let agent = t.spawn(&[]);
+    let got = lookup(&t.a1.ns, g1_dns, "x.example.com", LOOKUP);
+    let sources = isolated.take_sources();
+    let (status, logs) = agent.stop();
+    assert!(
+        got.is_err(),
+        "the isolated pod answered ({sources:?} asked it): {got:?}"
+    );
+    assert!(
+        sources.is_empty(),
+        "the isolated pod was reached by {sources:?}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// Elements of a learned set listing (each has an `expires`).
+fn element_count(listing: &str) -> usize {
+    listing.matches(" expires ").count()
+}
+
+#[test]
+fn learning_is_bounded_per_name_and_per_namespace() {
+    // 60 names of 120 addresses each (one answer each, under the lab client's 4 KiB): 7,200 offered.
+    let mut zone = Zone::default();
+    for i in 0..60u32 {
+        let addrs = (1..=120u32)
+            .map(|j| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 100, 0)) + i * 256 + j))
+            .collect();
+        zone.fixed.insert(format!("n{i}.example.com"), (addrs, 300));
+    }
+    let t = topo(
+        zone,
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    let agent = t.spawn(&[]);
+    let got = lookup(&t.a1.ns, dns(), "n0.example.com", LOOKUP).expect("lookup n0");
+    assert_eq!(got.addrs.len(), 120, "the pod gets the whole answer");
+    let after_one = element_count(&learned_elements(&t.node, "*.example.com"));
+    for i in 1..60 {
+        lookup(&t.a1.ns, dns(), &format!("n{i}.example.com"), LOOKUP).expect("lookup");
+    }
+    let after_all = element_count(&learned_elements(&t.node, "*.example.com"));
+    // The newest name is allowed; the oldest went first.
+    let newest = connects(&t.a1, Ipv4Addr::new(198, 18, 159, 1));
+    let (status, logs) = agent.stop();
+    assert!(
+        after_one <= 50,
+        "one name learned {after_one} addresses (cap 50)"
+    );
+    assert!(
+        after_all <= 2000,
+        "one namespace learned {after_all} addresses (cap 2000)"
+    );
+    assert!(
+        after_all >= 1000,
+        "only {after_all} learned: the newest names must be kept"
+    );
+    assert!(newest, "the newest name's first address is not allowed");
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// A pod on a Linux bridge (`br0`, 10.128.5.0/24, as bridge CNIs attach them) in namespace
+/// `alpha`, with the same external host as [`topo`].
+#[test]
+fn bridged_pods_are_steered_with_and_without_br_netfilter() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    node.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+    node.run(&["ip", "link", "set", "br0", "up"]);
+    node.run(&["ip", "addr", "add", "10.128.5.1/24", "dev", "br0"]);
+    let pod = lab.add_host("pod-p");
+    node.run(&[
+        "ip",
+        "link",
+        "add",
+        "vethp",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        pod.name(),
+    ]);
+    node.run(&["ip", "link", "set", "vethp", "master", "br0", "up"]);
+    pod.run(&["ip", "addr", "add", "10.128.5.2/24", "dev", "eth0"]);
+    pod.run(&["ip", "link", "set", "eth0", "up"]);
+    pod.run(&["ip", "route", "add", "default", "via", "10.128.5.1"]);
+    let ext = lab.add_uplink_host(&node, "ext");
+    ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
+    lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
+    let _server = ext.tcp_server("0.0.0.0:80", "ext");
+    let mut zone = Zone::default();
+    zone.rotating.insert(
+        "br.example.com".into(),
+        ("198.18.12.1".parse().unwrap(), 30),
+    );
+    let server = DnsServer::start(&ext, dns(), zone);
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let resolv = agent.dir().join("resolv.conf.txt");
+    std::fs::write(
+        &resolv,
+        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    agent.write(
+        "pods.yaml",
+        &objects::pod("alpha", "p")
+            .on(NODE)
+            .ips(&["10.128.5.2"])
+            .to_string(),
+    );
+    agent.write(
+        "fw-alpha.yaml",
+        &objects::egress_firewall(
+            "alpha",
+            &format!(
+                "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+            ),
+        )
+        .to_string(),
+    );
+    let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    let mut failures = Vec::new();
+    for on in [false, true, false] {
+        let v = if on { "1" } else { "0" };
+        node.sysctl("net.bridge.bridge-nf-call-iptables", v);
+        // Steered once the queries come from the node (the agent may still be starting).
+        let mut last: String;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let steered = loop {
+            let _ = server.take_sources();
+            let got = lookup(&pod, dns(), "br.example.com", LOOKUP);
+            let sources = server.take_sources();
+            last = format!("{got:?} from {sources:?}");
+            if got.is_ok() && sources.contains(&node_ip()) {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if !steered {
+            failures.push(format!("br_netfilter {on}: UDP not steered: {last}"));
+            continue;
+        }
+        for tcp in [false, true] {
+            let got = if tcp {
+                lookup_tcp(&pod, dns(), "br.example.com", LOOKUP)
+            } else {
+                lookup(&pod, dns(), "br.example.com", LOOKUP)
+            };
+            match got {
+                Ok(l) => {
+                    let addr = l.addrs[0];
+                    if !pod.tcp_connect(format!("{addr}:80"), CONNECT).is_reply() {
+                        failures.push(format!("br_netfilter {on}, tcp {tcp}: {addr} not allowed"));
+                    }
+                }
+                Err(e) => failures.push(format!("br_netfilter {on}, tcp {tcp}: lookup: {e}")),
+            }
+        }
+    }
+    let (status, logs) = running.stop();
+    assert!(failures.is_empty(), "{failures:#?}\n{logs}");
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// Seven pods of one tenant flood a trusted resolver that never answers (each query holds a
+/// slot until the upstream timeout); another tenant's lookups must keep working.
+#[test]
+fn one_tenants_flood_does_not_take_another_tenants_lookups() {
+    const FLOODERS: usize = 7;
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let victim = lab.add_pod(&node, "v", &["10.128.0.5"]);
+    let flooders: Vec<Pod> = (0..FLOODERS)
+        .map(|i| {
+            let addr = format!("10.128.1.{}", i + 1);
+            lab.add_pod(&node, &format!("f{i}"), &[addr.as_str()])
+        })
+        .collect();
+    let ext = lab.add_uplink_host(&node, "ext");
+    // 192.168.1.222 is routed to the external host, which does not forward: silence.
+    lab.add_route(&node, "192.168.1.222/32", "192.168.1.100");
+    let server = DnsServer::start(
+        &ext,
+        dns(),
+        zone_with(&[("v.example.com", "198.18.13.1", 30)]),
+    );
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    // Both servers are the node's resolvers (so the silent one is trusted too).
+    let resolv = agent.dir().join("resolv.conf.txt");
+    std::fs::write(
+        &resolv,
+        "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    let mut pods = vec![
+        objects::pod("alpha", "v")
+            .on(NODE)
+            .ips(&victim.addrs)
+            .to_string(),
+    ];
+    for (i, f) in flooders.iter().enumerate() {
+        pods.push(
+            objects::pod("flood", &format!("f{i}"))
+                .on(NODE)
+                .ips(&f.addrs)
+                .to_string(),
+        );
+    }
+    agent.write("pods.yaml", &pods.join("---\n"));
+    for ns in ["alpha", "flood"] {
+        agent.write(
+            &format!("fw-{ns}.yaml"),
+            &objects::egress_firewall(ns, "[{type: Allow, to: {dnsName: '*.example.com'}}]")
+                .to_string(),
+        );
+    }
+    let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    eventually(Duration::from_secs(15), || {
+        let _ = server.take_sources();
+        lookup(&victim.ns, dns(), "v.example.com", LOOKUP)?;
+        let sources = server.take_sources();
+        sources
+            .contains(&node_ip())
+            .then_some(())
+            .ok_or(format!("not proxied: {sources:?}"))
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let floods: Vec<_> = flooders
+        .iter()
+        .map(|f| {
+            let stop = stop.clone();
+            f.ns.spawn(move || {
+                let silent: SocketAddr = "192.168.1.222:53".parse().unwrap();
+                let mut sent = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A fresh source port per query, as a resolver would (up to ~1,000/s).
+                    let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                    let _ = lookup_query(sent).map(|q| sock.send_to(&q, silent));
+                    sent += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                sent
+            })
+        })
+        .collect();
+    // Let the flood fill what it can (its queries wait 5 s for the silent server).
+    std::thread::sleep(Duration::from_secs(3));
+    let results: Vec<Result<_, String>> = (0..10)
+        .map(|_| lookup(&victim.ns, dns(), "v.example.com", LOOKUP))
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent: u32 = floods.into_iter().map(|t| t.join().unwrap()).sum();
+    let (status, logs) = running.stop();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    assert_eq!(
+        failed, 0,
+        "{failed} of 10 lookups failed under a flood of {sent} queries: {results:?}"
+    );
+    assert!(
+        sent > 1000,
+        "the flood was too small to prove anything: {sent}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// A one-question A query for `q<n>.example.com` (what the flooders send).
+fn lookup_query(n: u32) -> Option<Vec<u8>> {
+    Some(question(&format!("q{n}.example.com"), n as u16))
+}
+
+/// A one-question A query for `name`.
+fn question(name: &str, id: u16) -> Vec<u8> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut q = Message::query();
+    q.metadata.id = id;
+    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
+    q.add_query(Query::query(name, RecordType::A));
+    q.to_vec().expect("encodes")
+}
+
+#[test]
+fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
+    let t = topo(
+        zone_with(&[("payments.example.com", "198.18.10.10", 30)]),
+        &format!(
+            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: payments.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+        ),
+    );
+    // No reverse-path filter on the node (many CNIs run loose or none; pods on one bridge
+    // pass it anyway), so the forged source gets through.
+    t.node.sysctl("net.ipv4.conf.all.rp_filter", "0");
+    let veth = format!("net.ipv4.conf.{}.rp_filter", t.g1.host_iface);
+    t.node.sysctl(&veth, "0");
+    let agent = t.spawn(&[]);
+    let server = rogue(
+        &t,
+        zone_with(&[("payments.example.com", "198.18.66.66", 3600)]),
+    );
+    // g1 (no EgressFirewall) asks the rogue server with a1's source address, again and
+    // again for a second (a forged datagram may meet a cold neighbour cache).
+    let query = question("payments.example.com", 7);
+    let (a1, rogue_addr) = ("10.128.0.5:40000".parse().unwrap(), ROGUE.parse().unwrap());
+    for _ in 0..10 {
+        send_spoofed_udp(&t.g1.ns, a1, rogue_addr, &query).expect("raw send");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let served = server.served();
+    let sources = server.take_sources();
+    let set = learned_elements(&t.node, "payments.example.com");
+    let poisoned = connects(&t.a1, "198.18.66.66".parse().unwrap());
+    let (status, logs) = agent.stop();
+    // Unproxied, the forged packet meets alpha's own EgressFirewall (it has a1's source),
+    // which denies the rogue server: it may well never get there.
+    eprintln!("the rogue server answered {served} forged queries");
+    assert!(
+        !poisoned,
+        "alpha learned the rogue answer ({sources:?} asked it):\n{set}"
+    );
+    assert!(!set.contains("198.18.66.66"), "{set}");
     assert!(status.success(), "{status}:\n{logs}");
 }

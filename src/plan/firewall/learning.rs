@@ -1,19 +1,21 @@
 //! What the DNS proxy learns, derived from the firewalls in force: for each local pod of a
 //! namespace with `dnsName` rules, the names to watch for in the answers it receives and the
 //! learned sets their addresses go to. These pods are also the ones whose DNS is steered to
-//! the proxy; every other pod's DNS never touches the agent.
+//! the proxy (to the trusted resolvers only); every other pod's DNS never touches the agent.
 
 use super::{FirewallMemory, Names};
 use crate::api::egress_firewall::Destination;
 use crate::api::validate::dns_name_matches;
 use crate::nft::ir::IpFamily;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 /// One `dnsName` of a namespace: its pattern (exact name or `*.suffix`) and learned sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
+    /// The namespace whose rule this is (its learned addresses count against its cap).
+    pub namespace: Arc<str>,
     pub pattern: String,
     pub set_v4: String,
     pub set_v6: String,
@@ -28,10 +30,12 @@ impl Target {
     }
 }
 
-/// Local pod address -> the targets of its namespace (shared by the namespace's pods).
+/// Local pod address -> the targets of its namespace (shared by the namespace's pods), and
+/// the resolvers whose answers teach.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Learning {
     by_pod: BTreeMap<IpAddr, Arc<Vec<Target>>>,
+    resolvers: BTreeSet<IpAddr>,
 }
 
 impl Learning {
@@ -42,6 +46,20 @@ impl Learning {
             .into_iter()
             .flat_map(|t| t.iter())
             .filter(move |t| dns_name_matches(&t.pattern, name))
+    }
+
+    /// The namespace of a steered pod.
+    pub fn namespace(&self, pod: IpAddr) -> Option<&Arc<str>> {
+        self.by_pod.get(&pod)?.first().map(|t| &t.namespace)
+    }
+
+    /// The trusted resolvers: the only servers pod DNS is steered to and learned from.
+    pub fn resolvers(&self) -> &BTreeSet<IpAddr> {
+        &self.resolvers
+    }
+
+    pub fn is_trusted(&self, server: IpAddr) -> bool {
+        self.resolvers.contains(&server)
     }
 
     /// Every target of `pod`'s namespace.
@@ -65,12 +83,14 @@ pub fn learning(memory: &FirewallMemory) -> Learning {
     for built in memory.built.values() {
         let fw = &built.inputs.firewall;
         let names = Names::new(&fw.namespace);
+        let namespace: Arc<str> = fw.namespace.as_str().into();
         let mut targets: Vec<Target> = Vec::new();
         for rule in &fw.rules {
             if let Destination::Dns(pattern) = &rule.dest
                 && !targets.iter().any(|t| &t.pattern == pattern)
             {
                 targets.push(Target {
+                    namespace: namespace.clone(),
                     pattern: pattern.clone(),
                     set_v4: names.learned_set(pattern, IpFamily::V4),
                     set_v6: names.learned_set(pattern, IpFamily::V6),
@@ -85,5 +105,8 @@ pub fn learning(memory: &FirewallMemory) -> Learning {
             by_pod.insert(*pod, targets.clone());
         }
     }
-    Learning { by_pod }
+    Learning {
+        by_pod,
+        resolvers: memory.resolvers.clone(),
+    }
 }

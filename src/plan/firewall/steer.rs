@@ -2,20 +2,33 @@
 //! EgressFirewall has `dnsName` rules (and only those).
 //!
 //! `fw-dns-steer` (filter, prerouting, mangle priority) holds, per family and protocol,
-//! `ip saddr @fw-dns-pods-v4 meta l4proto udp th dport 53 tproxy ip to :PORT meta mark set
-//! meta mark or MARK accept`. The kernel hands such a packet to the transparent socket at
+//! `ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta l4proto udp th dport 53
+//! tproxy ip to :PORT meta mark set meta mark or MARK accept`. Only DNS to a trusted resolver
+//! ([`trusted_resolvers`]) is steered: DNS to any other address is ordinary traffic that the
+//! EgressFirewall and NetworkPolicy judge, and a server a pod picks never teaches anything. The kernel hands such a packet to the transparent socket at
 //! PORT *if one exists*; otherwise the `tproxy` expression ends the rule without a match and
 //! the packet goes to its server unchanged. So while the agent is absent (restarting, crashed)
 //! pod DNS goes direct without any rule change. The mark selects the `ip rule` whose table
 //! has `local default dev lo`, which delivers the steered packet to the local socket.
 
 use super::learning::Learning;
+use crate::config::DnsProxySettings;
 use crate::net::{Family, NetDesired, NextHop, RouteSpec, RuleSpec};
 use crate::nft::ir::*;
+use crate::snapshot::Snapshot;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 pub const CHAIN: &str = "fw-dns-steer";
 pub const PODS_V4: &str = "fw-dns-pods-v4";
 pub const PODS_V6: &str = "fw-dns-pods-v6";
+pub const RESOLVERS_V4: &str = "fw-dns-resolvers-v4";
+pub const RESOLVERS_V6: &str = "fw-dns-resolvers-v6";
+/// The cluster DNS Services (upstream, then OpenShift) whose ClusterIPs are trusted by default.
+pub const CLUSTER_DNS: [(&str, &str); 2] = [
+    ("kube-system", "kube-dns"),
+    ("openshift-dns", "dns-default"),
+];
 /// The mark bit of steered packets (EgressIP uses 0x00ff0000, services 0x4000).
 pub const MARK: u32 = 0x0100_0000;
 /// The routing table with the local default route, and its `ip rule` priority (before the
@@ -23,6 +36,29 @@ pub const MARK: u32 = 0x0100_0000;
 pub const ROUTE_TABLE: u32 = 7053;
 pub const RULE_PRIORITY: u32 = 7053;
 const DNS_PORT: u16 = 53;
+
+/// The resolvers whose answers are learned: `--dns-resolvers` when given, else the cluster
+/// DNS Services' ClusterIPs and the nameservers of `--resolv-conf`.
+pub fn trusted_resolvers(snapshot: &Snapshot, settings: &DnsProxySettings) -> BTreeSet<IpAddr> {
+    if !settings.resolvers.is_empty() {
+        return settings.resolvers.iter().copied().collect();
+    }
+    let mut out: BTreeSet<IpAddr> = settings.resolv_conf_nameservers.iter().copied().collect();
+    for (ns, name) in CLUSTER_DNS {
+        let Some(svc) = snapshot.service(ns, name) else {
+            continue;
+        };
+        let spec = svc.spec.as_ref();
+        let ips = spec.and_then(|s| s.cluster_ips.clone()).unwrap_or_default();
+        let single = spec.and_then(|s| s.cluster_ip.clone());
+        out.extend(
+            ips.iter()
+                .chain(single.iter())
+                .filter_map(|ip| ip.parse::<IpAddr>().ok()),
+        );
+    }
+    out
+}
 
 /// Adds the steering chain, the pods' sets and the policy routing, when some local pod's
 /// namespace has `dnsName` rules.
@@ -39,22 +75,46 @@ pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut N
             policy: Policy::Accept,
         },
     );
-    for (family, saddr, set, key) in [
-        (IpFamily::V4, Field::Ip4Saddr, PODS_V4, DataType::Ipv4Addr),
-        (IpFamily::V6, Field::Ip6Saddr, PODS_V6, DataType::Ipv6Addr),
+    for (family, saddr, daddr, set, resolvers_set, key) in [
+        (
+            IpFamily::V4,
+            Field::Ip4Saddr,
+            Field::Ip4Daddr,
+            PODS_V4,
+            RESOLVERS_V4,
+            DataType::Ipv4Addr,
+        ),
+        (
+            IpFamily::V6,
+            Field::Ip6Saddr,
+            Field::Ip6Daddr,
+            PODS_V6,
+            RESOLVERS_V6,
+            DataType::Ipv6Addr,
+        ),
     ] {
         let mut pods = Set::new(set, vec![key], SetKind::Set);
         for pod in learning.pods().filter(|p| IpFamily::of(*p) == family) {
             pods.insert(vec![Value::ip(pod).into()]);
         }
-        // A family no steered pod has gets no rules, set or routing.
-        if pods.elements.is_empty() {
+        let mut resolvers = Set::new(resolvers_set, vec![key], SetKind::Set);
+        for r in learning
+            .resolvers()
+            .iter()
+            .filter(|r| IpFamily::of(**r) == family)
+        {
+            resolvers.insert(vec![Value::ip(*r).into()]);
+        }
+        // A family no steered pod or no trusted resolver has gets no rules, set or routing.
+        if pods.elements.is_empty() || resolvers.elements.is_empty() {
             continue;
         }
         table.add_set(pods);
+        table.add_set(resolvers);
         for proto in [libc::IPPROTO_UDP as u8, libc::IPPROTO_TCP as u8] {
             chain.push(Rule::new(vec![
                 Stmt::in_set(vec![saddr], set),
+                Stmt::in_set(vec![daddr], resolvers_set),
                 Stmt::matches(Field::L4Proto, Value::Proto(proto)),
                 Stmt::matches(Field::ThDport, Value::Port(DNS_PORT)),
                 Stmt::Tproxy {

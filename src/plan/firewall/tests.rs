@@ -367,3 +367,63 @@ fn node_selector_takes_every_host_cidrs_address_and_follows_the_annotation() {
     let d3 = run(snapshot().with(bad), &d2.memory, &dns);
     assert!(text(&d3).contains("192.168.50.21 comment \"rule 2"));
 }
+
+#[test]
+fn only_dns_to_the_trusted_resolvers_is_steered() {
+    let kube_dns = objects::service_ips(
+        "kube-dns",
+        &["172.30.0.10", "fd02::a"],
+        "{port: 53, protocol: UDP}",
+    )
+    .in_namespace("kube-system");
+    let rogue = objects::service("dns-default", "172.30.9.9", "{port: 53, protocol: UDP}")
+        .in_namespace("tenant");
+    let snap = Snapshot::builder()
+        .with(fw("web", "[{type: Allow, to: {dnsName: '*.example.com'}}]"))
+        .with(pod_on(NODE, "web", "a", &["10.128.0.5", "fd01::5"]))
+        .with(kube_dns.object())
+        .with(rogue.object());
+    let mut config = Config::for_node(NODE);
+    config.dns_proxy.resolv_conf_nameservers = vec!["192.168.50.1".parse().unwrap()];
+    let d = plan_with_dns(
+        &snap.clone().build(),
+        &config,
+        &Memory::default(),
+        &DnsAnswers::default(),
+    );
+    let flat = d.ruleset.flatten();
+    assert_eq!(
+        elements(&flat, steer::RESOLVERS_V4),
+        ["172.30.0.10", "192.168.50.1"]
+    );
+    assert_eq!(elements(&flat, steer::RESOLVERS_V6), ["fd02::a"]);
+    let rules: Vec<String> = flat.chains[steer::CHAIN]
+        .rules
+        .iter()
+        .map(rule_text)
+        .collect();
+    assert!(
+        rules[0].starts_with("ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta l4proto udp th dport 53 tproxy"),
+        "{rules:#?}"
+    );
+    let learning = learning::learning(&d.memory.firewall);
+    assert!(learning.is_trusted("172.30.0.10".parse().unwrap()));
+    assert!(
+        !learning.is_trusted("172.30.9.9".parse().unwrap()),
+        "a tenant's own Service"
+    );
+    // `--dns-resolvers` replaces the defaults.
+    config.dns_proxy.resolvers = vec!["10.0.0.53".parse().unwrap()];
+    let d = plan_with_dns(
+        &snap.build(),
+        &config,
+        &Memory::default(),
+        &DnsAnswers::default(),
+    );
+    let flat = d.ruleset.flatten();
+    assert_eq!(elements(&flat, steer::RESOLVERS_V4), ["10.0.0.53"]);
+    assert!(
+        !flat.sets.contains_key(steer::RESOLVERS_V6),
+        "no IPv6 resolver, no IPv6 steering"
+    );
+}

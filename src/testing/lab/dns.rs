@@ -198,6 +198,26 @@ pub fn lookup(
 
 /// [`lookup`] from the calling thread's netns.
 pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<Lookup, String> {
+    lookup_with(server, name, timeout, false)
+}
+
+/// [`lookup`] straight over TCP (no UDP attempt first).
+pub fn lookup_tcp(
+    ns: &Ns,
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Lookup, String> {
+    let name = name.to_string();
+    ns.enter(move || lookup_with(server, &name, timeout, true))
+}
+
+fn lookup_with(
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+    tcp_only: bool,
+) -> Result<Lookup, String> {
     let mut q = Message::query();
     q.metadata.message_type = MessageType::Query;
     q.metadata.recursion_desired = true;
@@ -206,6 +226,10 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
         RecordType::A,
     ));
     let bytes = q.to_vec().map_err(|e| e.to_string())?;
+    if tcp_only {
+        let answer = tcp_exchange(server, &bytes, timeout)?;
+        return finish(&q, answer, true);
+    }
     let local = if server.is_ipv6() {
         "[::]:0"
     } else {
@@ -223,13 +247,20 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
     let mut over_tcp = false;
     if answer.metadata.truncation {
         over_tcp = true;
-        let mut conn =
-            TcpStream::connect_timeout(&server, timeout).map_err(|e| format!("tcp: {e}"))?;
-        conn.set_read_timeout(Some(timeout)).unwrap();
-        write_framed(&mut conn, &bytes).map_err(|e| e.to_string())?;
-        let reply = read_framed(&mut conn).ok_or("tcp: no answer")?;
-        answer = Message::from_vec(&reply).map_err(|e| e.to_string())?;
+        answer = tcp_exchange(server, &bytes, timeout)?;
     }
+    finish(&q, answer, over_tcp)
+}
+
+fn tcp_exchange(server: SocketAddr, query: &[u8], timeout: Duration) -> Result<Message, String> {
+    let mut conn = TcpStream::connect_timeout(&server, timeout).map_err(|e| format!("tcp: {e}"))?;
+    conn.set_read_timeout(Some(timeout)).unwrap();
+    write_framed(&mut conn, query).map_err(|e| e.to_string())?;
+    let reply = read_framed(&mut conn).ok_or("tcp: no answer")?;
+    Message::from_vec(&reply).map_err(|e| e.to_string())
+}
+
+fn finish(q: &Message, answer: Message, over_tcp: bool) -> Result<Lookup, String> {
     if answer.metadata.id != q.metadata.id {
         return Err("answer to another query".into());
     }
@@ -242,4 +273,49 @@ pub fn lookup_here(server: SocketAddr, name: &str, timeout: Duration) -> Result<
         })
         .collect();
     Ok(Lookup { addrs, over_tcp })
+}
+
+/// Sends one UDP datagram with a forged IPv4 source (a raw socket with its own IP header, as
+/// a pod with CAP_NET_RAW can) from inside `ns`.
+pub fn send_spoofed_udp(
+    ns: &Ns,
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    use nix::sys::socket::{
+        AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket,
+    };
+    use std::os::fd::AsRawFd;
+    let udp_len = 8 + payload.len();
+    let total = 20 + udp_len;
+    let mut packet = Vec::with_capacity(total);
+    // IPv4 header: version 4, IHL 5, total length, TTL 64, UDP; the kernel fills in the
+    // checksum and the ID of a raw packet with its own header.
+    packet.extend_from_slice(&[0x45, 0]);
+    packet.extend_from_slice(&(total as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0]);
+    packet.extend_from_slice(&src.ip().octets());
+    packet.extend_from_slice(&dst.ip().octets());
+    // UDP header, checksum 0 (none, allowed over IPv4).
+    packet.extend_from_slice(&src.port().to_be_bytes());
+    packet.extend_from_slice(&dst.port().to_be_bytes());
+    packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0]);
+    packet.extend_from_slice(payload);
+    ns.enter(move || {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::Raw,
+        )?;
+        sendto(
+            fd.as_raw_fd(),
+            &packet,
+            &SockaddrIn::from(dst),
+            MsgFlags::empty(),
+        )?;
+        Ok(())
+    })
 }
