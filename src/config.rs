@@ -93,6 +93,8 @@ pub struct Config {
     pub api_watch_timeout: Duration,
     /// Candidate for the cluster's EgressIP assigner (Kubernetes mode).
     pub egress_ip_assigner: bool,
+    /// NetworkPolicy's reverse-path check on forwarded packets (`plan::netpol`).
+    pub pod_source_check: bool,
     /// Namespace of the election Lease.
     pub leader_elect_namespace: String,
     /// Lease duration, renew deadline and retry period of the election.
@@ -147,6 +149,7 @@ impl Config {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
             egress_ip_assigner: true,
+            pod_source_check: true,
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
@@ -345,6 +348,10 @@ impl Config {
                 .egress_ip_assigner
                 .or(file.egress_ip_assigner)
                 .unwrap_or(true),
+            pod_source_check: opts
+                .pod_source_check
+                .or(file.pod_source_check)
+                .unwrap_or(true),
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
@@ -468,6 +475,7 @@ struct FileConfig {
     state_dir: Option<PathBuf>,
     api_watch_timeout_seconds: Option<u64>,
     egress_ip_assigner: Option<bool>,
+    pod_source_check: Option<bool>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,
     leader_elect_renew_deadline: Option<DurationValue>,

@@ -455,6 +455,10 @@ pub enum Field {
     FibDaddrType,
     /// `fib saddr type`: `local` for packets the node itself sends.
     FibSaddrType,
+    /// `fib saddr . iif oif` as a presence test (match with [`Value::Exists`]): whether the
+    /// route back to the source leaves through the interface the packet came in on (a
+    /// strict reverse-path check, whatever the `rp_filter` sysctl says).
+    FibSaddrIifOif,
     /// `numgen random mod N`: a random number in 0..N, for load balancing.
     NumgenRandom(u32),
 }
@@ -473,6 +477,7 @@ impl Field {
             Field::CtState => DataType::CtState,
             Field::CtDirection => DataType::CtDir,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
+            Field::FibSaddrIifOif => DataType::Boolean,
             Field::NumgenRandom(_) => DataType::Integer,
         }
     }
@@ -501,6 +506,8 @@ pub enum DataType {
     /// `ct_dir`: a conntrack direction.
     CtDir,
     AddrType,
+    /// `exists` / `missing`.
+    Boolean,
     Integer,
     Verdict,
 }
@@ -522,6 +529,8 @@ pub enum Value {
     CtDir(CtDir),
     /// A plain 32-bit integer (numgen results).
     Integer(u32),
+    /// `exists` (true) / `missing` (false), for presence tests.
+    Exists(bool),
 }
 
 impl Value {

@@ -188,6 +188,7 @@ pub fn data_type_name(t: DataType) -> &'static str {
         DataType::CtState => "ct_state",
         DataType::CtDir => "ct_dir",
         DataType::AddrType => "fib_addrtype",
+        DataType::Boolean => "boolean",
         DataType::Integer => "integer",
         DataType::Verdict => "verdict",
     }
@@ -382,6 +383,7 @@ pub fn field(f: Field) -> String {
         Field::CtDirection => "ct direction".into(),
         Field::FibDaddrType => "fib daddr type".into(),
         Field::FibSaddrType => "fib saddr type".into(),
+        Field::FibSaddrIifOif => "fib saddr . iif oif".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
     }
 }
@@ -411,6 +413,8 @@ pub fn value(v: &Value) -> String {
         Value::CtDir(CtDir::Original) => "original".into(),
         Value::CtDir(CtDir::Reply) => "reply".into(),
         Value::Integer(i) => i.to_string(),
+        Value::Exists(true) => "exists".into(),
+        Value::Exists(false) => "missing".into(),
     }
 }
 

@@ -97,9 +97,7 @@ fn bridged() -> Bridged {
 }
 
 fn br_netfilter(node: &Ns, on: bool) {
-    let v = if on { "1" } else { "0" };
-    node.sysctl("net.bridge.bridge-nf-call-iptables", v);
-    node.sysctl("net.bridge.bridge-nf-call-ip6tables", v);
+    lab::set_br_netfilter(node, on);
 }
 
 /// Isolates `to` for ingress, allowing only `from` (by podSelector).

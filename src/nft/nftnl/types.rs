@@ -46,6 +46,7 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
         DataType::CtState => (26, 4, ByteOrder::Host),
         DataType::CtDir => (27, 1, ByteOrder::Invalid),
         DataType::AddrType => (38, 4, ByteOrder::Host),
+        DataType::Boolean => (39, 1, ByteOrder::Host),
         DataType::IfName => (41, 16, ByteOrder::Host),
     };
     Ok(TypeInfo { id, len, byteorder })
@@ -116,6 +117,9 @@ pub const NFT_CT_DIRECTION: u32 = 1;
 pub const NFT_CT_MARK: u32 = 3;
 pub const NFTA_FIB_F_SADDR: u32 = 1;
 pub const NFTA_FIB_F_DADDR: u32 = 1 << 1;
+pub const NFTA_FIB_F_IIF: u32 = 1 << 3;
+pub const NFTA_FIB_F_PRESENT: u32 = 1 << 5;
+pub const NFT_FIB_RESULT_OIF: u32 = 1;
 pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 pub const NFT_NG_RANDOM: u32 = 1;
 
@@ -207,6 +211,15 @@ pub fn field_info(f: Field) -> FieldInfo {
             4,
             Host,
         ),
+        // With `present`, the kernel stores one byte: whether there is such a route.
+        Field::FibSaddrIifOif => info(
+            Load::Fib {
+                flags: NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT,
+                result: NFT_FIB_RESULT_OIF,
+            },
+            1,
+            Host,
+        ),
         Field::NumgenRandom(modulus) => info(Load::Numgen { modulus }, 4, Host),
     }
 }
@@ -280,6 +293,7 @@ pub fn value_type(v: &Value) -> DataType {
         Value::AddrType(_) => DataType::AddrType,
         Value::CtDir(_) => DataType::CtDir,
         Value::Integer(_) => DataType::Integer,
+        Value::Exists(_) => DataType::Boolean,
     }
 }
 
@@ -401,6 +415,7 @@ pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), Nft
         Value::AddrType(AddrType::Local) => out.push(&RTN_LOCAL.to_ne_bytes()),
         Value::CtDir(CtDir::Original) => out.push(&[0]),
         Value::CtDir(CtDir::Reply) => out.push(&[1]),
+        Value::Exists(e) => out.push(&[u8::from(*e)]),
     }
     Ok(())
 }

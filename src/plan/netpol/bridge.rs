@@ -86,7 +86,8 @@ pub fn table(parts: &Parts) -> Table {
             },
         ]));
     }
-    add_hooks(&mut t, known);
+    // No fib in the bridge family: a bridged pod's source is not checked here.
+    add_hooks(&mut t, known, None);
     t.add_chain(record);
     t
 }
