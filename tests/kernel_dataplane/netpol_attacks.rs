@@ -2,7 +2,7 @@
 //! (spoofed sources) must not get it past a policy that isolates another pod.
 
 use super::netpol::{cluster, policy};
-use nodeplane::testing::lab::{self, DatagramSink, Ns, eventually};
+use nodeplane::testing::lab::{DatagramSink, Ns, eventually};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -45,14 +45,7 @@ fn a_routed_pod_cannot_spoof_an_allowed_peer() {
     }
     c.apply(&[policy("x", "only-b", ONLY_B_TO_A)]);
     // The check reads back as written: applying again changes nothing.
-    let node = &c.nodes[0];
-    let again = format!(
-        "NODEPLANE_STATE_DIR={} {} {} 2>&1",
-        node.state_dir().display(),
-        lab::agent_bin().display(),
-        c.agents[0].args(&["--once"]).join(" ")
-    );
-    let again = node.run(&["sh", "-c", &again]);
+    let again = c.agents[0].once_logs();
     assert!(again.contains("nft_ops=0"), "{again}");
     let (x_a, x_b) = (&c.pods[0].1, &c.pods[1].1);
     let attackers = [

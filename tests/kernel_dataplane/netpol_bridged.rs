@@ -212,3 +212,28 @@ fn an_established_bridged_connection_survives_a_policy_edit() {
     drop(conn);
     echo.join().unwrap();
 }
+
+/// Without `br_netfilter`: a client the policy allowed, then denies, cannot connect again
+/// from the same source port (the flow set holds its old 4-tuple for an hour; a SYN is
+/// judged by the policies, as conntrack would judge a new connection).
+#[test]
+fn a_denied_client_cannot_reuse_an_old_four_tuple() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    // The bridge table reads back as written (the SYN test included).
+    let again = b.agent.once_logs();
+    assert!(again.contains("nft_ops=0"), "{again}");
+    let dst = SocketAddr::new(b.pods[0].addr, 80);
+    let src = SocketAddr::new(b.pods[1].addr, 40123);
+    let client = &b.pods[1].ns;
+    let first = client.tcp_connect_from_port(src, dst, Duration::from_secs(2));
+    assert!(first.is_reply(), "allowed first: {first:?}");
+    b.agent.write("policies.yaml", &deny_all());
+    b.agent.once(&[]);
+    let again = client.tcp_connect_from_port(src, dst, Duration::from_secs(2));
+    assert!(!again.is_reply(), "denied, same 4-tuple: {again:?}");
+    // A new port is denied too (the policy itself holds).
+    truth(&b, "deny all", |f, t| f == t);
+}

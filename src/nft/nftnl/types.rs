@@ -47,6 +47,7 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
         DataType::CtDir => (27, 1, ByteOrder::Invalid),
         DataType::AddrType => (38, 4, ByteOrder::Host),
         DataType::Boolean => (39, 1, ByteOrder::Host),
+        DataType::TcpFlag => (15, 1, ByteOrder::Big),
         DataType::IfName => (41, 16, ByteOrder::Host),
     };
     Ok(TypeInfo { id, len, byteorder })
@@ -192,6 +193,7 @@ pub fn field_info(f: Field) -> FieldInfo {
                 ..info(Load::Meta(key), 16, Host)
             }
         }
+        Field::TcpFlags => info(th(13), 1, Big),
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
         Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),
@@ -294,6 +296,7 @@ pub fn value_type(v: &Value) -> DataType {
         Value::CtDir(_) => DataType::CtDir,
         Value::Integer(_) => DataType::Integer,
         Value::Exists(_) => DataType::Boolean,
+        Value::TcpFlags(_) => DataType::TcpFlag,
     }
 }
 
@@ -416,6 +419,7 @@ pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), Nft
         Value::CtDir(CtDir::Original) => out.push(&[0]),
         Value::CtDir(CtDir::Reply) => out.push(&[1]),
         Value::Exists(e) => out.push(&[u8::from(*e)]),
+        Value::TcpFlags(f) => out.push(&[*f]),
     }
     Ok(())
 }

@@ -9,8 +9,10 @@
 //! its TCP/UDP/SCTP tuple in both orientations, in a timeout set (`np-flows-v4/v6`), and the
 //! first rule of the other two accepts a packet whose tuple is there: replies of an allowed
 //! connection pass, and so do later packets of it after a policy edit, as with conntrack in
-//! inet, until the flow is idle for [`FLOW_TIMEOUT_SECS`]. Per packet that is one set lookup
-//! and one update more than inet.
+//! inet, until the flow is idle for [`FLOW_TIMEOUT_SECS`]. A TCP SYN (without ACK) is never
+//! accepted by the flow set: like conntrack, which judges a new connection on an old 4-tuple
+//! anew, the policies judge it. Per packet that is one set lookup and one update more than
+//! inet.
 
 use super::{PRIORITY, add_hooks};
 use crate::nft::ir::*;
@@ -64,8 +66,32 @@ pub fn table(parts: &Parts) -> Table {
                 })
                 .with_timeout(FLOW_TIMEOUT_SECS),
         );
+        // A TCP SYN is never let through by the flow set: it opens a connection, and the
+        // policies judge it now (a client denied since cannot reuse an old 4-tuple).
+        let tuple = || Stmt::in_set(vec![saddr, l4, sport, daddr, dport], set);
         known.push(Rule::new(vec![
-            Stmt::in_set(vec![saddr, l4, sport, daddr, dport], set),
+            Stmt::matches(l4, Value::Proto(proto::TCP)),
+            Stmt::Match(Match {
+                key: vec![Field::TcpFlags],
+                op: MatchOp::Masked {
+                    mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
+                    value: Value::TcpFlags(tcp_flags::SYN),
+                    eq: false,
+                },
+            }),
+            tuple(),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
+        known.push(Rule::new(vec![
+            Stmt::Match(Match {
+                key: vec![l4],
+                op: MatchOp::InAnon(
+                    [proto::UDP, proto::SCTP]
+                        .map(|p| vec![KeyPart::Value(Value::Proto(p))])
+                        .to_vec(),
+                ),
+            }),
+            tuple(),
             Stmt::Verdict(Verdict::Accept),
         ]));
         let ports = [proto::TCP, proto::UDP, proto::SCTP]
