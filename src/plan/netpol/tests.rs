@@ -87,6 +87,17 @@ fn the_bridge_table_exists_with_a_policy_shares_its_parts_and_keeps_state_withou
     );
     assert!(text.contains("@np-flows-v4 accept"), "{text}");
     assert!(text.contains("update @np-flows-v6"), "{text}");
+    // A SYN is judged by the policies, never by the flow set.
+    assert!(text.contains("tcp flags & (syn | ack) != syn"), "{text}");
+    // Only flows with an isolated end are recorded.
+    assert!(
+        text.contains("ip saddr . ip saddr @np-self-v4 update"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ip6 daddr . ip6 daddr @np-self-v6 update"),
+        "{text}"
+    );
     // `--dry-run` prints both; `nft -f` loads both.
     nft_check(&format!("{}{text}", render_full(&d.ruleset)));
 }
