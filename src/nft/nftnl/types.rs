@@ -46,7 +46,7 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
         DataType::CtState => (26, 4, ByteOrder::Host),
         DataType::CtDir => (27, 1, ByteOrder::Invalid),
         DataType::AddrType => (38, 4, ByteOrder::Host),
-        DataType::Boolean => (39, 1, ByteOrder::Host),
+        DataType::Boolean => (39, 4, ByteOrder::Host),
         DataType::TcpFlag => (15, 1, ByteOrder::Big),
         DataType::IfName => (41, 16, ByteOrder::Host),
     };
@@ -213,13 +213,14 @@ pub fn field_info(f: Field) -> FieldInfo {
             4,
             Host,
         ),
-        // With `present`, the kernel stores one byte: whether there is such a route.
+        // With `present`, the kernel stores whether there is such a route in the register's
+        // first byte (the rest zeroed); nft compares the whole 4-byte register.
         Field::FibSaddrIifOif => info(
             Load::Fib {
                 flags: NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT,
                 result: NFT_FIB_RESULT_OIF,
             },
-            1,
+            4,
             Host,
         ),
         Field::NumgenRandom(modulus) => info(Load::Numgen { modulus }, 4, Host),
@@ -418,7 +419,7 @@ pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), Nft
         Value::AddrType(AddrType::Local) => out.push(&RTN_LOCAL.to_ne_bytes()),
         Value::CtDir(CtDir::Original) => out.push(&[0]),
         Value::CtDir(CtDir::Reply) => out.push(&[1]),
-        Value::Exists(e) => out.push(&[u8::from(*e)]),
+        Value::Exists(e) => out.push(&u32::from(*e).to_ne_bytes()),
         Value::TcpFlags(f) => out.push(&[*f]),
     }
     Ok(())
