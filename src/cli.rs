@@ -326,6 +326,23 @@ pub struct Opts {
     )]
     pub egress_ip_assigner: Option<bool>,
 
+    /// While a NetworkPolicy is in force, drop forwarded packets whose source address is not
+    /// routed back through the interface they came in on (`fib saddr . iif oif missing`):
+    /// a routed pod cannot send with another pod's address, whatever `rp_filter` says.
+    /// `false` for CNIs that check sources themselves, or nodes with asymmetric routing on
+    /// their uplinks. Default: true.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_POD_SOURCE_CHECK",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub pod_source_check: Option<bool>,
+
     /// Namespace of the election Lease. Default: the POD_NAMESPACE environment variable (the
     /// DaemonSet sets it from the downward API), then `nodeplane`.
     #[arg(

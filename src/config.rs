@@ -108,6 +108,8 @@ pub struct Config {
     pub features: Features,
     /// Candidate for the cluster's EgressIP assigner (Kubernetes mode).
     pub egress_ip_assigner: bool,
+    /// NetworkPolicy's reverse-path check on forwarded packets (`plan::netpol`).
+    pub pod_source_check: bool,
     /// Namespace of the election Lease.
     pub leader_elect_namespace: String,
     /// Lease duration, renew deadline and retry period of the election.
@@ -202,6 +204,7 @@ impl Config {
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
             features: Features::default(),
             egress_ip_assigner: true,
+            pod_source_check: true,
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
@@ -425,6 +428,10 @@ impl Config {
                 .egress_ip_assigner
                 .or(file.egress_ip_assigner)
                 .unwrap_or(true),
+            pod_source_check: opts
+                .pod_source_check
+                .or(file.pod_source_check)
+                .unwrap_or(true),
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
@@ -617,6 +624,7 @@ struct FileConfig {
     features: Option<Vec<String>>,
     disable_features: Option<Vec<String>>,
     egress_ip_assigner: Option<bool>,
+    pod_source_check: Option<bool>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,
     leader_elect_renew_deadline: Option<DurationValue>,

@@ -444,6 +444,9 @@ pub enum Field {
     IifName,
     /// `meta oifname`.
     OifName,
+    /// `tcp flags` (match with [`MatchOp::Masked`] and [`Value::TcpFlags`], after
+    /// `meta l4proto tcp`).
+    TcpFlags,
     /// `ct state` (a bit mask: match with [`MatchOp::AnyFlag`]).
     CtState,
     /// `ct mark`.
@@ -455,6 +458,10 @@ pub enum Field {
     FibDaddrType,
     /// `fib saddr type`: `local` for packets the node itself sends.
     FibSaddrType,
+    /// `fib saddr . iif oif` as a presence test (match with [`Value::Exists`]): whether the
+    /// route back to the source leaves through the interface the packet came in on (a
+    /// strict reverse-path check, whatever the `rp_filter` sysctl says).
+    FibSaddrIifOif,
     /// `numgen random mod N`: a random number in 0..N, for load balancing.
     NumgenRandom(u32),
 }
@@ -473,6 +480,8 @@ impl Field {
             Field::CtState => DataType::CtState,
             Field::CtDirection => DataType::CtDir,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
+            Field::FibSaddrIifOif => DataType::Boolean,
+            Field::TcpFlags => DataType::TcpFlag,
             Field::NumgenRandom(_) => DataType::Integer,
         }
     }
@@ -501,6 +510,10 @@ pub enum DataType {
     /// `ct_dir`: a conntrack direction.
     CtDir,
     AddrType,
+    /// `exists` / `missing`.
+    Boolean,
+    /// `tcp_flag`: a TCP header's flags byte.
+    TcpFlag,
     Integer,
     Verdict,
 }
@@ -522,6 +535,10 @@ pub enum Value {
     CtDir(CtDir),
     /// A plain 32-bit integer (numgen results).
     Integer(u32),
+    /// `exists` (true) / `missing` (false), for presence tests.
+    Exists(bool),
+    /// TCP flags (bits of [`tcp_flags`]).
+    TcpFlags(u8),
 }
 
 impl Value {
@@ -551,6 +568,18 @@ pub mod proto {
     pub const UDP: u8 = 17;
     pub const ICMPV6: u8 = 58;
     pub const SCTP: u8 = 132;
+}
+
+/// TCP header flag bits.
+pub mod tcp_flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+    pub const URG: u8 = 0x20;
+    pub const ECN: u8 = 0x40;
+    pub const CWR: u8 = 0x80;
 }
 
 /// `ct state` bits (kernel NF_CT_STATE_*).
@@ -749,6 +778,8 @@ pub enum MatchOp {
     /// `ct state established,related`: any of the bits is set (`meta mark & BITS != 0` for
     /// other fields).
     AnyFlag(u32),
+    /// `key & mask == value` (`eq`) or `!= value`: a bitmask test of one field.
+    Masked { mask: Value, value: Value, eq: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -188,6 +188,8 @@ pub fn data_type_name(t: DataType) -> &'static str {
         DataType::CtState => "ct_state",
         DataType::CtDir => "ct_dir",
         DataType::AddrType => "fib_addrtype",
+        DataType::Boolean => "boolean",
+        DataType::TcpFlag => "tcp_flag",
         DataType::Integer => "integer",
         DataType::Verdict => "verdict",
     }
@@ -307,6 +309,35 @@ fn match_text(m: &Match) -> String {
             format!("{key} {}", ct_state_names(*bits))
         }
         MatchOp::AnyFlag(bits) => format!("{key} & {bits:#010x} != 0"),
+        MatchOp::Masked { mask, value: v, eq } => {
+            let op = if *eq { "==" } else { "!=" };
+            format!("{key} & {} {op} {}", value(mask), value(v))
+        }
+    }
+}
+
+/// `syn`, or `(syn | ack)` for several flags.
+fn tcp_flag_names(bits: u8) -> String {
+    use crate::nft::ir::tcp_flags::*;
+    const NAMES: [(u8, &str); 8] = [
+        (FIN, "fin"),
+        (SYN, "syn"),
+        (RST, "rst"),
+        (PSH, "psh"),
+        (ACK, "ack"),
+        (URG, "urg"),
+        (ECN, "ecn"),
+        (CWR, "cwr"),
+    ];
+    let names: Vec<&str> = NAMES
+        .iter()
+        .filter(|(bit, _)| bits & bit != 0)
+        .map(|(_, name)| *name)
+        .collect();
+    match names.as_slice() {
+        [] => "0x0".into(),
+        [one] => (*one).into(),
+        many => format!("({})", many.join(" | ")),
     }
 }
 
@@ -387,6 +418,8 @@ pub fn field(f: Field) -> String {
         Field::CtDirection => "ct direction".into(),
         Field::FibDaddrType => "fib daddr type".into(),
         Field::FibSaddrType => "fib saddr type".into(),
+        Field::FibSaddrIifOif => "fib saddr . iif oif".into(),
+        Field::TcpFlags => "tcp flags".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
     }
 }
@@ -416,6 +449,9 @@ pub fn value(v: &Value) -> String {
         Value::CtDir(CtDir::Original) => "original".into(),
         Value::CtDir(CtDir::Reply) => "reply".into(),
         Value::Integer(i) => i.to_string(),
+        Value::Exists(true) => "exists".into(),
+        Value::Exists(false) => "missing".into(),
+        Value::TcpFlags(bits) => tcp_flag_names(*bits),
     }
 }
 

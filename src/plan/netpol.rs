@@ -54,6 +54,9 @@ pub const EGRESS_V6: &str = "np-egress-v6";
 /// DNAT back to itself) crosses forward, and a pod cannot block access to itself.
 pub const SELF_V4: &str = "np-self-v4";
 pub const SELF_V6: &str = "np-self-v6";
+/// Every address of a family (`0.0.0.0/0`, `::/0`): what a rule without peers looks up.
+pub const ANY_V4: &str = "np-any-v4";
+pub const ANY_V6: &str = "np-any-v6";
 /// The part holding the elements of `np-self-v4/v6`.
 const SELF_PART: &str = "np-self";
 
@@ -193,7 +196,8 @@ impl Feature for NetworkPolicies {
         }
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            add_hooks(&mut out.ruleset, vec![established()]);
+            let source_check = inputs.config.pod_source_check.then(source_check);
+            add_hooks(&mut out.ruleset, vec![established()], source_check);
             out.bridge = Some(bridge::table(&parts));
         }
         NetpolMemory {
@@ -285,10 +289,10 @@ fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
     Some(part)
 }
 
-/// The dispatch maps and the base chains that look them up.
 /// The dispatch maps, the self sets and the two base chains; `state` are the rules that
-/// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise).
-fn add_hooks(table: &mut Table, state: Vec<Rule>) {
+/// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise),
+/// after `source_check` in the egress chain (the first chain a pod's packet meets).
+fn add_hooks(table: &mut Table, state: Vec<Rule>, source_check: Option<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -307,6 +311,17 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>) {
         vec![DataType::Ipv6Addr, DataType::Ipv6Addr],
         SetKind::Set,
     ));
+    for (name, any) in [(ANY_V4, "0.0.0.0/0"), (ANY_V6, "::/0")] {
+        let any: ipnet::IpNet = any.parse().expect("a valid prefix");
+        let family = IpFamily::of(any.addr());
+        let mut set =
+            Set::new(name, vec![rules::addr_type(family)], SetKind::Set).with_flags(SetFlags {
+                interval: true,
+                ..Default::default()
+            });
+        set.insert(vec![KeyPart::Prefix(any)]);
+        table.add_set(set);
+    }
     let egress = [(Field::Ip4Saddr, EGRESS_V4), (Field::Ip6Saddr, EGRESS_V6)];
     let ingress = [(Field::Ip4Daddr, INGRESS_V4), (Field::Ip6Daddr, INGRESS_V6)];
     for (name, prio, lookups) in [
@@ -322,6 +337,11 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>) {
                 policy: Policy::Accept,
             },
         );
+        if name == chains::FORWARD_EGRESS
+            && let Some(rule) = &source_check
+        {
+            chain.push(rule.clone());
+        }
         for rule in &state {
             chain.push(rule.clone());
         }
@@ -340,6 +360,24 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>) {
         }
         table.add_chain(chain);
     }
+}
+
+/// The comment on the reverse-path rule: `nft list chain inet nodeplane np-forward-egress`
+/// shows its counter, the packets dropped for a source not their interface's.
+pub const SOURCE_CHECK_COMMENT: &str = "NetworkPolicy: source address not routed via its interface";
+
+/// `fib saddr . iif oif missing counter drop`: a forwarded packet whose source address is not
+/// routed back through the interface it came in on is dropped, whatever `rp_filter` says.
+/// For a routed pod that interface is its veth, whose routes are exactly its addresses: a
+/// pod cannot send with another pod's (or any other) address. First, before conntrack: a
+/// spoofed packet must not pass as a reply either. Inet only: the bridge family has no fib.
+fn source_check() -> Rule {
+    Rule::new(vec![
+        Stmt::matches(Field::FibSaddrIifOif, Value::Exists(false)),
+        Stmt::Counter,
+        Stmt::Verdict(Verdict::Drop),
+    ])
+    .with_comment(SOURCE_CHECK_COMMENT)
 }
 
 /// `ct state established,related accept`.

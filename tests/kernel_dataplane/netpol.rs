@@ -20,10 +20,12 @@
 //! (upstream semantics), traffic from the other node is subject to policy. SCTP is planned and
 //! checked by `nft -c` in the unit tests only: this kernel has no SCTP sockets.
 
+use super::netpol_scenarios::upstream;
 use nodeplane::testing::lab::{
-    self, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server, assert_truth,
-    eventually,
+    self, Bridge, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server,
+    assert_truth, eventually,
 };
+use nodeplane::testing::nft_check::nft_check;
 use nodeplane::testing::objects;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -47,7 +49,21 @@ pub struct Cluster {
     _lab: Lab,
 }
 
+/// How the nodes attach their pods (both nodes alike).
+#[derive(Clone, Copy, Debug)]
+pub enum Topology {
+    /// /32 and /128 routes to each pod's veth.
+    Routed,
+    /// Pods on a Linux bridge `br0` per node (the node's pod subnet on it, the node the
+    /// pods' gateway), with `br_netfilter` on or off.
+    Bridged { br_netfilter: bool },
+}
+
 pub fn cluster() -> Cluster {
+    cluster_on(Topology::Routed)
+}
+
+pub fn cluster_on(topology: Topology) -> Cluster {
     let mut lab = Lab::new();
     let nodes: Vec<Ns> = NODES.iter().map(|n| lab.add_node(n)).collect();
     lab.link(
@@ -60,10 +76,33 @@ pub fn cluster() -> Cluster {
     lab.add_route(&nodes[0], "fd01:1::/64", "fd00:2::2");
     lab.add_route(&nodes[1], "10.128.0.0/24", "192.168.2.1");
     lab.add_route(&nodes[1], "fd01::/64", "fd00:2::1");
+    let bridges: Vec<Option<Bridge>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| match topology {
+            Topology::Routed => None,
+            Topology::Bridged { br_netfilter } => {
+                let subnets = [
+                    ("10.128.0.1/24", "fd01::1/64"),
+                    ("10.128.1.1/24", "fd01:1::1/64"),
+                ];
+                let (v4, v6) = subnets[i];
+                let bridge = lab.add_bridge(node, "br0", &[v4, v6]);
+                lab::set_br_netfilter(node, br_netfilter);
+                Some(bridge)
+            }
+        })
+        .collect();
     let mut pods = Vec::new();
     let mut servers = Vec::new();
     for (ns, name, node, v4, v6, _) in PODS {
-        let pod = lab.add_pod(&nodes[node], &format!("{ns}-{name}"), &[v4, v6]);
+        let role = format!("{ns}-{name}");
+        let pod = match &bridges[node] {
+            None => lab.add_pod(&nodes[node], &role, &[v4, v6]),
+            Some(bridge) => {
+                lab.add_bridged_pod(bridge, &role, &[&format!("{v4}/24"), &format!("{v6}/64")])
+            }
+        };
         let tag = format!("{ns}-{name}");
         servers.push(pod.ns.tcp_server("[::]:80", &tag));
         servers.push(pod.ns.tcp_server("[::]:81", &tag));
@@ -175,7 +214,7 @@ fn always(from: &str, to: &str) -> bool {
 }
 
 /// The node index of a pod (`x/a`) or node name.
-fn node_of(name: &str) -> Option<usize> {
+pub fn node_of(name: &str) -> Option<usize> {
     if let Some(i) = NODES.iter().position(|n| *n == name) {
         return Some(i);
     }
@@ -195,147 +234,48 @@ pub fn in_ns(name: &str, ns: &str) -> bool {
 const DENY_INGRESS: &str = "  podSelector: {}\n  policyTypes: [Ingress]\n";
 const TCP80: Probe = Probe::Tcp(80);
 
+/// The upstream scenarios (`netpol_scenarios`) on `c`, step by step, applied with `--once`.
+fn run_scenarios(c: &Cluster, topology: &str) {
+    for step in upstream() {
+        c.apply(&step.policies);
+        for check in step.checks {
+            let case = format!("{topology}: {}", check.label);
+            c.check(&case, check.family, check.probe, check.allowed);
+        }
+    }
+}
+
 #[test]
 fn truth_tables_same_node_and_cross_node() {
+    run_scenarios(&cluster(), "routed");
+}
+
+#[test]
+fn truth_tables_on_bridged_nodes_without_br_netfilter() {
+    let c = cluster_on(Topology::Bridged {
+        br_netfilter: false,
+    });
+    run_scenarios(&c, "bridged without br_netfilter");
+}
+
+#[test]
+fn truth_tables_on_bridged_nodes_with_br_netfilter() {
+    let c = cluster_on(Topology::Bridged { br_netfilter: true });
+    run_scenarios(&c, "bridged with br_netfilter");
+}
+
+/// What `--dry-run` prints for every step of the upstream scenarios loads with `nft -f`
+/// (both tables: `inet` and `bridge`).
+#[test]
+fn upstream_scenarios_dry_run_rulesets_load_with_nft() {
     let c = cluster();
-    c.apply(&[]);
-    c.check("no policy", 4, TCP80, |_, _| true);
-
-    let deny_x = policy("x", "deny", DENY_INGRESS);
-    c.apply(std::slice::from_ref(&deny_x));
-    c.check("default deny ingress in x", 4, TCP80, |_, to| {
-        !in_ns(to, "x")
-    });
-
-    let allow = |spec: &str| vec![deny_x.clone(), policy("x", "allow", spec)];
-    let to_a = "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n";
-    c.apply(&allow(&format!(
-        "{to_a}  - from: [{{podSelector: {{matchLabels: {{pod: b}}}}}}]\n"
-    )));
-    c.check("podSelector: own namespace only", 4, TCP80, |from, to| {
-        !in_ns(to, "x") || (to == "x/a" && from == "x/b")
-    });
-
-    c.apply(&allow(&format!(
-        "{to_a}  - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}}}]\n"
-    )));
-    c.check("namespaceSelector", 4, TCP80, |from, to| {
-        !in_ns(to, "x") || (to == "x/a" && in_ns(from, "y"))
-    });
-
-    c.apply(&allow(&format!(
-        "{to_a}  - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}, podSelector: {{matchLabels: {{pod: b}}}}}}]\n"
-    )));
-    c.check("namespaceSelector AND podSelector", 4, TCP80, |from, to| {
-        !in_ns(to, "x") || (to == "x/a" && from == "y/b")
-    });
-
-    c.apply(&allow(&format!(
-        "{to_a}  - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}}}, {{podSelector: {{matchLabels: {{pod: b}}}}}}]\n"
-    )));
-    c.check("namespaceSelector OR podSelector", 4, TCP80, |from, to| {
-        !in_ns(to, "x") || (to == "x/a" && (in_ns(from, "y") || from == "x/b"))
-    });
-
-    c.apply(&allow(&format!(
-        "{to_a}  - from: [{{ipBlock: {{cidr: 10.128.0.0/16, except: [10.128.1.0/24]}}}}]\n"
-    )));
-    c.check("ipBlock with except", 4, TCP80, |from, to| {
-        !in_ns(to, "x") || (to == "x/a" && node_of(from) == Some(0) && from != "node-1")
-    });
-
-    // Named port `web`: 80 on x/a, 81 elsewhere, resolved on each selected pod.
-    let web = policy(
-        "x",
-        "allow",
-        "  podSelector: {}\n  ingress: [{ports: [{port: web}]}]\n",
-    );
-    c.apply(&[deny_x.clone(), web]);
-    c.check("named port, port 80", 4, TCP80, |_, to| {
-        !in_ns(to, "x") || to == "x/a"
-    });
-    c.check("named port, port 81", 4, Probe::Tcp(81), |_, to| {
-        to != "x/a"
-    });
-
-    let range = policy(
-        "x",
-        "allow",
-        "  podSelector: {}\n  ingress: [{ports: [{port: 81, endPort: 90}]}]\n",
-    );
-    c.apply(&[deny_x.clone(), range]);
-    c.check("endPort: 80 outside", 4, TCP80, |_, to| !in_ns(to, "x"));
-    c.check("endPort: 81 inside", 4, Probe::Tcp(81), |_, _| true);
-
-    let udp = policy(
-        "x",
-        "allow",
-        "  podSelector: {}\n  ingress: [{ports: [{protocol: UDP, port: 53}]}]\n",
-    );
-    c.apply(&[deny_x.clone(), udp]);
-    c.check("UDP allowed", 4, Probe::Udp(53), |_, _| true);
-    c.check("TCP not", 4, TCP80, |_, to| !in_ns(to, "x"));
-
-    // IPv6, and the union of two policies selecting x/a.
-    let from_b = policy(
-        "x",
-        "from-b",
-        &format!("{to_a}  - from: [{{podSelector: {{matchLabels: {{pod: b}}}}}}]\n"),
-    );
-    let from_y = policy(
-        "x",
-        "from-y",
-        &format!("{to_a}  - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}}}]\n"),
-    );
-    c.apply(&[deny_x.clone(), from_b, from_y]);
-    let union = |from: &str, to: &str| {
-        !in_ns(to, "x") || (to == "x/a" && (from == "x/b" || in_ns(from, "y")))
-    };
-    c.check("union of two policies", 4, TCP80, union);
-    c.check("union of two policies, IPv6", 6, TCP80, union);
-
-    // Egress: y may only reach x/b (replies of connections into y still flow).
-    let egress = policy(
-        "y",
-        "egress",
-        "  podSelector: {}\n  policyTypes: [Egress]\n  egress: [{to: [{namespaceSelector: {matchLabels: {ns: x}}, podSelector: {matchLabels: {pod: b}}}]}]\n",
-    );
-    c.apply(std::slice::from_ref(&egress));
-    c.check(
-        "default deny egress in y but to x/b",
-        4,
-        TCP80,
-        |from, to| !in_ns(from, "y") || to == "x/b",
-    );
-    c.check("egress, IPv6", 6, TCP80, |from, to| {
-        !in_ns(from, "y") || to == "x/b"
-    });
-
-    // Egress named port `web`, resolved on the peer (destination) pod.
-    let egress_web = policy(
-        "y",
-        "egress",
-        "  podSelector: {}\n  policyTypes: [Egress]\n  egress: [{ports: [{port: web}]}]\n",
-    );
-    c.apply(&[egress_web]);
-    c.check("egress named port, port 80", 4, TCP80, |from, to| {
-        !in_ns(from, "y") || to == "x/a"
-    });
-    c.check(
-        "egress named port, port 81",
-        4,
-        Probe::Tcp(81),
-        |from, to| !in_ns(from, "y") || to != "x/a",
-    );
-
-    // Edit (egress now to x/c too), then delete: applied to the running table.
-    let edited = egress.replace("pod: b}", "pod: c}");
-    c.apply(&[edited]);
-    c.check("edited egress policy", 4, TCP80, |from, to| {
-        !in_ns(from, "y") || to == "x/c"
-    });
-    c.apply(&[]);
-    c.check("policy deleted", 4, TCP80, |_, _| true);
+    for (i, step) in upstream().into_iter().enumerate() {
+        c.write(&step.policies);
+        let printed = c.agents[0]
+            .dry_run(&[])
+            .unwrap_or_else(|e| panic!("dry run of step {i}: {e}"));
+        nft_check(&printed);
+    }
 }
 
 #[test]

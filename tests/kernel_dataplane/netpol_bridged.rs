@@ -9,7 +9,8 @@ use nodeplane::testing::lab::{
     self, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Probe, Server, assert_truth, eventually,
 };
 use nodeplane::testing::objects;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 const NODE: &str = "node-1";
@@ -97,9 +98,7 @@ fn bridged() -> Bridged {
 }
 
 fn br_netfilter(node: &Ns, on: bool) {
-    let v = if on { "1" } else { "0" };
-    node.sysctl("net.bridge.bridge-nf-call-iptables", v);
-    node.sysctl("net.bridge.bridge-nf-call-ip6tables", v);
+    lab::set_br_netfilter(node, on);
 }
 
 /// Isolates `to` for ingress, allowing only `from` (by podSelector).
@@ -213,4 +212,96 @@ fn an_established_bridged_connection_survives_a_policy_edit() {
     truth(&b, "deny all, new connections", |f, t| f == t);
     drop(conn);
     echo.join().unwrap();
+}
+
+/// Without `br_netfilter`: a client the policy allowed, then denies, cannot connect again
+/// from the same source port (the flow set holds its old 4-tuple for an hour; a SYN is
+/// judged by the policies, as conntrack would judge a new connection).
+#[test]
+fn a_denied_client_cannot_reuse_an_old_four_tuple() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    // The bridge table reads back as written (the SYN test included).
+    let again = b.agent.once_logs();
+    assert!(again.contains("nft_ops=0"), "{again}");
+    let dst = SocketAddr::new(b.pods[0].addr, 80);
+    let src = SocketAddr::new(b.pods[1].addr, 40123);
+    let client = &b.pods[1].ns;
+    let first = client.tcp_connect_from_port(src, dst, Duration::from_secs(2));
+    assert!(first.is_reply(), "allowed first: {first:?}");
+    b.agent.write("policies.yaml", &deny_all());
+    b.agent.once(&[]);
+    let again = client.tcp_connect_from_port(src, dst, Duration::from_secs(2));
+    assert!(!again.is_reply(), "denied, same 4-tuple: {again:?}");
+    // A new port is denied too (the policy itself holds).
+    truth(&b, "deny all", |f, t| f == t);
+}
+
+/// Without `br_netfilter`: pod c, which no policy selects, floods pod b (not isolated either)
+/// with 1,000,000 UDP datagrams to varying ports while b opens 1,000 connections to a, which
+/// is isolated both ways (only b may connect; no egress allowed, so a's answers pass only as
+/// replies, through the flow set). Traffic between pods no policy isolates is not recorded, so
+/// the flood cannot fill the flow set: every connection succeeds.
+#[test]
+fn a_neighbours_flood_does_not_break_allowed_connections() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    let both_ways = objects::network_policy(
+        "x",
+        "a-both-ways",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress, Egress]\n  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]\n",
+    )
+    .to_string();
+    b.agent.write("policies.yaml", &both_ways);
+    b.agent.once(&[]);
+    let (a, to_b) = (b.pods[0].addr, b.pods[1].addr);
+    let before = b.pods[1].ns.tcp_connect((a, 80), Duration::from_secs(5));
+    assert!(before.is_reply(), "b -> a before the flood: {before:?}");
+    let (sent, done) = (AtomicU64::new(0), AtomicBool::new(false));
+    let failures = std::thread::scope(|s| {
+        let flooder = b.pods[2].ns.clone();
+        let (sent, done) = (&sent, &done);
+        s.spawn(move || {
+            flooder.enter(|| {
+                let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+                // At least a million, and on until the connections are done.
+                for i in 0u32.. {
+                    if i >= 1_000_000 && done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let port = 1024 + (i % 64_000) as u16;
+                    // A full socket buffer only delays the sender.
+                    while socket.send_to(b"x", (to_b, port)).is_err() {
+                        std::thread::yield_now();
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        });
+        // Far more than the flow set holds (65,535) before the first connection.
+        eventually(Duration::from_secs(120), || {
+            let n = sent.load(Ordering::Relaxed);
+            (n >= 200_000).then_some(()).ok_or(format!("{n} sent"))
+        });
+        let client = &b.pods[1].ns;
+        let mut failures = Vec::new();
+        for i in 0..1_000 {
+            let outcome = client.tcp_connect((a, 80), Duration::from_secs(5));
+            if !outcome.is_reply() {
+                failures.push(format!("#{i}: {outcome:?}"));
+                if failures.len() == 3 {
+                    break; // enough to tell, without waiting out a thousand timeouts
+                }
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        failures
+    });
+    assert!(
+        failures.is_empty(),
+        "connections of b to a that failed during c's flood: {failures:?}"
+    );
+    assert!(sent.load(Ordering::Relaxed) >= 1_000_000);
 }

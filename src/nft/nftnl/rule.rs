@@ -318,6 +318,28 @@ impl RuleLowering<'_> {
                 });
                 Ok(())
             }
+            MatchOp::Masked { mask, value, eq } => {
+                let [f] = m.key.as_slice() else {
+                    return Err(encode_err("masked match", "needs one field".into()));
+                };
+                let fields = self.key_fields(&[*f])?;
+                let info = fields[0];
+                let mask = value_bytes(mask, info.key_type)?;
+                let data = value_bytes(value, info.key_type)?;
+                let reg = self.load_key(&fields, false);
+                self.push(Expr::Bitwise {
+                    reg,
+                    xor: vec![0; mask.len()],
+                    mask,
+                    with_op: true,
+                });
+                self.push(Expr::Cmp {
+                    op: if *eq { NFT_CMP_EQ } else { NFT_CMP_NEQ },
+                    sreg: reg,
+                    data,
+                });
+                Ok(())
+            }
             MatchOp::InSet(name) | MatchOp::NotInSet(name) => {
                 let invert = matches!(m.op, MatchOp::NotInSet(_));
                 if m.key == [Field::L4Proto] && !invert {

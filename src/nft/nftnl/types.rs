@@ -46,6 +46,8 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
         DataType::CtState => (26, 4, ByteOrder::Host),
         DataType::CtDir => (27, 1, ByteOrder::Invalid),
         DataType::AddrType => (38, 4, ByteOrder::Host),
+        DataType::Boolean => (39, 4, ByteOrder::Host),
+        DataType::TcpFlag => (15, 1, ByteOrder::Big),
         DataType::IfName => (41, 16, ByteOrder::Host),
     };
     Ok(TypeInfo { id, len, byteorder })
@@ -116,6 +118,9 @@ pub const NFT_CT_DIRECTION: u32 = 1;
 pub const NFT_CT_MARK: u32 = 3;
 pub const NFTA_FIB_F_SADDR: u32 = 1;
 pub const NFTA_FIB_F_DADDR: u32 = 1 << 1;
+pub const NFTA_FIB_F_IIF: u32 = 1 << 3;
+pub const NFTA_FIB_F_PRESENT: u32 = 1 << 5;
+pub const NFT_FIB_RESULT_OIF: u32 = 1;
 pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 pub const NFT_NG_RANDOM: u32 = 1;
 
@@ -188,6 +193,7 @@ pub fn field_info(f: Field) -> FieldInfo {
                 ..info(Load::Meta(key), 16, Host)
             }
         }
+        Field::TcpFlags => info(th(13), 1, Big),
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
         Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),
@@ -203,6 +209,16 @@ pub fn field_info(f: Field) -> FieldInfo {
             Load::Fib {
                 flags: NFTA_FIB_F_SADDR,
                 result: NFT_FIB_RESULT_ADDRTYPE,
+            },
+            4,
+            Host,
+        ),
+        // With `present`, the kernel stores whether there is such a route in the register's
+        // first byte (the rest zeroed); nft compares the whole 4-byte register.
+        Field::FibSaddrIifOif => info(
+            Load::Fib {
+                flags: NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT,
+                result: NFT_FIB_RESULT_OIF,
             },
             4,
             Host,
@@ -280,6 +296,8 @@ pub fn value_type(v: &Value) -> DataType {
         Value::AddrType(_) => DataType::AddrType,
         Value::CtDir(_) => DataType::CtDir,
         Value::Integer(_) => DataType::Integer,
+        Value::Exists(_) => DataType::Boolean,
+        Value::TcpFlags(_) => DataType::TcpFlag,
     }
 }
 
@@ -401,6 +419,8 @@ pub fn write_value(v: &Value, want: DataType, out: &mut Bytes) -> Result<(), Nft
         Value::AddrType(AddrType::Local) => out.push(&RTN_LOCAL.to_ne_bytes()),
         Value::CtDir(CtDir::Original) => out.push(&[0]),
         Value::CtDir(CtDir::Reply) => out.push(&[1]),
+        Value::Exists(e) => out.push(&u32::from(*e).to_ne_bytes()),
+        Value::TcpFlags(f) => out.push(&[*f]),
     }
     Ok(())
 }

@@ -4,8 +4,10 @@
 //! and family whatever the number of pods; pod churn changes set elements only.
 //!
 //! Per policy rule and family:
-//! - `[ip saddr|daddr @peers] [meta l4proto . th dport @ports] accept` for numeric ports
-//!   (ranges, whole protocols) or no port list;
+//! - `ip saddr|daddr @peers [meta l4proto . th dport @ports] accept` for numeric ports
+//!   (ranges, whole protocols) or no port list; a rule without peers looks up
+//!   `np-any-v4/v6` (every address of the family) instead, which works in the inet and the
+//!   bridge table alike;
 //! - `[ip saddr @peers] ip daddr . meta l4proto . th dport @named accept` (ingress) or
 //!   `ip daddr . meta l4proto . th dport @named accept` (egress) for named ports, whose
 //!   elements are resolved per pod: the selected pod's container ports for ingress, the
@@ -89,10 +91,10 @@ pub fn add_direction(
             };
             let no_port_list = numeric.is_none() && named.is_empty();
             if no_port_list || ports_set.is_some() {
-                let mut stmts: Vec<Stmt> = peer_match.iter().cloned().collect();
-                if stmts.is_empty() {
-                    stmts.push(Stmt::matches(Field::NfProto, Value::NfProto(family)));
-                }
+                // No peers: every address of the family. A lookup on the address field,
+                // not `meta nfproto`, which never matches in the bridge family.
+                let any = Stmt::in_set(vec![peer_field], any_addr_set(family));
+                let mut stmts = vec![peer_match.clone().unwrap_or(any)];
                 if let Some(set) = &ports_set {
                     stmts.push(Stmt::in_set(vec![Field::L4Proto, Field::ThDport], set));
                 }
@@ -297,6 +299,15 @@ fn named_set(name: &str, family: IpFamily, named: &[(Protocol, &str)], owners: &
         ]);
     }
     set
+}
+
+/// The set holding every address of `family` (`0.0.0.0/0`, `::/0`; declared with the
+/// dispatch maps).
+pub fn any_addr_set(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => super::ANY_V4,
+        IpFamily::V6 => super::ANY_V6,
+    }
 }
 
 pub fn addr_type(family: IpFamily) -> DataType {

@@ -87,8 +87,42 @@ fn the_bridge_table_exists_with_a_policy_shares_its_parts_and_keeps_state_withou
     );
     assert!(text.contains("@np-flows-v4 accept"), "{text}");
     assert!(text.contains("update @np-flows-v6"), "{text}");
+    // A SYN is judged by the policies, never by the flow set.
+    assert!(text.contains("tcp flags & (syn | ack) != syn"), "{text}");
+    // Only flows with an isolated end are recorded.
+    assert!(
+        text.contains("ip saddr . ip saddr @np-self-v4 update"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ip6 daddr . ip6 daddr @np-self-v6 update"),
+        "{text}"
+    );
     // `--dry-run` prints both; `nft -f` loads both.
     nft_check(&format!("{}{text}", render_full(&d.ruleset)));
+}
+
+/// Rules without peers (`ingress: [{}]`, `ingress: [{ports: ...}]`, `egress: [{}]`) once
+/// compiled to `meta nfproto`, which never matches in a bridge table (its packets' nfproto
+/// is `bridge`) and which `nft -f` refuses there. They look up the any-address sets now.
+#[test]
+fn rules_without_peers_work_in_the_bridge_table() {
+    for spec in [
+        "  podSelector: {}\n  ingress: [{}]\n",
+        "  podSelector: {}\n  ingress: [{ports: [{port: 8080}, {protocol: UDP}]}]\n",
+        "  podSelector: {}\n  policyTypes: [Egress]\n  egress: [{}]\n",
+        "  podSelector: {}\n  policyTypes: [Egress]\n  egress: [{ports: [{port: 53, protocol: UDP}]}]\n",
+    ] {
+        let b = Snapshot::builder()
+            .with(pod("a", "p", &[("app", "p")], &["10.0.0.9", "fd00::9"]))
+            .with(policy("a", "open", spec));
+        let d = run(b, &Memory::default());
+        let bridge = render_full(d.bridge.as_ref().expect("a bridge table"));
+        assert!(!bridge.contains("nfproto"), "{spec}:\n{bridge}");
+        assert!(bridge.contains("@np-any-v4"), "{spec}:\n{bridge}");
+        assert!(bridge.contains("@np-any-v6"), "{spec}:\n{bridge}");
+        nft_check(&format!("{}{bridge}", render_full(&d.ruleset)));
+    }
 }
 
 #[test]

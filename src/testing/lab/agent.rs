@@ -263,6 +263,19 @@ impl ManifestAgent {
             .unwrap_or_else(|e| panic!("agent --once: {e}"))
     }
 
+    /// `agent --once` in the node's namespace, returning its log (stderr) too: e.g. to see
+    /// `nft_ops=0` when the kernel already holds what it plans.
+    pub fn once_logs(&self) -> String {
+        let bin = agent_bin();
+        let command = format!(
+            "NODEPLANE_STATE_DIR={} {} {} 2>&1",
+            self.node.state_dir().display(),
+            bin.display(),
+            self.args(&["--once"]).join(" ")
+        );
+        self.node.run(&["sh", "-c", &command])
+    }
+
     /// `agent --dry-run ...extra` in the node's namespace.
     pub fn dry_run(&self, extra: &[&str]) -> Result<String, CmdError> {
         let mut args = self.args(&["--dry-run"]);

@@ -35,7 +35,7 @@ pub use netns::{
 };
 pub use sandbox::{sandboxed, sandboxed_with};
 pub use stream::{ConnStream, StreamTally};
-pub use topology::{Lab, Link, POD_GW4, POD_GW6, Pod, Segment};
+pub use topology::{Bridge, Lab, Link, POD_GW4, POD_GW6, Pod, Segment, set_br_netfilter};
 pub use traffic::{Outcome, Reply, Server};
 
 /// A sensible default timeout for probes that are expected to succeed.

@@ -40,6 +40,16 @@ impl Pod {
     }
 }
 
+/// A Linux bridge in a node netns with pods on its ports (as bridge CNIs attach them): the
+/// node's addresses on it are the pods' gateways.
+#[derive(Clone, Debug)]
+pub struct Bridge {
+    pub node: Ns,
+    pub name: String,
+    /// The gateway addresses (the node's, without prefix length).
+    pub gateways: Vec<IpAddr>,
+}
+
 /// A shared L2 segment: a bridge device in its own netns.
 #[derive(Clone, Debug)]
 pub struct Segment {
@@ -171,6 +181,59 @@ impl Lab {
         }
     }
 
+    /// A bridge `name` in `node` carrying `cidrs` (e.g. "10.128.0.1/24": the node is the
+    /// gateway of the pods on it).
+    pub fn add_bridge(&mut self, node: &Ns, name: &str, cidrs: &[&str]) -> Bridge {
+        node.run(&["ip", "link", "add", name, "type", "bridge"]);
+        node.run(&["ip", "link", "set", name, "up"]);
+        add_addrs(node, name, cidrs);
+        let gateways = cidrs
+            .iter()
+            .map(|c| {
+                let addr = c.split('/').next().unwrap_or(c);
+                addr.parse()
+                    .unwrap_or_else(|e| panic!("bridge address {c:?}: {e}"))
+            })
+            .collect();
+        Bridge {
+            node: node.clone(),
+            name: name.to_string(),
+            gateways,
+        }
+    }
+
+    /// A pod netns on a port of `bridge`: `cidrs` (address/prefix in the bridge's subnets)
+    /// on `eth0`, default routes via the bridge's gateways. No per-pod routes in the node:
+    /// the bridge's subnet covers the pod.
+    pub fn add_bridged_pod(&mut self, bridge: &Bridge, role: &str, cidrs: &[&str]) -> Pod {
+        let ns = self.add_host(role);
+        let host_iface = self.next_iface(&bridge.node, "veth");
+        veth(&bridge.node, &host_iface, &ns, "eth0");
+        bridge
+            .node
+            .run(&["ip", "link", "set", &host_iface, "master", &bridge.name]);
+        add_addrs(&ns, "eth0", cidrs);
+        for gw in &bridge.gateways {
+            let gw = gw.to_string();
+            ns.run(&["ip", "route", "add", "default", "via", &gw, "dev", "eth0"]);
+        }
+        let addrs = cidrs
+            .iter()
+            .map(|c| {
+                let addr = c.split('/').next().unwrap_or(c);
+                addr.parse()
+                    .unwrap_or_else(|e| panic!("pod address {c:?}: {e}"))
+            })
+            .collect();
+        Pod {
+            ns,
+            node: bridge.node.clone(),
+            addrs,
+            iface: "eth0".into(),
+            host_iface,
+        }
+    }
+
     /// A shared L2 segment (bridge `br0` in its own netns); join hosts with `attach`.
     pub fn add_segment(&mut self, role: &str) -> Segment {
         let ns = self.add_host(role);
@@ -260,6 +323,15 @@ impl Drop for Lab {
             }
         }
     }
+}
+
+/// `br_netfilter` on or off in `node` (`net.bridge.bridge-nf-call-iptables` and
+/// `-ip6tables`, per netns on current kernels): whether bridged IP traffic also passes the
+/// inet hooks.
+pub fn set_br_netfilter(node: &Ns, on: bool) {
+    let v = if on { "1" } else { "0" };
+    node.sysctl("net.bridge.bridge-nf-call-iptables", v);
+    node.sysctl("net.bridge.bridge-nf-call-ip6tables", v);
 }
 
 fn veth(a: &Ns, a_iface: &str, b: &Ns, b_iface: &str) {

@@ -193,6 +193,18 @@ impl Ns {
         self.tcp_probe(Some(src), first_addr(dst), t)
     }
 
+    /// Like `tcp_connect`, from source address and port `src` (`SO_REUSEADDR`: the same
+    /// 4-tuple again, as a client that reuses its port).
+    pub fn tcp_connect_from_port(&self, src: SocketAddr, dst: SocketAddr, t: Duration) -> Outcome {
+        let ctx = format!("tcp {src} -> {dst} in {}", self.name());
+        self.enter(move || match tcp_exchange_from(Some(src), dst, t) {
+            Ok(text) => Reply::decode(&text)
+                .map(Outcome::Reply)
+                .unwrap_or_else(|| panic!("{ctx}: not a lab reply: {text:?}")),
+            Err(e) => Outcome::from_io(e, &ctx),
+        })
+    }
+
     fn tcp_probe(&self, src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
         let ctx = format!("tcp {src:?} -> {dst} in {}", self.name());
         self.enter(move || match tcp_exchange(src, dst, timeout) {
@@ -252,6 +264,14 @@ impl Ns {
 }
 
 fn tcp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> io::Result<String> {
+    tcp_exchange_from(src.map(|ip| SocketAddr::new(ip, 0)), dst, timeout)
+}
+
+fn tcp_exchange_from(
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> io::Result<String> {
     let deadline = Instant::now() + timeout;
     let family = if dst.is_ipv4() {
         AddressFamily::Inet
@@ -260,10 +280,10 @@ fn tcp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> io::
     };
     let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
     if let Some(src) = src {
-        socket::bind(
-            fd.as_raw_fd(),
-            &SockaddrStorage::from(SocketAddr::new(src, 0)),
-        )?;
+        if src.port() != 0 {
+            socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        }
+        socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(src))?;
     }
     // A blocking connect honours SO_SNDTIMEO and fails with EINPROGRESS when it expires.
     socket::setsockopt(&fd, sockopt::SendTimeout, &timeval(timeout))?;

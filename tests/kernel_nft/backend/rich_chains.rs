@@ -345,6 +345,19 @@ pub fn forward(t: &mut Table) {
         Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local)),
         verdict(Verdict::Return),
     ]));
+    // NetworkPolicy's bridge flow set: a bitmask test of the TCP flags.
+    log.push(Rule::new(vec![
+        Stmt::matches(Field::L4Proto, Value::Proto(proto::TCP)),
+        Stmt::Match(Match {
+            key: vec![Field::TcpFlags],
+            op: MatchOp::Masked {
+                mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
+                value: Value::TcpFlags(tcp_flags::SYN),
+                eq: false,
+            },
+        }),
+        verdict(Verdict::Accept),
+    ]));
     t.add_chain(log);
 
     let mut input = Chain::base(
@@ -358,6 +371,12 @@ pub fn forward(t: &mut Table) {
     ]));
     input.push(Rule::new(vec![
         Stmt::matches(Field::NumgenRandom(10), Value::Integer(3)),
+        verdict(Verdict::Drop),
+    ]));
+    // NetworkPolicy's source check (a strict reverse-path test).
+    input.push(Rule::new(vec![
+        Stmt::matches(Field::FibSaddrIifOif, Value::Exists(false)),
+        Stmt::Counter,
         verdict(Verdict::Drop),
     ]));
     t.add_chain(input);

@@ -1,0 +1,86 @@
+//! NetworkPolicy against a hostile pod, on the cluster of `netpol`: what a pod can send
+//! (spoofed sources) must not get it past a policy that isolates another pod.
+
+use super::netpol::{cluster, policy};
+use nodeplane::testing::lab::{DatagramSink, Ns, eventually};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// x/a (node-1) isolated for ingress; only x/b (node-1) may reach it.
+const ONLY_B_TO_A: &str = "  podSelector: {matchLabels: {pod: a}}\n  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]\n";
+
+/// Sends a few datagrams from `ns` with source `src` (an address the sender puts on its own
+/// loopback, as a hostile pod can: the packet leaves its eth0 carrying that source).
+fn send_from(ns: &Ns, src: IpAddr, dst: SocketAddr) {
+    let prefix = if src.is_ipv4() { "32" } else { "128" };
+    let cidr = format!("{src}/{prefix}");
+    let mut argv = vec!["ip", "addr", "add", &cidr, "dev", "lo"];
+    if src.is_ipv6() {
+        argv.push("nodad");
+    }
+    let _ = ns.exec(&argv); // already there from an earlier call
+    ns.enter(|| {
+        let socket = UdpSocket::bind(SocketAddr::new(src, 0)).expect("bind the spoofed source");
+        for _ in 0..5 {
+            socket.send_to(b"spoofed", dst).expect("send");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+/// Routed pods, `rp_filter` off on the node (as many nodes have it; IPv6 has no
+/// `rp_filter` at all): y/a, on the same node as x/a, and y/b, on the other node, send
+/// with x/b's address. Nothing from them may arrive; x/b's own datagrams do.
+#[test]
+fn a_routed_pod_cannot_spoof_an_allowed_peer() {
+    let c = cluster();
+    for node in &c.nodes {
+        node.sysctl("net.ipv4.conf.all.rp_filter", "0");
+        node.sysctl("net.ipv4.conf.default.rp_filter", "0");
+        for (_, pod) in &c.pods {
+            if pod.node == *node {
+                node.sysctl(&format!("net.ipv4.conf.{}.rp_filter", pod.host_iface), "0");
+            }
+        }
+    }
+    c.apply(&[policy("x", "only-b", ONLY_B_TO_A)]);
+    // The check reads back as written: applying again changes nothing.
+    let again = c.agents[0].once_logs();
+    assert!(again.contains("nft_ops=0"), "{again}");
+    let (x_a, x_b) = (&c.pods[0].1, &c.pods[1].1);
+    let attackers = [
+        (&c.pods[3].1, "y/a, same node"),
+        (&c.pods[4].1, "y/b, other node"),
+    ];
+    for (src, dst) in [
+        (x_b.ip(), x_a.ip()),
+        (x_b.ip6().unwrap(), x_a.ip6().unwrap()),
+    ] {
+        let dst = SocketAddr::new(dst, 5300);
+        let sink = DatagramSink::start(&x_a.ns, dst);
+        let since = Instant::now();
+        // The allowed peer itself gets through (so the sink does listen).
+        eventually(Duration::from_secs(10), || {
+            send_from(&x_b.ns, src, dst);
+            sink.first_from(src, since)
+                .map(|_| ())
+                .ok_or(format!("x/b's own datagrams to {dst} never arrived"))
+        });
+        for (attacker, who) in attackers {
+            let before = sink.sources_since(since).get(&src).copied().unwrap_or(0);
+            send_from(&attacker.ns, src, dst);
+            // Wait well past the time a delivered datagram takes.
+            std::thread::sleep(Duration::from_millis(500));
+            let after = sink.sources_since(since).get(&src).copied().unwrap_or(0);
+            assert_eq!(
+                after, before,
+                "{who} reached isolated x/a at {dst} with x/b's source {src}"
+            );
+        }
+    }
+    // The drops are counted.
+    let counted = c.nodes[0]
+        .nft(&["list", "chain", "inet", "nodeplane", "np-forward-egress"])
+        .unwrap();
+    assert!(counted.contains("fib saddr . iif oif missing"), "{counted}");
+}
