@@ -371,8 +371,14 @@ pub const SOURCE_CHECK_COMMENT: &str = "NetworkPolicy: source address not routed
 /// For a routed pod that interface is its veth, whose routes are exactly its addresses: a
 /// pod cannot send with another pod's (or any other) address. First, before conntrack: a
 /// spoofed packet must not pass as a reply either. Inet only: the bridge family has no fib.
+/// Not for packets decapsulated from the EgressIP tunnel: they come from another node's pods,
+/// are routed back over the uplink, and were checked on their own node when they left the pod.
 fn source_check() -> Rule {
     Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::IifName],
+            op: MatchOp::Ne(vec![Value::IfName(super::egress_ip::TUNNEL_DEV.into())]),
+        }),
         Stmt::matches(Field::FibSaddrIifOif, Value::Exists(false)),
         Stmt::Counter,
         Stmt::Verdict(Verdict::Drop),

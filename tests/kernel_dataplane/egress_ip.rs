@@ -631,3 +631,34 @@ fn egress_qos_dscp_crosses_the_underlay_in_the_tunnel_header() {
         "tunnel packets on the segment: {marked} with outer DSCP 46, {other} with another"
     );
 }
+
+/// A NetworkPolicy in force on the hosting node (here one isolating the api pods for ingress,
+/// api1 on node-1) turns on the pods' source check; traffic steered in over the tunnel comes from another node's pod and
+/// must still pass it on the hosting node, IPv4 and IPv6.
+#[test]
+fn steering_passes_the_network_policy_source_check() {
+    let t = topo();
+    t.host_on("node-1");
+    let policy = objects::network_policy(
+        "backend",
+        "isolate-api",
+        "  podSelector: {matchLabels: {app: api}}\n  policyTypes: [Ingress]\n",
+    );
+    t.write_file("netpol.yaml", &policy.to_string());
+    let agents = t.spawn_agents();
+    for v6 in [false, true] {
+        let want = if v6 { EIP6 } else { EIP4 };
+        eventually_source(&t.api2, v6, want, CONVERGE * 2);
+    }
+    let table = t.nodes[0]
+        .nft(&["list", "table", "inet", "nodeplane"])
+        .expect("node-1's table");
+    assert!(
+        table.contains("fib saddr . "),
+        "no source check in force on node-1:\n{table}"
+    );
+    for a in agents {
+        let (status, logs) = a.stop();
+        assert!(status.success(), "agent exit {status:?}\n{logs}");
+    }
+}
