@@ -639,27 +639,8 @@ fn learning_is_bounded_per_name_and_per_namespace() {
 fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    node.run(&["ip", "link", "add", "br0", "type", "bridge"]);
-    node.run(&["ip", "link", "set", "br0", "up"]);
-    node.run(&["ip", "addr", "add", "10.128.5.1/24", "dev", "br0"]);
-    let pod = lab.add_host("pod-p");
-    node.run(&[
-        "ip",
-        "link",
-        "add",
-        "vethp",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        pod.name(),
-    ]);
-    node.run(&["ip", "link", "set", "vethp", "master", "br0", "up"]);
-    pod.run(&["ip", "addr", "add", "10.128.5.2/24", "dev", "eth0"]);
-    pod.run(&["ip", "link", "set", "eth0", "up"]);
-    pod.run(&["ip", "route", "add", "default", "via", "10.128.5.1"]);
+    let bridge = lab.add_bridge(&node, "br0", &["10.128.5.1/24"]);
+    let pod = lab.add_bridged_pod(&bridge, "pod-p", &["10.128.5.2/24"]).ns;
     let ext = lab.add_uplink_host(&node, "ext");
     ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
     lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");

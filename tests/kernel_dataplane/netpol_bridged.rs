@@ -33,39 +33,13 @@ struct Bridged {
 fn bridged() -> Bridged {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    node.run(&["ip", "link", "add", "br0", "type", "bridge"]);
-    node.run(&["ip", "link", "set", "br0", "up"]);
-    node.run(&["ip", "addr", "add", "10.128.5.1/24", "dev", "br0"]);
-    node.run(&["ip", "addr", "add", "fd01:5::1/64", "dev", "br0", "nodad"]);
+    let bridge = lab.add_bridge(&node, "br0", &["10.128.5.1/24", "fd01:5::1/64"]);
     let (mut pods, mut pods6, mut servers) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, (name, v4, v6)) in PODS.into_iter().enumerate() {
-        let pod = lab.add_host(&format!("pod-{name}"));
-        let veth = format!("veth{i}");
-        node.run(&[
-            "ip",
-            "link",
-            "add",
-            &veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod.name(),
-        ]);
-        node.run(&["ip", "link", "set", &veth, "master", "br0", "up"]);
-        pod.run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
-        pod.run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{v6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ]);
-        pod.run(&["ip", "link", "set", "eth0", "up"]);
+    for (name, v4, v6) in PODS {
+        let (a4, a6) = (format!("{v4}/24"), format!("{v6}/64"));
+        let pod = lab
+            .add_bridged_pod(&bridge, &format!("pod-{name}"), &[&a4, &a6])
+            .ns;
         servers.push(pod.tcp_server("[::]:80", name));
         for (list, addr) in [(&mut pods, v4), (&mut pods6, v6)] {
             list.push(Endpoint {
