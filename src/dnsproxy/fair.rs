@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 type InUse<K> = Arc<Mutex<HashMap<K, usize>>>;
 
@@ -39,6 +40,40 @@ impl<K: Hash + Eq + Clone> Shares<K> {
         Some(Share {
             key,
             in_use: self.in_use.clone(),
+        })
+    }
+}
+
+/// One transport's admission (UDP queries, TCP connections): at most `total` in flight, of
+/// which one namespace holds at most `per_namespace`.
+#[derive(Clone)]
+pub struct Gate {
+    slots: Arc<Semaphore>,
+    shares: Shares<Arc<str>>,
+}
+
+/// What an admitted query or connection holds until it ends.
+pub struct Ticket {
+    _share: Share<Arc<str>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Gate {
+    pub fn new(total: usize, per_namespace: usize) -> Gate {
+        Gate {
+            slots: Arc::new(Semaphore::new(total)),
+            shares: Shares::new(per_namespace),
+        }
+    }
+
+    /// A ticket for `tenant`, or `None` (overload) when its namespace holds its share or
+    /// every slot is taken.
+    pub fn admit(&self, tenant: Arc<str>) -> Option<Ticket> {
+        let share = self.shares.try_acquire(tenant)?;
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        Some(Ticket {
+            _share: share,
+            _slot: slot,
         })
     }
 }

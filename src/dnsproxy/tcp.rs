@@ -3,13 +3,12 @@
 //! is held until learned before it is written back.
 
 use super::answer;
-use super::fair::Shares;
+use super::fair::Gate;
 use super::hold::Holder;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 pub struct Limits {
     /// Connections proxied at once; more are closed at once.
@@ -26,8 +25,7 @@ pub struct Limits {
 #[derive(Clone)]
 pub struct TcpProxy {
     holder: Holder,
-    slots: Arc<Semaphore>,
-    fair: Shares<Arc<str>>,
+    gate: Gate,
     limits: Arc<Limits>,
 }
 
@@ -35,8 +33,7 @@ impl TcpProxy {
     pub fn new(holder: Holder, limits: Limits) -> TcpProxy {
         TcpProxy {
             holder,
-            slots: Arc::new(Semaphore::new(limits.connections)),
-            fair: Shares::new(limits.per_namespace),
+            gate: Gate::new(limits.connections, limits.per_namespace),
             limits: Arc::new(limits),
         }
     }
@@ -62,17 +59,13 @@ impl TcpProxy {
                 holder.metrics().error("untrusted");
                 continue;
             };
-            let Some(share) = self.fair.try_acquire(tenant) else {
-                holder.metrics().error("overload");
-                continue;
-            };
-            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            let Some(ticket) = self.gate.admit(tenant) else {
                 holder.metrics().error("overload");
                 continue;
             };
             let (holder, limits) = (holder.clone(), self.limits.clone());
             tokio::spawn(async move {
-                let _slot = (slot, share);
+                let _ticket = ticket;
                 if let Err(reason) = connection(&holder, pod_conn, pod.ip(), server, &limits).await
                 {
                     holder.metrics().error(reason);

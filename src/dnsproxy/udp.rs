@@ -6,7 +6,7 @@
 //! pass as they are: the pod retries over TCP, which the TCP path proxies. EDNS and every
 //! other byte are forwarded untouched.
 
-use super::fair::Shares;
+use super::fair::Gate;
 use super::hold::Holder;
 use super::metrics::ProxyMetrics;
 use super::{answer, socket};
@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
-use tokio::sync::Semaphore;
 
 /// The largest DNS message (a datagram cannot be larger).
 const MAX_MESSAGE: usize = 65_535;
@@ -35,8 +34,7 @@ pub struct Limits {
 #[derive(Clone)]
 pub struct UdpProxy {
     holder: Holder,
-    slots: Arc<Semaphore>,
-    fair: Shares<Arc<str>>,
+    gate: Gate,
     timeout: Duration,
     /// The listeners bound at a resolver's own address: answers to that resolver's queries
     /// leave through them (a second socket at that address could catch a pod's next query).
@@ -47,8 +45,7 @@ impl UdpProxy {
     pub fn new(holder: Holder, limits: Limits) -> UdpProxy {
         UdpProxy {
             holder,
-            slots: Arc::new(Semaphore::new(limits.in_flight)),
-            fair: Shares::new(limits.per_namespace),
+            gate: Gate::new(limits.in_flight, limits.per_namespace),
             timeout: limits.upstream_timeout,
             replies: Arc::default(),
         }
@@ -98,18 +95,14 @@ impl UdpProxy {
                 holder.metrics().error("untrusted");
                 continue;
             };
-            let Some(share) = self.fair.try_acquire(tenant) else {
-                holder.metrics().error("overload");
-                continue;
-            };
-            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            let Some(ticket) = self.gate.admit(tenant) else {
                 holder.metrics().error("overload");
                 continue;
             };
             let query = buf[..n].to_vec();
             let proxy = self.clone();
             tokio::spawn(async move {
-                let _slot = (slot, share);
+                let _ticket = ticket;
                 if let Err(reason) = proxy.exchange(&query, pod, server).await {
                     proxy.holder.metrics().error(reason);
                 }
