@@ -302,12 +302,15 @@ pub struct DnsService {
 }
 
 impl DnsService {
-    /// Starts the task on the current tokio runtime.
-    pub fn spawn(lookup: Arc<dyn Lookup>, on_change: impl Fn() + Send + 'static) -> DnsService {
+    /// The service and its resolver task.
+    pub fn new(
+        lookup: Arc<dyn Lookup>,
+        on_change: impl Fn() + Send + 'static,
+    ) -> (DnsService, impl crate::task::Task) {
         let (tx, mut rx) = tokio::sync::watch::channel(BTreeSet::new());
         let answers = Arc::new(Mutex::new(DnsAnswers::default()));
         let shared = Arc::clone(&answers);
-        tokio::spawn(async move {
+        let resolve = async move {
             let mut cache = DnsCache::new(lookup);
             loop {
                 let names = rx.borrow_and_update().clone();
@@ -326,11 +329,12 @@ impl DnsService {
                 let next = cache.next_due().unwrap_or_else(|| Instant::now() + TTL_CAP);
                 tokio::select! {
                     _ = tokio::time::sleep_until(next.into()) => {}
-                    r = rx.changed() => if r.is_err() { return },
+                    r = rx.changed() => if r.is_err() { return Ok(()) },
                 }
             }
-        });
-        DnsService { names: tx, answers }
+        };
+        let task = crate::task::once("dns-resolver", crate::task::OnExit::Finish, resolve);
+        (DnsService { names: tx, answers }, task)
     }
 
     /// Declares the names in use (no-op if unchanged).

@@ -26,6 +26,7 @@ pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod status;
+pub mod task;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;

@@ -278,9 +278,13 @@ async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     )
     .await?;
     let health = SourceHealth::default();
-    let mut source = kube_source::start(client, health.clone(), liveness, &config.features.kinds());
+    let mut tasks = crate::task::Runtime::new(std::sync::Arc::new(crate::task::LogsOnly));
+    let kinds = config.features.kinds();
+    let mut source = kube_source::start(client, health.clone(), liveness, &kinds, &mut tasks);
     let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
-    match synced.await {
+    let listed = synced.await;
+    tasks.shutdown(Duration::from_secs(1)).await;
+    match listed {
         Ok(Ok(snapshot)) => Ok(snapshot.clone().unwrap_or_default()),
         Ok(Err(e)) => Err(ReconcileError::Runtime(e.to_string())),
         Err(_) => Err(ReconcileError::Runtime(format!(

@@ -49,6 +49,12 @@ pub struct ObjectLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabel {
+    /// A background task's name (`crate::task::Task::name`).
+    pub task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabel {
     /// A cluster-wide role elected by Lease, e.g. `egress-ip-assigner`.
     pub role: String,
@@ -70,6 +76,7 @@ pub struct Metrics {
     drift_repairs: Counter,
     drift_last_repair: Gauge<f64, AtomicU64>,
     leader: Family<RoleLabel, Gauge>,
+    task_down_count: Family<TaskLabel, Counter>,
     /// The EgressFirewall DNS proxy's own metrics (it updates them).
     pub dns_proxy: crate::dnsproxy::metrics::ProxyMetrics,
     egress_ip_cloud_attach: Histogram,
@@ -106,6 +113,7 @@ impl Metrics {
             drift_repairs: Counter::default(),
             drift_last_repair: Gauge::default(),
             leader: Family::default(),
+            task_down_count: Family::default(),
             dns_proxy: Default::default(),
             egress_ip_cloud_attach: crate::controller::egress_ip::cloud_sync::attach_histogram(),
             egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -174,6 +182,12 @@ impl Metrics {
             "1 while this agent holds the cluster-wide role's Lease, else 0 (one series per \
              role this agent is a candidate for)",
             m.leader.clone(),
+        );
+        registry.register(
+            "task_down",
+            "Times a background task went down (ended while the agent was not stopping, failed, \
+             panicked, or reported that it cannot work), by task",
+            m.task_down_count.clone(),
         );
         registry.register(
             "egress_ip_cloud_attach_seconds",
@@ -263,6 +277,11 @@ impl Metrics {
             object: object.to_string(),
         };
         self.drift_detected.get_or_create(&label).inc();
+    }
+
+    pub fn task_down(&self, task: &str) {
+        let label = TaskLabel { task: task.into() };
+        self.task_down_count.get_or_create(&label).inc();
     }
 
     pub fn observe_drift_repair(&self, took: Duration) {

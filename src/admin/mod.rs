@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 pub use metrics::{CountingLookup, Metrics};
-pub use server::{Surface, serve};
+pub use server::{Surface, listen};
 
 use crate::nft::TABLE_NAME;
 use crate::nft::ir::Table;
@@ -41,6 +41,8 @@ pub struct AdminState {
     roles: Mutex<BTreeMap<String, String>>,
     /// What the host lacks, found at start (`host`, the DNS proxy's start).
     environment: Mutex<Environment>,
+    /// Tasks that are down: name → (why, vital). See [`crate::task::Health`].
+    tasks: Mutex<BTreeMap<String, (String, bool)>>,
 }
 
 /// Problems of the agent's environment, by what they concern (`capabilities`, `dns proxy`,
@@ -163,6 +165,7 @@ impl AdminState {
         self.drift().check(Instant::now())?;
         let errors: Vec<String> = (self.environment().errors.iter())
             .map(|(w, m)| format!("{w}: {m}"))
+            .chain((self.tasks().iter()).map(|(name, (why, _))| format!("task {name}: {why}")))
             .collect();
         if !errors.is_empty() {
             return Err(errors.join("; "));
@@ -177,10 +180,40 @@ impl AdminState {
         Ok(())
     }
 
+    /// Liveness: fails while a task the agent cannot work without is down (then the kubelet
+    /// or systemd restarts the agent).
+    pub fn alive(&self) -> Result<(), String> {
+        let dead: Vec<String> = (self.tasks().iter())
+            .filter(|(_, (_, vital))| *vital)
+            .map(|(name, (why, _))| format!("task {name}: {why}"))
+            .collect();
+        if dead.is_empty() {
+            Ok(())
+        } else {
+            Err(dead.join("; "))
+        }
+    }
+
+    fn tasks(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, bool)>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The last applied ruleset in `--dry-run` form.
     pub fn ruleset(&self) -> Option<String> {
         let (table, header) = self.last().applied.clone()?;
         Some(format!("{header}{}", render_full(&table)))
+    }
+}
+
+impl crate::task::Health for AdminState {
+    fn task_down(&self, name: &str, why: &str, vital: bool) {
+        self.metrics.task_down(name);
+        self.tasks()
+            .insert(name.into(), (one_line(why).into_owned(), vital));
+    }
+
+    fn task_up(&self, name: &str) {
+        self.tasks().remove(name);
     }
 }
 

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, info};
 
 use super::AdminState;
+use crate::task::{OnExit, Task, once};
 
 /// What a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +27,13 @@ pub enum Surface {
     Metrics,
 }
 
-/// Binds `addr` and serves `surface` in the background; returns the bound address (port 0
-/// picks one).
-pub async fn serve(
+/// Binds `addr` for `surface`; returns the bound address (port 0 picks one) and the task
+/// that serves it (vital: an admin server that is gone leaves the node's admin blind).
+pub async fn listen(
     addr: SocketAddr,
     state: Arc<AdminState>,
     surface: Surface,
-) -> std::io::Result<SocketAddr> {
+) -> std::io::Result<(SocketAddr, impl Task)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     match surface {
@@ -41,7 +42,11 @@ pub async fn serve(
         }
         Surface::Metrics => info!("metrics server on http://{local}/metrics"),
     }
-    tokio::spawn(async move {
+    let name = match surface {
+        Surface::Admin => "admin-server",
+        Surface::Metrics => "metrics-server",
+    };
+    let serve = async move {
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -61,8 +66,8 @@ pub async fn serve(
                 }
             });
         }
-    });
-    Ok(local)
+    };
+    Ok((local, once(name, OnExit::Vital, serve)))
 }
 
 async fn respond(
@@ -78,7 +83,10 @@ async fn respond(
         return Ok(text(StatusCode::NOT_FOUND, "try /metrics\n".into()));
     }
     Ok(match path {
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/healthz" => match state.alive() {
+            Ok(()) => text(StatusCode::OK, "ok\n".into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("dead: {why}\n")),
+        },
         "/readyz" => {
             let repairs = format!(
                 "drift repairs: {}\n{}{}",

@@ -32,6 +32,7 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::time::Duration;
 
+use crate::task::{OnExit, Task, task};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -457,12 +458,37 @@ impl Elector {
     pub fn spawn<A: LeaseApi>(api: A, config: ElectionConfig) -> Elector {
         let (tx, leadership) = watch::channel(Leadership::default());
         let (stop, stopped) = oneshot::channel();
+        let stopped = async move {
+            let _ = stopped.await;
+        };
         let task = tokio::spawn(run(api, Candidate::new(config), tx, stopped));
         Elector {
             leadership,
             stop: Some(stop),
             task,
         }
+    }
+
+    /// The election as a task of the agent's runtime, and its leadership. Stopping the task
+    /// publishes "not leading", then releases the lease if held (bounded by the renew
+    /// deadline), as [`Elector::shutdown`] does.
+    pub fn task<A: LeaseApi>(
+        name: &str,
+        api: A,
+        config: ElectionConfig,
+    ) -> (watch::Receiver<Leadership>, impl Task) {
+        let (tx, leadership) = watch::channel(Leadership::default());
+        let mut parts = Some((api, tx));
+        let task = task(name, OnExit::Finish, move |mut ctx| {
+            let parts = parts.take();
+            let candidate = Candidate::new(config.clone());
+            async move {
+                let (api, tx) = parts.ok_or("runs once: cannot be restarted")?;
+                run(api, candidate, tx, async move { ctx.stopping().await }).await;
+                Ok(())
+            }
+        });
+        (leadership, task)
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Leadership> {
@@ -495,8 +521,9 @@ async fn run<A: LeaseApi>(
     api: A,
     mut candidate: Candidate,
     tx: watch::Sender<Leadership>,
-    mut stop: oneshot::Receiver<()>,
+    stop: impl Future<Output = ()>,
 ) {
+    let mut stop = std::pin::pin!(stop);
     let publish = |l: Leadership| {
         tx.send_if_modified(|cur| {
             let changed = *cur != l;

@@ -22,6 +22,8 @@ use crate::config::DnsProxySettings;
 use crate::nft::TABLE_NAME;
 use crate::nft::nftnl::NftnlBackend;
 use crate::plan::firewall::learning::Learning;
+use crate::task::{OnExit, Task, once, task};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -29,16 +31,17 @@ use tokio::sync::watch;
 /// How long the proxy waits for a server: a pod's resolver gives up after ~5 s anyway.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Binds the transparent listeners and serves them on the current tokio runtime. An error
-/// (no CAP_NET_ADMIN or CAP_NET_BIND_SERVICE, port taken) leaves pod DNS going direct: the
+/// Binds the transparent listeners; returns the tasks that serve them (one per listener,
+/// rebound on restart) and the one that keeps the resolvers' own listeners. An error (no
+/// CAP_NET_ADMIN or CAP_NET_BIND_SERVICE, port taken) leaves pod DNS going direct: the
 /// steering rules find no socket and do not match.
-pub fn spawn(
+pub fn tasks(
     settings: &DnsProxySettings,
     learning: watch::Receiver<Arc<Learning>>,
     metrics: metrics::ProxyMetrics,
-) -> std::io::Result<()> {
+) -> std::io::Result<Vec<Box<dyn Task>>> {
     let Some(port) = settings.port else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     probe_answer_socket()?;
     let backend = NftnlBackend::new();
@@ -65,13 +68,24 @@ pub fn spawn(
         },
     );
     // IPv4 must work; IPv6 is served when the node can (a node without IPv6 skips it).
-    serve(false, port, &udp, &tcp)?;
-    if let Err(e) = serve(true, port, &udp, &tcp) {
-        tracing::warn!("dns proxy: no IPv6 listeners (pod DNS over IPv6 goes direct): {e}");
+    let mut tasks = listeners(false, port, &udp, &tcp)?;
+    match listeners(true, port, &udp, &tcp) {
+        Ok(v6) => tasks.extend(v6),
+        Err(e) => {
+            tracing::warn!("dns proxy: no IPv6 listeners (pod DNS over IPv6 goes direct): {e}")
+        }
     }
-    tokio::spawn(resolvers::maintain(udp, tcp, learning));
+    let maintain = resolvers::maintain(udp, tcp, learning);
+    tasks.push(Box::new(once(
+        "dns-proxy-resolvers",
+        OnExit::Finish,
+        async move {
+            maintain.await;
+            Ok(())
+        },
+    )));
     tracing::info!("dns proxy listening on port {port} (udp, tcp)");
-    Ok(())
+    Ok(tasks)
 }
 
 /// Where the start-up probe binds an answer socket: a documentation address (RFC 5737) that
@@ -101,20 +115,57 @@ fn probe_answer_socket() -> std::io::Result<()> {
     }
 }
 
-/// Binds one family's `tproxy` listeners and serves them.
-fn serve(v6: bool, port: u16, udp: &udp::UdpProxy, tcp: &tcp::TcpProxy) -> std::io::Result<()> {
+/// Binds one family's `tproxy` listeners; a task serves each (bound again on restart).
+fn listeners(
+    v6: bool,
+    port: u16,
+    udp: &udp::UdpProxy,
+    tcp: &tcp::TcpProxy,
+) -> std::io::Result<Vec<Box<dyn Task>>> {
+    let family = if v6 { "v6" } else { "v4" };
     let udp_listener = socket::udp_listener(v6, port)?;
     let tcp_listener = socket::tcp_listener(v6, port, 1024)?;
-    let (udp, tcp) = (udp.clone(), tcp.clone());
-    tokio::spawn(async move {
-        if let Err(e) = udp.serve(udp_listener).await {
-            tracing::error!("dns proxy (udp) stopped: {e}");
+    let udp = udp.clone();
+    let udp_task = listener_task(
+        format!("dns-proxy-udp-{family}"),
+        udp_listener,
+        move || socket::udp_listener(v6, port),
+        move |l| {
+            let udp = udp.clone();
+            async move { udp.serve(l).await }
+        },
+    );
+    let tcp = tcp.clone();
+    let tcp_task = listener_task(
+        format!("dns-proxy-tcp-{family}"),
+        tcp_listener,
+        move || socket::tcp_listener(v6, port, 1024),
+        move |l| {
+            let tcp = tcp.clone();
+            async move { tcp.serve(l).await }
+        },
+    );
+    Ok(vec![Box::new(udp_task), Box::new(tcp_task)])
+}
+
+/// A listener's task: serves `first`, and on a restart a socket from `bind`.
+fn listener_task<S, B, F, Fut>(name: String, first: S, bind: B, serve: F) -> impl Task
+where
+    S: Send + 'static,
+    B: Fn() -> std::io::Result<S> + Send + 'static,
+    F: Fn(S) -> Fut + Send + 'static,
+    Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+{
+    let mut first = Some(first);
+    task(name, OnExit::Restart, move |mut ctx| {
+        let serving = first.take().map_or_else(&bind, Ok).map(&serve);
+        async move {
+            let serving = serving.map_err(|e| format!("bind: {e}"))?;
+            ctx.until_stopped(async move {
+                serving.await.map_err(|e| e.to_string())?;
+                Err("ended".to_string())
+            })
+            .await
         }
-    });
-    tokio::spawn(async move {
-        if let Err(e) = tcp.serve(tcp_listener).await {
-            tracing::error!("dns proxy (tcp) stopped: {e}");
-        }
-    });
-    Ok(())
+    })
 }

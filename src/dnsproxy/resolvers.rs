@@ -22,7 +22,8 @@ const DNS_PORT: u16 = 53;
 /// Keeps one UDP and one TCP listener per trusted resolver, following `learning`.
 pub async fn maintain(udp: UdpProxy, tcp: TcpProxy, mut learning: watch::Receiver<Arc<Learning>>) {
     // Resolver -> its serving tasks (none when it is local or could not be bound).
-    let mut bound: BTreeMap<IpAddr, Vec<AbortHandle>> = BTreeMap::new();
+    let mut bound = Serving::default();
+    let bound = &mut bound.0;
     loop {
         let wanted = learning.borrow_and_update().resolvers().clone();
         bound.retain(|addr, tasks| {
@@ -46,6 +47,16 @@ pub async fn maintain(udp: UdpProxy, tcp: TcpProxy, mut learning: watch::Receive
         if learning.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// The resolvers' serving tasks, aborted with the task that keeps them.
+#[derive(Default)]
+struct Serving(BTreeMap<IpAddr, Vec<AbortHandle>>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.values().flatten().for_each(AbortHandle::abort);
     }
 }
 

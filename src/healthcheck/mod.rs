@@ -25,6 +25,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::task::{OnExit, Task, task};
 use proxy::ProxyHealth;
 
 /// healthCheckNodePort -> (service `namespace/name`, ready local endpoints).
@@ -198,30 +199,33 @@ async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// The node-level proxy health server on `addr` (`--healthz-bind-address`), for as long as
-/// the runtime runs. As kube-proxy does, a failure to listen (another process holds the
-/// port, say a kube-proxy not yet removed) is logged and retried every 5 s; the dataplane
-/// keeps running meanwhile.
-pub fn spawn_proxy_health(
+/// The node-level proxy health server on `addr` (`--healthz-bind-address`). As kube-proxy
+/// does, a failure to listen (another process holds the port, say a kube-proxy not yet
+/// removed) is logged and retried every 5 s; the dataplane keeps running meanwhile.
+pub fn proxy_health_task(
     addr: SocketAddr,
     health: Arc<ProxyHealth>,
     count: ProbeCounter,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            match bind(addr).await {
-                Ok(listener) => {
-                    info!("proxy health (/healthz, /livez) on {addr}");
-                    if let Err(e) =
-                        serve(listener, proxy_handler(health.clone(), count.clone())).await
-                    {
-                        warn!("proxy health server on {addr}: {e}");
+) -> impl Task {
+    task("proxy-health", OnExit::Restart, move |mut ctx| {
+        let (health, count) = (health.clone(), count.clone());
+        let serve = async move {
+            loop {
+                match bind(addr).await {
+                    Ok(listener) => {
+                        info!("proxy health (/healthz, /livez) on {addr}");
+                        if let Err(e) =
+                            serve(listener, proxy_handler(health.clone(), count.clone())).await
+                        {
+                            warn!("proxy health server on {addr}: {e}");
+                        }
                     }
+                    Err(e) => warn!("proxy health server on {addr}: {e}; retrying in 5 s"),
                 }
-                Err(e) => warn!("proxy health server on {addr}: {e}; retrying in 5 s"),
+                tokio::time::sleep(Duration::from_secs(5)).await;
             }
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
+        };
+        async move { ctx.until_stopped(serve).await }
     })
 }
 

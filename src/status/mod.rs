@@ -9,6 +9,7 @@
 
 pub mod merge;
 
+use crate::task::{OnExit, Task};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -64,13 +65,17 @@ pub fn field_manager(node: &str) -> String {
     format!("nodeplane-{node}")
 }
 
-/// Starts the writer task; returns the observer for the run loop and a sender for decode
+/// The writer task, the observer that feeds it from the run loop, and a sender for decode
 /// rejections (reported as Events).
-pub fn spawn_writer(client: Client, node: &str) -> (StatusObserver, RejectionSink) {
+pub fn writer_task(client: Client, node: &str) -> (impl Task, StatusObserver, RejectionSink) {
     let (jobs, rx) = mpsc::unbounded_channel();
-    tokio::spawn(writer(client, node.to_string(), rx));
+    let run = writer(client, node.to_string(), rx);
+    let writer = crate::task::once("status-writer", OnExit::Finish, async move {
+        run.await;
+        Ok(())
+    });
     let observer = StatusObserver::new(node, jobs.clone());
-    (observer, RejectionSink { jobs })
+    (writer, observer, RejectionSink { jobs })
 }
 
 /// Turns objects that could not be decoded into Warning Events on them.

@@ -194,6 +194,9 @@ fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
         logs.contains("broken.yaml"),
         "problem not reported:\n{logs}"
     );
+    // The admin and metrics servers, proxy health, manifest watch, snapshot forwarder, DNS
+    // resolver, nftables monitor and DNS proxy listeners.
+    lab::assert_every_task_stopped(&logs, 8);
     assert_eq!(
         listing::json(&node, "nodeplane"),
         before,

@@ -43,6 +43,7 @@ fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
 pub(crate) struct Assigner {
     pub(crate) api: FakeApi,
     pub(crate) leading: watch::Sender<bool>,
+    _tasks: nodeplane::task::Runtime,
     _rt: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
 }
@@ -56,7 +57,9 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
         .build()
         .unwrap();
     let (tx, rx) = watch::channel(leading);
-    rt.block_on(async {
+    let tasks = rt.block_on(async {
+        let mut tasks =
+            nodeplane::task::Runtime::new(std::sync::Arc::new(nodeplane::task::LogsOnly));
         let liveness = Liveness::new(Duration::from_secs(30));
         let client = kube_source::client(Some(&kubeconfig), None, liveness)
             .await
@@ -66,6 +69,7 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
             SourceHealth::default(),
             liveness,
             nodeplane::snapshot::Kind::ALL,
+            &mut tasks,
         );
         tokio::spawn(egress_ip::run(
             client,
@@ -81,10 +85,12 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
             // Bare metal: the fake nodes have no providerID.
             egress_ip::cloud_sync::Settings::default(),
         ));
+        tasks
     });
     Assigner {
         api,
         leading: tx,
+        _tasks: tasks,
         _rt: rt,
         _dir: dir,
     }

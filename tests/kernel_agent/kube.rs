@@ -5,6 +5,7 @@
 //! after `410 Gone`) resumes updates, and a silently stalled API connection (open, no data) is
 //! noticed: `/readyz` says so and changes arrive again over new connections.
 
+use nodeplane::testing::lab;
 use nodeplane::testing::listing;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -469,6 +470,9 @@ fn the_agent_leads_the_egress_ip_assigner_and_releases_it_on_sigterm() {
         logs.contains("egress-ip-assigner: this node leads"),
         "{logs}"
     );
+    // Besides run mode's own: a watch per kind, the store, the API probe, the status writer,
+    // the host-cidrs publisher, fence, election, leadership report and assigner.
+    lab::assert_every_task_stopped(&logs, 20);
     // Released: the next candidate need not wait for the lease to expire.
     assert_eq!(lease("holderIdentity"), Value::Null, "{logs}");
     assert_eq!(lease("leaseDurationSeconds"), 1);

@@ -31,6 +31,7 @@ pub use kinds::{api_resource, watch_config};
 pub use store::{Change, Store, Update};
 
 use crate::snapshot::{Kind, Snapshot};
+use crate::task::{OnExit, Runtime, once, task};
 use crate::timing::{Burst, Debounce};
 
 #[derive(Debug, thiserror::Error)]
@@ -63,25 +64,29 @@ pub struct KubeSource {
     pub health: SourceHealth,
 }
 
-/// Starts one watch per kind of `kinds` (the enabled features', `Features::kinds`) and the
-/// store task, reporting into `health`; the other kinds are never requested and count as
-/// synced with no objects. Must be called inside a tokio runtime.
+/// Adds one watch task per kind of `kinds` (the enabled features', `Features::kinds`), the
+/// store task and the API server probe to `tasks`, reporting into `health`; the other kinds
+/// are never requested and count as synced with no objects.
 pub fn start(
     client: Client,
     health: SourceHealth,
     liveness: Liveness,
     kinds: &[Kind],
+    tasks: &mut Runtime,
 ) -> KubeSource {
     let (tx, rx) = mpsc::unbounded_channel();
     health.set_stale_after(liveness.stale());
     for kind in kinds {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(*kind));
-        tokio::spawn(follow::follow(
-            api,
-            *kind,
-            liveness,
-            tx.clone(),
-            health.clone(),
+        let (kind, tx, health) = (*kind, tx.clone(), health.clone());
+        tasks.add(task(
+            format!("watch-{kind}"),
+            OnExit::Restart,
+            move |mut ctx| {
+                let follow =
+                    follow::follow(api.clone(), kind, liveness, tx.clone(), health.clone());
+                async move { ctx.until_stopped(ended(follow)).await }
+            },
         ));
     }
     let (snap_tx, snapshots) = watch::channel(None);
@@ -91,13 +96,24 @@ pub fn start(
     for kind in Kind::ALL.iter().filter(|k| !kinds.contains(k)) {
         store.mark_absent(*kind);
     }
-    tokio::spawn(store_task(store, rx, snap_tx, rej_tx, health.clone()));
-    tokio::spawn(probe_api(client, health.clone()));
+    let store = store_task(store, rx, snap_tx, rej_tx, health.clone());
+    tasks.add(once("kube-store", OnExit::Vital, ended(store)));
+    let probe_health = health.clone();
+    tasks.add(task("kube-api-probe", OnExit::Restart, move |mut ctx| {
+        let probe = probe_api(client.clone(), probe_health.clone());
+        async move { ctx.until_stopped(ended(probe)).await }
+    }));
     KubeSource {
         snapshots,
         rejections,
         health,
     }
+}
+
+/// A loop that is meant to run for as long as the agent: its end is an error.
+async fn ended(work: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    work.await;
+    Err("ended".into())
 }
 
 /// What a kind's watch task reports.

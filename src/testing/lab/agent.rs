@@ -288,3 +288,27 @@ impl ManifestAgent {
         self.node.spawn_agent(&self.args(extra))
     }
 }
+
+/// The task runtime's last words in `logs` ("stopped 12 of 12 tasks in 31 ms"): panics unless
+/// every task stopped by itself within the deadline and there were at least `at_least`.
+pub fn assert_every_task_stopped(logs: &str, at_least: usize) {
+    let line = logs
+        .lines()
+        .rfind(|l| l.contains(" tasks in ") && l.contains("stopped "))
+        .unwrap_or_else(|| panic!("no task runtime shutdown line:\n{logs}"));
+    let counts: Vec<usize> = line
+        .split_whitespace()
+        .skip_while(|w| *w != "stopped")
+        .filter_map(|w| w.parse().ok())
+        .take(2)
+        .collect();
+    let [stopped, total] = counts[..] else {
+        panic!("unreadable shutdown line: {line}");
+    };
+    assert_eq!(stopped, total, "tasks dropped at the deadline: {line}");
+    assert!(
+        total >= at_least,
+        "only {total} tasks, expected {at_least}+: {line}"
+    );
+    assert!(!line.contains("dropped"), "{line}");
+}

@@ -25,7 +25,7 @@ mod traffic;
 
 use std::time::{Duration, Instant};
 
-pub use agent::{AgentProcess, ManifestAgent, agent_bin};
+pub use agent::{AgentProcess, ManifestAgent, agent_bin, assert_every_task_stopped};
 pub use byte_server::{byte_server, connect_times};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
 pub use echo::{EchoConn, line_echo_server};

@@ -1,0 +1,234 @@
+//! The Kubernetes source's tasks: the watches, the status writer, and with EgressIP the
+//! host-cidrs publisher, the fence and the assigner with its election.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tracing::info;
+
+use super::{EGRESS_IP_ASSIGNER, EGRESS_IP_ASSIGNER_LEASE, Events, Published, wait_for_signal};
+use crate::admin::AdminState;
+use crate::config::Config;
+use crate::controller::egress_ip;
+use crate::controller::lease::{ElectionConfig, Elector, KubeLeases, Leadership};
+use crate::features::Switch;
+use crate::observe::{ReconcileError, SyncObserver};
+use crate::reconcile::Fence;
+use crate::reconcile::run_loop::Event;
+use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::task::{OnExit, Runtime, once, task};
+
+/// Starts the watches and the tasks that write to the API; returns the snapshots once every
+/// kind is listed (`None`: stopped by a signal first).
+pub async fn start(
+    config: &Config,
+    health: SourceHealth,
+    admin: &Arc<AdminState>,
+    fence: &Fence,
+    events: &Events,
+    observers: &mut Vec<Box<dyn SyncObserver>>,
+    tasks: &mut Runtime,
+) -> Result<Option<Published>, ReconcileError> {
+    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+    let client = kube_source::client(
+        config.kubeconfig.as_deref(),
+        config.api_server.as_ref(),
+        liveness,
+    )
+    .await?;
+    let kinds = config.features.kinds();
+    let source = kube_source::start(client.clone(), health, liveness, &kinds, tasks);
+    let egress_ip_on = config.features.on(Switch::EgressIp);
+    // Every agent publishes its own node's egress-capable subnets for nodeplane's assigner;
+    // where another controller assigns (`--egress-ip-assigner=false`, e.g. OVN-Kubernetes,
+    // whose ovnkube-node writes the annotation) the agent leaves it.
+    if egress_ip_on && config.egress_ip_assigner {
+        add_host_cidrs_publisher(config, &client, &source.snapshots, tasks);
+    }
+    // Every agent fences itself when cut off from the assigner and the API server.
+    if egress_ip_on {
+        add_fence(config, &client, &source.snapshots, fence, events, tasks);
+    }
+    let (writer, status, rejections) =
+        crate::status::writer_task(client.clone(), &config.node_name);
+    tasks.add(writer);
+    observers.push(Box::new(status));
+    let mut rejected = source.rejections;
+    tasks.add(once("rejection-events", OnExit::Finish, async move {
+        while let Some(r) = rejected.recv().await {
+            rejections.report(&r);
+        }
+        Ok(())
+    }));
+    // Never program a partial view: the first sync waits for every initial list.
+    info!("waiting for the initial list of every kind");
+    let mut listed = source.snapshots.clone();
+    tokio::select! {
+        synced = listed.wait_for(Option::is_some) => {
+            synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+        }
+        _ = wait_for_signal() => return Ok(None),
+    }
+    // Candidates only once every kind is listed: an assigner must not act on a partial view
+    // of the cluster.
+    if egress_ip_on && config.egress_ip_assigner {
+        add_assigner(config, client, &source.snapshots, admin, tasks);
+    }
+    Ok(Some(source.snapshots))
+}
+
+fn add_host_cidrs_publisher(
+    config: &Config,
+    client: &kube::Client,
+    snapshots: &Published,
+    tasks: &mut Runtime,
+) {
+    let excluded = [config.cluster_cidrs.clone(), config.service_cidrs.clone()].concat();
+    let (client, node, snapshots) = (client.clone(), config.node_name.clone(), snapshots.clone());
+    tasks.add(task(
+        "egress-ip-host-cidrs",
+        OnExit::Restart,
+        move |mut ctx| {
+            let publish = egress_ip::host_cidrs::publish(
+                client.clone(),
+                node.clone(),
+                excluded.clone(),
+                snapshots.clone(),
+            );
+            async move { ctx.until_stopped(super::ended(publish)).await }
+        },
+    ));
+}
+
+fn add_fence(
+    config: &Config,
+    client: &kube::Client,
+    snapshots: &Published,
+    fence: &Fence,
+    events: &Events,
+    tasks: &mut Runtime,
+) {
+    let check = egress_ip::fence::KubeCheck {
+        client: client.clone(),
+        timeout: config.egress_ip_probe.interval * (config.egress_ip_probe.misses + 1),
+    };
+    let (flag, events) = (fence.clone(), Mutex::new(events.clone()));
+    let run = egress_ip::fence::run(
+        check,
+        config.node_name.clone(),
+        snapshots.clone(),
+        config.egress_ip_probe,
+        move |on| {
+            if flag.set(on) {
+                let _ = events.lock().map(|t| t.send(Event::Changed));
+            }
+        },
+    );
+    tasks.add(once("egress-ip-fence", OnExit::Finish, async move {
+        run.await;
+        Ok(())
+    }));
+}
+
+/// The candidacy for the EgressIP assigner role (Lease `EGRESS_IP_ASSIGNER_LEASE` in
+/// `--leader-elect-namespace`, holder identity the node name), the report of who leads, and
+/// the assigner, which acts only while this agent leads.
+fn add_assigner(
+    config: &Config,
+    client: kube::Client,
+    snapshots: &Published,
+    admin: &Arc<AdminState>,
+    tasks: &mut Runtime,
+) {
+    let election = ElectionConfig {
+        namespace: config.leader_elect_namespace.clone(),
+        name: EGRESS_IP_ASSIGNER_LEASE.into(),
+        identity: config.node_name.clone(),
+        timings: config.leader_elect,
+    };
+    info!(
+        "candidate for {EGRESS_IP_ASSIGNER} (lease {}/{}, duration {:?}, renew deadline {:?}, \
+         retry {:?})",
+        election.namespace,
+        election.name,
+        election.timings.lease_duration,
+        election.timings.renew_deadline,
+        election.timings.retry_period
+    );
+    let api = KubeLeases::new(client.clone(), &election.namespace, &election.name);
+    let (leadership, elector) = Elector::task("egress-ip-election", api, election);
+    let admin = admin.clone();
+    let reported = leadership.clone();
+    tasks.add(once(
+        "egress-ip-leadership",
+        OnExit::Finish,
+        report_leadership(EGRESS_IP_ASSIGNER, reported, admin.clone()),
+    ));
+    let (node, probes, snapshots) = (
+        config.node_name.clone(),
+        config.egress_ip_probe,
+        snapshots.clone(),
+    );
+    let cloud = egress_ip::cloud_sync::Settings {
+        platform: config.platform,
+        attach_seconds: admin.metrics.egress_ip_cloud_attach(),
+    };
+    tasks.add(task(
+        "egress-ip-assigner",
+        OnExit::Restart,
+        move |mut ctx| {
+            let assign = egress_ip::run(
+                client.clone(),
+                leading(leadership.clone()),
+                snapshots.clone(),
+                node.clone(),
+                probes,
+                cloud.clone(),
+            );
+            async move { ctx.until_stopped(super::ended(assign)).await }
+        },
+    ));
+    // Added last, stopped first: the role is handed over at once on SIGTERM instead of
+    // letting the lease expire, and the assigner sees "not leading" before it is stopped.
+    tasks.add(elector);
+}
+
+/// Logs every change of who leads `role` and shows it in `/readyz` and `nodeplane_leader`.
+async fn report_leadership(
+    role: &'static str,
+    mut leadership: watch::Receiver<Leadership>,
+    admin: Arc<AdminState>,
+) -> Result<(), String> {
+    loop {
+        let now = leadership.borrow_and_update().clone();
+        admin.set_leadership(role, now.leading, now.holder.as_deref());
+        match (now.leading, now.holder.as_deref()) {
+            (true, _) => info!("{role}: this node leads"),
+            (false, Some(h)) => info!("{role}: following {}", crate::text::one_line(h)),
+            (false, None) => info!("{role}: no leader yet"),
+        }
+        if leadership.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Whether this agent leads, as the assigner consumes it: follows `leadership` until the
+/// election is gone (then: not leading). Lives as long as the returned receiver's holder.
+fn leading(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(leadership.borrow().leading);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = leadership.changed() => if changed.is_err() { break },
+                _ = tx.closed() => return,
+            }
+            let now = leadership.borrow().leading;
+            if tx.send(now).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(false);
+    });
+    rx
+}
