@@ -43,6 +43,8 @@ fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
 pub(crate) struct Assigner {
     pub(crate) api: FakeApi,
     pub(crate) leading: watch::Sender<bool>,
+    /// What the assigner's source has published.
+    pub(crate) snapshots: watch::Receiver<Option<nodeplane::snapshot::Snapshot>>,
     _tasks: nodeplane::task::Runtime,
     _rt: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
@@ -57,7 +59,7 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
         .build()
         .unwrap();
     let (tx, rx) = watch::channel(leading);
-    let tasks = rt.block_on(async {
+    let (tasks, snapshots) = rt.block_on(async {
         let mut tasks =
             nodeplane::task::Runtime::new(std::sync::Arc::new(nodeplane::task::LogsOnly));
         let liveness = Liveness::new(Duration::from_secs(30));
@@ -74,7 +76,7 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
         tokio::spawn(egress_ip::run(
             client,
             rx,
-            source.snapshots,
+            source.snapshots.clone(),
             "test-node".into(),
             // The fake nodes' addresses exist nowhere: no probes (tests/kernel_dataplane/probe.rs
             // has them).
@@ -85,11 +87,12 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
             // Bare metal: the fake nodes have no providerID.
             egress_ip::cloud_sync::Settings::default(),
         ));
-        tasks
+        (tasks, source.snapshots)
     });
     Assigner {
         api,
         leading: tx,
+        snapshots,
         _tasks: tasks,
         _rt: rt,
         _dir: dir,
@@ -215,8 +218,19 @@ fn a_node_leaving_moves_its_ip_and_a_node_joining_moves_nothing() {
     api.put(egress_ip("e", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
     let a = start(api, true);
     wait_items(&a.api, "e", &[("192.168.50.100", "w1")]);
-    // w0 joins (sorts first, hosts nothing): e stays; a new EgressIP proves w0 was seen.
+    // w0 joins (sorts first, hosts nothing): e stays; f, created once the source has seen
+    // w0 (the two kinds are separate watches), goes to w0.
     a.api.put(node("w0", "192.168.50.10", true, true));
+    eventually(Duration::from_secs(10), || {
+        let seen = a
+            .snapshots
+            .borrow()
+            .as_ref()
+            .and_then(|s| s.node("w0"))
+            .is_some();
+        seen.then_some(())
+            .ok_or("w0 not in the assigner's snapshot".to_string())
+    });
     a.api
         .put(egress_ip("f", "2024-01-02T00:00:00Z", &["192.168.50.101"]));
     wait_items(&a.api, "f", &[("192.168.50.101", "w0")]);
