@@ -19,12 +19,16 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
-/// A UDP service frontend: an address and port (ClusterIP, external IP, LB IP), or a
-/// NodePort (any local address).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum UdpFrontend {
-    Addr(IpAddr, u16),
-    NodePort(u16),
+pub use crate::plan::services::UdpFrontend;
+
+/// The services' side effect after each commit: a deleted flow's next packet picks a live
+/// backend, or reaches the frontend that now has one.
+impl crate::plan::Output for crate::plan::services::ServicesOutput {
+    fn after_commit(&self) -> Result<(), String> {
+        delete_stale_udp_flows(&self.stale_udp, &self.new_udp_frontends)
+            .map(drop)
+            .map_err(|e| format!("conntrack: stale UDP service flows not deleted: {e}"))
+    }
 }
 
 /// Deletes, in one dump of the table, the UDP entries

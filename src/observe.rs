@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::net::NetError;
 use crate::nft::ir::Table;
 use crate::nft::{ApplyStats, NftError};
-use crate::plan::{HealthChecks, ObjectStatus};
+use crate::plan::{ObjectStatus, Outputs};
 use crate::snapshot::Snapshot;
 use crate::text::one_line;
 
@@ -42,8 +42,8 @@ impl ReconcileError {
 }
 
 /// Told about every sync attempt of the run loop: the log, metrics, the admin server, status
-/// write-back, drift repairs, health-check ports (`SyncReport::health_checks`). Runs on the reconcile thread, so it must not
-/// block for long.
+/// write-back, drift repairs, the features' outputs (`SyncReport::outputs`). Runs on the
+/// reconcile thread, so it must not block for long.
 pub trait SyncObserver: Send {
     fn observe(&mut self, sync: &SyncOutcome<'_>);
 }
@@ -67,10 +67,9 @@ pub struct SyncReport {
     pub nft: ApplyStats,
     pub net_ops: usize,
     pub statuses: Vec<ObjectStatus>,
-    /// The health-check ports the services feature planned.
-    pub health_checks: HealthChecks,
-    /// Whose DNS answers the EgressFirewall DNS proxy learns from, and into which sets.
-    pub dns_learning: std::sync::Arc<crate::plan::firewall::learning::Learning>,
+    /// What the features hand to the world besides the tables (health-check ports, DNS
+    /// learning), for the observers.
+    pub outputs: Outputs,
     /// Where the sync's time went (logged with "sync done").
     pub took: SyncTimes,
 }

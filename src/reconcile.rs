@@ -7,7 +7,8 @@ pub mod run_loop;
 
 use crate::config::Config;
 use crate::dns::{self, DnsAnswers};
-use crate::net::{NetBackend, NetChanges, NetConfig, Refusal, RtnlBackend};
+use crate::net::fence::{Fence, Fenced};
+use crate::net::{NetBackend, NetChanges, NetConfig, RtnlBackend};
 use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
@@ -38,33 +39,11 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     memory: Memory,
     /// Current answers for EgressFirewall dnsName rules (a planner input).
     dns: DnsAnswers,
-    /// Delete conntrack entries of removed UDP service backends (off for fake backends).
-    conntrack_cleanup: bool,
+    /// Run the features' kernel side effects after each commit ([`plan::Output`]; off for
+    /// fake backends).
+    kernel_effects: bool,
     /// Where the last valid objects are saved after a sync (None: kept in memory only).
     state: Option<StateStore>,
-    /// Set while this node must withhold its egress IPs.
-    fence: Fence,
-}
-
-/// Whether this node withholds the egress IPs it would host: set by the EgressIP fence
-/// (`controller::egress_ip::fence`) when the node is cut off from the assigner and the API
-/// server, read by every sync. Clones share the flag.
-#[derive(Clone, Debug, Default)]
-pub struct Fence(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-/// The reason a fenced node's egress IPs carry in status and Events.
-pub const FENCED: &str = "withheld: this node is cut off from the EgressIP assigner and the \
-                          API server (fenced), so the IP may already be hosted elsewhere";
-
-impl Fence {
-    /// Sets the flag; true if that changed it.
-    pub fn set(&self, on: bool) -> bool {
-        self.0.swap(on, std::sync::atomic::Ordering::SeqCst) != on
-    }
-
-    pub fn is_set(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
 }
 
 impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
@@ -78,16 +57,9 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             net,
             memory: Memory::default(),
             dns: DnsAnswers::default(),
-            conntrack_cleanup: false,
+            kernel_effects: false,
             state: None,
-            fence: Fence::default(),
         }
-    }
-
-    /// Withholds the egress IPs while `fence` is set.
-    pub fn with_fence(mut self, fence: Fence) -> Self {
-        self.fence = fence;
-        self
     }
 
     /// Starts from the last valid objects saved in `store` (each validated again; problems
@@ -101,9 +73,10 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         self
     }
 
-    /// Deletes conntrack entries of removed UDP service backends after each apply.
-    pub fn with_conntrack_cleanup(mut self) -> Self {
-        self.conntrack_cleanup = true;
+    /// Runs the features' kernel side effects after each commit (the services' stale UDP
+    /// conntrack entries).
+    pub fn with_kernel_effects(mut self) -> Self {
+        self.kernel_effects = true;
         self
     }
 
@@ -127,27 +100,13 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
         let started = std::time::Instant::now();
         let mut desired = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
-        // Fenced: every egress address is refused like one no interface can take, so the
-        // backends remove it and the features fail closed (NetDesired holds only those).
-        let withheld: Vec<Refusal> = if self.fence.is_set() {
-            std::mem::take(&mut desired.net.addresses)
-                .into_iter()
-                .map(|a| Refusal {
-                    addr: a.addr,
-                    reason: FENCED.into(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         // A network planning error still lets the nftables side (other features) apply.
         let planned = self.net.plan(&desired.net);
-        let mut refused = planned
-            .as_ref()
-            .map(|c| c.refused.clone())
-            .unwrap_or_default();
-        refused.extend(withheld);
+        let refused = match &planned {
+            Ok(changes) => changes.refused.clone(),
+            Err(_) => self.net.standing_refusals(&desired.net),
+        };
         for r in &refused {
             warn!("address {}: {}", r.addr, r.reason);
         }
@@ -158,9 +117,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             bridge,
             statuses,
             memory,
-            stale_udp,
-            new_udp_frontends,
-            health_checks,
+            outputs,
             ..
         } = desired;
         let planned_at = std::time::Instant::now();
@@ -169,17 +126,13 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         let mut nft = self.engine.sync(ruleset)?;
         nft += bridged;
         let committed_at = std::time::Instant::now();
-        // After the new rules are in: a deleted flow's next packet picks a live backend, or
-        // reaches the frontend that now has one.
-        if self.conntrack_cleanup
-            && let Err(e) = crate::conntrack::delete_stale_udp_flows(&stale_udp, &new_udp_frontends)
-        {
-            warn!("conntrack: stale UDP service flows not deleted: {e}");
+        if self.kernel_effects {
+            for (feature, e) in outputs.after_commit() {
+                warn!("{feature}: {e}");
+            }
         }
         let changes = planned?;
         self.net.apply(&changes)?;
-        let dns_learning =
-            std::sync::Arc::new(crate::plan::firewall::learning::learning(&memory.firewall));
         self.memory = memory;
         self.save_state();
         if nft.ops >= TRIM_AFTER_OPS {
@@ -189,8 +142,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             nft,
             net_ops: changes.len(),
             statuses,
-            health_checks,
-            dns_learning,
+            outputs,
             took: SyncTimes {
                 plan: planned_at - started,
                 nft: committed_at - planned_at,
@@ -387,15 +339,16 @@ fn real_reconciler(
     config: &Config,
     fence: Fence,
     quiet: Option<Quiet>,
-) -> Result<Reconciler<NftnlBackend, RtnlBackend>, ReconcileError> {
-    Ok(Reconciler::new(
-        config.clone(),
-        NftnlBackend::new().with_quiet(quiet),
-        RtnlBackend::new(NetConfig::default())?,
+) -> Result<Reconciler<NftnlBackend, Fenced<RtnlBackend>>, ReconcileError> {
+    let net = Fenced {
+        inner: RtnlBackend::new(NetConfig::default())?,
+        fence,
+    };
+    Ok(
+        Reconciler::new(config.clone(), NftnlBackend::new().with_quiet(quiet), net)
+            .with_kernel_effects()
+            .with_state(StateStore::new(&config.state_dir, &config.node_name)),
     )
-    .with_conntrack_cleanup()
-    .with_fence(fence)
-    .with_state(StateStore::new(&config.state_dir, &config.node_name)))
 }
 
 /// Elements per transaction after the first when a large table is created (a cold start):

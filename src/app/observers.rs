@@ -16,9 +16,9 @@ impl SyncObserver for DnsLearning {
     fn observe(&mut self, sync: &SyncOutcome<'_>) {
         if let Ok(report) = sync.result {
             self.0.send_if_modified(|current| {
-                let changed = **current != *report.dns_learning;
+                let changed = **current != *report.outputs.firewall.learning;
                 if changed {
-                    *current = report.dns_learning.clone();
+                    *current = report.outputs.firewall.learning.clone();
                 }
                 changed
             });
@@ -32,8 +32,15 @@ pub struct HealthCheckServer(pub HealthServer);
 impl SyncObserver for HealthCheckServer {
     fn observe(&mut self, sync: &SyncOutcome<'_>) {
         if let Ok(report) = sync.result {
-            self.0
-                .update(report.health_checks.clone().into_iter().collect());
+            self.0.update(
+                report
+                    .outputs
+                    .services
+                    .health_checks
+                    .clone()
+                    .into_iter()
+                    .collect(),
+            );
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod addresses;
 pub mod announce;
 pub mod conflict;
 pub mod fake;
+pub mod fence;
 pub mod links;
 pub mod routes;
 pub mod rtnl;
@@ -437,6 +438,12 @@ pub trait NetBackend {
     fn apply(&mut self, changes: &NetChanges) -> Result<(), NetError>;
     /// Removes every marked object and returns what was removed.
     fn cleanup(&mut self) -> Result<NetChanges, NetError>;
+
+    /// Addresses refused whatever the kernel holds (see [`fence::Fenced`]): what the
+    /// features must not program even when `plan` fails.
+    fn standing_refusals(&self, _desired: &NetDesired) -> Vec<Refusal> {
+        Vec::new()
+    }
 
     /// `plan` then `apply`; returns what was applied.
     fn sync(&mut self, desired: &NetDesired) -> Result<NetChanges, NetError> {

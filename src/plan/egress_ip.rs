@@ -151,8 +151,14 @@ impl Feature for EgressIp {
     const NAME: &'static str = PART;
     const SWITCH: crate::features::Switch = crate::features::Switch::EgressIp;
     type Memory = EgressIpMemory;
+    type Output = ();
 
-    fn plan(inputs: &Inputs, memory: &EgressIpMemory, out: &mut Planned) -> EgressIpMemory {
+    fn plan(
+        inputs: &Inputs,
+        memory: &EgressIpMemory,
+        out: &mut Planned,
+        _: &mut (),
+    ) -> EgressIpMemory {
         let (statuses, memory) = plan(
             inputs.snapshot,
             inputs.config,

@@ -19,7 +19,6 @@ use crate::nft::ir::Table;
 use crate::snapshot::Snapshot;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::net::IpAddr;
 
 /// What every feature plans from.
 #[derive(Clone, Copy)]
@@ -41,18 +40,7 @@ pub struct Planned {
     pub net: NetDesired,
     /// One entry per object a feature looked at.
     pub statuses: Vec<ObjectStatus>,
-    /// UDP service backends that went away: their conntrack entries are to be deleted.
-    pub stale_udp: Vec<(IpAddr, u16)>,
-    /// UDP service frontends that just got their first endpoint: the entries of flows
-    /// that met no endpoint there (never DNATed) are to be deleted.
-    pub new_udp_frontends: Vec<crate::conntrack::UdpFrontend>,
-    /// The health-check ports to serve (see [`HealthChecks`]).
-    pub health_checks: HealthChecks,
 }
-
-/// healthCheckNodePort -> (service, ready local endpoints) of `externalTrafficPolicy: Local`
-/// services. A persistent map: handing it on is O(1).
-pub type HealthChecks = imbl::OrdMap<u16, (String, usize)>;
 
 /// What the backends report about a plan before it is applied.
 #[derive(Debug, Clone, Copy, Default)]
@@ -73,8 +61,16 @@ pub trait Feature {
     /// successful apply).
     type Memory: Clone + Debug + Default + Send + Sync;
 
-    /// Plans the feature into `out` and returns the memory for the next plan.
-    fn plan(inputs: &Inputs, memory: &Self::Memory, out: &mut Planned) -> Self::Memory;
+    /// What the feature hands to the world besides its table (see [`Output`]).
+    type Output: Output;
+
+    /// Plans the feature into `out` and its `output`; returns the memory for the next plan.
+    fn plan(
+        inputs: &Inputs,
+        memory: &Self::Memory,
+        out: &mut Planned,
+        output: &mut Self::Output,
+    ) -> Self::Memory;
 
     /// Second step: amends the feature's own share of `out` (and its statuses) after the
     /// backends reported what they cannot do. `memory` is what [`Feature::plan`] returned.
@@ -91,3 +87,18 @@ pub trait Feature {
         BTreeSet::new()
     }
 }
+
+/// What a feature hands to the world besides its table: the services' stale UDP flows and
+/// health-check ports, the firewall's DNS learning. The reconciler and the loop carry every
+/// feature's output in [`super::Outputs`] without reading it; the run mode's observers (and
+/// [`Output::after_commit`]) do.
+pub trait Output: Clone + Debug + Default + Send + Sync + 'static {
+    /// Kernel side effects due once the plan's rules are committed (and before addresses
+    /// change), with real backends only. An error is logged; the sync still succeeds.
+    fn after_commit(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// For features with nothing beside their table.
+impl Output for () {}

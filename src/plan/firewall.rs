@@ -124,12 +124,27 @@ struct PartInputs {
 /// The EgressFirewall feature (see the module documentation).
 pub struct Firewall;
 
+/// What the firewall hands to the world besides its table: whose DNS answers the proxy
+/// learns from, and into which sets.
+#[derive(Debug, Clone, Default)]
+pub struct FirewallOutput {
+    pub learning: std::sync::Arc<learning::Learning>,
+}
+
+impl super::Output for FirewallOutput {}
+
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::EgressFirewall;
     type Memory = FirewallMemory;
+    type Output = FirewallOutput;
 
-    fn plan(inputs: &Inputs, memory: &FirewallMemory, out: &mut Planned) -> FirewallMemory {
+    fn plan(
+        inputs: &Inputs,
+        memory: &FirewallMemory,
+        out: &mut Planned,
+        output: &mut FirewallOutput,
+    ) -> FirewallMemory {
         let (statuses, memory) = plan(
             inputs.snapshot,
             inputs.config,
@@ -140,10 +155,11 @@ impl Feature for Firewall {
         out.statuses.extend(statuses);
         let mut memory = memory;
         memory.resolvers = steer::trusted_resolvers(inputs.snapshot, &inputs.config.dns_proxy);
+        let learning = learning::learning(&memory);
         if let Some(port) = inputs.config.dns_proxy.port {
-            let learning = learning::learning(&memory);
             steer::plan(&learning, port, &mut out.ruleset, &mut out.net);
         }
+        output.learning = std::sync::Arc::new(learning);
         memory
     }
 

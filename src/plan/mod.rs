@@ -17,7 +17,7 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::Table;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-pub use feature::{BackendReport, Feature, HealthChecks, Inputs, Planned};
+pub use feature::{BackendReport, Feature, Inputs, Output, Planned};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -35,16 +35,39 @@ macro_rules! features {
             $($(#[$doc])* pub $field: <$feature as Feature>::Memory,)*
         }
 
+        /// Every feature's [`Output`] of one plan, carried unread by the reconciler and the
+        /// loop to the observers.
+        #[derive(Debug, Clone, Default)]
+        pub struct Outputs {
+            $(pub $field: <$feature as Feature>::Output,)*
+        }
+
+        impl Outputs {
+            /// Runs every feature's [`Output::after_commit`]; returns the errors, by feature.
+            pub fn after_commit(&self) -> Vec<(&'static str, String)> {
+                let mut errors = Vec::new();
+                $(if let Err(e) = self.$field.after_commit() {
+                    errors.push((<$feature as Feature>::NAME, e));
+                })*
+                errors
+            }
+        }
+
         /// The names of the registered features, in planning order.
         pub const FEATURES: &[&str] = &[$(<$feature as Feature>::NAME),*];
 
-        fn plan_features(inputs: &Inputs, memory: &Memory, out: &mut Planned) -> Memory {
+        fn plan_features(
+            inputs: &Inputs,
+            memory: &Memory,
+            out: &mut Planned,
+            outputs: &mut Outputs,
+        ) -> Memory {
             // Struct fields are evaluated in the order written: registry order.
             // A feature switched off plans nothing and remembers nothing.
             let on = |switch| inputs.config.features.on(switch);
             Memory {
                 $($field: if on(<$feature as Feature>::SWITCH) {
-                    <$feature as Feature>::plan(inputs, &memory.$field, out)
+                    <$feature as Feature>::plan(inputs, &memory.$field, out, &mut outputs.$field)
                 } else {
                     Default::default()
                 },)*
@@ -95,13 +118,8 @@ pub struct Desired {
     pub statuses: Vec<ObjectStatus>,
     /// What to remember for the next plan once this one is applied.
     pub memory: Memory,
-    /// UDP service backends that went away: their conntrack entries are to be deleted.
-    pub stale_udp: Vec<(IpAddr, u16)>,
-    /// UDP service frontends that just got their first endpoint: the entries of flows
-    /// that met no endpoint there (never DNATed) are to be deleted.
-    pub new_udp_frontends: Vec<crate::conntrack::UdpFrontend>,
-    /// The health-check ports to serve.
-    pub health_checks: HealthChecks,
+    /// What the features hand to the world besides the tables.
+    pub outputs: Outputs,
 }
 
 /// The planner's verdict on one object: accepted, or rejected with a precise reason (the
@@ -154,22 +172,18 @@ pub fn plan_with_dns(
         bridge: None,
         net: NetDesired::default(),
         statuses: Vec::new(),
-        stale_udp: Vec::new(),
-        new_udp_frontends: Vec::new(),
-        health_checks: HealthChecks::new(),
     };
     // Each feature reads its own memory and returns the next one: nothing is cloned (a deep
     // copy of 1000 namespaces' memory was a third of re-planning one changed rule).
-    let memory = plan_features(&inputs, memory, &mut out);
+    let mut outputs = Outputs::default();
+    let memory = plan_features(&inputs, memory, &mut out, &mut outputs);
     Desired {
         ruleset: out.ruleset,
         bridge: out.bridge,
         net: out.net,
         statuses: out.statuses,
         memory,
-        stale_udp: out.stale_udp,
-        new_udp_frontends: out.new_udp_frontends,
-        health_checks: out.health_checks,
+        outputs,
     }
 }
 
@@ -192,18 +206,12 @@ pub fn settle(
         bridge: desired.bridge.take(),
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
-        stale_udp: std::mem::take(&mut desired.stale_udp),
-        new_udp_frontends: std::mem::take(&mut desired.new_udp_frontends),
-        health_checks: std::mem::take(&mut desired.health_checks),
     };
     settle_features(&inputs, &desired.memory, report, &mut out);
     desired.ruleset = out.ruleset;
     desired.bridge = out.bridge;
     desired.net = out.net;
     desired.statuses = out.statuses;
-    desired.stale_udp = out.stale_udp;
-    desired.new_udp_frontends = out.new_udp_frontends;
-    desired.health_checks = out.health_checks;
 }
 
 /// The DNS names the next plan of `snapshot` needs (remembered objects included): what the

@@ -91,8 +91,9 @@ impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::NetworkPolicy;
     type Memory = NetpolMemory;
+    type Output = ();
 
-    fn plan(inputs: &Inputs, memory: &NetpolMemory, out: &mut Planned) -> NetpolMemory {
+    fn plan(inputs: &Inputs, memory: &NetpolMemory, out: &mut Planned, _: &mut ()) -> NetpolMemory {
         let snapshot = inputs.snapshot;
         let outcome = memory.validated.update(
             Kind::NetworkPolicy,

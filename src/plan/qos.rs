@@ -43,11 +43,12 @@ impl Feature for Qos {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::EgressQos;
     type Memory = QosMemory;
+    type Output = ();
 
     /// Adds the dispatch maps and rules, and one part (`qos/<namespace>`: the namespace's
     /// chain, its per-rule pod sets and its pods' dispatch elements) per namespace with an
     /// EgressQoS in force.
-    fn plan(inputs: &Inputs, memory: &QosMemory, out: &mut Planned) -> QosMemory {
+    fn plan(inputs: &Inputs, memory: &QosMemory, out: &mut Planned, _: &mut ()) -> QosMemory {
         let (snapshot, config) = (inputs.snapshot, inputs.config);
         let outcome = memory.update(
             Kind::EgressQoS,

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use super::{Fence, ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
+use super::{ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
 use crate::config::Config;
 use crate::dns::DnsService;
+use crate::net::fence::Fence;
 use crate::nft::TABLE_NAME;
 use crate::nft::monitor::{Drift, Quiet};
 use crate::snapshot::Snapshot;

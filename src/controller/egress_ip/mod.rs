@@ -23,7 +23,7 @@ pub mod cloud_sync;
 pub mod egress_ipconfig;
 pub mod fence;
 pub mod host_cidrs;
-pub mod platform;
+pub use crate::config::platform;
 pub mod probe;
 mod term;
 

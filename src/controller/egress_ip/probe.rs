@@ -47,7 +47,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::time::Duration;
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockProtocol, SockType};
 use tokio::net::UdpSocket;
@@ -55,43 +54,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-/// Default time between two rounds.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
-/// Default consecutive missed rounds before a node is dead.
-pub const DEFAULT_MISSES: u32 = 3;
-/// Consecutive answered rounds before a dead node is alive again.
-pub const RISES: u32 = 3;
+pub use crate::config::probes::{DEFAULT_INTERVAL, DEFAULT_MISSES, RISES, Settings};
 
 /// Node name → its probe addresses.
 pub type Targets = BTreeMap<String, Vec<IpAddr>>;
 /// Node name → alive.
 pub type Verdicts = BTreeMap<String, bool>;
-
-/// How the probes run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
-    pub interval: Duration,
-    /// Consecutive missed rounds before a node is dead; 0 turns the probes off.
-    pub misses: u32,
-    /// Consecutive answered rounds before a dead node is alive again.
-    pub rises: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            interval: DEFAULT_INTERVAL,
-            misses: DEFAULT_MISSES,
-            rises: RISES,
-        }
-    }
-}
-
-impl Settings {
-    pub fn enabled(&self) -> bool {
-        self.misses > 0 && !self.interval.is_zero()
-    }
-}
 
 /// One node's verdict with hysteresis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -550,6 +518,7 @@ fn parse_reply(v4: bool, pkt: &[u8], from: Option<IpAddr>, ident: u16) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const MS: Duration = Duration::from_millis(1);
 

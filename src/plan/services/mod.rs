@@ -39,10 +39,9 @@ pub mod topology;
 
 use super::base::chains as base_chains;
 use super::base::sets as base_sets;
-use super::{Feature, HealthChecks, Inputs, ObjectStatus, Planned};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
-use crate::conntrack::UdpFrontend;
 use crate::nft::ir::*;
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
 use claims::{Claim, Rank, externals_on, note, settle_claims, winner};
@@ -162,6 +161,31 @@ impl Settings {
     }
 }
 
+/// healthCheckNodePort -> (service, ready local endpoints) of `externalTrafficPolicy: Local`
+/// services. A persistent map: handing it on is O(1).
+pub type HealthChecks = imbl::OrdMap<u16, (String, usize)>;
+
+/// A UDP service frontend: an address and port (ClusterIP, external IP, LB IP), or a
+/// NodePort (any local address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UdpFrontend {
+    Addr(IpAddr, u16),
+    NodePort(u16),
+}
+
+/// What the services hand to the world besides their table.
+#[derive(Debug, Clone, Default)]
+pub struct ServicesOutput {
+    /// UDP service backends that went away: their conntrack entries are to be deleted
+    /// (`crate::conntrack`, after the commit).
+    pub stale_udp: Vec<(IpAddr, u16)>,
+    /// UDP service frontends that just got their first endpoint: the entries of flows that
+    /// met no endpoint there (never DNATed) are to be deleted.
+    pub new_udp_frontends: Vec<UdpFrontend>,
+    /// The health-check ports to serve.
+    pub health_checks: HealthChecks,
+}
+
 /// The services feature (see the module documentation).
 pub struct Services;
 
@@ -169,13 +193,14 @@ impl Feature for Services {
     const NAME: &'static str = "svc";
     const SWITCH: crate::features::Switch = crate::features::Switch::Services;
     type Memory = Memo;
+    type Output = ServicesOutput;
 
-    fn plan(inputs: &Inputs, memo: &Memo, out: &mut Planned) -> Memo {
+    fn plan(inputs: &Inputs, memo: &Memo, out: &mut Planned, output: &mut ServicesOutput) -> Memo {
         let outcome = plan(inputs.snapshot, inputs.config, memo, &mut out.ruleset);
         out.statuses.extend(outcome.statuses);
-        out.stale_udp.extend(outcome.stale_udp);
-        out.new_udp_frontends.extend(outcome.new_udp_frontends);
-        out.health_checks = outcome.memo.health.clone();
+        output.stale_udp.extend(outcome.stale_udp);
+        output.new_udp_frontends.extend(outcome.new_udp_frontends);
+        output.health_checks = outcome.memo.health.clone();
         outcome.memo
     }
 }

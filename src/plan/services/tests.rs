@@ -74,19 +74,19 @@ fn removed_udp_backend_is_reported_stale() {
         .with(udp(&["10.128.0.1", "10.128.0.2"]))
         .build();
     let first = plan(&one, &cfg);
-    assert!(first.stale_udp.is_empty());
+    assert!(first.outputs.services.stale_udp.is_empty());
     let mut b = one.to_builder();
     b.insert(udp(&["10.128.0.2"]));
     let second = plan_with(&b.build(), &cfg, &first.memory);
     assert_eq!(
-        second.stale_udp,
+        second.outputs.services.stale_udp,
         vec![("10.128.0.1".parse().unwrap(), 8080)]
     );
 }
 
 #[test]
 fn udp_frontends_are_reported_new_only_on_their_first_endpoint() {
-    use crate::conntrack::UdpFrontend;
+    use super::UdpFrontend;
     let udp = |ips: &[&str]| -> crate::api::EndpointSlice {
         let mut s = slice("u", ips);
         s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
@@ -102,7 +102,7 @@ fn udp_frontends_are_reported_new_only_on_their_first_endpoint() {
     port.node_port = Some(30053);
     let none = Snapshot::builder().with(s.clone()).with(udp(&[])).build();
     let first = plan(&none, &honour_all_external_ips());
-    assert!(first.new_udp_frontends.is_empty());
+    assert!(first.outputs.services.new_udp_frontends.is_empty());
     // 0 -> 1 endpoint: every frontend of the port.
     let mut b = none.to_builder();
     b.insert(udp(&["10.128.0.1"]));
@@ -110,7 +110,7 @@ fn udp_frontends_are_reported_new_only_on_their_first_endpoint() {
     let second = plan_with(&one, &honour_all_external_ips(), &first.memory);
     let ip = |s: &str| s.parse().unwrap();
     assert_eq!(
-        second.new_udp_frontends,
+        second.outputs.services.new_udp_frontends,
         vec![
             UdpFrontend::Addr(ip("172.30.0.5"), 80),
             UdpFrontend::Addr(ip("198.51.100.5"), 80),
@@ -121,7 +121,7 @@ fn udp_frontends_are_reported_new_only_on_their_first_endpoint() {
     let mut b = one.to_builder();
     b.insert(udp(&["10.128.0.1", "10.128.0.2"]));
     let third = plan_with(&b.build(), &honour_all_external_ips(), &second.memory);
-    assert!(third.new_udp_frontends.is_empty());
+    assert!(third.outputs.services.new_udp_frontends.is_empty());
 }
 
 #[test]
@@ -539,7 +539,7 @@ fn health_check_counts_only_ready_local_endpoints() {
     let count = |eps: &[objects::Ep]| {
         let snap = Snapshot::builder().with(service.clone()).with(local(eps));
         let desired = plan(&snap.build(), &cfg);
-        desired.health_checks.get(&32100).cloned()
+        desired.outputs.services.health_checks.get(&32100).cloned()
     };
     let ep = objects::ep;
     assert_eq!(

@@ -1,5 +1,5 @@
 //! The platform the cluster runs on, which decides whether egress IPs go through the cloud
-//! (`super::cloud`): `--platform`, or with `auto` the Nodes' `spec.providerID` prefix.
+//! (`controller::egress_ip::cloud`): `--platform`, or with `auto` the Nodes' `spec.providerID` prefix.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,13 +1,17 @@
 //! The resolved agent configuration: command line and environment over the config file over
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
+pub mod election;
+pub mod platform;
+pub mod probes;
+
 use crate::cli::Opts;
-use crate::controller::egress_ip::platform::PlatformChoice;
-use crate::controller::egress_ip::probe;
-use crate::controller::lease::Timings;
 use crate::features::Features;
 use crate::source::limits::Limits;
+use election::Timings;
 use ipnet::IpNet;
+use platform::PlatformChoice;
+use probes as probe;
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -1047,7 +1051,7 @@ mod tests {
 
     #[test]
     fn platform_defaults_to_auto_from_flag_or_file() {
-        use crate::controller::egress_ip::platform::Platform;
+        use platform::Platform;
         assert_eq!(
             Config::resolve(&opts()).unwrap().platform,
             PlatformChoice::Auto
