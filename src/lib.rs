@@ -16,6 +16,7 @@ pub mod features;
 pub mod healthcheck;
 pub mod heap;
 pub mod host;
+pub mod listener;
 pub mod memory_limit;
 pub mod net;
 pub mod nft;

@@ -1,21 +1,18 @@
 //! The admin HTTP server (hyper 1, HTTP/1.1): `/healthz`, `/readyz`, `/metrics`, `/ruleset`,
 //! on loopback; and the metrics-only server (`/metrics`), which may face the network.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::AdminState;
+use crate::listener::{Limits, http};
 use crate::task::{OnExit, Task, once};
 
 /// What a listener serves.
@@ -46,26 +43,13 @@ pub async fn listen(
         Surface::Admin => "admin-server",
         Surface::Metrics => "metrics-server",
     };
+    let limits = match surface {
+        Surface::Admin => Limits::ADMIN,
+        Surface::Metrics => Limits::METRICS,
+    };
+    let handler = move |req| respond(state.clone(), surface, req);
     let serve = async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    debug!("admin accept: {e}");
-                    continue;
-                }
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| respond(state.clone(), surface, req));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!("admin connection from {peer}: {e}");
-                }
-            });
-        }
+        http::serve(name, listener, limits, limits.gate(), handler).await;
     };
     Ok((local, once(name, OnExit::Vital, serve)))
 }
@@ -74,15 +58,15 @@ async fn respond(
     state: Arc<AdminState>,
     surface: Surface,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into()));
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
     let path = req.uri().path();
     if surface == Surface::Metrics && path != "/metrics" {
-        return Ok(text(StatusCode::NOT_FOUND, "try /metrics\n".into()));
+        return text(StatusCode::NOT_FOUND, "try /metrics\n".into());
     }
-    Ok(match path {
+    match path {
         "/healthz" => match state.alive() {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("dead: {why}\n")),
@@ -123,7 +107,7 @@ async fn respond(
             StatusCode::NOT_FOUND,
             "try /healthz /readyz /metrics /ruleset\n".into(),
         ),
-    })
+    }
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

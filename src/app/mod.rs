@@ -72,6 +72,8 @@ async fn run_with(
     manifest_health: Option<ManifestHealth>,
 ) -> Result<(), ReconcileError> {
     let (events, inbox) = mpsc::channel();
+    // Before any listener: a pod's idle connections must not reach a soft limit of 1,024.
+    crate::listener::raise_nofile_limit();
     add_admin_servers(&config, admin, tasks).await?;
     check_host(&config, admin);
     info!("features: {}", config.features);

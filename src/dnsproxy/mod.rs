@@ -4,12 +4,11 @@
 //! learned sets, acknowledged by the kernel, before the answer goes on to the pod.
 //!
 //! `socket` (transparent sockets), `udp` and `tcp` (the two paths), `resolvers` (listeners
-//! at the resolvers' own addresses, for bridged pods with br_netfilter), `fair` (a
-//! namespace's share of the slots), `hold` (parse, learn on the learner thread, wait),
+//! at the resolvers' own addresses, for bridged pods with br_netfilter; a namespace's share
+//! of the slots is `listener::fair`), `hold` (parse, learn on the learner thread, wait),
 //! `answer` (parsing, CNAME chains, IDs), `learn` (the bounded learned-set writer), `metrics`.
 
 pub mod answer;
-pub mod fair;
 pub mod hold;
 pub mod learn;
 pub mod metrics;

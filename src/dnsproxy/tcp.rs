@@ -3,8 +3,8 @@
 //! is held until learned before it is written back.
 
 use super::answer;
-use super::fair::Gate;
 use super::hold::Holder;
+use crate::listener::fair::Gate;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -38,30 +38,24 @@ impl TcpProxy {
         }
     }
 
-    /// Serves the listener until it fails.
+    /// Serves the listener forever (running out of descriptors backs off: see
+    /// `listener::accept_loop`).
     pub async fn serve(&self, listener: TcpListener) -> std::io::Result<()> {
         let holder = &self.holder;
-        loop {
-            let (pod_conn, pod) = match listener.accept().await {
-                Ok(c) => c,
-                Err(_) => {
-                    holder.metrics().error("tcp");
-                    continue;
-                }
-            };
+        crate::listener::accept_loop("dns proxy (tcp)", &listener, |pod_conn, pod| {
             // With tproxy (or a listener at the resolver's address) the accepted socket's
             // local address is the server the pod connected to.
             let Ok(server) = pod_conn.local_addr() else {
                 holder.metrics().error("tcp");
-                continue;
+                return;
             };
             let Some(tenant) = holder.tenant(pod.ip(), server.ip()) else {
                 holder.metrics().error("untrusted");
-                continue;
+                return;
             };
             let Some(ticket) = self.gate.admit(tenant) else {
                 holder.metrics().error("overload");
-                continue;
+                return;
             };
             let (holder, limits) = (holder.clone(), self.limits.clone());
             tokio::spawn(async move {
@@ -71,7 +65,8 @@ impl TcpProxy {
                     holder.metrics().error(reason);
                 }
             });
-        }
+        })
+        .await
     }
 }
 

@@ -6,10 +6,10 @@
 //! pass as they are: the pod retries over TCP, which the TCP path proxies. EDNS and every
 //! other byte are forwarded untouched.
 
-use super::fair::Gate;
 use super::hold::Holder;
 use super::metrics::ProxyMetrics;
 use super::{answer, socket};
+use crate::listener::fair::Gate;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -12,10 +12,7 @@ pub mod proxy;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
@@ -25,6 +22,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::listener::{Limits, SourceGate, http};
 use crate::task::{OnExit, Task, task};
 use proxy::ProxyHealth;
 
@@ -37,6 +35,8 @@ pub struct HealthServer {
     state: Arc<RwLock<Health>>,
     proxy: Arc<ProxyHealth>,
     listeners: BTreeMap<u16, JoinHandle<()>>,
+    /// One admission for every port: a client's connections count across them.
+    gate: SourceGate,
 }
 
 impl HealthServer {
@@ -47,6 +47,7 @@ impl HealthServer {
             state: Arc::default(),
             proxy,
             listeners: BTreeMap::new(),
+            gate: Limits::HEALTH.gate(),
         }
     }
 
@@ -62,16 +63,20 @@ impl HealthServer {
         for port in health.keys() {
             if !self.listeners.contains_key(port) {
                 let (state, proxy) = (self.state.clone(), self.proxy.clone());
-                let port = *port;
+                let (port, gate) = (*port, self.gate.clone());
                 let task = self.runtime.spawn(async move {
                     // [::] is dual-stack: IPv4 clients arrive as v4-mapped addresses.
                     let addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-                    let served = match TcpListener::bind(addr).await {
-                        Ok(l) => serve(l, service_handler(port, state, proxy)).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = served {
-                        warn!("health check port {port}: {e}");
+                    // A port another process holds is tried again; serving never ends.
+                    loop {
+                        match TcpListener::bind(addr).await {
+                            Ok(l) => {
+                                let handler = service_handler(port, state.clone(), proxy.clone());
+                                serve(l, gate.clone(), handler).await;
+                            }
+                            Err(e) => warn!("health check port {port}: {e}; retrying in 5 s"),
+                        }
+                        tokio::time::sleep(Duration::from_secs(5)).await;
                     }
                 });
                 self.listeners.insert(port, task);
@@ -96,24 +101,21 @@ impl Drop for HealthServer {
     }
 }
 
-/// Serves HTTP/1 on `listener`, each request answered by `handler` from its path.
-async fn serve<F>(listener: TcpListener, handler: F) -> std::io::Result<()>
+/// Serves HTTP/1 on `listener` under [`Limits::HEALTH`] (admitted by `gate`), each request
+/// answered by `handler` from its path. Never returns (see `listener::accept_loop`).
+async fn serve<F>(listener: TcpListener, gate: SourceGate, handler: F)
 where
     F: Fn(&str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
 {
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let handler = handler.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let resp = handler(req.uri().path());
-                async move { Ok::<_, std::convert::Infallible>(resp) }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    let name = match listener.local_addr() {
+        Ok(addr) => format!("health server on {addr}"),
+        Err(_) => "health server".into(),
+    };
+    let answer = move |req: Request<Incoming>| {
+        let response = handler(req.uri().path());
+        async move { response }
+    };
+    http::serve(&name, listener, Limits::HEALTH, gate, answer).await
 }
 
 fn service_handler(
@@ -214,11 +216,8 @@ pub fn proxy_health_task(
                 match bind(addr).await {
                     Ok(listener) => {
                         info!("proxy health (/healthz, /livez) on {addr}");
-                        if let Err(e) =
-                            serve(listener, proxy_handler(health.clone(), count.clone())).await
-                        {
-                            warn!("proxy health server on {addr}: {e}");
-                        }
+                        let handler = proxy_handler(health.clone(), count.clone());
+                        serve(listener, Limits::HEALTH.gate(), handler).await;
                     }
                     Err(e) => warn!("proxy health server on {addr}: {e}; retrying in 5 s"),
                 }
@@ -272,7 +271,7 @@ mod tests {
         )])));
         let proxy = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
         let handler = service_handler(addr.port(), state.clone(), proxy.clone());
-        tokio::spawn(serve(l, handler));
+        tokio::spawn(serve(l, Limits::HEALTH.gate(), handler));
 
         let (code, head, body) = get(addr, "/").await;
         assert_eq!(code, 200, "{body}");
@@ -319,7 +318,11 @@ mod tests {
         let metrics = Arc::new(crate::admin::metrics::Metrics::new());
         let m = metrics.clone();
         let count: ProbeCounter = Arc::new(move |livez, code| m.kubeproxy.probe(livez, code));
-        tokio::spawn(serve(l, proxy_handler(health.clone(), count)));
+        tokio::spawn(serve(
+            l,
+            Limits::HEALTH.gate(),
+            proxy_handler(health.clone(), count),
+        ));
 
         for path in ["/healthz", "/livez"] {
             let (code, head, body) = get(addr, path).await;

@@ -9,6 +9,7 @@ mod failclosed;
 mod firewall;
 mod hostile_input;
 mod lab_selftest;
+mod listeners;
 mod net;
 mod netpol;
 mod netpol_attacks;

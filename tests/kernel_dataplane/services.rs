@@ -502,7 +502,7 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
 }
 
 /// `GET path` over HTTP from `ns`: (status code, body).
-fn http_get(ns: &Ns, addr: &str, path: &str) -> Result<(u16, String), String> {
+pub(crate) fn http_get(ns: &Ns, addr: &str, path: &str) -> Result<(u16, String), String> {
     let (addr, path) = (addr.to_string(), path.to_string());
     ns.enter(move || {
         let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), SECOND)
@@ -527,7 +527,7 @@ fn http_get(ns: &Ns, addr: &str, path: &str) -> Result<(u16, String), String> {
 }
 
 /// `GET /` on a health-check port: (status code, JSON body).
-fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), String> {
+pub(crate) fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), String> {
     let (code, body) = http_get(ns, addr, "/")?;
     let json = serde_json::from_str(&body).map_err(|e| format!("{e}: {body:?}"))?;
     Ok((code, json))

@@ -1,5 +1,6 @@
 //! Running the `agent` binary under test inside a netns.
 
+use std::cell::Cell;
 use std::ffi::OsString;
 use std::fs::File;
 use std::net::SocketAddr;
@@ -12,6 +13,23 @@ use nix::unistd::Pid;
 
 use super::netns::{CmdError, Ns};
 use super::sandbox;
+
+thread_local! {
+    static OPEN_FILES: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+}
+
+/// Agents started from this thread inside `f` run under `prlimit --nofile=soft:hard`, as
+/// systemd and containerd start services (a soft limit of 1,024).
+pub fn with_open_files<T>(soft: u64, hard: u64, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<(u64, u64)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OPEN_FILES.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(OPEN_FILES.with(|o| o.replace(Some((soft, hard)))));
+    f()
+}
 
 /// The `agent` binary Cargo built next to the running test or bench: Cargo puts those in
 /// `target/<profile>/deps/` and the binaries they need in `target/<profile>/`. The kit is a
@@ -178,6 +196,14 @@ impl Ns {
         argv.extend(args.iter().map(OsString::from));
         if sandbox::is_sandboxed() {
             argv = sandbox::wrap(&self.state_dir(), &argv);
+        }
+        if let Some((soft, hard)) = OPEN_FILES.with(Cell::get) {
+            let limit = [
+                "prlimit".into(),
+                format!("--nofile={soft}:{hard}").into(),
+                "--".into(),
+            ];
+            argv.splice(0..0, limit);
         }
         argv
     }

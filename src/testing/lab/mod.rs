@@ -25,7 +25,9 @@ mod traffic;
 
 use std::time::{Duration, Instant};
 
-pub use agent::{AgentProcess, ManifestAgent, agent_bin, assert_every_task_stopped};
+pub use agent::{
+    AgentProcess, ManifestAgent, agent_bin, assert_every_task_stopped, with_open_files,
+};
 pub use byte_server::{byte_server, connect_times};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
 pub use echo::{EchoConn, line_echo_server};

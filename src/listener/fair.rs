@@ -1,6 +1,7 @@
-//! A namespace's share of the proxy's in-flight slots: the pods of one tenant (however many,
-//! and whatever source addresses they use) cannot take every slot and starve another
-//! tenant's lookups.
+//! Fair admission for everything that serves tenants: a total of slots, of which one holder
+//! (a source address at the HTTP listeners, a namespace at the DNS proxy, whatever addresses
+//! its pods use) holds at most its share, so that one cannot take every slot and starve the
+//! others.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -44,31 +45,32 @@ impl<K: Hash + Eq + Clone> Shares<K> {
     }
 }
 
-/// One transport's admission (UDP queries, TCP connections): at most `total` in flight, of
-/// which one namespace holds at most `per_namespace`.
+/// One listener's or transport's admission (connections, UDP queries): at most `total` in
+/// flight, of which one holder (`K`: a namespace, a source address) holds at most
+/// `per_holder`.
 #[derive(Clone)]
-pub struct Gate {
+pub struct Gate<K: Hash + Eq = Arc<str>> {
     slots: Arc<Semaphore>,
-    shares: Shares<Arc<str>>,
+    shares: Shares<K>,
 }
 
 /// What an admitted query or connection holds until it ends.
-pub struct Ticket {
-    _share: Share<Arc<str>>,
+pub struct Ticket<K: Hash + Eq = Arc<str>> {
+    _share: Share<K>,
     _slot: OwnedSemaphorePermit,
 }
 
-impl Gate {
-    pub fn new(total: usize, per_namespace: usize) -> Gate {
+impl<K: Hash + Eq + Clone> Gate<K> {
+    pub fn new(total: usize, per_holder: usize) -> Gate<K> {
         Gate {
             slots: Arc::new(Semaphore::new(total)),
-            shares: Shares::new(per_namespace),
+            shares: Shares::new(per_holder),
         }
     }
 
-    /// A ticket for `tenant`, or `None` (overload) when its namespace holds its share or
-    /// every slot is taken.
-    pub fn admit(&self, tenant: Arc<str>) -> Option<Ticket> {
+    /// A ticket for `tenant`, or `None` (overload) when it holds its share or every slot is
+    /// taken.
+    pub fn admit(&self, tenant: K) -> Option<Ticket<K>> {
         let share = self.shares.try_acquire(tenant)?;
         let slot = self.slots.clone().try_acquire_owned().ok()?;
         Some(Ticket {
