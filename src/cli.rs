@@ -30,6 +30,12 @@ pub enum Command {
     /// policy rules it marked as its own. Nothing else is touched. The state directory is
     /// left alone (delete it by hand to forget the last valid objects).
     Cleanup,
+    /// Run only the cluster's EgressIP assigner: watch Nodes, EgressIPs and
+    /// CloudPrivateIPConfigs, stand for the Lease `nodeplane-egress-assigner`, and while
+    /// leading probe the egress nodes and write EgressIP `status.items` and
+    /// CloudPrivateIPConfigs. Nothing is programmed on this host. deploy/assigner.yaml runs it
+    /// as a Deployment under its own ServiceAccount (see README "EgressIP assignment").
+    Assigner,
 }
 
 /// Options shared by every mode. All are optional here so that the config file can fill
@@ -309,11 +315,11 @@ pub struct Opts {
     )]
     pub disable_features: Vec<String>,
 
-    /// Stand as a candidate for the cluster's EgressIP assigner (Kubernetes mode): at most one
-    /// agent at a time holds the role, elected with the Lease `nodeplane-egress-assigner`.
-    /// `false` keeps this agent out of the election (it still programs its node); set it on
-    /// every agent where another controller (OVN-Kubernetes' cluster manager) writes EgressIP
-    /// `status.items`, or the two assigners fight. Default: true.
+    /// nodeplane assigns EgressIPs in this cluster (Kubernetes mode): the agent publishes its
+    /// Node's `k8s.ovn.org/host-cidrs`, fences itself when cut off, and (see
+    /// --egress-ip-assigner-candidate) stands for the assigner's election. `false` where
+    /// another controller (OVN-Kubernetes' cluster manager) assigns: it writes EgressIP
+    /// `status.items` and the annotation, and two assigners would fight. Default: true.
     #[arg(
         long,
         global = true,
@@ -325,6 +331,23 @@ pub struct Opts {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub egress_ip_assigner: Option<bool>,
+
+    /// Stand for the assigner's election in this node agent: at most one process at a time
+    /// holds the role, elected with the Lease `nodeplane-egress-assigner`, and it writes
+    /// EgressIP status and CloudPrivateIPConfigs. deploy/ sets `false` and runs the role as
+    /// `agent assigner` under an identity of its own, so that no node's credentials can move
+    /// egress IPs; `true` suits a single identity (systemd, small labs). Default: true.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_EGRESS_IP_ASSIGNER_CANDIDATE",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub egress_ip_assigner_candidate: Option<bool>,
 
     /// While a NetworkPolicy is in force, drop forwarded packets whose source address is not
     /// routed back through the interface they came in on (`fib saddr . iif oif missing`):

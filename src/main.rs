@@ -31,6 +31,9 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     if let Some(Command::Cleanup) = cli.command {
         return Ok(reconcile::cleanup(&config)?);
     }
+    if let Some(Command::Assigner) = cli.command {
+        return Ok(tokio_runtime()?.block_on(app::assigner::run(config))?);
+    }
     if cli.opts.dry_run {
         print!("{}", reconcile::dry_run(&config)?);
         return Ok(());
@@ -38,11 +41,14 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     if cli.opts.once {
         return Ok(reconcile::once(&config)?);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    Ok(tokio_runtime()?.block_on(app::run(config))?)
+}
+
+fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .build()?;
-    Ok(runtime.block_on(app::run(config))?)
+        .build()
 }
 
 /// Logs go to stderr so that `--dry-run` output on stdout stays a clean ruleset; one event is

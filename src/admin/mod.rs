@@ -43,6 +43,8 @@ pub struct AdminState {
     environment: Mutex<Environment>,
     /// Tasks that are down: name → (why, vital). See [`crate::task::Health`].
     tasks: Mutex<BTreeMap<String, (String, bool)>>,
+    /// `agent assigner`: no control loop, so no sync to wait for.
+    no_syncs: bool,
 }
 
 /// Problems of the agent's environment, by what they concern (`capabilities`, `dns proxy`,
@@ -68,6 +70,12 @@ impl AdminState {
             source,
             ..Default::default()
         }
+    }
+
+    /// For a process without a control loop (`agent assigner`): ready without a sync.
+    pub fn without_syncs(mut self) -> AdminState {
+        self.no_syncs = true;
+        self
     }
 
     /// Reports the manifests loader's health in `/readyz` too.
@@ -169,6 +177,9 @@ impl AdminState {
             .collect();
         if !errors.is_empty() {
             return Err(errors.join("; "));
+        }
+        if self.no_syncs {
+            return Ok(());
         }
         let last = self.last();
         if let Some(e) = &last.error {

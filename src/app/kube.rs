@@ -71,7 +71,7 @@ pub async fn start(
     }
     // Candidates only once every kind is listed: an assigner must not act on a partial view
     // of the cluster.
-    if egress_ip_on && config.egress_ip_assigner {
+    if egress_ip_on && config.egress_ip_assigner && config.egress_ip_assigner_candidate {
         add_assigner(config, client, &source.snapshots, admin, tasks);
     }
     Ok(Some(source.snapshots))
@@ -133,7 +133,7 @@ fn add_fence(
 /// The candidacy for the EgressIP assigner role (Lease `EGRESS_IP_ASSIGNER_LEASE` in
 /// `--leader-elect-namespace`, holder identity the node name), the report of who leads, and
 /// the assigner, which acts only while this agent leads.
-fn add_assigner(
+pub(super) fn add_assigner(
     config: &Config,
     client: kube::Client,
     snapshots: &Published,

@@ -4,6 +4,7 @@
 //! ([`crate::reconcile::run_loop`]), and on SIGTERM/SIGINT stop the loop, then every task in
 //! reverse order within [`SHUTDOWN_DEADLINE`]. The rules stay in place.
 
+pub mod assigner;
 mod kube;
 mod observers;
 

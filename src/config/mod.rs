@@ -110,8 +110,11 @@ pub struct Config {
     pub api_watch_timeout: Duration,
     /// The features that run on this node (`--features`, `--disable-features`).
     pub features: Features,
-    /// Candidate for the cluster's EgressIP assigner (Kubernetes mode).
+    /// nodeplane assigns EgressIPs in this cluster (Kubernetes mode): the node publishes its
+    /// `k8s.ovn.org/host-cidrs` and fences itself.
     pub egress_ip_assigner: bool,
+    /// This process stands for the assigner's election (`agent assigner` always does).
+    pub egress_ip_assigner_candidate: bool,
     /// NetworkPolicy's reverse-path check on forwarded packets (`plan::netpol`).
     pub pod_source_check: bool,
     /// Namespace of the election Lease.
@@ -208,6 +211,7 @@ impl Config {
             api_watch_timeout: DEFAULT_API_WATCH_TIMEOUT,
             features: Features::default(),
             egress_ip_assigner: true,
+            egress_ip_assigner_candidate: true,
             pod_source_check: true,
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
@@ -432,6 +436,10 @@ impl Config {
                 .egress_ip_assigner
                 .or(file.egress_ip_assigner)
                 .unwrap_or(true),
+            egress_ip_assigner_candidate: opts
+                .egress_ip_assigner_candidate
+                .or(file.egress_ip_assigner_candidate)
+                .unwrap_or(true),
             pod_source_check: opts
                 .pod_source_check
                 .or(file.pod_source_check)
@@ -628,6 +636,7 @@ struct FileConfig {
     features: Option<Vec<String>>,
     disable_features: Option<Vec<String>>,
     egress_ip_assigner: Option<bool>,
+    egress_ip_assigner_candidate: Option<bool>,
     pod_source_check: Option<bool>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,

@@ -921,3 +921,75 @@ fn silently_stalled_api_connections_are_noticed_and_changes_flow_again() {
     assert!(status.success(), "agent exit {status:?}:\n{logs}");
     assert!(logs.contains("no data for"), "stall not logged:\n{logs}");
 }
+
+/// deploy/'s split: the node agent (`--egress-ip-assigner-candidate=false`) writes no Lease,
+/// no EgressIP and no CloudPrivateIPConfig; `agent assigner`, a process of its own (its own
+/// identity in deploy/), is elected and places the egress IP.
+#[test]
+fn agent_assigner_places_egress_ips_and_the_node_agent_writes_none() {
+    let mut s = setup();
+    // The node agent publishes its egress-capable subnet (k8s.ovn.org/host-cidrs).
+    let upstream = s.lab.add_host("upstream");
+    s.lab.link(
+        &s.node,
+        &["192.168.50.11/24"],
+        &upstream,
+        &["192.168.50.1/24"],
+    );
+    let mut n = node(NODE, "192.168.50.11");
+    n["metadata"]["labels"]["k8s.ovn.org/egress-assignable"] = json!("");
+    n["status"]["conditions"] = json!([{"type": "Ready", "status": "True",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]);
+    s.api.put(n);
+    s.api
+        .put(json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
+        "metadata": {"name": "eip-shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"egressIPs": ["192.168.50.100"], "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app": "web"}}}}));
+    let agent = s.spawn_with(&["--egress-ip-assigner-candidate=false"]);
+    wait_admin(&s.node, "/readyz", 200, "ready\n");
+    let moves = |w: &fakeapi::Recorded| {
+        ["/leases", "/egressips", "/cloudprivateipconfigs"]
+            .iter()
+            .any(|p| w.path.contains(p))
+    };
+    let by_node_agent: Vec<_> = s.api.writes().into_iter().filter(moves).collect();
+    assert!(by_node_agent.is_empty(), "{by_node_agent:#?}");
+    let assigner = s.node.spawn_agent(&[
+        "assigner",
+        "--kubeconfig",
+        &s.kubeconfig,
+        "--node-name",
+        "assigner-a",
+        "--admin-address",
+        "127.0.0.1:9943",
+        "--metrics-bind-address=",
+        "--egress-ip-probe-misses",
+        "0",
+    ]);
+    eventually(WAIT, || {
+        let eip = s.api.object("EgressIP", "", "eip-shop");
+        let items = eip
+            .map(|e| e["status"]["items"].clone())
+            .unwrap_or_default();
+        (items == json!([{"egressIP": "192.168.50.100", "node": NODE}]))
+            .then_some(())
+            .ok_or(format!("{items}"))
+    });
+    let lease = s
+        .api
+        .object("Lease", "nodeplane", "nodeplane-egress-assigner");
+    assert_eq!(
+        lease.expect("the Lease")["spec"]["holderIdentity"],
+        "assigner-a"
+    );
+    let (status, logs) = assigner.stop();
+    assert!(status.success(), "assigner exit {status:?}:\n{logs}");
+    lab::assert_every_task_stopped(&logs, 6);
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(
+        !logs.contains("egress-ip-assigner: this node leads"),
+        "{logs}"
+    );
+}

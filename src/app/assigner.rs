@@ -1,0 +1,64 @@
+//! `agent assigner`: the cluster's EgressIP assigner alone, under an identity of its own
+//! (deploy/assigner.yaml), so that the node agents' credentials cannot move egress IPs. The
+//! same tasks as a node agent's candidacy (`kube::add_assigner`) on a Kubernetes source of the
+//! kinds it reads; no control loop, nothing programmed on the host.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::{SHUTDOWN_DEADLINE, add_admin_servers, kube, wait_for_signal};
+use crate::admin::AdminState;
+use crate::config::Config;
+use crate::features::{Features, Switch};
+use crate::observe::ReconcileError;
+use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::task::Runtime;
+
+pub async fn run(config: Config) -> Result<(), ReconcileError> {
+    let health = SourceHealth::default();
+    let admin = Arc::new(AdminState::new(Some(health.clone())).without_syncs());
+    let mut tasks = Runtime::new(admin.clone());
+    let result = match start(&config, health, &admin, &mut tasks).await {
+        Ok(true) => {
+            wait_for_signal().await;
+            Ok(())
+        }
+        Ok(false) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let stopped = tasks.shutdown(SHUTDOWN_DEADLINE).await;
+    info!("{stopped}");
+    result
+}
+
+/// Starts the tasks; false when a signal came before every kind was listed.
+async fn start(
+    config: &Config,
+    health: SourceHealth,
+    admin: &Arc<AdminState>,
+    tasks: &mut Runtime,
+) -> Result<bool, ReconcileError> {
+    crate::listener::raise_nofile_limit();
+    add_admin_servers(config, admin, tasks).await?;
+    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+    let client = kube_source::client(
+        config.kubeconfig.as_deref(),
+        config.api_server.as_ref(),
+        liveness,
+    )
+    .await?;
+    let kinds = Features::only(&[Switch::EgressIp]).kinds();
+    let source = kube_source::start(client.clone(), health, liveness, &kinds, tasks);
+    // An assigner must not act on a partial view of the cluster.
+    info!("waiting for the initial list of every kind");
+    let mut listed = source.snapshots.clone();
+    tokio::select! {
+        synced = listed.wait_for(Option::is_some) => {
+            synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+        }
+        _ = wait_for_signal() => return Ok(false),
+    }
+    kube::add_assigner(config, client, &source.snapshots, admin, tasks);
+    Ok(true)
+}
