@@ -5,6 +5,7 @@ mod api_selector_props;
 mod cli;
 mod deploy_crds;
 mod deploy_manifests;
+mod deploy_rbac;
 mod module_graph;
 mod nft_diff;
 mod render_golden;
