@@ -227,6 +227,25 @@ impl Config {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
         };
+        // Settings read by reference first: the rest moves out of `file`.
+        let manifest_limits = manifest_limits(opts, &file)?;
+        let watch_timeout = opts
+            .api_watch_timeout_seconds
+            .or(file.api_watch_timeout_seconds)
+            .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
+        if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
+            return Err(ConfigError::WatchTimeout(watch_timeout));
+        }
+        let leader_elect = election_timings(opts, &file)?;
+        let egress_ip_probe = egress_ip_probe(opts, &file)?;
+        let platform = match opts.platform.clone().or(file.platform.clone()) {
+            Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
+                option: "--platform",
+                reason,
+            })?,
+            None => PlatformChoice::Auto,
+        };
+        let leader_elect_namespace = election_namespace(opts, &file)?;
         let node_name = match opts.node_name.clone().or(file.node_name) {
             Some(n) => n,
             None => default_node_name()?,
@@ -236,113 +255,6 @@ impl Config {
         }
         let cluster = pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR);
         let service = pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR);
-        let defaults = Limits::default();
-        let manifest_limits = Limits {
-            max_bytes: opts
-                .manifest_max_bytes
-                .or(file.manifest_max_bytes)
-                .unwrap_or(defaults.max_bytes),
-            max_depth: opts
-                .manifest_max_depth
-                .or(file.manifest_max_depth)
-                .unwrap_or(defaults.max_depth),
-            max_alias_expansion: opts
-                .manifest_max_alias_expansion
-                .or(file.manifest_max_alias_expansion)
-                .unwrap_or(defaults.max_alias_expansion),
-        };
-        if manifest_limits.max_depth == 0 {
-            return Err(ConfigError::Invalid {
-                option: "--manifest-max-depth",
-                reason: "must be at least 1".into(),
-            });
-        }
-        let watch_timeout = opts
-            .api_watch_timeout_seconds
-            .or(file.api_watch_timeout_seconds)
-            .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
-        if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
-            return Err(ConfigError::WatchTimeout(watch_timeout));
-        }
-        let duration =
-            |option, flag: &Option<String>, file: Option<DurationValue>, default| match flag
-                .clone()
-                .map(DurationValue::Text)
-                .or(file)
-            {
-                Some(v) => v.parse(option),
-                None => Ok(default),
-            };
-        let d = Timings::DEFAULT;
-        let leader_elect = Timings {
-            lease_duration: duration(
-                "--leader-elect-lease-duration",
-                &opts.leader_elect_lease_duration,
-                file.leader_elect_lease_duration,
-                d.lease_duration,
-            )?,
-            renew_deadline: duration(
-                "--leader-elect-renew-deadline",
-                &opts.leader_elect_renew_deadline,
-                file.leader_elect_renew_deadline,
-                d.renew_deadline,
-            )?,
-            retry_period: duration(
-                "--leader-elect-retry-period",
-                &opts.leader_elect_retry_period,
-                file.leader_elect_retry_period,
-                d.retry_period,
-            )?,
-        };
-        leader_elect
-            .validate()
-            .map_err(ConfigError::LeaderElection)?;
-        let probe_interval = duration(
-            "--egress-ip-probe-interval",
-            &opts.egress_ip_probe_interval,
-            file.egress_ip_probe_interval,
-            probe::DEFAULT_INTERVAL,
-        )?;
-        if !(MIN_PROBE_INTERVAL..=MAX_PROBE_INTERVAL).contains(&probe_interval) {
-            return Err(ConfigError::Invalid {
-                option: "--egress-ip-probe-interval",
-                reason: format!(
-                    "{probe_interval:?} is not between {MIN_PROBE_INTERVAL:?} and \
-                     {MAX_PROBE_INTERVAL:?}"
-                ),
-            });
-        }
-        let probe_misses = opts
-            .egress_ip_probe_misses
-            .or(file.egress_ip_probe_misses)
-            .unwrap_or(probe::DEFAULT_MISSES);
-        let egress_ip_probe = probe::Settings {
-            interval: probe_interval,
-            misses: probe_misses,
-            ..probe::Settings::default()
-        };
-        let platform = match opts.platform.clone().or(file.platform) {
-            Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
-                option: "--platform",
-                reason,
-            })?,
-            None => PlatformChoice::Auto,
-        };
-        let leader_elect_namespace = opts
-            .leader_elect_namespace
-            .clone()
-            .or(file.leader_elect_namespace)
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|n| !n.is_empty())
-            })
-            .unwrap_or_else(|| DEFAULT_LEADER_ELECT_NAMESPACE.into());
-        if leader_elect_namespace.is_empty() {
-            return Err(ConfigError::LeaderElection(
-                "--leader-elect-namespace must not be empty".into(),
-            ));
-        }
         let healthz = opts
             .healthz_bind_address
             .as_deref()
@@ -651,6 +563,113 @@ struct FileConfig {
     dns_max_addresses_per_name: Option<usize>,
     dns_max_addresses_per_namespace: Option<usize>,
     platform: Option<String>,
+}
+
+/// `--manifest-max-*`.
+fn manifest_limits(opts: &Opts, file: &FileConfig) -> Result<Limits, ConfigError> {
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_bytes: (opts.manifest_max_bytes)
+            .or(file.manifest_max_bytes)
+            .unwrap_or(defaults.max_bytes),
+        max_depth: (opts.manifest_max_depth)
+            .or(file.manifest_max_depth)
+            .unwrap_or(defaults.max_depth),
+        max_alias_expansion: (opts.manifest_max_alias_expansion)
+            .or(file.manifest_max_alias_expansion)
+            .unwrap_or(defaults.max_alias_expansion),
+    };
+    if limits.max_depth == 0 {
+        return Err(ConfigError::Invalid {
+            option: "--manifest-max-depth",
+            reason: "must be at least 1".into(),
+        });
+    }
+    Ok(limits)
+}
+
+/// A duration option: the flag's text, else the file's value, else `default`.
+fn duration(
+    option: &'static str,
+    flag: &Option<String>,
+    file: &Option<DurationValue>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match flag.clone().map(DurationValue::Text).or(file.clone()) {
+        Some(v) => v.parse(option),
+        None => Ok(default),
+    }
+}
+
+/// `--leader-elect-{lease-duration,renew-deadline,retry-period}`, validated together.
+fn election_timings(opts: &Opts, file: &FileConfig) -> Result<Timings, ConfigError> {
+    let d = Timings::DEFAULT;
+    let timings = Timings {
+        lease_duration: duration(
+            "--leader-elect-lease-duration",
+            &opts.leader_elect_lease_duration,
+            &file.leader_elect_lease_duration,
+            d.lease_duration,
+        )?,
+        renew_deadline: duration(
+            "--leader-elect-renew-deadline",
+            &opts.leader_elect_renew_deadline,
+            &file.leader_elect_renew_deadline,
+            d.renew_deadline,
+        )?,
+        retry_period: duration(
+            "--leader-elect-retry-period",
+            &opts.leader_elect_retry_period,
+            &file.leader_elect_retry_period,
+            d.retry_period,
+        )?,
+    };
+    timings.validate().map_err(ConfigError::LeaderElection)?;
+    Ok(timings)
+}
+
+/// `--leader-elect-namespace`, else the pod's namespace (`POD_NAMESPACE`), else `nodeplane`.
+fn election_namespace(opts: &Opts, file: &FileConfig) -> Result<String, ConfigError> {
+    let namespace = (opts.leader_elect_namespace.clone())
+        .or(file.leader_elect_namespace.clone())
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| DEFAULT_LEADER_ELECT_NAMESPACE.into());
+    if namespace.is_empty() {
+        return Err(ConfigError::LeaderElection(
+            "--leader-elect-namespace must not be empty".into(),
+        ));
+    }
+    Ok(namespace)
+}
+
+/// `--egress-ip-probe-interval` and `--egress-ip-probe-misses`.
+fn egress_ip_probe(opts: &Opts, file: &FileConfig) -> Result<probe::Settings, ConfigError> {
+    let interval = duration(
+        "--egress-ip-probe-interval",
+        &opts.egress_ip_probe_interval,
+        &file.egress_ip_probe_interval,
+        probe::DEFAULT_INTERVAL,
+    )?;
+    if !(MIN_PROBE_INTERVAL..=MAX_PROBE_INTERVAL).contains(&interval) {
+        return Err(ConfigError::Invalid {
+            option: "--egress-ip-probe-interval",
+            reason: format!(
+                "{interval:?} is not between {MIN_PROBE_INTERVAL:?} and {MAX_PROBE_INTERVAL:?}"
+            ),
+        });
+    }
+    let misses = (opts.egress_ip_probe_misses)
+        .or(file.egress_ip_probe_misses)
+        .unwrap_or(probe::DEFAULT_MISSES);
+    Ok(probe::Settings {
+        interval,
+        misses,
+        ..probe::Settings::default()
+    })
 }
 
 /// A duration in the config file: `4s`, `500ms`, `1.5s`, `1m`, or a number of seconds.
