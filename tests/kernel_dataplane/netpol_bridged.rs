@@ -21,16 +21,16 @@ const PODS: [(&str, &str, &str); 3] = [
     ("c", "10.128.5.4", "fd01:5::4"),
 ];
 
-struct Bridged {
-    node: Ns,
-    pods: Vec<Endpoint>,
-    pods6: Vec<Endpoint>,
-    agent: ManifestAgent,
+pub struct Bridged {
+    pub node: Ns,
+    pub pods: Vec<Endpoint>,
+    pub pods6: Vec<Endpoint>,
+    pub agent: ManifestAgent,
     _servers: Vec<Server>,
     _lab: Lab,
 }
 
-fn bridged() -> Bridged {
+pub fn bridged() -> Bridged {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let bridge = lab.add_bridge(&node, "br0", &["10.128.5.1/24", "fd01:5::1/64"]);
@@ -71,12 +71,12 @@ fn bridged() -> Bridged {
     }
 }
 
-fn br_netfilter(node: &Ns, on: bool) {
+pub fn br_netfilter(node: &Ns, on: bool) {
     lab::set_br_netfilter(node, on);
 }
 
 /// Isolates `to` for ingress, allowing only `from` (by podSelector).
-fn only(from: &str, to: &str) -> String {
+pub fn only(from: &str, to: &str) -> String {
     objects::network_policy(
         "x",
         "only",
