@@ -71,6 +71,9 @@ pub struct SyncReport {
     pub health_checks: HealthChecks,
     /// Whose DNS answers the EgressFirewall DNS proxy learns from, and into which sets.
     pub dns_learning: std::sync::Arc<crate::plan::firewall::learning::Learning>,
+    /// Bridged pods' addresses NetworkPolicy could not bind to their bridge ports, one line
+    /// each (logged, and a `/readyz` warning).
+    pub pod_binding: Vec<String>,
     /// Where the sync's time went (logged with "sync done").
     pub took: SyncTimes,
 }

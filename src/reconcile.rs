@@ -163,6 +163,13 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             health_checks,
             ..
         } = desired;
+        // Bridged pods' addresses bound to their ports: read from the kernel (net backend).
+        let (mut bridge, mut pod_binding) = (bridge, Vec::new());
+        if let Some(t) = &mut bridge {
+            let ports = self.net.bridge_ports();
+            pod_binding =
+                plan::netpol::bind_bridge_ports(t, snapshot, &self.config, &memory.netpol, ports);
+        }
         let planned_at = std::time::Instant::now();
         // The bridge table first: the inet table's policy chains never exist without it.
         let bridged = self.sync_bridge(bridge)?;
@@ -191,6 +198,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             statuses,
             health_checks,
             dns_learning,
+            pod_binding,
             took: SyncTimes {
                 plan: planned_at - started,
                 nft: committed_at - planned_at,
@@ -417,6 +425,9 @@ fn log_report(report: &SyncReport) {
             Ok(()) => info!("{}", status_line(s, None)),
             Err(_) => warn!("{}", status_line(s, None)),
         }
+    }
+    for p in &report.pod_binding {
+        warn!("NetworkPolicy: {}", one_line(p));
     }
 }
 

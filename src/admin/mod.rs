@@ -133,6 +133,11 @@ impl AdminState {
             .insert(what.into(), message.into());
     }
 
+    /// Withdraws the warning `what` (the condition is gone).
+    pub fn clear_environment_warning(&self, what: &str) {
+        self.environment().warnings.remove(what);
+    }
+
     /// One `warning: <what>: <message>` line per environment warning, for `/readyz`.
     pub fn environment_warnings(&self) -> String {
         let env = self.environment();
@@ -184,6 +189,9 @@ impl AdminState {
     }
 }
 
+/// The `/readyz` warning of bridged pods whose addresses could not be bound to their ports.
+pub const POD_BINDING: &str = "networkpolicy pod binding";
+
 /// Feeds [`AdminState`] from the run loop.
 pub struct AdminObserver {
     pub state: Arc<AdminState>,
@@ -199,6 +207,13 @@ impl SyncObserver for AdminObserver {
         match (sync.result, sync.applied) {
             (Ok(report), Some(table)) => {
                 metrics.observe_success(sync.duration, report.nft.ops, table);
+                // Each sync says anew which bridged pods NetworkPolicy could not bind.
+                match report.pod_binding.as_slice() {
+                    [] => self.state.clear_environment_warning(POD_BINDING),
+                    problems => self
+                        .state
+                        .environment_warning(POD_BINDING, &problems.join("; ")),
+                }
                 let now = std::time::SystemTime::now();
                 metrics.kubeproxy.synced(sync.duration, sync.snapshot, now);
                 let objects = sync.snapshot.map(|s| s.len()).unwrap_or_default();

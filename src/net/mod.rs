@@ -21,6 +21,7 @@
 
 pub mod addresses;
 pub mod announce;
+pub mod bridge_ports;
 pub mod conflict;
 pub mod fake;
 pub mod links;
@@ -437,6 +438,11 @@ pub trait NetBackend {
     fn apply(&mut self, changes: &NetChanges) -> Result<(), NetError>;
     /// Removes every marked object and returns what was removed.
     fn cleanup(&mut self) -> Result<NetChanges, NetError>;
+    /// The node's bridge ports and what is behind each (read-only; see [`bridge_ports`]).
+    /// Backends without a kernel have none.
+    fn bridge_ports(&mut self) -> Result<bridge_ports::BridgePorts, NetError> {
+        Ok(bridge_ports::BridgePorts::default())
+    }
 
     /// `plan` then `apply`; returns what was applied.
     fn sync(&mut self, desired: &NetDesired) -> Result<NetChanges, NetError> {

@@ -31,6 +31,7 @@ use rtnetlink::packet_core::{
 use tokio::sync::mpsc;
 
 use super::announce::{self, Announcement};
+use super::bridge_ports::{self, BridgePorts};
 use super::conflict;
 use super::links::{self, OwnedLink, ParsedNeigh, TunnelChanges};
 use super::state::{KernelLink, KernelState};
@@ -44,6 +45,7 @@ type Reply<T> = std_mpsc::SyncSender<T>;
 
 enum Job {
     Read(Reply<Result<KernelState, NetError>>),
+    BridgePorts(Reply<Result<BridgePorts, NetError>>),
     Apply(Box<NetChanges>, Reply<ApplyOutcome>),
 }
 
@@ -144,6 +146,12 @@ impl NetBackend for RtnlBackend {
         self.apply(&changes)?;
         Ok(changes)
     }
+
+    fn bridge_ports(&mut self) -> Result<BridgePorts, NetError> {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        self.send(Job::BridgePorts(tx))?;
+        rx.recv().map_err(|_| worker_gone())?
+    }
 }
 
 impl Drop for RtnlBackend {
@@ -198,11 +206,35 @@ fn worker(
                 return;
             }
         };
+        // Reading another netns's addresses (`IFA_TARGET_NETNSID`) needs strict checking,
+        // which the other dumps do not: a socket of its own.
+        let strict = match rtnetlink::new_connection() {
+            Ok((mut conn, handle, _)) => {
+                use netlink_sys::AsyncSocket;
+                if let Err(e) = conn
+                    .socket_mut()
+                    .socket_mut()
+                    .set_netlink_get_strict_chk(true)
+                {
+                    let _ = ready.send(Err(netlink_err("strict socket", e)));
+                    return;
+                }
+                tokio::spawn(conn);
+                handle
+            }
+            Err(e) => {
+                let _ = ready.send(Err(netlink_err("socket", e)));
+                return;
+            }
+        };
         let _ = ready.send(Ok(()));
         while let Some(job) = jobs.recv().await {
             match job {
                 Job::Read(reply) => {
                     let _ = reply.send(read_state(&handle, &cfg).await);
+                }
+                Job::BridgePorts(reply) => {
+                    let _ = reply.send(bridge_ports::read(&strict).await);
                 }
                 Job::Apply(changes, reply) => {
                     let _ = reply.send(apply(&handle, &cfg, &changes).await);
@@ -213,7 +245,7 @@ fn worker(
 }
 
 /// One dump request; retried while the kernel reports it as interrupted.
-async fn dump(
+pub(super) async fn dump(
     handle: &Handle,
     what: &str,
     request: RouteNetlinkMessage,

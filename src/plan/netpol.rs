@@ -24,6 +24,7 @@
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+pub mod binding;
 mod bridge;
 mod memo;
 mod pods;
@@ -196,9 +197,10 @@ impl Feature for NetworkPolicies {
         }
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            let source_check = inputs.config.pod_source_check.then(source_check);
+            let check = inputs.config.pod_source_check;
+            let source_check = check.then(source_check).into_iter().collect();
             add_hooks(&mut out.ruleset, vec![established()], source_check);
-            out.bridge = Some(bridge::table(&parts));
+            out.bridge = Some(bridge::table(&parts, check));
         }
         NetpolMemory {
             validated: outcome.validated,
@@ -207,6 +209,35 @@ impl Feature for NetworkPolicies {
             set_parts,
             parts,
         }
+    }
+}
+
+impl NetpolMemory {
+    /// The addresses of this node's pods that a policy in force isolates (either direction).
+    pub fn isolated(&self) -> BTreeSet<IpAddr> {
+        let planned = self.policies.values().filter(|p| !p.chains.is_empty());
+        planned.flat_map(|p| p.selected.iter().copied()).collect()
+    }
+}
+
+/// Binds this node's bridged pods' addresses to their bridge ports in the bridge table `t`
+/// (see [`binding`]), from `ports` as read from the kernel at sync time; returns what could
+/// not be bound, one line each (a failed read binds nothing and says so).
+pub fn bind_bridge_ports(
+    t: &mut Table,
+    snapshot: &crate::snapshot::Snapshot,
+    config: &crate::config::Config,
+    memory: &NetpolMemory,
+    ports: Result<crate::net::bridge_ports::BridgePorts, crate::net::NetError>,
+) -> Vec<String> {
+    match ports {
+        Ok(ports) => {
+            let found = binding::bind(snapshot, &config.node_name, &memory.isolated(), &ports);
+            binding::add_to(t, found)
+        }
+        Err(e) => vec![format!(
+            "bridge ports not read ({e}): no bridged pod is bound"
+        )],
     }
 }
 
@@ -291,8 +322,8 @@ fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
 
 /// The dispatch maps, the self sets and the two base chains; `state` are the rules that
 /// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise),
-/// after `source_check` in the egress chain (the first chain a pod's packet meets).
-fn add_hooks(table: &mut Table, state: Vec<Rule>, source_check: Option<Rule>) {
+/// after `first` in the egress chain (the first chain a pod's packet meets: anti-spoofing).
+fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -337,10 +368,10 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, source_check: Option<Rule>) {
                 policy: Policy::Accept,
             },
         );
-        if name == chains::FORWARD_EGRESS
-            && let Some(rule) = &source_check
-        {
-            chain.push(rule.clone());
+        if name == chains::FORWARD_EGRESS {
+            for rule in &first {
+                chain.push(rule.clone());
+            }
         }
         for rule in &state {
             chain.push(rule.clone());

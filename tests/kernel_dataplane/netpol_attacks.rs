@@ -96,12 +96,21 @@ fn a_routed_pods_unlisted_addresses_are_out_of_other_pods_reach() {
     let c = cluster();
     c.apply(&[policy("x", "only-b", ONLY_B_TO_A)]);
     let (x_a, x_b, y_a) = (&c.pods[0].1, &c.pods[1].1, &c.pods[3].1);
-    x_a.ns
-        .run(&["ip", "addr", "add", "fd01::99/128", "dev", &x_a.iface, "nodad"]);
+    x_a.ns.run(&[
+        "ip",
+        "addr",
+        "add",
+        "fd01::99/128",
+        "dev",
+        &x_a.iface,
+        "nodad",
+    ]);
     let a_ll = eventually(Duration::from_secs(10), || {
         let out = x_a
             .ns
-            .exec(&["ip", "-6", "-o", "addr", "show", "dev", &x_a.iface, "scope", "link"])
+            .exec(&[
+                "ip", "-6", "-o", "addr", "show", "dev", &x_a.iface, "scope", "link",
+            ])
             .map_err(|e| e.to_string())?;
         out.split_whitespace()
             .skip_while(|w| *w != "inet6")
@@ -112,7 +121,11 @@ fn a_routed_pods_unlisted_addresses_are_out_of_other_pods_reach() {
     });
     // x/b reaches x/a on its listed address: the path works.
     let listed = SocketAddr::new(x_a.ip6().unwrap(), 80);
-    assert!(x_b.ns.tcp_connect(listed, Duration::from_secs(5)).is_reply());
+    assert!(
+        x_b.ns
+            .tcp_connect(listed, Duration::from_secs(5))
+            .is_reply()
+    );
     for (client, who) in [(y_a, "y/a"), (x_b, "x/b")] {
         let index = client
             .ns

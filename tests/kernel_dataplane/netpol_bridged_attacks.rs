@@ -29,7 +29,11 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
     let (a, b_pod, c) = (&b.pods[0], &b.pods[1], &b.pods[2]);
     let cases = [
         (a.addr, b_pod.addr, "10.128.5.77".parse::<IpAddr>().unwrap()),
-        (b.pods6[0].addr, b.pods6[1].addr, "fd01:5::77".parse().unwrap()),
+        (
+            b.pods6[0].addr,
+            b.pods6[1].addr,
+            "fd01:5::77".parse().unwrap(),
+        ),
     ];
     for on in [false, true] {
         br_netfilter(&b.node, on);
@@ -63,7 +67,14 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
     let dropped: u64 = chain
         .lines()
         .filter(|l| l.contains("not bound to the bridge port"))
-        .filter_map(|l| l.split("counter packets ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("counter packets ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum();
     assert!(dropped > 0, "the spoofed frames are counted: {chain}");
 }
@@ -72,7 +83,9 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
 fn link_local(ns: &Ns) -> Ipv6Addr {
     eventually(Duration::from_secs(10), || {
         let out = ns
-            .exec(&["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"])
+            .exec(&[
+                "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link",
+            ])
             .map_err(|e| e.to_string())?;
         out.split_whitespace()
             .skip_while(|w| *w != "inet6")

@@ -25,8 +25,9 @@ pub const FORWARD_FLOWS: &str = "np-forward-flows";
 /// bridged flow idle longer is judged again as new, in each direction).
 pub const FLOW_TIMEOUT_SECS: u32 = 3600;
 
-/// The bridge table of a plan whose netpol parts are `parts`.
-pub fn table(parts: &Parts) -> Table {
+/// The bridge table of a plan whose netpol parts are `parts`; `source_check`: the
+/// anti-spoofing rules of [`binding`](super::binding).
+pub fn table(parts: &Parts, source_check: bool) -> Table {
     let mut t = Table::with_family(Family::Bridge, TABLE_NAME);
     t.extend_parts(parts);
     let families = [
@@ -120,8 +121,9 @@ pub fn table(parts: &Parts) -> Table {
             record.push(Rule::new(stmts));
         }
     }
-    // No fib in the bridge family: a bridged pod's source is not checked here.
-    add_hooks(&mut t, known, None);
+    // No fib in the bridge family: bridged pods' addresses are bound to their ports instead.
+    super::binding::add_sets(&mut t);
+    add_hooks(&mut t, known, super::binding::rules(source_check));
     t.add_chain(record);
     t
 }

@@ -418,3 +418,108 @@ fn port_ranges_merge_and_egress_named_ports_resolve_on_the_peer() {
     );
     nft_check(&render_full(&d.ruleset));
 }
+
+/// Bridged pods' addresses are bound to the ports the kernel has them behind: db (isolated)
+/// behind veth-db, web behind veth-web and, claimed by a second port too (a pod that added
+/// web's address to its own interface), behind veth-x: web's address is bound to neither and
+/// reported, as is a pod inside the bridge's subnet that no port carries.
+#[test]
+fn bridged_pods_addresses_are_bound_to_their_ports() {
+    use crate::net::bridge_ports::{BridgePort, BridgePorts};
+    let b = cluster().with(pod("shop", "lost", &[], &["10.0.0.9"]));
+    let snapshot = b.build();
+    let config = Config::for_node(NODE);
+    let mut d = plan_with(&snapshot, &config, &Memory::default());
+    let port = |name: &str, addrs: Option<&[&str]>| BridgePort {
+        name: name.into(),
+        bridge: "br0".into(),
+        peer_addrs: addrs.map(|a| a.iter().map(|a| a.parse().unwrap()).collect()),
+    };
+    let ports = BridgePorts {
+        ports: vec![
+            port(
+                "veth-db",
+                Some(&["10.0.0.2", "fd00::2", "fe80::2", "fd00::99"]),
+            ),
+            port("veth-web", Some(&["10.0.0.3", "fe80::3"])),
+            port("veth-x", Some(&["10.0.0.3", "fe80::3"])),
+            port("veth-idle", Some(&["10.0.0.77"])),
+            port("tap0", None),
+        ],
+        subnets: vec![("br0".into(), "10.0.0.0/24".parse().unwrap())],
+    };
+    let bridge = d.bridge.as_mut().unwrap();
+    let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, Ok(ports));
+    let text = render_full(bridge);
+    // The set's declaration, elements included.
+    let elements = |set: &str| {
+        let start = text.find(&format!("set {set} {{")).expect("declared");
+        let block = &text[start..];
+        block[..block.find("\n\t}").unwrap()].to_string()
+    };
+    let bound = elements("np-bound-v6");
+    assert!(bound.contains("fd00::2 . \"veth-db\""), "{text}");
+    assert!(
+        bound.contains("fe80::2 . \"veth-db\""),
+        "link-local too: {text}"
+    );
+    assert!(
+        !bound.contains("fd00::99"),
+        "unlisted: not the pod's: {text}"
+    );
+    assert!(!bound.contains("fe80::3"), "claimed twice: {text}");
+    let bound4 = elements("np-bound-v4");
+    assert!(bound4.contains("10.0.0.2 . \"veth-db\""), "{text}");
+    assert!(
+        !bound4.contains("10.0.0.3") && !bound4.contains("10.0.0.77"),
+        "{text}"
+    );
+    let isolated = elements("np-isolated-v6");
+    assert!(isolated.contains("fd00::2 . \"veth-db\""), "{text}");
+    assert!(!isolated.contains("fe80"), "{text}");
+    assert!(
+        elements("np-isolated-ports").contains("\"veth-db\""),
+        "{text}"
+    );
+    assert!(!elements("np-isolated-ports").contains("web"), "{text}");
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].contains("10.0.0.3 (pod shop/web)"),
+        "{problems:?}"
+    );
+    assert!(problems[1].contains("fe80::3") && problems[1].contains("veth-web, veth-x"));
+    assert!(
+        problems[2].contains("10.0.0.9 of pod shop/lost (bridge br0)")
+            && problems[2].contains("tap0"),
+        "{problems:?}"
+    );
+    assert!(
+        text.contains("ip saddr . iifname != @np-bound-v4 counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("oifname @np-isolated-ports ip6 daddr . oifname != @np-isolated-v6"),
+        "{text}"
+    );
+    nft_check(&format!("{}{text}", render_full(&d.ruleset)));
+    // Without --pod-source-check only the isolation rules remain.
+    let off = Config {
+        pod_source_check: false,
+        ..Config::for_node(NODE)
+    };
+    let d = plan_with(&snapshot, &off, &Memory::default());
+    let text = render_full(d.bridge.as_ref().unwrap());
+    assert!(!text.contains("np-bound-v4 counter"), "{text}");
+    assert!(text.contains("np-isolated-v4 counter"), "{text}");
+    // A failed read binds nothing and says so.
+    let mut t = d.bridge.unwrap();
+    let err = crate::net::NetError::Netlink {
+        what: "links".into(),
+        reason: "gone".into(),
+    };
+    let problems = bind_bridge_ports(&mut t, &snapshot, &off, &d.memory.netpol, Err(err));
+    assert!(
+        problems[0].contains("no bridged pod is bound"),
+        "{problems:?}"
+    );
+}
