@@ -166,9 +166,9 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         // Bridged pods' addresses bound to their ports: read from the kernel (net backend).
         let (mut bridge, mut pod_binding) = (bridge, Vec::new());
         if let Some(t) = &mut bridge {
-            let ports = self.net.bridge_ports();
+            let read = |pods: &[_]| self.net.bridge_ports(pods);
             pod_binding =
-                plan::netpol::bind_bridge_ports(t, snapshot, &self.config, &memory.netpol, ports);
+                plan::netpol::bind_bridge_ports(t, snapshot, &self.config, &memory.netpol, read);
         }
         let planned_at = std::time::Instant::now();
         // The bridge table first: the inet table's policy chains never exist without it.

@@ -262,6 +262,41 @@ mod tests {
     use super::*;
     use crate::nft::monitor::Changes;
 
+    /// Each sync says anew which bridged pods could not be bound: a `/readyz` warning while
+    /// there are some, gone after a sync with none.
+    #[test]
+    fn unbound_bridged_pods_are_a_readyz_warning_until_a_sync_binds_them() {
+        use crate::observe::SyncReport;
+        let state = Arc::new(AdminState::new(None));
+        let mut observer = AdminObserver {
+            state: state.clone(),
+            node_name: "node-1".into(),
+        };
+        let table = Table::new("nodeplane");
+        let mut sync = |pod_binding: Vec<String>| {
+            let report = SyncReport {
+                pod_binding,
+                ..SyncReport::default()
+            };
+            observer.observe(&SyncOutcome {
+                snapshot: None,
+                result: &Ok(report),
+                duration: Duration::ZERO,
+                applied: Some(&table),
+                drift_seq: 0,
+            });
+        };
+        sync(vec![
+            "address 10.0.0.9 of pod a/p (bridge br0) is behind no bridge port".into(),
+        ]);
+        assert_eq!(
+            state.environment_warnings(),
+            "warning: networkpolicy pod binding: address 10.0.0.9 of pod a/p (bridge br0) is behind no bridge port\n"
+        );
+        sync(Vec::new());
+        assert_eq!(state.environment_warnings(), "");
+    }
+
     #[test]
     fn the_ruleset_header_keeps_hostile_names_in_their_comment_lines() {
         use crate::observe::SyncReport;

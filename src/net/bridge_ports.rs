@@ -8,6 +8,7 @@
 //! gratuitous ARP / NA and frames from a spoofed MAC.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -119,9 +120,32 @@ async fn addresses(
     Ok(out)
 }
 
-/// Reads the bridges, their ports and what is behind each: one link dump, one address dump
-/// of the node and one per peer netns.
-pub async fn read(handle: &Handle) -> Result<BridgePorts, NetError> {
+/// What is behind each veth port, by (port ifindex, peer netns id, peer ifindex), as last
+/// read. A re-created port has a new ifindex; entries of ports gone are dropped at each read.
+#[derive(Debug, Default)]
+pub struct PeerCache(BTreeMap<(u32, i32, u32), Vec<IpAddr>>);
+
+/// Reads the bridges, their ports and what is behind each: one link dump and one address
+/// dump of the node per call, plus one per peer netns whose port must be read again. `pods`
+/// are the addresses of each of the node's pods (from the API, which lists them once the CNI
+/// has configured them all): a port read before is read again only while what it had then
+/// holds none of them or only part of a pod's. So a sync costs O(links), not a dump per pod,
+/// and an address a pod adds to its own interface later is not seen (it could only be a
+/// claim on a neighbour's address).
+pub async fn read(
+    handle: &Handle,
+    cache: &mut PeerCache,
+    pods: &[Vec<IpAddr>],
+) -> Result<BridgePorts, NetError> {
+    let complete = |addrs: &Vec<IpAddr>| {
+        let mut owners = pods.iter().filter(|p| p.iter().any(|a| addrs.contains(a)));
+        let mut any = false;
+        let all = owners.all(|p| {
+            any = true;
+            p.iter().all(|a| addrs.contains(a))
+        });
+        any && all
+    };
     let links = dump(
         handle,
         "links",
@@ -141,7 +165,9 @@ pub async fn read(handle: &Handle) -> Result<BridgePorts, NetError> {
         .map(|(i, l)| (*i, l.name.as_str()))
         .collect();
     let mut out = BridgePorts::default();
+    let mut seen = BTreeMap::new();
     if bridges.is_empty() {
+        cache.0 = seen;
         return Ok(out);
     }
     for (index, addr, prefix) in addresses(handle, None).await? {
@@ -150,27 +176,30 @@ pub async fn read(handle: &Handle) -> Result<BridgePorts, NetError> {
         }
     }
     let mut peers_by_netns: BTreeMap<i32, Vec<(u32, IpAddr)>> = BTreeMap::new();
-    for link in links.values() {
+    for (index, link) in &links {
         let Some(bridge) = link.master.and_then(|m| bridges.get(&m)) else {
             continue;
         };
         let peer = match (&link.kind, link.peer, link.peer_netns) {
-            (Some(InfoKind::Veth), Some(peer), Some(netns)) => Some((peer, netns)),
+            (Some(InfoKind::Veth), Some(peer), Some(netns)) => Some((*index, netns, peer)),
             _ => None,
         };
         let peer_addrs = match peer {
-            Some((peer, netns)) => {
-                if let std::collections::btree_map::Entry::Vacant(e) = peers_by_netns.entry(netns) {
-                    let all = addresses(handle, Some(netns)).await?;
-                    e.insert(all.into_iter().map(|(i, a, _)| (i, a)).collect());
-                }
-                Some(
-                    peers_by_netns[&netns]
-                        .iter()
-                        .filter(|(i, _)| *i == peer)
-                        .map(|(_, a)| *a)
-                        .collect(),
-                )
+            Some(key) => {
+                let addrs = match cache.0.get(&key).filter(|a| complete(a)) {
+                    Some(addrs) => addrs.clone(),
+                    None => {
+                        let (_, netns, peer) = key;
+                        if let Entry::Vacant(e) = peers_by_netns.entry(netns) {
+                            let all = addresses(handle, Some(netns)).await?;
+                            e.insert(all.into_iter().map(|(i, a, _)| (i, a)).collect());
+                        }
+                        let on_peer = peers_by_netns[&netns].iter().filter(|(i, _)| *i == peer);
+                        on_peer.map(|(_, a)| *a).collect()
+                    }
+                };
+                seen.insert(key, addrs.clone());
+                Some(addrs)
             }
             None => None,
         };
@@ -180,5 +209,6 @@ pub async fn read(handle: &Handle) -> Result<BridgePorts, NetError> {
             peer_addrs,
         });
     }
+    cache.0 = seen;
     Ok(out)
 }

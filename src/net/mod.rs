@@ -438,9 +438,12 @@ pub trait NetBackend {
     fn apply(&mut self, changes: &NetChanges) -> Result<(), NetError>;
     /// Removes every marked object and returns what was removed.
     fn cleanup(&mut self) -> Result<NetChanges, NetError>;
-    /// The node's bridge ports and what is behind each (read-only; see [`bridge_ports`]).
-    /// Backends without a kernel have none.
-    fn bridge_ports(&mut self) -> Result<bridge_ports::BridgePorts, NetError> {
+    /// The node's bridge ports and what is behind each (read-only; see [`bridge_ports`]);
+    /// `pods`: the addresses of each of the node's pods. Backends without a kernel have none.
+    fn bridge_ports(
+        &mut self,
+        _pods: &[Vec<IpAddr>],
+    ) -> Result<bridge_ports::BridgePorts, NetError> {
         Ok(bridge_ports::BridgePorts::default())
     }
 

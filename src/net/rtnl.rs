@@ -12,6 +12,7 @@
 //! sockets (netlink, and the `AF_PACKET` socket of the announcements) are opened there: the
 //! backend acts in that namespace whichever thread later calls it.
 
+use std::net::IpAddr;
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 
@@ -45,7 +46,7 @@ type Reply<T> = std_mpsc::SyncSender<T>;
 
 enum Job {
     Read(Reply<Result<KernelState, NetError>>),
-    BridgePorts(Reply<Result<BridgePorts, NetError>>),
+    BridgePorts(Vec<Vec<IpAddr>>, Reply<Result<BridgePorts, NetError>>),
     Apply(Box<NetChanges>, Reply<ApplyOutcome>),
 }
 
@@ -147,9 +148,9 @@ impl NetBackend for RtnlBackend {
         Ok(changes)
     }
 
-    fn bridge_ports(&mut self) -> Result<BridgePorts, NetError> {
+    fn bridge_ports(&mut self, pods: &[Vec<IpAddr>]) -> Result<BridgePorts, NetError> {
         let (tx, rx) = std_mpsc::sync_channel(1);
-        self.send(Job::BridgePorts(tx))?;
+        self.send(Job::BridgePorts(pods.to_vec(), tx))?;
         rx.recv().map_err(|_| worker_gone())?
     }
 }
@@ -228,13 +229,14 @@ fn worker(
             }
         };
         let _ = ready.send(Ok(()));
+        let mut peers = bridge_ports::PeerCache::default();
         while let Some(job) = jobs.recv().await {
             match job {
                 Job::Read(reply) => {
                     let _ = reply.send(read_state(&handle, &cfg).await);
                 }
-                Job::BridgePorts(reply) => {
-                    let _ = reply.send(bridge_ports::read(&strict).await);
+                Job::BridgePorts(pods, reply) => {
+                    let _ = reply.send(bridge_ports::read(&strict, &mut peers, &pods).await);
                 }
                 Job::Apply(changes, reply) => {
                     let _ = reply.send(apply(&handle, &cfg, &changes).await);

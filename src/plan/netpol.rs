@@ -34,6 +34,7 @@ use super::in_force::{Scope, Validated};
 use super::{Feature, Inputs, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
+use crate::net::bridge_ports::BridgePorts;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
 use crate::snapshot::Kind;
@@ -221,20 +222,20 @@ impl NetpolMemory {
 }
 
 /// Binds this node's bridged pods' addresses to their bridge ports in the bridge table `t`
-/// (see [`binding`]), from `ports` as read from the kernel at sync time; returns what could
-/// not be bound, one line each (a failed read binds nothing and says so).
+/// (see [`binding`]), from what `read` (given each local pod's addresses) finds in the
+/// kernel at sync time; returns what could not be bound, one line each (a failed read binds
+/// nothing and says so).
 pub fn bind_bridge_ports(
     t: &mut Table,
     snapshot: &crate::snapshot::Snapshot,
     config: &crate::config::Config,
     memory: &NetpolMemory,
-    ports: Result<crate::net::bridge_ports::BridgePorts, crate::net::NetError>,
+    read: impl FnOnce(&[Vec<IpAddr>]) -> Result<BridgePorts, crate::net::NetError>,
 ) -> Vec<String> {
-    match ports {
-        Ok(ports) => {
-            let found = binding::bind(snapshot, &config.node_name, &memory.isolated(), &ports);
-            binding::add_to(t, found)
-        }
+    let pods = binding::local_pods(snapshot, &config.node_name);
+    let ips: Vec<Vec<IpAddr>> = pods.iter().map(|(_, ips)| ips.clone()).collect();
+    match read(&ips) {
+        Ok(ports) => binding::add_to(t, binding::bind(&pods, &memory.isolated(), &ports)),
         Err(e) => vec![format!(
             "bridge ports not read ({e}): no bridged pod is bound"
         )],

@@ -13,7 +13,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-const NODE: &str = "node-1";
+pub const NODE: &str = "node-1";
 /// (name, IPv4, IPv6); pod `a` is isolated by the policy.
 const PODS: [(&str, &str, &str); 3] = [
     ("a", "10.128.5.2", "fd01:5::2"),

@@ -4,7 +4,7 @@
 //! neither may get it past a policy that isolates another pod.
 
 use super::netpol_attacks::send_from;
-use super::netpol_bridged::{Bridged, br_netfilter, bridged, only};
+use super::netpol_bridged::{Bridged, NODE, br_netfilter, bridged, only};
 use nodeplane::testing::lab::{DatagramSink, Ns, eventually};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -77,6 +77,14 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
         })
         .sum();
     assert!(dropped > 0, "the spoofed frames are counted: {chain}");
+    // A pod the API places in the bridge's subnet that no port carries cannot be bound: said.
+    let ghost = objects::pod("x", "ghost").on(NODE).ips(&["10.128.5.50"]);
+    b.agent.write("ghost.yaml", &ghost.to_string());
+    let logs = b.agent.once_logs();
+    assert!(
+        logs.contains("address 10.128.5.50 of pod x/ghost (bridge br0) is behind no bridge port"),
+        "{logs}"
+    );
 }
 
 /// The IPv6 link-local address of `eth0` in `ns` (once it has passed DAD).

@@ -153,32 +153,37 @@ fn is_link_local(addr: &IpAddr) -> bool {
     matches!(addr, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
 }
 
-/// Binds this node's pods' listed addresses (and their interfaces' link-local ones) to the
-/// bridge ports behind which the kernel has them; `isolated` are the addresses of the pods a
-/// policy isolates (either direction).
-pub fn bind(
-    snapshot: &Snapshot,
-    node: &str,
-    isolated: &BTreeSet<IpAddr>,
-    ports: &BridgePorts,
-) -> Binding {
-    let mut pods: BTreeMap<IpAddr, String> = BTreeMap::new();
-    for pod in snapshot.pods().values() {
-        if snapshot::pod_node_name(pod) != Some(node)
-            || snapshot::pod_is_host_network(pod)
-            || snapshot::pod_is_terminal(pod)
-        {
-            continue;
-        }
+/// This node's pods on the pod network ("namespace/name", listed addresses).
+pub fn local_pods(snapshot: &Snapshot, node: &str) -> Vec<(String, Vec<IpAddr>)> {
+    let pods = snapshot.pods().values().filter(|pod| {
+        snapshot::pod_node_name(pod) == Some(node)
+            && !snapshot::pod_is_host_network(pod)
+            && !snapshot::pod_is_terminal(pod)
+    });
+    pods.map(|pod| {
         let name = format!(
             "{}/{}",
             pod.metadata.namespace.as_deref().unwrap_or_default(),
             pod.metadata.name.as_deref().unwrap_or_default()
         );
-        for ip in snapshot::pod_ips(pod) {
-            pods.insert(ip, name.clone());
-        }
-    }
+        (name, snapshot::pod_ips(pod))
+    })
+    .filter(|(_, ips)| !ips.is_empty())
+    .collect()
+}
+
+/// Binds the listed addresses of `local` pods (and their interfaces' link-local ones) to the
+/// bridge ports behind which the kernel has them; `isolated` are the addresses of the pods a
+/// policy isolates (either direction).
+pub fn bind(
+    local: &[(String, Vec<IpAddr>)],
+    isolated: &BTreeSet<IpAddr>,
+    ports: &BridgePorts,
+) -> Binding {
+    let pods: BTreeMap<IpAddr, &str> = local
+        .iter()
+        .flat_map(|(name, ips)| ips.iter().map(move |ip| (*ip, name.as_str())))
+        .collect();
     // Every port claiming each address: a pod's port is one whose peer has a listed address.
     let mut claims: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
     for port in &ports.ports {

@@ -449,7 +449,7 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         subnets: vec![("br0".into(), "10.0.0.0/24".parse().unwrap())],
     };
     let bridge = d.bridge.as_mut().unwrap();
-    let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, Ok(ports));
+    let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, |_| Ok(ports));
     let text = render_full(bridge);
     // The set's declaration, elements included.
     let elements = |set: &str| {
@@ -517,7 +517,7 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         what: "links".into(),
         reason: "gone".into(),
     };
-    let problems = bind_bridge_ports(&mut t, &snapshot, &off, &d.memory.netpol, Err(err));
+    let problems = bind_bridge_ports(&mut t, &snapshot, &off, &d.memory.netpol, |_| Err(err));
     assert!(
         problems[0].contains("no bridged pod is bound"),
         "{problems:?}"
