@@ -153,3 +153,43 @@ fn an_isolated_bridged_pod_is_isolated_on_every_address() {
         }
     }
 }
+
+/// Without `br_netfilter` (the flow set stands in for conntrack): a is isolated both ways,
+/// b and c may reach it on every port, a may send nothing but replies. c sends 100,000 UDP
+/// datagrams to a's ports, each a new flow the flow set records (an allowed flow with an
+/// isolated end); then b opens connections to a, whose answers pass only through the flow
+/// set. Flows are bounded per source port, so c fills only its own share: every connection
+/// of b succeeds.
+#[test]
+fn a_pod_allowed_on_many_ports_cannot_push_out_another_pods_flows() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    let spec = "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress, Egress]\n  ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}, {podSelector: {matchLabels: {pod: c}}}]}]\n";
+    let policy = objects::network_policy("x", "a-both-ways", spec).to_string();
+    b.agent.write("policies.yaml", &policy);
+    b.agent.once(&[]);
+    let a = b.pods[0].addr;
+    let before = b.pods[1].ns.tcp_connect((a, 80), Duration::from_secs(5));
+    assert!(before.is_reply(), "b -> a before the flood: {before:?}");
+    b.pods[2].ns.enter(|| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        // One source port, 60,000 destination ports: that many flows (two entries each).
+        for i in 0..100_000u32 {
+            let port = 1024 + (i % 60_000) as u16;
+            while socket.send_to(b"x", (a, port)).is_err() {
+                std::thread::yield_now();
+            }
+        }
+    });
+    let mut failures = Vec::new();
+    for i in 0..20 {
+        let outcome = b.pods[1].ns.tcp_connect((a, 80), Duration::from_secs(2));
+        if !outcome.is_reply() {
+            failures.push(format!("#{i}: {outcome:?}"));
+            if failures.len() == 3 {
+                break;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "b -> a after c's flood: {failures:?}");
+}
