@@ -192,4 +192,29 @@ fn a_pod_allowed_on_many_ports_cannot_push_out_another_pods_flows() {
         }
     }
     assert!(failures.is_empty(), "b -> a after c's flood: {failures:?}");
+    // c's flows are where they were recorded: in its port's set, which is full.
+    let port = host_port(&b.node, &b.pods[2].ns);
+    let set = format!("{}-v4", nodeplane::nft::names::object_name("np-fl", &port));
+    let listed = b
+        .node
+        .nft(&["list", "set", "bridge", "nodeplane", &set])
+        .unwrap();
+    let entries = listed.matches(" . udp . ").count();
+    assert!(entries >= 65_000, "{set} holds {entries} flows of c");
+}
+
+/// The name of the node's end of the veth whose other end is `eth0` in `pod`.
+fn host_port(node: &Ns, pod: &Ns) -> String {
+    let link = pod.run(&["ip", "-o", "link", "show", "eth0"]);
+    let peer = link
+        .split_once("@if")
+        .and_then(|(_, rest)| rest.split(':').next())
+        .expect("eth0@ifN");
+    let out = node.run(&["ip", "-o", "link"]);
+    out.lines()
+        .find(|l| l.starts_with(&format!("{peer}: ")))
+        .and_then(|l| l.split(": ").nth(1))
+        .and_then(|n| n.split('@').next())
+        .expect("the host end")
+        .to_string()
 }

@@ -253,6 +253,17 @@ pub fn bind(
         }
         binding.problems.push(why);
     }
+    // Each bound port keeps the flows its pod opens (see `bridge`).
+    let ports: BTreeSet<&str> = claims
+        .values()
+        .filter_map(|c| match c.iter().collect::<Vec<_>>()[..] {
+            [port] => Some(*port),
+            _ => None,
+        })
+        .collect();
+    for port in ports {
+        super::bridge::add_port(part, port);
+    }
     part.shrink_to_fit();
     binding
 }

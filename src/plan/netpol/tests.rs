@@ -453,7 +453,7 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
     let text = render_full(bridge);
     // The set's declaration, elements included.
     let elements = |set: &str| {
-        let start = text.find(&format!("set {set} {{")).expect("declared");
+        let start = text.find(&format!(" {set} {{")).expect("declared");
         let block = &text[start..];
         block[..block.find("\n\t}").unwrap()].to_string()
     };
@@ -499,6 +499,26 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
     );
     assert!(
         text.contains("oifname @np-isolated-ports ip6 daddr . oifname != @np-isolated-v6"),
+        "{text}"
+    );
+    // Each bound port keeps its own flows: sets and chains of its own, reached by port.
+    let flows = elements("np-flow-ports");
+    {
+        let port = "veth-db";
+        let base = crate::nft::names::object_name("np-fl", port);
+        assert!(
+            flows.contains(&format!("\"{port}\" : jump {base}-known")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("set {base}-v6 {{")), "{text}");
+        assert!(text.contains(&format!("update @{base}-v4 {{")), "{text}");
+    }
+    assert!(
+        !flows.contains("veth-x") && !flows.contains("veth-web"),
+        "none bound: {text}"
+    );
+    assert!(
+        elements("np-flow-add").contains("\"veth-db\" : goto np-fl-"),
         "{text}"
     );
     nft_check(&format!("{}{text}", render_full(&d.ruleset)));
