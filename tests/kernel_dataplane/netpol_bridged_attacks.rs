@@ -159,7 +159,7 @@ fn an_isolated_bridged_pod_is_isolated_on_every_address() {
 /// datagrams to a's ports, each a new flow the flow set records (an allowed flow with an
 /// isolated end); then b opens connections to a, whose answers pass only through the flow
 /// set. Flows are bounded per source port, so c fills only its own share: every connection
-/// of b succeeds.
+/// of b succeeds, and c's next flow is dropped.
 #[test]
 fn a_pod_allowed_on_many_ports_cannot_push_out_another_pods_flows() {
     let b = bridged();
@@ -201,6 +201,27 @@ fn a_pod_allowed_on_many_ports_cannot_push_out_another_pods_flows() {
         .unwrap();
     let entries = listed.matches(" . udp . ").count();
     assert!(entries >= 65_000, "{set} holds {entries} flows of c");
+    // A new flow of c no longer fits: it is dropped (and counted), not let through
+    // unrecorded, where a's answer would be recorded as a new flow of a's, in a's share.
+    let late = b.pods[2].ns.tcp_connect((a, 80), Duration::from_secs(1));
+    assert!(!late.is_reply(), "c's flow beyond its share: {late:?}");
+    let table = b
+        .node
+        .nft(&["list", "table", "bridge", "nodeplane"])
+        .unwrap();
+    let full_drops: u64 = table
+        .lines()
+        .filter(|l| l.contains("flow set is full"))
+        .filter_map(|l| {
+            l.split("counter packets ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(full_drops > 0, "counted: {table}");
 }
 
 /// The name of the node's end of the veth whose other end is `eth0` in `pod`.

@@ -160,22 +160,46 @@ fn updates(f: &Flows) -> [Stmt; 2] {
 
 /// The rules that record an accepted packet's flow, both orientations, when it has an
 /// isolated end: between pods no policy isolates nothing needs remembering, so their traffic
-/// (a flood included) takes no room.
-fn record(families: &[Flows; 2]) -> Vec<Rule> {
+/// (a flood included) takes no room. In a port's own sets (`full_drops`) a flow that does
+/// not fit is dropped: the port's pod has used up its share, and letting the flow pass
+/// unrecorded would have its peer's answer recorded as a new flow of the peer's, in the
+/// peer's share.
+fn record(families: &[Flows; 2], full_drops: bool) -> Vec<Rule> {
     let mut rules = Vec::new();
+    let tracked = || protocols(&[proto::TCP, proto::UDP, proto::SCTP]);
     for f in families {
         for (end, verdict) in [(f.saddr, Some(Verdict::Accept)), (f.daddr, None)] {
-            let mut stmts = vec![
-                protocols(&[proto::TCP, proto::UDP, proto::SCTP]),
-                Stmt::in_set(vec![end, end], f.isolated),
-            ];
+            let mut stmts = vec![tracked(), Stmt::in_set(vec![end, end], f.isolated)];
             stmts.extend(updates(f));
+            let verdict = if full_drops {
+                Some(Verdict::Accept)
+            } else {
+                verdict
+            };
             stmts.extend(verdict.map(Stmt::Verdict));
             rules.push(Rule::new(stmts));
         }
     }
+    if full_drops {
+        for f in families {
+            for end in [f.saddr, f.daddr] {
+                rules.push(
+                    Rule::new(vec![
+                        tracked(),
+                        Stmt::in_set(vec![end, end], f.isolated),
+                        Stmt::Counter,
+                        Stmt::Verdict(Verdict::Drop),
+                    ])
+                    .with_comment(FULL_COMMENT),
+                );
+            }
+        }
+    }
     rules
 }
+
+/// The comment on the drops of a new flow that its port's sets have no room for.
+pub const FULL_COMMENT: &str = "NetworkPolicy: the port's flow set is full";
 
 /// The bridge table of a plan whose netpol parts are `parts`; `source_check`: the
 /// anti-spoofing rules of [`binding`](super::binding).
@@ -204,12 +228,16 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
             policy: Policy::Accept,
         },
     );
-    // Found in the sender's or the receiver's port's sets: refreshed there; else recorded in
-    // the sender's port's sets (or the shared ones for a port not bound).
+    // Found in the sender's or the receiver's port's sets or the shared ones: refreshed
+    // there; else a new flow, recorded in the sender's port's sets (or the shared ones for a
+    // port not bound).
     recorder.push(by_port(Field::IifName));
     recorder.push(by_port(Field::OifName));
+    for rule in known(&shared, true) {
+        recorder.push(rule);
+    }
     recorder.push(Rule::new(vec![Stmt::vmap(vec![Field::IifName], FLOW_ADD)]));
-    for rule in record(&shared) {
+    for rule in record(&shared, false) {
         recorder.push(rule);
     }
     // No fib in the bridge family: bridged pods' addresses are bound to their ports instead.
@@ -234,7 +262,7 @@ pub fn add_port(part: &mut Part, port: &str) {
     }
     part.add_chain(chain);
     let mut chain = Chain::regular(&add);
-    for rule in record(&own) {
+    for rule in record(&own, true) {
         chain.push(rule);
     }
     part.add_chain(chain);
