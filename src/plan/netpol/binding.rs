@@ -17,8 +17,9 @@
 //!   neighbour solicitations and advertisements (IPv6 needs them on the link).
 //!
 //! An address found behind two ports (a pod that can add addresses to its own interface) is
-//! bound to neither; a local pod address inside a bridge's subnet that no port carries is
-//! not bound. Both are reported (log and `/readyz`): the pod is not protected.
+//! bound to neither, and those ports are not judged by port; a local pod address inside a
+//! bridge's subnet that no port carries is not bound. Both are reported (log and `/readyz`):
+//! the pod is not protected.
 //!
 //! The sets are planned with the bridge table (so `--dry-run` shows them, empty); their
 //! elements are part [`PART`], added at sync time by [`bind`] from the kernel's answer.
@@ -200,6 +201,15 @@ pub fn bind(
             claims.entry(*a).or_default().insert(&port.name);
         }
     }
+    // A port with an address another port claims too is not judged by port (neither for
+    // its sources nor as an isolated pod's port): its pod's own traffic on that address,
+    // now unbound, would be dropped, and a neighbour that can add addresses to its own
+    // interface could cut it off that way.
+    let disputed: BTreeSet<&str> = claims
+        .values()
+        .filter(|c| c.len() > 1)
+        .flat_map(|c| c.iter().copied())
+        .collect();
     let mut binding = Binding::default();
     let part = &mut binding.part;
     for (addr, claimants) in &claims {
@@ -215,6 +225,7 @@ pub fn bind(
             ));
             continue;
         };
+        let judged = !disputed.contains(port);
         let port = Value::IfName(port.to_string());
         let (bound, addrs, isolated_set) = match addr {
             IpAddr::V4(_) => (BOUND_V4, BOUND_ADDRS_V4, ISOLATED_V4),
@@ -223,8 +234,10 @@ pub fn bind(
         let ip = Value::ip(*addr);
         part.add_element(bound, vec![ip.clone().into(), port.clone().into()]);
         part.add_element(addrs, vec![ip.clone().into()]);
-        part.add_element(BOUND_PORTS, vec![port.clone().into()]);
-        if isolated.contains(addr) {
+        if judged {
+            part.add_element(BOUND_PORTS, vec![port.clone().into()]);
+        }
+        if judged && isolated.contains(addr) {
             part.add_element(isolated_set, vec![ip.into(), port.clone().into()]);
             part.add_element(ISOLATED_PORTS, vec![port.into()]);
         }

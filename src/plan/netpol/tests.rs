@@ -442,7 +442,7 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
                 Some(&["10.0.0.2", "fd00::2", "fe80::2", "fd00::99"]),
             ),
             port("veth-web", Some(&["10.0.0.3", "fe80::3"])),
-            port("veth-x", Some(&["10.0.0.3", "fe80::3"])),
+            port("veth-x", Some(&["10.0.0.3", "fe80::9"])),
             port("veth-idle", Some(&["10.0.0.77"])),
             port("tap0", None),
         ],
@@ -467,7 +467,15 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         !bound.contains("fd00::99"),
         "unlisted: not the pod's: {text}"
     );
-    assert!(!bound.contains("fe80::3"), "claimed twice: {text}");
+    assert!(bound.contains("fe80::3 . \"veth-web\""), "{text}");
+    // web's IPv4 address is claimed by two ports: bound to neither, and neither port is
+    // judged by port (web's own IPv4 traffic must not be dropped as unbound).
+    let bound_ports = elements("np-bound-ports");
+    assert!(bound_ports.contains("\"veth-db\""), "{text}");
+    assert!(
+        !bound_ports.contains("veth-web") && !bound_ports.contains("veth-x"),
+        "{text}"
+    );
     let bound4 = elements("np-bound-v4");
     assert!(bound4.contains("10.0.0.2 . \"veth-db\""), "{text}");
     assert!(
@@ -482,15 +490,14 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         "{text}"
     );
     assert!(!elements("np-isolated-ports").contains("web"), "{text}");
-    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(
-        problems[0].contains("10.0.0.3 (pod shop/web)"),
+        problems[0].contains("10.0.0.3 (pod shop/web) is behind bridge ports veth-web, veth-x"),
         "{problems:?}"
     );
-    assert!(problems[1].contains("fe80::3") && problems[1].contains("veth-web, veth-x"));
     assert!(
-        problems[2].contains("10.0.0.9 of pod shop/lost (bridge br0)")
-            && problems[2].contains("tap0"),
+        problems[1].contains("10.0.0.9 of pod shop/lost (bridge br0)")
+            && problems[1].contains("tap0"),
         "{problems:?}"
     );
     assert!(
@@ -513,10 +520,12 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         assert!(text.contains(&format!("set {base}-v6 {{")), "{text}");
         assert!(text.contains(&format!("update @{base}-v4 {{")), "{text}");
     }
+    // Ports with a bound address keep their own flows (fe80::3, fe80::9 are unique).
     assert!(
-        !flows.contains("veth-x") && !flows.contains("veth-web"),
-        "none bound: {text}"
+        flows.contains("veth-x") && flows.contains("veth-web"),
+        "{text}"
     );
+    assert!(!flows.contains("veth-idle"), "no pod's address: {text}");
     assert!(
         elements("np-flow-add").contains("\"veth-db\" : goto np-fl-"),
         "{text}"
