@@ -32,6 +32,11 @@ use crate::nft::names::object_name;
 pub const FLOWS_V4: &str = "np-flows-v4";
 pub const FLOWS_V6: &str = "np-flows-v6";
 pub const FORWARD_FLOWS: &str = "np-forward-flows";
+/// `ip saddr . ip daddr` of the IPv4 first fragments both base chains accepted that have an
+/// isolated end: the later fragments of the same packet carry no ports, and pass by this.
+pub const FRAGS_V4: &str = "np-frags-v4";
+/// A pair's entry expires after this (the kernel's reassembly timeout, `ipfrag_time`).
+pub const FRAG_TIMEOUT_SECS: u32 = 30;
 /// An idle flow's entry expires after this (conntrack keeps established TCP for days; a
 /// bridged flow idle longer is judged again as new, in each direction).
 pub const FLOW_TIMEOUT_SECS: u32 = 3600;
@@ -201,6 +206,46 @@ fn record(families: &[Flows; 2], full_drops: bool) -> Vec<Rule> {
 /// The comment on the drops of a new flow that its port's sets have no room for.
 pub const FULL_COMMENT: &str = "NetworkPolicy: the port's flow set is full";
 
+/// `ip frag-off & mask ==/!= value`.
+fn frag_off(mask: u16, value: u16, eq: bool) -> Stmt {
+    Stmt::Match(Match {
+        key: vec![Field::Ip4FragOff],
+        op: MatchOp::Masked {
+            mask: Value::Port(mask),
+            value: Value::Port(value),
+            eq,
+        },
+    })
+}
+
+/// IPv4 fragments without conntrack's reassembly: a non-first fragment (offset not 0, so no
+/// ports for the policies or the flow sets) passes when a first fragment between the same
+/// two addresses was accepted in the last [`FRAG_TIMEOUT_SECS`] (`known`); the recording
+/// chain records that pair for first fragments (offset 0, more fragments) with an isolated
+/// end (`record`). A non-first fragment cannot complete a datagram without its first,
+/// which the policies judged (Linux drops overlapping fragments), so the pair is enough.
+fn fragments() -> (Rule, Vec<Rule>) {
+    let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
+    let known = Rule::new(vec![
+        frag_off(0x1fff, 0, false),
+        Stmt::in_set(pair.clone(), FRAGS_V4),
+        Stmt::Verdict(Verdict::Accept),
+    ]);
+    let record = [Field::Ip4Saddr, Field::Ip4Daddr]
+        .map(|end| {
+            Rule::new(vec![
+                frag_off(0x3fff, 0x2000, true),
+                Stmt::in_set(vec![end, end], SELF_V4),
+                Stmt::SetUpdate {
+                    set: FRAGS_V4.into(),
+                    key: pair.clone(),
+                },
+            ])
+        })
+        .to_vec();
+    (known, record)
+}
+
 /// The bridge table of a plan whose netpol parts are `parts`; `source_check`: the
 /// anti-spoofing rules of [`binding`](super::binding).
 pub fn table(parts: &Parts, source_check: bool) -> Table {
@@ -216,8 +261,26 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
     ] {
         t.add_set(Set::new(name, vec![DataType::IfName], kind));
     }
+    t.add_set(
+        Set::new(
+            FRAGS_V4,
+            vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
+            SetKind::Set,
+        )
+        .with_flags(SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        })
+        .with_timeout(FRAG_TIMEOUT_SECS),
+    );
+    let (known_fragments, record_fragments) = fragments();
     let by_port = |field| Rule::new(vec![Stmt::vmap(vec![field], FLOW_PORTS)]);
-    let mut state = vec![by_port(Field::IifName), by_port(Field::OifName)];
+    let mut state = vec![
+        known_fragments,
+        by_port(Field::IifName),
+        by_port(Field::OifName),
+    ];
     state.extend(known(&shared, false));
     let mut recorder = Chain::base(
         FORWARD_FLOWS,
@@ -228,6 +291,9 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
             policy: Policy::Accept,
         },
     );
+    for rule in record_fragments {
+        recorder.push(rule);
+    }
     // Found in the sender's or the receiver's port's sets or the shared ones: refreshed
     // there; else a new flow, recorded in the sender's port's sets (or the shared ones for a
     // port not bound).
