@@ -351,7 +351,10 @@ pub struct Opts {
 
     /// While a NetworkPolicy is in force, drop forwarded packets whose source address is not
     /// routed back through the interface they came in on (`fib saddr . iif oif missing`):
-    /// a routed pod cannot send with another pod's address, whatever `rp_filter` says.
+    /// a routed pod cannot send with another pod's address, whatever `rp_filter` says. For
+    /// bridged pods, drop frames whose source is a pod address bound to another bridge port,
+    /// or that come from a pod's port with an address not bound to it (the bindings come
+    /// from the kernel's veth pairing; README "NetworkPolicy").
     /// `false` for CNIs that check sources themselves, or nodes with asymmetric routing on
     /// their uplinks. Default: true.
     #[arg(

@@ -110,7 +110,17 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         for r in &refused {
             warn!("address {}: {}", r.addr, r.reason);
         }
-        let report = BackendReport { refused: &refused };
+        // Read-only too: what a feature asked to know of the node's bridge ports.
+        let bridge_pods = &desired.net.bridge_pods;
+        let ports = (!bridge_pods.is_empty()).then(|| {
+            self.net
+                .bridge_ports(bridge_pods)
+                .map_err(|e| e.to_string())
+        });
+        let report = BackendReport {
+            refused: &refused,
+            bridge_ports: ports.as_ref(),
+        };
         plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
         let Desired {
             ruleset,
@@ -373,6 +383,11 @@ fn log_report(report: &SyncReport) {
         match s.result {
             Ok(()) => info!("{}", status_line(s, None)),
             Err(_) => warn!("{}", status_line(s, None)),
+        }
+    }
+    for (topic, lines) in report.outputs.warnings() {
+        for line in lines {
+            warn!("{topic}: {}", one_line(line));
         }
     }
 }

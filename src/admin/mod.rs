@@ -143,6 +143,11 @@ impl AdminState {
             .insert(what.into(), message.into());
     }
 
+    /// Withdraws the warning `what` (the condition is gone).
+    pub fn clear_environment_warning(&self, what: &str) {
+        self.environment().warnings.remove(what);
+    }
+
     /// One `warning: <what>: <message>` line per environment warning, for `/readyz`.
     pub fn environment_warnings(&self) -> String {
         let env = self.environment();
@@ -243,6 +248,14 @@ impl SyncObserver for AdminObserver {
         match (sync.result, sync.applied) {
             (Ok(report), Some(table)) => {
                 metrics.observe_success(sync.duration, report.nft.ops, table);
+                // Each sync says anew what the features could not do (NetworkPolicy: bridged
+                // pods it could not bind), each under its topic.
+                for (topic, problems) in report.outputs.warnings() {
+                    match problems {
+                        [] => self.state.clear_environment_warning(topic),
+                        problems => self.state.environment_warning(topic, &problems.join("; ")),
+                    }
+                }
                 let now = std::time::SystemTime::now();
                 metrics.kubeproxy.synced(sync.duration, sync.snapshot, now);
                 let objects = sync.snapshot.map(|s| s.len()).unwrap_or_default();
@@ -290,6 +303,39 @@ impl SyncObserver for DriftRepairs {
 mod tests {
     use super::*;
     use crate::nft::monitor::Changes;
+
+    /// Each sync says anew which bridged pods could not be bound: a `/readyz` warning while
+    /// there are some, gone after a sync with none.
+    #[test]
+    fn unbound_bridged_pods_are_a_readyz_warning_until_a_sync_binds_them() {
+        use crate::observe::SyncReport;
+        let state = Arc::new(AdminState::new(None));
+        let mut observer = AdminObserver {
+            state: state.clone(),
+            node_name: "node-1".into(),
+        };
+        let table = Table::new("nodeplane");
+        let mut sync = |pod_binding: Vec<String>| {
+            let mut report = SyncReport::default();
+            report.outputs.netpol.pod_binding = pod_binding;
+            observer.observe(&SyncOutcome {
+                snapshot: None,
+                result: &Ok(report),
+                duration: Duration::ZERO,
+                applied: Some(&table),
+                drift_seq: 0,
+            });
+        };
+        sync(vec![
+            "address 10.0.0.9 of pod a/p (bridge br0) is behind no bridge port".into(),
+        ]);
+        assert_eq!(
+            state.environment_warnings(),
+            "warning: networkpolicy pod binding: address 10.0.0.9 of pod a/p (bridge br0) is behind no bridge port\n"
+        );
+        sync(Vec::new());
+        assert_eq!(state.environment_warnings(), "");
+    }
 
     #[test]
     fn the_ruleset_header_keeps_hostile_names_in_their_comment_lines() {

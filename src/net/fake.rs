@@ -392,6 +392,7 @@ mod tests {
             }]
             .into(),
             tunnel: None,
+            bridge_pods: Vec::new(),
         }
     }
 

@@ -21,6 +21,7 @@
 
 pub mod addresses;
 pub mod announce;
+pub mod bridge_ports;
 pub mod conflict;
 pub mod fake;
 pub mod fence;
@@ -177,6 +178,9 @@ pub struct NetDesired {
     pub rules: BTreeSet<RuleSpec>,
     /// The agent's tunnel device (EgressIP steering), if any.
     pub tunnel: Option<TunnelSpec>,
+    /// The addresses of each pod whose bridge port a feature needs (NetworkPolicy's
+    /// binding): read, never changed ([`NetBackend::bridge_ports`]).
+    pub bridge_pods: Vec<Vec<IpAddr>>,
 }
 
 /// A VXLAN device the agent creates and owns (marked with the alias [`LINK_ALIAS`]), with
@@ -438,6 +442,14 @@ pub trait NetBackend {
     fn apply(&mut self, changes: &NetChanges) -> Result<(), NetError>;
     /// Removes every marked object and returns what was removed.
     fn cleanup(&mut self) -> Result<NetChanges, NetError>;
+    /// The node's bridge ports and what is behind each (read-only; see [`bridge_ports`]);
+    /// `pods`: the addresses of each of the node's pods. Backends without a kernel have none.
+    fn bridge_ports(
+        &mut self,
+        _pods: &[Vec<IpAddr>],
+    ) -> Result<bridge_ports::BridgePorts, NetError> {
+        Ok(bridge_ports::BridgePorts::default())
+    }
 
     /// Addresses refused whatever the kernel holds (see [`fence::Fenced`]): what the
     /// features must not program even when `plan` fails.

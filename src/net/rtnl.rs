@@ -12,6 +12,7 @@
 //! sockets (netlink, and the `AF_PACKET` socket of the announcements) are opened there: the
 //! backend acts in that namespace whichever thread later calls it.
 
+use std::net::IpAddr;
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 
@@ -31,6 +32,7 @@ use rtnetlink::packet_core::{
 use tokio::sync::mpsc;
 
 use super::announce::{self, Announcement};
+use super::bridge_ports::{self, BridgePorts};
 use super::conflict;
 use super::links::{self, OwnedLink, ParsedNeigh, TunnelChanges};
 use super::state::{KernelLink, KernelState};
@@ -44,6 +46,7 @@ type Reply<T> = std_mpsc::SyncSender<T>;
 
 enum Job {
     Read(Reply<Result<KernelState, NetError>>),
+    BridgePorts(Vec<Vec<IpAddr>>, Reply<Result<BridgePorts, NetError>>),
     Apply(Box<NetChanges>, Reply<ApplyOutcome>),
 }
 
@@ -144,6 +147,12 @@ impl NetBackend for RtnlBackend {
         self.apply(&changes)?;
         Ok(changes)
     }
+
+    fn bridge_ports(&mut self, pods: &[Vec<IpAddr>]) -> Result<BridgePorts, NetError> {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        self.send(Job::BridgePorts(pods.to_vec(), tx))?;
+        rx.recv().map_err(|_| worker_gone())?
+    }
 }
 
 impl Drop for RtnlBackend {
@@ -198,11 +207,36 @@ fn worker(
                 return;
             }
         };
+        // Reading another netns's addresses (`IFA_TARGET_NETNSID`) needs strict checking,
+        // which the other dumps do not: a socket of its own.
+        let strict = match rtnetlink::new_connection() {
+            Ok((mut conn, handle, _)) => {
+                use netlink_sys::AsyncSocket;
+                if let Err(e) = conn
+                    .socket_mut()
+                    .socket_mut()
+                    .set_netlink_get_strict_chk(true)
+                {
+                    let _ = ready.send(Err(netlink_err("strict socket", e)));
+                    return;
+                }
+                tokio::spawn(conn);
+                handle
+            }
+            Err(e) => {
+                let _ = ready.send(Err(netlink_err("socket", e)));
+                return;
+            }
+        };
         let _ = ready.send(Ok(()));
+        let mut peers = bridge_ports::PeerCache::default();
         while let Some(job) = jobs.recv().await {
             match job {
                 Job::Read(reply) => {
                     let _ = reply.send(read_state(&handle, &cfg).await);
+                }
+                Job::BridgePorts(pods, reply) => {
+                    let _ = reply.send(bridge_ports::read(&strict, &mut peers, &pods).await);
                 }
                 Job::Apply(changes, reply) => {
                     let _ = reply.send(apply(&handle, &cfg, &changes).await);
@@ -213,7 +247,7 @@ fn worker(
 }
 
 /// One dump request; retried while the kernel reports it as interrupted.
-async fn dump(
+pub(super) async fn dump(
     handle: &Handle,
     what: &str,
     request: RouteNetlinkMessage,

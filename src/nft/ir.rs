@@ -447,6 +447,10 @@ pub enum Field {
     /// `tcp flags` (match with [`MatchOp::Masked`] and [`Value::TcpFlags`], after
     /// `meta l4proto tcp`).
     TcpFlags,
+    /// `ip frag-off`: the IPv4 header's flags and fragment offset, 16 bits big-endian (match
+    /// with [`MatchOp::Masked`] and [`Value::Port`] as the 16-bit value: `& 0x1fff != 0` is a
+    /// non-first fragment, `& 0x3fff == 0x2000` a first fragment).
+    Ip4FragOff,
     /// `ct state` (a bit mask: match with [`MatchOp::AnyFlag`]).
     CtState,
     /// `ct mark`.
@@ -474,7 +478,7 @@ impl Field {
             Field::L4Proto => DataType::InetProto,
             Field::Ip4Saddr | Field::Ip4Daddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
-            Field::ThSport | Field::ThDport => DataType::InetService,
+            Field::ThSport | Field::ThDport | Field::Ip4FragOff => DataType::InetService,
             Field::Mark | Field::CtMark => DataType::Mark,
             Field::IifName | Field::OifName => DataType::IfName,
             Field::CtState => DataType::CtState,
@@ -489,7 +493,7 @@ impl Field {
     /// The address family a field implies, if any (nft adds `meta nfproto` for it).
     pub fn family(self) -> Option<IpFamily> {
         match self {
-            Field::Ip4Saddr | Field::Ip4Daddr => Some(IpFamily::V4),
+            Field::Ip4Saddr | Field::Ip4Daddr | Field::Ip4FragOff => Some(IpFamily::V4),
             Field::Ip6Saddr | Field::Ip6Daddr => Some(IpFamily::V6),
             _ => None,
         }

@@ -420,6 +420,7 @@ pub fn field(f: Field) -> String {
         Field::FibSaddrType => "fib saddr type".into(),
         Field::FibSaddrIifOif => "fib saddr . iif oif".into(),
         Field::TcpFlags => "tcp flags".into(),
+        Field::Ip4FragOff => "ip frag-off".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
     }
 }

@@ -177,6 +177,7 @@ impl Feature for EgressIp {
         _memory: &EgressIpMemory,
         report: &BackendReport,
         out: &mut Planned,
+        _: &mut (),
     ) {
         for r in report.refused {
             address_refused(

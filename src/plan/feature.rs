@@ -47,6 +47,9 @@ pub struct Planned {
 pub struct BackendReport<'a> {
     /// Addresses the network backend cannot place on any interface.
     pub refused: &'a [Refusal],
+    /// The node's bridge ports and what is behind each, read because a plan asked
+    /// (`NetDesired::bridge_pods`); the read's error as text.
+    pub bridge_ports: Option<&'a Result<crate::net::bridge_ports::BridgePorts, String>>,
 }
 
 /// A feature planner. Pure: no I/O, clock or locks, so the same inputs give the same bytes.
@@ -79,6 +82,7 @@ pub trait Feature {
         _memory: &Self::Memory,
         _report: &BackendReport,
         _out: &mut Planned,
+        _output: &mut Self::Output,
     ) {
     }
 
@@ -97,6 +101,13 @@ pub trait Output: Clone + Debug + Default + Send + Sync + 'static {
     /// change), with real backends only. An error is logged; the sync still succeeds.
     fn after_commit(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    /// What the feature could not do in this plan, under a `/readyz` warning topic, one line
+    /// each (logged too); `None` for features that never warn. An empty list clears the
+    /// topic's warning.
+    fn warnings(&self) -> Option<(&'static str, &[String])> {
+        None
     }
 }
 

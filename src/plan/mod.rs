@@ -51,6 +51,13 @@ macro_rules! features {
                 })*
                 errors
             }
+
+            /// Every feature's [`Output::warnings`], by topic.
+            pub fn warnings(&self) -> Vec<(&'static str, &[String])> {
+                let mut warnings = Vec::new();
+                $(warnings.extend(self.$field.warnings());)*
+                warnings
+            }
         }
 
         /// The names of the registered features, in planning order.
@@ -79,9 +86,11 @@ macro_rules! features {
             memory: &Memory,
             report: &BackendReport,
             out: &mut Planned,
+            outputs: &mut Outputs,
         ) {
             $(if inputs.config.features.on(<$feature as Feature>::SWITCH) {
-                <$feature as Feature>::settle(inputs, &memory.$field, report, out);
+                let output = &mut outputs.$field;
+                <$feature as Feature>::settle(inputs, &memory.$field, report, out, output);
             })*
         }
 
@@ -207,7 +216,13 @@ pub fn settle(
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
     };
-    settle_features(&inputs, &desired.memory, report, &mut out);
+    settle_features(
+        &inputs,
+        &desired.memory,
+        report,
+        &mut out,
+        &mut desired.outputs,
+    );
     desired.ruleset = out.ruleset;
     desired.bridge = out.bridge;
     desired.net = out.net;

@@ -24,6 +24,7 @@
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+pub mod binding;
 mod bridge;
 mod memo;
 mod pods;
@@ -33,6 +34,7 @@ use super::in_force::{Scope, Validated};
 use super::{Feature, Inputs, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
+use crate::net::bridge_ports::BridgePorts;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
 use crate::snapshot::Kind;
@@ -91,9 +93,14 @@ impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::NetworkPolicy;
     type Memory = NetpolMemory;
-    type Output = ();
+    type Output = NetpolOutput;
 
-    fn plan(inputs: &Inputs, memory: &NetpolMemory, out: &mut Planned, _: &mut ()) -> NetpolMemory {
+    fn plan(
+        inputs: &Inputs,
+        memory: &NetpolMemory,
+        out: &mut Planned,
+        _: &mut NetpolOutput,
+    ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
         let outcome = memory.validated.update(
             Kind::NetworkPolicy,
@@ -197,9 +204,13 @@ impl Feature for NetworkPolicies {
         }
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            let source_check = inputs.config.pod_source_check.then(source_check);
+            let check = inputs.config.pod_source_check;
+            let source_check = check.then(source_check).into_iter().collect();
             add_hooks(&mut out.ruleset, vec![established()], source_check);
-            out.bridge = Some(bridge::table(&parts));
+            out.bridge = Some(bridge::table(&parts, check));
+            // The binding is settled once the backend read the bridge ports (`settle`).
+            let pods = binding::local_pods(snapshot, &inputs.config.node_name);
+            out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
         }
         NetpolMemory {
             validated: outcome.validated,
@@ -208,6 +219,62 @@ impl Feature for NetworkPolicies {
             set_parts,
             parts,
         }
+    }
+
+    fn settle(
+        inputs: &Inputs,
+        memory: &NetpolMemory,
+        report: &crate::plan::BackendReport,
+        out: &mut Planned,
+        output: &mut NetpolOutput,
+    ) {
+        if let (Some(table), Some(ports)) = (out.bridge.as_mut(), report.bridge_ports) {
+            output.pod_binding =
+                bind_bridge_ports(table, inputs.snapshot, inputs.config, memory, ports);
+        }
+    }
+}
+
+impl NetpolMemory {
+    /// The addresses of this node's pods that a policy in force isolates (either direction).
+    pub fn isolated(&self) -> BTreeSet<IpAddr> {
+        let planned = self.policies.values().filter(|p| !p.chains.is_empty());
+        planned.flat_map(|p| p.selected.iter().copied()).collect()
+    }
+}
+
+/// Binds this node's bridged pods' addresses to their bridge ports in the bridge table `t`
+/// (see [`binding`]), from what the backend found in the kernel at sync time (`ports`);
+/// returns what could not be bound, one line each (a failed read binds nothing and says so).
+pub fn bind_bridge_ports(
+    t: &mut Table,
+    snapshot: &crate::snapshot::Snapshot,
+    config: &crate::config::Config,
+    memory: &NetpolMemory,
+    ports: &Result<BridgePorts, String>,
+) -> Vec<String> {
+    let pods = binding::local_pods(snapshot, &config.node_name);
+    match ports {
+        Ok(ports) => binding::add_to(t, binding::bind(&pods, &memory.isolated(), ports)),
+        Err(e) => vec![format!(
+            "bridge ports not read ({e}): no bridged pod is bound"
+        )],
+    }
+}
+
+/// What NetworkPolicy hands on besides its tables: the bridged pods' addresses it could not
+/// bind to their ports (a `/readyz` warning and a log line each).
+#[derive(Debug, Clone, Default)]
+pub struct NetpolOutput {
+    pub pod_binding: Vec<String>,
+}
+
+/// The `/readyz` warning topic of [`NetpolOutput::pod_binding`].
+pub const POD_BINDING: &str = "networkpolicy pod binding";
+
+impl crate::plan::Output for NetpolOutput {
+    fn warnings(&self) -> Option<(&'static str, &[String])> {
+        Some((POD_BINDING, &self.pod_binding))
     }
 }
 
@@ -292,8 +359,8 @@ fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
 
 /// The dispatch maps, the self sets and the two base chains; `state` are the rules that
 /// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise),
-/// after `source_check` in the egress chain (the first chain a pod's packet meets).
-fn add_hooks(table: &mut Table, state: Vec<Rule>, source_check: Option<Rule>) {
+/// after `first` in the egress chain (the first chain a pod's packet meets: anti-spoofing).
+fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -338,10 +405,10 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, source_check: Option<Rule>) {
                 policy: Policy::Accept,
             },
         );
-        if name == chains::FORWARD_EGRESS
-            && let Some(rule) = &source_check
-        {
-            chain.push(rule.clone());
+        if name == chains::FORWARD_EGRESS {
+            for rule in &first {
+                chain.push(rule.clone());
+            }
         }
         for rule in &state {
             chain.push(rule.clone());

@@ -14,6 +14,7 @@ mod net;
 mod netpol;
 mod netpol_attacks;
 mod netpol_bridged;
+mod netpol_bridged_attacks;
 mod netpol_interplay;
 mod netpol_scenarios;
 mod probe;

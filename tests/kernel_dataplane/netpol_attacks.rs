@@ -11,7 +11,7 @@ const ONLY_B_TO_A: &str = "  podSelector: {matchLabels: {pod: a}}\n  ingress: [{
 
 /// Sends a few datagrams from `ns` with source `src` (an address the sender puts on its own
 /// loopback, as a hostile pod can: the packet leaves its eth0 carrying that source).
-fn send_from(ns: &Ns, src: IpAddr, dst: SocketAddr) {
+pub fn send_from(ns: &Ns, src: IpAddr, dst: SocketAddr) {
     let prefix = if src.is_ipv4() { "32" } else { "128" };
     let cidr = format!("{src}/{prefix}");
     let mut argv = vec!["ip", "addr", "add", &cidr, "dev", "lo"];
@@ -83,4 +83,59 @@ fn a_routed_pod_cannot_spoof_an_allowed_peer() {
         .nft(&["list", "chain", "inet", "nodeplane", "np-forward-egress"])
         .unwrap();
     assert!(counted.contains("fib saddr . iif oif missing"), "{counted}");
+}
+
+/// Routed pods, measured: with x/a isolated (only x/b may reach it), neither y/a (same node)
+/// nor x/b reaches x/a's server on its IPv6 link-local address (not on their links: each pod's
+/// link is its own veth to the node, which routes and never forwards link-local traffic) nor
+/// on an address the API does not list (`fd01::99` on x/a's eth0: the node routes only the
+/// listed /128s to a pod's veth). So routed pods need no rule for these; bridged pods do
+/// (`netpol_bridged_attacks`).
+#[test]
+fn a_routed_pods_unlisted_addresses_are_out_of_other_pods_reach() {
+    let c = cluster();
+    c.apply(&[policy("x", "only-b", ONLY_B_TO_A)]);
+    let (x_a, x_b, y_a) = (&c.pods[0].1, &c.pods[1].1, &c.pods[3].1);
+    x_a.ns.run(&[
+        "ip",
+        "addr",
+        "add",
+        "fd01::99/128",
+        "dev",
+        &x_a.iface,
+        "nodad",
+    ]);
+    let a_ll = eventually(Duration::from_secs(10), || {
+        let out = x_a
+            .ns
+            .exec(&[
+                "ip", "-6", "-o", "addr", "show", "dev", &x_a.iface, "scope", "link",
+            ])
+            .map_err(|e| e.to_string())?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .filter(|_| !out.contains("tentative"))
+            .and_then(|a| a.split('/').next()?.parse::<std::net::Ipv6Addr>().ok())
+            .ok_or(format!("no usable link-local address yet: {out}"))
+    });
+    // x/b reaches x/a on its listed address: the path works.
+    let listed = SocketAddr::new(x_a.ip6().unwrap(), 80);
+    assert!(
+        x_b.ns
+            .tcp_connect(listed, Duration::from_secs(5))
+            .is_reply()
+    );
+    for (client, who) in [(y_a, "y/a"), (x_b, "x/b")] {
+        let index = client
+            .ns
+            .run(&["cat", &format!("/sys/class/net/{}/ifindex", client.iface)]);
+        let index = index.trim().parse().expect("ifindex");
+        let ll = SocketAddr::V6(std::net::SocketAddrV6::new(a_ll, 80, 0, index));
+        let unlisted = SocketAddr::new("fd01::99".parse().unwrap(), 80);
+        for to in [ll, unlisted] {
+            let got = client.ns.tcp_connect(to, Duration::from_secs(1));
+            assert!(!got.is_reply(), "{who} reached x/a at {to}: {got:?}");
+        }
+    }
 }

@@ -194,6 +194,7 @@ pub fn field_info(f: Field) -> FieldInfo {
             }
         }
         Field::TcpFlags => info(th(13), 1, Big),
+        Field::Ip4FragOff => info(nh(6), 2, Big),
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
         Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),

@@ -68,7 +68,10 @@ fn refused_on(node: &str, snap: &Snapshot, ip: &str, reason: &str) -> Desired {
         addr: ip.parse().unwrap(),
         reason: reason.into(),
     }];
-    let report = crate::plan::BackendReport { refused: &refused };
+    let report = crate::plan::BackendReport {
+        refused: &refused,
+        bridge_ports: None,
+    };
     let dns = crate::dns::DnsAnswers::default();
     crate::plan::settle(snap, &config, &dns, &mut d, &report);
     d

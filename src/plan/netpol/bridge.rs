@@ -14,64 +14,123 @@
 //! accepted by the flow set: like conntrack, which judges a new connection on an old 4-tuple
 //! anew, the policies judge it. Per packet that is one set lookup and one update more than
 //! inet.
+//!
+//! The flows are kept per source: each bridge port with bound pod addresses (see
+//! `binding`) has flow sets of its own, `np-fl-<port>-v4/v6` (elements of part `np-ports`,
+//! like the binding), and a flow is recorded in the set of the port whose packet the policies
+//! accepted first (the sender of a new flow), and refreshed where it is found. A lookup
+//! tries the sets of the packet's input and output ports (`iifname` / `oifname vmap
+//! @np-flow-ports`: a `jump` to the port's chain). So a pod filling the set of its port with
+//! flows (one per port of an isolated pod it may reach) pushes out only its own flows. The
+//! shared `np-flows-v4/v6` keep the flows of ports that are not bound (an uplink in the
+//! bridge, a pod that could not be bound).
 
 use super::{PRIORITY, SELF_V4, SELF_V6, add_hooks};
 use crate::nft::ir::*;
+use crate::nft::names::object_name;
 
 pub const FLOWS_V4: &str = "np-flows-v4";
 pub const FLOWS_V6: &str = "np-flows-v6";
 pub const FORWARD_FLOWS: &str = "np-forward-flows";
+/// `ip saddr . ip daddr` of the IPv4 first fragments both base chains accepted that have an
+/// isolated end: the later fragments of the same packet carry no ports, and pass by this.
+pub const FRAGS_V4: &str = "np-frags-v4";
+/// A pair's entry expires after this (the kernel's reassembly timeout, `ipfrag_time`).
+pub const FRAG_TIMEOUT_SECS: u32 = 30;
 /// An idle flow's entry expires after this (conntrack keeps established TCP for days; a
 /// bridged flow idle longer is judged again as new, in each direction).
 pub const FLOW_TIMEOUT_SECS: u32 = 3600;
 
-/// The bridge table of a plan whose netpol parts are `parts`.
-pub fn table(parts: &Parts) -> Table {
-    let mut t = Table::with_family(Family::Bridge, TABLE_NAME);
-    t.extend_parts(parts);
-    let families = [
-        (
-            FLOWS_V4,
-            DataType::Ipv4Addr,
-            Field::Ip4Saddr,
-            Field::Ip4Daddr,
-        ),
-        (
-            FLOWS_V6,
-            DataType::Ipv6Addr,
-            Field::Ip6Saddr,
-            Field::Ip6Daddr,
-        ),
-    ];
-    let (l4, sport, dport) = (Field::L4Proto, Field::ThSport, Field::ThDport);
-    let mut known = Vec::new();
-    let mut record = Chain::base(
-        FORWARD_FLOWS,
-        BaseChain {
-            kind: ChainType::Filter,
-            hook: Hook::Forward,
-            priority: PRIORITY + 2,
-            policy: Policy::Accept,
+/// A port's flow sets and chains are named after this and the port.
+const PORT_PREFIX: &str = "np-fl";
+/// `port : jump <the port's lookup chain>`, for `iifname` and `oifname`.
+pub const FLOW_PORTS: &str = "np-flow-ports";
+/// `port : goto <the port's recording chain>`.
+pub const FLOW_ADD: &str = "np-flow-add";
+
+/// A flow set of one address family and the fields of a packet's tuple.
+struct Flows {
+    set: String,
+    addr: DataType,
+    saddr: Field,
+    daddr: Field,
+    isolated: &'static str,
+}
+
+fn families(v4: String, v6: String) -> [Flows; 2] {
+    [
+        Flows {
+            set: v4,
+            addr: DataType::Ipv4Addr,
+            saddr: Field::Ip4Saddr,
+            daddr: Field::Ip4Daddr,
+            isolated: SELF_V4,
         },
-    );
-    for ((set, addr, saddr, daddr), self_set) in families.into_iter().zip([SELF_V4, SELF_V6]) {
-        // saddr . l4proto . sport . daddr . dport
-        let (proto, port) = (DataType::InetProto, DataType::InetService);
-        let key = vec![addr, proto, port, addr, port];
-        t.add_set(
-            Set::new(set, key, SetKind::Set)
-                .with_flags(SetFlags {
-                    timeout: true,
-                    dynamic: true,
-                    ..Default::default()
-                })
-                .with_timeout(FLOW_TIMEOUT_SECS),
-        );
-        // A TCP SYN is never let through by the flow set: it opens a connection, and the
-        // policies judge it now (a client denied since cannot reuse an old 4-tuple).
-        let tuple = || Stmt::in_set(vec![saddr, l4, sport, daddr, dport], set);
-        known.push(Rule::new(vec![
-            Stmt::matches(l4, Value::Proto(proto::TCP)),
+        Flows {
+            set: v6,
+            addr: DataType::Ipv6Addr,
+            saddr: Field::Ip6Saddr,
+            daddr: Field::Ip6Daddr,
+            isolated: SELF_V6,
+        },
+    ]
+}
+
+const L4: Field = Field::L4Proto;
+
+fn tuple(f: &Flows) -> Vec<Field> {
+    vec![f.saddr, L4, Field::ThSport, f.daddr, Field::ThDport]
+}
+
+fn reverse(f: &Flows) -> Vec<Field> {
+    vec![f.daddr, L4, Field::ThDport, f.saddr, Field::ThSport]
+}
+
+fn protocols(p: &[u8]) -> Stmt {
+    Stmt::Match(Match {
+        key: vec![L4],
+        op: MatchOp::InAnon(
+            p.iter()
+                .map(|p| vec![KeyPart::Value(Value::Proto(*p))])
+                .collect(),
+        ),
+    })
+}
+
+/// The flow set of `f`: saddr . l4proto . sport . daddr . dport, timeout.
+fn flow_set(f: &Flows) -> Set {
+    let (proto, port) = (DataType::InetProto, DataType::InetService);
+    Set::new(
+        &f.set,
+        vec![f.addr, proto, port, f.addr, port],
+        SetKind::Set,
+    )
+    .with_flags(SetFlags {
+        timeout: true,
+        dynamic: true,
+        ..Default::default()
+    })
+    .with_timeout(FLOW_TIMEOUT_SECS)
+}
+
+/// The rules that accept a packet whose tuple is in the flow sets (a TCP SYN never: it opens
+/// a connection, and the policies judge it now, so a client denied since cannot reuse an
+/// old 4-tuple); with `refresh`, they also refresh the entries (a port's sets, whose lookup
+/// chain is also the recording chain's way to find where a flow is kept).
+fn known(families: &[Flows; 2], refresh: bool) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for f in families {
+        let lookup = || Stmt::in_set(tuple(f), f.set.as_str());
+        let tail = || {
+            let mut stmts = Vec::new();
+            if refresh {
+                stmts.extend(updates(f));
+            }
+            stmts.push(Stmt::Verdict(Verdict::Accept));
+            stmts
+        };
+        let mut tcp = vec![
+            Stmt::matches(L4, Value::Proto(proto::TCP)),
             Stmt::Match(Match {
                 key: vec![Field::TcpFlags],
                 op: MatchOp::Masked {
@@ -80,48 +139,200 @@ pub fn table(parts: &Parts) -> Table {
                     eq: false,
                 },
             }),
-            tuple(),
-            Stmt::Verdict(Verdict::Accept),
-        ]));
-        known.push(Rule::new(vec![
-            Stmt::Match(Match {
-                key: vec![l4],
-                op: MatchOp::InAnon(
-                    [proto::UDP, proto::SCTP]
-                        .map(|p| vec![KeyPart::Value(Value::Proto(p))])
-                        .to_vec(),
-                ),
-            }),
-            tuple(),
-            Stmt::Verdict(Verdict::Accept),
-        ]));
-        // Only flows with an isolated end: between pods no policy isolates nothing needs
-        // remembering, so their traffic (a flood included) takes no room in the set.
-        for (end, verdict) in [(saddr, Some(Verdict::Accept)), (daddr, None)] {
-            let ports = [proto::TCP, proto::UDP, proto::SCTP]
-                .map(|p| vec![KeyPart::Value(Value::Proto(p))])
-                .to_vec();
-            let mut stmts = vec![
-                Stmt::Match(Match {
-                    key: vec![l4],
-                    op: MatchOp::InAnon(ports),
-                }),
-                Stmt::in_set(vec![end, end], self_set),
-                Stmt::SetUpdate {
-                    set: set.into(),
-                    key: vec![saddr, l4, sport, daddr, dport],
-                },
-                Stmt::SetUpdate {
-                    set: set.into(),
-                    key: vec![daddr, l4, dport, saddr, sport],
-                },
-            ];
+            lookup(),
+        ];
+        tcp.extend(tail());
+        rules.push(Rule::new(tcp));
+        let mut other = vec![protocols(&[proto::UDP, proto::SCTP]), lookup()];
+        other.extend(tail());
+        rules.push(Rule::new(other));
+    }
+    rules
+}
+
+fn updates(f: &Flows) -> [Stmt; 2] {
+    [
+        Stmt::SetUpdate {
+            set: f.set.clone(),
+            key: tuple(f),
+        },
+        Stmt::SetUpdate {
+            set: f.set.clone(),
+            key: reverse(f),
+        },
+    ]
+}
+
+/// The rules that record an accepted packet's flow, both orientations, when it has an
+/// isolated end: between pods no policy isolates nothing needs remembering, so their traffic
+/// (a flood included) takes no room. In a port's own sets (`full_drops`) a flow that does
+/// not fit is dropped: the port's pod has used up its share, and letting the flow pass
+/// unrecorded would have its peer's answer recorded as a new flow of the peer's, in the
+/// peer's share.
+fn record(families: &[Flows; 2], full_drops: bool) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    let tracked = || protocols(&[proto::TCP, proto::UDP, proto::SCTP]);
+    for f in families {
+        for (end, verdict) in [(f.saddr, Some(Verdict::Accept)), (f.daddr, None)] {
+            let mut stmts = vec![tracked(), Stmt::in_set(vec![end, end], f.isolated)];
+            stmts.extend(updates(f));
+            let verdict = if full_drops {
+                Some(Verdict::Accept)
+            } else {
+                verdict
+            };
             stmts.extend(verdict.map(Stmt::Verdict));
-            record.push(Rule::new(stmts));
+            rules.push(Rule::new(stmts));
         }
     }
-    // No fib in the bridge family: a bridged pod's source is not checked here.
-    add_hooks(&mut t, known, None);
-    t.add_chain(record);
+    if full_drops {
+        for f in families {
+            for end in [f.saddr, f.daddr] {
+                rules.push(
+                    Rule::new(vec![
+                        tracked(),
+                        Stmt::in_set(vec![end, end], f.isolated),
+                        Stmt::Counter,
+                        Stmt::Verdict(Verdict::Drop),
+                    ])
+                    .with_comment(FULL_COMMENT),
+                );
+            }
+        }
+    }
+    rules
+}
+
+/// The comment on the drops of a new flow that its port's sets have no room for.
+pub const FULL_COMMENT: &str = "NetworkPolicy: the port's flow set is full";
+
+/// `ip frag-off & mask ==/!= value`.
+fn frag_off(mask: u16, value: u16, eq: bool) -> Stmt {
+    Stmt::Match(Match {
+        key: vec![Field::Ip4FragOff],
+        op: MatchOp::Masked {
+            mask: Value::Port(mask),
+            value: Value::Port(value),
+            eq,
+        },
+    })
+}
+
+/// IPv4 fragments without conntrack's reassembly: a non-first fragment (offset not 0, so no
+/// ports for the policies or the flow sets) passes when a first fragment between the same
+/// two addresses was accepted in the last [`FRAG_TIMEOUT_SECS`] (`known`); the recording
+/// chain records that pair for first fragments (offset 0, more fragments) with an isolated
+/// end (`record`). A non-first fragment cannot complete a datagram without its first,
+/// which the policies judged (Linux drops overlapping fragments), so the pair is enough.
+fn fragments() -> (Rule, Vec<Rule>) {
+    let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
+    let known = Rule::new(vec![
+        frag_off(0x1fff, 0, false),
+        Stmt::in_set(pair.clone(), FRAGS_V4),
+        Stmt::Verdict(Verdict::Accept),
+    ]);
+    let record = [Field::Ip4Saddr, Field::Ip4Daddr]
+        .map(|end| {
+            Rule::new(vec![
+                frag_off(0x3fff, 0x2000, true),
+                Stmt::in_set(vec![end, end], SELF_V4),
+                Stmt::SetUpdate {
+                    set: FRAGS_V4.into(),
+                    key: pair.clone(),
+                },
+            ])
+        })
+        .to_vec();
+    (known, record)
+}
+
+/// The bridge table of a plan whose netpol parts are `parts`; `source_check`: the
+/// anti-spoofing rules of [`binding`](super::binding).
+pub fn table(parts: &Parts, source_check: bool) -> Table {
+    let mut t = Table::with_family(Family::Bridge, TABLE_NAME);
+    t.extend_parts(parts);
+    let shared = families(FLOWS_V4.into(), FLOWS_V6.into());
+    for f in &shared {
+        t.add_set(flow_set(f));
+    }
+    for (name, kind) in [
+        (FLOW_PORTS, SetKind::VerdictMap),
+        (FLOW_ADD, SetKind::VerdictMap),
+    ] {
+        t.add_set(Set::new(name, vec![DataType::IfName], kind));
+    }
+    t.add_set(
+        Set::new(
+            FRAGS_V4,
+            vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
+            SetKind::Set,
+        )
+        .with_flags(SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        })
+        .with_timeout(FRAG_TIMEOUT_SECS),
+    );
+    let (known_fragments, record_fragments) = fragments();
+    let by_port = |field| Rule::new(vec![Stmt::vmap(vec![field], FLOW_PORTS)]);
+    let mut state = vec![
+        known_fragments,
+        by_port(Field::IifName),
+        by_port(Field::OifName),
+    ];
+    state.extend(known(&shared, false));
+    let mut recorder = Chain::base(
+        FORWARD_FLOWS,
+        BaseChain {
+            kind: ChainType::Filter,
+            hook: Hook::Forward,
+            priority: PRIORITY + 2,
+            policy: Policy::Accept,
+        },
+    );
+    for rule in record_fragments {
+        recorder.push(rule);
+    }
+    // Found in the sender's or the receiver's port's sets or the shared ones: refreshed
+    // there; else a new flow, recorded in the sender's port's sets (or the shared ones for a
+    // port not bound).
+    recorder.push(by_port(Field::IifName));
+    recorder.push(by_port(Field::OifName));
+    for rule in known(&shared, true) {
+        recorder.push(rule);
+    }
+    recorder.push(Rule::new(vec![Stmt::vmap(vec![Field::IifName], FLOW_ADD)]));
+    for rule in record(&shared, false) {
+        recorder.push(rule);
+    }
+    // No fib in the bridge family: bridged pods' addresses are bound to their ports instead.
+    super::binding::add_sets(&mut t);
+    add_hooks(&mut t, state, super::binding::rules(source_check));
+    t.add_chain(recorder);
     t
+}
+
+/// A bound port's flow sets, its lookup chain (`np-flow-ports`) and its recording chain
+/// (`np-flow-add`), into `part`.
+pub fn add_port(part: &mut Part, port: &str) {
+    let base = object_name(PORT_PREFIX, port);
+    let own = families(format!("{base}-v4"), format!("{base}-v6"));
+    for f in &own {
+        part.add_set(flow_set(f));
+    }
+    let (lookup, add) = (format!("{base}-known"), format!("{base}-add"));
+    let mut chain = Chain::regular(&lookup);
+    for rule in known(&own, true) {
+        chain.push(rule);
+    }
+    part.add_chain(chain);
+    let mut chain = Chain::regular(&add);
+    for rule in record(&own, true) {
+        chain.push(rule);
+    }
+    part.add_chain(chain);
+    let key = || vec![Value::IfName(port.into()).into()];
+    part.add_mapping(FLOW_PORTS, key(), ElemData::Verdict(Verdict::Jump(lookup)));
+    part.add_mapping(FLOW_ADD, key(), ElemData::Verdict(Verdict::Goto(add)));
 }

@@ -418,3 +418,143 @@ fn port_ranges_merge_and_egress_named_ports_resolve_on_the_peer() {
     );
     nft_check(&render_full(&d.ruleset));
 }
+
+/// Bridged pods' addresses are bound to the ports the kernel has them behind: db (isolated)
+/// behind veth-db, web behind veth-web and, claimed by a second port too (a pod that added
+/// web's address to its own interface), behind veth-x: web's address is bound to neither and
+/// reported, as is a pod inside the bridge's subnet that no port carries.
+#[test]
+fn bridged_pods_addresses_are_bound_to_their_ports() {
+    use crate::net::bridge_ports::{BridgePort, BridgePorts};
+    let b = cluster().with(pod("shop", "lost", &[], &["10.0.0.9"]));
+    let snapshot = b.build();
+    let config = Config::for_node(NODE);
+    let mut d = plan_with(&snapshot, &config, &Memory::default());
+    let port = |name: &str, addrs: Option<&[&str]>| BridgePort {
+        name: name.into(),
+        bridge: "br0".into(),
+        peer_addrs: addrs.map(|a| a.iter().map(|a| a.parse().unwrap()).collect()),
+    };
+    let ports = BridgePorts {
+        ports: vec![
+            port(
+                "veth-db",
+                Some(&["10.0.0.2", "fd00::2", "fe80::2", "fd00::99"]),
+            ),
+            port("veth-web", Some(&["10.0.0.3", "fe80::3"])),
+            port("veth-x", Some(&["10.0.0.3", "fe80::9"])),
+            port("veth-idle", Some(&["10.0.0.77"])),
+            port("tap0", None),
+        ],
+        subnets: vec![("br0".into(), "10.0.0.0/24".parse().unwrap())],
+    };
+    let bridge = d.bridge.as_mut().unwrap();
+    let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, &Ok(ports));
+    let text = render_full(bridge);
+    // The set's declaration, elements included.
+    let elements = |set: &str| {
+        let start = text.find(&format!(" {set} {{")).expect("declared");
+        let block = &text[start..];
+        block[..block.find("\n\t}").unwrap()].to_string()
+    };
+    let bound = elements("np-bound-v6");
+    assert!(bound.contains("fd00::2 . \"veth-db\""), "{text}");
+    assert!(
+        bound.contains("fe80::2 . \"veth-db\""),
+        "link-local too: {text}"
+    );
+    assert!(
+        !bound.contains("fd00::99"),
+        "unlisted: not the pod's: {text}"
+    );
+    assert!(bound.contains("fe80::3 . \"veth-web\""), "{text}");
+    // web's IPv4 address is claimed by two ports: bound to neither, and neither port is
+    // judged by port (web's own IPv4 traffic must not be dropped as unbound).
+    let bound_ports = elements("np-bound-ports");
+    assert!(bound_ports.contains("\"veth-db\""), "{text}");
+    assert!(
+        !bound_ports.contains("veth-web") && !bound_ports.contains("veth-x"),
+        "{text}"
+    );
+    let bound4 = elements("np-bound-v4");
+    assert!(bound4.contains("10.0.0.2 . \"veth-db\""), "{text}");
+    assert!(
+        !bound4.contains("10.0.0.3") && !bound4.contains("10.0.0.77"),
+        "{text}"
+    );
+    let isolated = elements("np-isolated-v6");
+    assert!(isolated.contains("fd00::2 . \"veth-db\""), "{text}");
+    assert!(!isolated.contains("fe80"), "{text}");
+    assert!(
+        elements("np-isolated-ports").contains("\"veth-db\""),
+        "{text}"
+    );
+    assert!(!elements("np-isolated-ports").contains("web"), "{text}");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("10.0.0.3 (pod shop/web) is behind bridge ports veth-web, veth-x"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("10.0.0.9 of pod shop/lost (bridge br0)")
+            && problems[1].contains("tap0"),
+        "{problems:?}"
+    );
+    assert!(
+        text.contains("ip saddr . iifname != @np-bound-v4 counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("oifname @np-isolated-ports ip6 daddr . oifname != @np-isolated-v6"),
+        "{text}"
+    );
+    // Each bound port keeps its own flows: sets and chains of its own, reached by port.
+    let flows = elements("np-flow-ports");
+    {
+        let port = "veth-db";
+        let base = crate::nft::names::object_name("np-fl", port);
+        assert!(
+            flows.contains(&format!("\"{port}\" : jump {base}-known")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("set {base}-v6 {{")), "{text}");
+        assert!(text.contains(&format!("update @{base}-v4 {{")), "{text}");
+    }
+    // Ports with a bound address keep their own flows (fe80::3, fe80::9 are unique).
+    assert!(
+        flows.contains("veth-x") && flows.contains("veth-web"),
+        "{text}"
+    );
+    assert!(!flows.contains("veth-idle"), "no pod's address: {text}");
+    assert!(
+        elements("np-flow-add").contains("\"veth-db\" : goto np-fl-"),
+        "{text}"
+    );
+    nft_check(&format!("{}{text}", render_full(&d.ruleset)));
+    // Without --pod-source-check only the isolation rules remain.
+    let off = Config {
+        pod_source_check: false,
+        ..Config::for_node(NODE)
+    };
+    let d = plan_with(&snapshot, &off, &Memory::default());
+    let text = render_full(d.bridge.as_ref().unwrap());
+    assert!(!text.contains("np-bound-v4 counter"), "{text}");
+    assert!(text.contains("np-isolated-v4 counter"), "{text}");
+    // A failed read binds nothing and says so.
+    let mut t = d.bridge.unwrap();
+    let err = crate::net::NetError::Netlink {
+        what: "links".into(),
+        reason: "gone".into(),
+    };
+    let problems = bind_bridge_ports(
+        &mut t,
+        &snapshot,
+        &off,
+        &d.memory.netpol,
+        &Err(err.to_string()),
+    );
+    assert!(
+        problems[0].contains("no bridged pod is bound"),
+        "{problems:?}"
+    );
+}

@@ -13,7 +13,8 @@ use nodeplane::testing::listing;
 /// A forward chain dispatching on IPv4/IPv6 addresses (a `meta protocol` dependency each),
 /// a set, a verdict map whose elements `goto` a regular chain, an L4 match, and the reply
 /// tuples a bridge table needs where it has no conntrack: a dynamic timeout set that accepted
-/// packets update with their reverse tuple and that packets are looked up in.
+/// packets update with their reverse tuple and that packets are looked up in; IPv4
+/// fragments (`ip frag-off` bitmask tests) and the address pairs they are tracked by.
 fn bridge_table(second: bool) -> Table {
     let mut t = Table::with_family(Family::Bridge, T);
     let mut pods = Set::new("pods-v4", vec![DataType::Ipv4Addr], SetKind::Set);
@@ -46,6 +47,47 @@ fn bridge_table(second: bool) -> Table {
             })
             .with_timeout(120),
     );
+    // Fragments: first fragments of accepted packets record the address pair, later
+    // fragments (no ports) pass by it.
+    t.add_set(
+        Set::new(
+            "frags-v4",
+            vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
+            SetKind::Set,
+        )
+        .with_flags(SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        })
+        .with_timeout(30),
+    );
+    let frag_off = |mask: u16, value: u16, eq: bool| {
+        Stmt::Match(Match {
+            key: vec![Field::Ip4FragOff],
+            op: MatchOp::Masked {
+                mask: Value::Port(mask),
+                value: Value::Port(value),
+                eq,
+            },
+        })
+    };
+    let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
+    let mut frags = Chain::regular("frags");
+    frags
+        .push(Rule::new(vec![
+            frag_off(0x1fff, 0, false),
+            Stmt::in_set(pair.clone(), "frags-v4"),
+            Stmt::Verdict(Verdict::Accept),
+        ]))
+        .push(Rule::new(vec![
+            frag_off(0x3fff, 0x2000, true),
+            Stmt::SetUpdate {
+                set: "frags-v4".into(),
+                key: pair,
+            },
+        ]));
+    t.add_chain(frags);
     let mut pol = Chain::regular("pol");
     pol.push(Rule::new(vec![
         Stmt::matches(Field::L4Proto, Value::Proto(6)),

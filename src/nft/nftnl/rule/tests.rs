@@ -161,3 +161,50 @@ fn ip_match_in_bridge_checks_the_ethertype_like_nft() {
         }
     );
 }
+
+#[test]
+fn ip_frag_off_masks_like_nft() {
+    // `nft --debug=netlink add rule bridge t c ip frag-off & 0x1fff != 0`: meta load protocol,
+    // cmp 0x0800, payload load 2b @ network header + 6, bitwise & 0x1fff, cmp neq 0.
+    let mut id = 1;
+    let rule = Rule::new(vec![Stmt::Match(Match {
+        key: vec![Field::Ip4FragOff],
+        op: MatchOp::Masked {
+            mask: Value::Port(0x1fff),
+            value: Value::Port(0),
+            eq: false,
+        },
+    })]);
+    let r = lower_rule(&rule, Family::Bridge, &BTreeMap::new(), &mut id).unwrap();
+    assert_eq!(
+        r.exprs[1],
+        Expr::Cmp {
+            op: NFT_CMP_EQ,
+            sreg: 1,
+            data: vec![0x08, 0x00]
+        }
+    );
+    assert_eq!(
+        r.exprs[2],
+        Expr::Payload {
+            dreg: 1,
+            base: crate::nft::nftnl::types::NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 6,
+            len: 2
+        }
+    );
+    assert!(r.exprs.contains(&Expr::Bitwise {
+        reg: 1,
+        mask: vec![0x1f, 0xff],
+        xor: vec![0, 0],
+        with_op: true
+    }));
+    assert_eq!(
+        r.exprs.last(),
+        Some(&Expr::Cmp {
+            op: NFT_CMP_NEQ,
+            sreg: 1,
+            data: vec![0, 0]
+        })
+    );
+}
