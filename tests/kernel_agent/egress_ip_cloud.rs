@@ -282,7 +282,15 @@ fn cloud_snat_starts_only_after_the_cloud_attached_the_ip() {
         "{} datagrams from {EIP} before Assigned=True",
         early.len()
     );
-    assert!(c.has_eip(host));
+    // SNAT is committed before the address is added (rules before an address attracts
+    // traffic): the first datagram can leave a moment before the address is there.
+    eventually(wait, || {
+        (c.has_eip(host)).then_some(()).ok_or(format!(
+            "node-{} lacks {EIP}\n{}",
+            host + 1,
+            c.all_logs()
+        ))
+    });
     eprintln!(
         "cloud egress IP on {node}: Assigned=True to the first datagram from {EIP} at the \
          external host: {:.1} ms (a new flow every 10 ms; {} from another source after \
