@@ -854,6 +854,9 @@ fn add_base_chains(part: &mut Part) {
         PREROUTING,
         base(ChainType::Filter, Hook::Prerouting, PREROUTING_PRIORITY),
     );
+    for rule in tunnel_guard() {
+        pre.push(rule);
+    }
     // Only connections the pods opened: replies to inbound connections are not steered.
     let original = || Stmt::matches(Field::CtDirection, Value::CtDir(CtDir::Original));
     pre.push(Rule::new(vec![
@@ -911,6 +914,60 @@ fn add_base_chains(part: &mut Part) {
         Stmt::MarkAnd(!MARK_MASK),
     ]));
     part.add_chain(out);
+}
+
+/// The tunnel carries packets between nodes only. A node's own tunnel packets leave from the
+/// output path; so any tunnel packet this node would forward to a node (a pod's, whatever
+/// its CNI's masquerade later makes its source) is dropped, and one to this node must come
+/// from a node address. Otherwise a pod or a host on the segment could have a hosting node
+/// decapsulate an inner packet with another tenant's source and SNAT it to that tenant's
+/// egress IP (the tunnel is exempt from the source checks).
+fn tunnel_guard() -> Vec<Rule> {
+    let udp = || Stmt::matches(Field::L4Proto, Value::Proto(17));
+    let port = || Stmt::matches(Field::ThDport, Value::Port(TUNNEL_PORT));
+    let local = |eq: bool| {
+        let value = vec![Value::AddrType(AddrType::Local)];
+        Stmt::Match(Match {
+            key: vec![Field::FibDaddrType],
+            op: if eq {
+                MatchOp::Eq(value)
+            } else {
+                MatchOp::Ne(value)
+            },
+        })
+    };
+    let drop = |mut stmts: Vec<Stmt>, why: &str| {
+        stmts.extend([Stmt::Counter, Stmt::Verdict(Verdict::Drop)]);
+        Rule::new(stmts).with_comment(why)
+    };
+    [
+        (Field::Ip4Saddr, Field::Ip4Daddr, sets::NODE_IPS_V4),
+        (Field::Ip6Saddr, Field::Ip6Daddr, sets::NODE_IPS_V6),
+    ]
+    .into_iter()
+    .flat_map(|(saddr, daddr, nodes)| {
+        [
+            drop(
+                vec![
+                    udp(),
+                    port(),
+                    Stmt::in_set(vec![daddr], nodes),
+                    local(false),
+                ],
+                "EgressIP tunnel: only nodes send to a node's tunnel",
+            ),
+            drop(
+                vec![
+                    udp(),
+                    port(),
+                    local(true),
+                    Stmt::not_in_set(vec![saddr], nodes),
+                ],
+                "EgressIP tunnel: only from a node address",
+            ),
+        ]
+    })
+    .collect()
 }
 
 /// Attributes an address the net backend could not place (no interface subnet contains it,

@@ -662,3 +662,79 @@ fn steering_passes_the_network_policy_source_check() {
         assert!(status.success(), "agent exit {status:?}\n{logs}");
     }
 }
+
+/// A VXLAN datagram for the EgressIP tunnel of the node at `underlay`, carrying a UDP
+/// datagram from `src` to `dst:port` (the inner frame addressed to that node's tunnel MAC).
+fn forged_vxlan(underlay: &str, src: [u8; 4], dst: [u8; 4], port: u16) -> Vec<u8> {
+    use nodeplane::plan::egress_ip::{TUNNEL_VNI, tunnel_mac};
+    let payload = b"forged";
+    let udp_len = 8 + payload.len() as u16;
+    let ip_len = 20 + udp_len;
+    let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0];
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&dst);
+    let sum = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let mut frame = vec![0x08, 0, 0, 0];
+    frame.extend_from_slice(&(TUNNEL_VNI << 8).to_be_bytes());
+    frame.extend_from_slice(&tunnel_mac(underlay.parse().unwrap()));
+    frame.extend_from_slice(&tunnel_mac("192.168.50.12".parse().unwrap()));
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(&ip);
+    frame.extend_from_slice(&5555u16.to_be_bytes());
+    frame.extend_from_slice(&port.to_be_bytes());
+    frame.extend_from_slice(&udp_len.to_be_bytes());
+    frame.extend_from_slice(&[0, 0]);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The EgressIP tunnel takes packets from nodes only. Otherwise a pod on another node (or a
+/// host on the segment) sends VXLAN to the hosting node's port 4789 with an inner packet
+/// whose source is a selected pod of another tenant, and the node SNATs it to that tenant's
+/// egress IP: its traffic leaves with someone else's identity (the tunnel is exempt from the
+/// source checks: its packets are checked on their own node).
+#[test]
+fn the_egress_ip_tunnel_takes_packets_from_nodes_only() {
+    use std::net::UdpSocket;
+    let t = topo();
+    t.host_on("node-1");
+    let agents = t.spawn_agents();
+    eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
+    let sink = t.ext.enter(|| {
+        let s = UdpSocket::bind("0.0.0.0:7777").expect("bind in ext");
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s
+    });
+    // Inner source api2 (selected, on node-2), to the external host.
+    let forged = forged_vxlan(&node_ip(0), [10, 128, 2, 5], [192, 168, 50, 100], 7777);
+    let to = format!("{}:4789", node_ip(0));
+    for sender in [&t.web2.ns, &t.ext] {
+        sender.enter(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            for _ in 0..20 {
+                s.send_to(&forged, &to).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let mut buf = [0u8; 64];
+        let got = sink.recv_from(&mut buf);
+        assert!(
+            got.is_err(),
+            "{}'s forged datagram left node-1 through the tunnel: {got:?}",
+            sender.name()
+        );
+    }
+    // The nodes' own tunnel traffic still flows.
+    eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
+    for a in agents {
+        let (status, logs) = a.stop();
+        assert!(status.success(), "agent exit {status:?}\n{logs}");
+    }
+}
