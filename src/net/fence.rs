@@ -28,7 +28,8 @@ impl Fence {
     }
 }
 
-/// `inner`, with every egress address refused while `fence` is set.
+/// `inner`, with every egress address refused while `fence` is set. Every other
+/// `NetBackend` method delegates (a default left in place would answer for `inner`).
 pub struct Fenced<B> {
     pub inner: B,
     pub fence: Fence,
@@ -66,5 +67,12 @@ impl<B: NetBackend> NetBackend for Fenced<B> {
 
     fn cleanup(&mut self) -> Result<NetChanges, NetError> {
         self.inner.cleanup()
+    }
+
+    fn bridge_ports(
+        &mut self,
+        pods: &[Vec<std::net::IpAddr>],
+    ) -> Result<super::bridge_ports::BridgePorts, NetError> {
+        self.inner.bridge_ports(pods)
     }
 }
