@@ -340,4 +340,8 @@ fn forged_probes_from_a_pod_do_not_keep_its_cut_off_node_hosting_the_egress_ip()
         "only {} forged probes sent",
         forger.sent()
     );
+    // The spoofed replays reached the fence and were refused as replays, not lost on the way.
+    let log = c.logs(cut);
+    let refused = format!("echo request from {leader} refused: Replay");
+    assert!(log.contains(&refused), "{log}");
 }
