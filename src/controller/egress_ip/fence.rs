@@ -393,6 +393,18 @@ mod tests {
     }
 
     #[test]
+    fn without_a_key_the_fence_is_armed_from_the_start_and_the_api_check_alone_decides() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut dog = Watchdog::new(&settings(), t0);
+        dog.arm(t0);
+        assert!(!dog.suspect(ms(399), true));
+        assert!(dog.suspect(ms(400), true), "no probe needed to suspect");
+        dog.api_answered(ms(400));
+        assert!(dog.suspect(ms(800), true), "asked once per quiet period");
+    }
+
+    #[test]
     fn hosted_by_reads_the_items_naming_the_node() {
         let eip = crate::testing::objects::egress_ip("a", &["10.0.0.1", "10.0.0.2"], &[])
             .hosted(&[("10.0.0.1", "node-1"), ("10.0.0.2", "node-2")])
