@@ -434,6 +434,19 @@ pub struct Opts {
     )]
     pub egress_ip_probe_misses: Option<u32>,
 
+    /// File holding the key (at least 32 bytes; trailing whitespace ignored) that signs the
+    /// assigner's probes and lets a node tell them from forged ones: shared by every agent,
+    /// e.g. a Secret mounted into the DaemonSet (see README "EgressIP"). Without it probes
+    /// never keep a node's egress IPs: a node cut off from the API server drops them (a
+    /// warning in the log and /readyz). Read when the agent starts.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_EGRESS_IP_PROBE_KEY_FILE",
+        value_name = "PATH"
+    )]
+    pub egress_ip_probe_key_file: Option<PathBuf>,
+
     /// Port of the transparent DNS proxy that sees the DNS answers of pods whose namespace's
     /// EgressFirewall has `dnsName` rules, and adds the answered addresses before the pod
     /// gets them (see README "EgressFirewall DNS"). 0 turns it off (only the agent's own

@@ -59,6 +59,12 @@ async fn start(
         }
         _ = wait_for_signal() => return Ok(false),
     }
-    kube::add_assigner(config, client, &source.snapshots, admin, tasks);
+    // The probes carry the key, so that the nodes' fences accept them.
+    let probe_key = config
+        .egress_ip_probe
+        .enabled()
+        .then(|| kube::probe_key(config, admin))
+        .flatten();
+    kube::add_assigner(config, client, &source.snapshots, probe_key, admin, tasks);
     Ok(true)
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{EGRESS_IP_ASSIGNER, EGRESS_IP_ASSIGNER_LEASE, Events, Published, wait_for_signal};
 use crate::admin::AdminState;
@@ -45,9 +45,25 @@ pub async fn start(
     if egress_ip_on && config.egress_ip_assigner {
         add_host_cidrs_publisher(config, &client, &source.snapshots, tasks);
     }
+    let probe_key = (egress_ip_on && config.egress_ip_probe.enabled())
+        .then(|| probe_key(config, admin))
+        .flatten();
     // Every agent fences itself when cut off from the assigner and the API server.
     if egress_ip_on {
-        add_fence(config, &client, &source.snapshots, fence, events, tasks);
+        let proof = match (&probe_key, config.egress_ip_assigner) {
+            (Some(key), _) => egress_ip::fence::Proof::Probes(key.clone()),
+            (None, true) => egress_ip::fence::Proof::ApiOnly,
+            (None, false) => egress_ip::fence::Proof::Off,
+        };
+        add_fence(
+            config,
+            &client,
+            &source.snapshots,
+            fence,
+            proof,
+            events,
+            tasks,
+        );
     }
     let (writer, status, rejections) =
         crate::status::writer_task(client.clone(), &config.node_name);
@@ -72,9 +88,32 @@ pub async fn start(
     // Candidates only once every kind is listed: an assigner must not act on a partial view
     // of the cluster.
     if egress_ip_on && config.egress_ip_assigner && config.egress_ip_assigner_candidate {
-        add_assigner(config, client, &source.snapshots, admin, tasks);
+        add_assigner(config, client, &source.snapshots, probe_key, admin, tasks);
     }
     Ok(Some(source.snapshots))
+}
+
+/// The probes' key from `--egress-ip-probe-key-file`; without one (none given, unreadable,
+/// too short) a warning in the log and `/readyz`: probes then prove nothing to the fence.
+pub(super) fn probe_key(
+    config: &Config,
+    admin: &AdminState,
+) -> Option<egress_ip::probe_auth::ProbeKey> {
+    let why = match &config.egress_ip_probe_key_file {
+        None => "no --egress-ip-probe-key-file".to_string(),
+        Some(path) => match egress_ip::probe_auth::ProbeKey::load(path) {
+            Ok(key) => return Some(key),
+            Err(e) => e,
+        },
+    };
+    let message = format!(
+        "probes are not authenticated ({why}): they never keep a node's egress IPs, so a node \
+         hosting some drops them whenever the API server is unreachable for the probes' \
+         verdict time (see README \"EgressIP\")"
+    );
+    warn!("EgressIP {message}");
+    admin.environment_warning("egress-ip probe key", &message);
+    None
 }
 
 fn add_host_cidrs_publisher(
@@ -105,6 +144,7 @@ fn add_fence(
     client: &kube::Client,
     snapshots: &Published,
     fence: &Fence,
+    proof: egress_ip::fence::Proof,
     events: &Events,
     tasks: &mut Runtime,
 ) {
@@ -118,6 +158,7 @@ fn add_fence(
         config.node_name.clone(),
         snapshots.clone(),
         config.egress_ip_probe,
+        proof,
         move |on| {
             if flag.set(on) {
                 let _ = events.lock().map(|t| t.send(Event::Changed));
@@ -137,6 +178,7 @@ pub(super) fn add_assigner(
     config: &Config,
     client: kube::Client,
     snapshots: &Published,
+    probe_key: Option<egress_ip::probe_auth::ProbeKey>,
     admin: &Arc<AdminState>,
     tasks: &mut Runtime,
 ) {
@@ -183,6 +225,7 @@ pub(super) fn add_assigner(
                 snapshots.clone(),
                 node.clone(),
                 probes,
+                probe_key.clone(),
                 cloud.clone(),
             );
             async move { ctx.until_stopped(super::ended(assign)).await }

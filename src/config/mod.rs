@@ -123,6 +123,10 @@ pub struct Config {
     pub leader_elect: Timings,
     /// The EgressIP assigner's node health probes (interval, misses).
     pub egress_ip_probe: probe::Settings,
+    /// The shared key that signs and checks the probes (`--egress-ip-probe-key-file`); read
+    /// when the agent starts. `None`: probes are unauthenticated and never keep a node's
+    /// egress IPs (`controller::egress_ip::fence`).
+    pub egress_ip_probe_key_file: Option<PathBuf>,
     /// The transparent DNS proxy of `dnsName` rules (`--dns-proxy-port`, `--dns-min-ttl-seconds`).
     pub dns_proxy: DnsProxySettings,
     /// `--platform`: bare metal, a cloud, or detected from the Nodes.
@@ -216,6 +220,7 @@ impl Config {
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
+            egress_ip_probe_key_file: None,
             dns_proxy: DnsProxySettings::default(),
             platform: PlatformChoice::Auto,
         }
@@ -359,6 +364,10 @@ impl Config {
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
+            egress_ip_probe_key_file: opts
+                .egress_ip_probe_key_file
+                .clone()
+                .or(file.egress_ip_probe_key_file),
             dns_proxy: DnsProxySettings {
                 resolvers: parse_addrs(
                     "--dns-resolvers",
@@ -556,6 +565,7 @@ struct FileConfig {
     leader_elect_retry_period: Option<DurationValue>,
     egress_ip_probe_interval: Option<DurationValue>,
     egress_ip_probe_misses: Option<u32>,
+    egress_ip_probe_key_file: Option<PathBuf>,
     dns_proxy_port: Option<u16>,
     dns_min_ttl_seconds: Option<u32>,
     dns_max_ttl_seconds: Option<u32>,
@@ -1070,6 +1080,13 @@ mod tests {
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(50));
         assert!(!c.egress_ip_probe.enabled());
+        assert_eq!(c.egress_ip_probe_key_file, None);
+        o.egress_ip_probe_key_file = Some("/etc/nodeplane/probe-key/key".into());
+        let c = Config::resolve(&o).unwrap();
+        assert_eq!(
+            c.egress_ip_probe_key_file,
+            Some(PathBuf::from("/etc/nodeplane/probe-key/key"))
+        );
         for bad in ["0", "5ms", "11s", "fast"] {
             o.egress_ip_probe_interval = Some(bad.into());
             let e = Config::resolve(&o).unwrap_err().to_string();

@@ -6,7 +6,8 @@
 //! (`10.128.<i+1>.5`, namespace `backend`, `app: api`), pod subnets routed between the nodes,
 //! and on every node a CNI-like masquerade (`ip saddr <cluster> ip daddr != <cluster>
 //! masquerade` at srcnat). One agent per node, with the assigner's election and probes on as
-//! in a real cluster, so which agent leads and where the egress IP lands are the agents'
+//! in a real cluster, and one probe key shared by every agent (as the Secret of deploy/ is),
+//! so which agent leads and where the egress IP lands are the agents'
 //! decisions, read back from the Lease and `status.items`.
 //!
 //! A node's *uplink* can be cut at the segment's bridge port (the node sees its carrier go,
@@ -49,6 +50,8 @@ pub struct EipCluster {
     /// Nodes are AWS instances ([`EipCluster::make_cloud`]).
     cloud: std::sync::atomic::AtomicBool,
     kubeconfig: PathBuf,
+    /// The probe key every agent reads (`--egress-ip-probe-key-file`).
+    probe_key: PathBuf,
     _dir: tempfile::TempDir,
     // The agents and the API server must stop before the namespaces go.
     _lab: Lab,
@@ -85,6 +88,12 @@ impl EipCluster {
         let api = FakeApi::start(listener);
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = api.kubeconfig(dir.path());
+        let probe_key = dir.path().join("probe-key");
+        std::fs::write(
+            &probe_key,
+            format!("{:032x}{:032x}\n", rand_u128(), rand_u128()),
+        )
+        .expect("write the probe key");
         let (mut nodes, mut pods, mut macs, mut ports) = (vec![], vec![], vec![], vec![]);
         for i in 0..n {
             let node = lab.add_node(&node_name(i));
@@ -121,6 +130,7 @@ impl EipCluster {
             agents: std::sync::Mutex::new((0..n).map(|_| None).collect()),
             cloud: std::sync::atomic::AtomicBool::new(false),
             kubeconfig,
+            probe_key,
             _dir: dir,
             _lab: lab,
             _alone: alone,
@@ -198,7 +208,10 @@ impl EipCluster {
         assert!(agents[i].is_none(), "{} already runs", node_name(i));
         let name = node_name(i);
         let kubeconfig = self.kubeconfig.to_str().expect("utf-8 path").to_string();
+        let key = self.probe_key.to_str().expect("utf-8 path").to_string();
         let args = [
+            "--egress-ip-probe-key-file",
+            &key,
             "--kubeconfig",
             &kubeconfig,
             "--node-name",
@@ -377,6 +390,20 @@ impl EipCluster {
             .object("EgressIP", "", "backend")
             .map_or(json!(null), |o| o["status"].clone())
     }
+}
+
+/// A random number (a test's key need not be strong, only differ between runs).
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let a = h.finish();
+    h.write_u64(a);
+    (u128::from(a) << 64) | u128::from(h.finish())
 }
 
 /// The bridge port in `seg` that is the peer of `iface` in `node`.

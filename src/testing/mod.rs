@@ -23,6 +23,7 @@ pub mod bombs;
 pub mod cloud_controller;
 pub mod eip_cluster;
 pub mod fakeapi;
+pub mod forged_probes;
 pub mod lab;
 pub mod large;
 pub mod listing;

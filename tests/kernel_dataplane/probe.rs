@@ -52,7 +52,7 @@ impl Prober {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(probe::run(settings, targets_rx, verdicts_tx));
+            rt.block_on(probe::run(settings, None, targets_rx, verdicts_tx));
         });
         Prober {
             targets: Some(targets),

@@ -4,8 +4,10 @@
 //!
 //! **Signals.** The leading assigner sends an ICMP echo to every candidate each probe
 //! interval ([`super::probe`]); the same raw ICMP sockets on the hosting node see those
-//! requests arrive (payload `nodeplan`). When none has arrived for the assigner's own
-//! verdict time, `interval × (misses + 1)`, the assigner is about to declare this node dead,
+//! requests arrive. One counts only when it is the assigner's: from a Node's address, signed
+//! with the cluster's probe key for this node's address, fresh, and newer than the last one
+//! accepted ([`super::probe_auth`]); a pod or a host on the segment cannot make one, and a
+//! replay is refused. When none has arrived for the assigner's own verdict time, `interval × (misses + 1)`, the assigner is about to declare this node dead,
 //! or is dead itself. The two are told apart by the API server: the node asks it
 //! (`/version`, bounded by the same time). Only when that fails too is the node *fenced*:
 //! the reconciler withholds every egress address it would host (deleted from the interfaces,
@@ -20,28 +22,38 @@
 //! catches up and the fence lifts with nothing left to host.
 //!
 //! **Failure modes.**
-//! - Fencing is armed only after the first probe was seen: without a nodeplane assigner
-//!   (OVN-Kubernetes' cluster manager assigning, or probes off) there are no probes, and an
-//!   API outage alone never removes an egress IP.
+//! - With a key, fencing is armed only after the first probe was accepted: without a
+//!   nodeplane assigner (OVN-Kubernetes' cluster manager assigning, or probes off) there are
+//!   no probes, and an API outage alone never removes an egress IP.
+//! - Without a key (no `--egress-ip-probe-key-file`, or an unreadable one) probes prove
+//!   nothing (fail closed): where nodeplane assigns, fencing is armed from the start and
+//!   rests on the API check alone, so a hosting node asks the API server once per quiet
+//!   period and any API outage that long withholds its egress IPs. A warning says so in the
+//!   log and `/readyz`.
+//! - Clocks more than `probe_auth::MAX_SKEW` apart refuse the probes (logged): the node acts
+//!   as if the assigner were silent, and asks the API server.
 //! - The assigner's node dying stops the probes while the API server answers: no fence, the
 //!   node keeps its IPs and a new leader takes over.
 //! - An API outage while the probes keep coming: no fence (the assigner sees the node alive
 //!   and cannot move anything either).
 //! - A host firewall dropping ICMP echo requests to the node keeps fencing from ever being
 //!   armed there (and makes the node dead to the assigner, see `probe`).
-//! - The probe payload is not authenticated: a peer spoofing probes could keep a cut-off node
-//!   from fencing itself, not make it drop its IPs.
+//! - Nothing a peer sends can make a node drop its IPs while the API server answers; forged
+//!   probes are refused, a replayed one captured within `probe_auth::MAX_SKEW` that the node
+//!   never accepted buys at most that much time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::probe::{self, Settings};
-use crate::snapshot::Snapshot;
+use super::probe_auth::{self, ProbeKey, Refused, Verifier};
+use crate::snapshot::{self, Snapshot};
 
 /// The clock-explicit state of the fence (unit-tested without sockets or sleeping).
 #[derive(Debug, Clone)]
@@ -60,6 +72,12 @@ impl Watchdog {
             last_probe: now,
             fenced: false,
         }
+    }
+
+    /// Armed without a probe: the API check alone decides (no probe key).
+    pub fn arm(&mut self, now: Instant) {
+        self.armed = true;
+        self.last_probe = now;
     }
 
     /// An assigner's probe reached this node.
@@ -119,6 +137,66 @@ fn hosted_in(snapshot: &Snapshot, node: &str) -> BTreeSet<String> {
     hosted_by(snapshot.egress_ips().values().map(|e| (**e).clone()), node)
 }
 
+const NODE_ADDRESS_TYPES: &[&str] = &["InternalIP", "ExternalIP"];
+
+/// Where probes may come from (every Node's addresses) and what they must be signed for
+/// (this node's own), from a snapshot.
+#[derive(Debug, Default)]
+struct Peers {
+    nodes: HashSet<IpAddr>,
+    own: Vec<IpAddr>,
+}
+
+impl Peers {
+    fn of(snapshot: &Snapshot, node: &str) -> Peers {
+        let nodes = snapshot
+            .nodes()
+            .values()
+            .flat_map(|n| snapshot::node_addresses(n, NODE_ADDRESS_TYPES))
+            .collect();
+        let own = snapshot
+            .node(node)
+            .map(|n| snapshot::node_addresses(n, NODE_ADDRESS_TYPES))
+            .unwrap_or_default();
+        Peers { nodes, own }
+    }
+}
+
+/// The probes' checks on this node: the source a Node's, the payload the assigner's.
+struct Gate {
+    verifier: Verifier,
+    peers: Peers,
+    /// Refusals of signed probes for skew are logged once: the clocks need fixing.
+    skew_logged: bool,
+}
+
+impl Gate {
+    fn accept(&mut self, from: IpAddr, payload: &[u8]) -> bool {
+        if !self.peers.nodes.contains(&from) {
+            return false;
+        }
+        match self
+            .verifier
+            .accept(payload, &self.peers.own, probe_auth::unix_ms_now())
+        {
+            Ok(_) => true,
+            Err(Refused::Skew(ms)) if !self.skew_logged => {
+                self.skew_logged = true;
+                warn!(
+                    "EgressIP fencing: a signed probe from {from} is {ms} ms off this node's \
+                     clock (more than {:?}): refused; synchronise the nodes' clocks",
+                    probe_auth::MAX_SKEW
+                );
+                false
+            }
+            Err(e) => {
+                debug!("EgressIP fencing: echo request from {from} refused: {e:?}");
+                false
+            }
+        }
+    }
+}
+
 /// What fencing asks of the API server.
 pub trait ApiCheck {
     /// Any successful answer.
@@ -155,49 +233,71 @@ impl ApiCheck for KubeCheck {
     }
 }
 
+/// What may keep a node's egress IPs besides the API server.
+#[derive(Debug, Clone)]
+pub enum Proof {
+    /// The assigner's probes, checked with this key.
+    Probes(ProbeKey),
+    /// Nothing: no key, and nodeplane assigns, so the fence is armed from the start and the
+    /// API check alone decides.
+    ApiOnly,
+    /// Nothing, and no nodeplane assigner to fence against: the fence stays off.
+    Off,
+}
+
 /// Runs the fence of `node` until the snapshot channel closes: `set(true)` when it fences,
-/// `set(false)` when it lifts. Off (returns at once) when the probes are off or no raw ICMP
-/// socket can be opened (no probes can be seen then).
+/// `set(false)` when it lifts. Off (returns at once) when the probes are off, `proof` is
+/// [`Proof::Off`], or no raw ICMP socket can be opened for the probes (none can be seen).
 pub async fn run(
     api: impl ApiCheck,
     node: String,
     mut snapshots: watch::Receiver<Option<Snapshot>>,
     settings: Settings,
+    proof: Proof,
     set: impl Fn(bool) + Send,
 ) {
     if !settings.enabled() {
         return;
     }
-    let listener = match probe::Listener::open() {
-        Ok(l) => l,
-        Err(e) => {
-            warn!("EgressIP fencing off: cannot open a raw ICMP socket to see probes: {e}");
-            return;
-        }
-    };
     let mut dog = Watchdog::new(&settings, Instant::now());
+    let (listener, mut gate) = match proof {
+        Proof::Off => return,
+        Proof::ApiOnly => {
+            dog.arm(Instant::now());
+            (None, None)
+        }
+        Proof::Probes(key) => match probe::Listener::open() {
+            Ok(l) => {
+                let gate = Gate {
+                    verifier: Verifier::new(key),
+                    peers: Peers::default(),
+                    skew_logged: false,
+                };
+                (Some(l), Some(gate))
+            }
+            Err(e) => {
+                warn!("EgressIP fencing off: cannot open a raw ICMP socket to see probes: {e}");
+                return;
+            }
+        },
+    };
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut b4, mut b6) = (vec![0u8; 1500], vec![0u8; 1500]);
+    let mut ours = BTreeSet::new();
+    let mut fresh = true;
     loop {
-        tokio::select! {
-            seen = listener.probe(&mut b4, &mut b6) => {
-                if seen {
-                    dog.probe_seen(Instant::now());
+        if fresh {
+            // O(nodes) once per snapshot; a probe costs a set lookup and a MAC or two.
+            let snap = snapshots.borrow_and_update();
+            if let Some(s) = snap.as_ref() {
+                ours = hosted_in(s, &node);
+                if let Some(g) = gate.as_mut() {
+                    g.peers = Peers::of(s, &node);
                 }
             }
-            _ = tick.tick() => {}
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
+            fresh = false;
         }
-        let ours = snapshots
-            .borrow()
-            .as_ref()
-            .map(|s| hosted_in(s, &node))
-            .unwrap_or_default();
         let now = Instant::now();
         if dog.suspect(now, !ours.is_empty()) {
             if api.reachable().await {
@@ -214,13 +314,44 @@ pub async fn run(
             }
         } else if dog.fenced() {
             // At most one request per tick while fenced (a handful of nodes, for seconds).
-            if let Some(fresh) = api.hosted(&node).await
-                && ours.is_subset(&fresh)
+            if let Some(listed) = api.hosted(&node).await
+                && ours.is_subset(&listed)
             {
                 dog.lift(Instant::now());
                 info!("EgressIP fencing lifted: the API server confirms what this node hosts");
                 set(false);
             }
+        }
+        tokio::select! {
+            r = request(listener.as_ref(), &mut b4, &mut b6) => {
+                let buf = if r.v4 { &b4 } else { &b6 };
+                if gate.as_mut().is_some_and(|g| g.accept(r.from, &buf[r.payload])) {
+                    dog.probe_seen(Instant::now());
+                }
+            }
+            _ = tick.tick() => {}
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                fresh = true;
+            }
+        }
+    }
+}
+
+/// The next echo request shaped like a probe; never, without a listener.
+async fn request(
+    listener: Option<&probe::Listener>,
+    b4: &mut [u8],
+    b6: &mut [u8],
+) -> probe::Request {
+    let Some(l) = listener else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(r) = l.request(b4, b6).await {
+            return r;
         }
     }
 }
@@ -259,6 +390,18 @@ mod tests {
         dog.lift(ms(2000));
         assert!(!dog.fenced());
         assert!(!dog.suspect(ms(2300), true));
+    }
+
+    #[test]
+    fn without_a_key_the_fence_is_armed_from_the_start_and_the_api_check_alone_decides() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut dog = Watchdog::new(&settings(), t0);
+        dog.arm(t0);
+        assert!(!dog.suspect(ms(399), true));
+        assert!(dog.suspect(ms(400), true), "no probe needed to suspect");
+        dog.api_answered(ms(400));
+        assert!(dog.suspect(ms(800), true), "asked once per quiet period");
     }
 
     #[test]

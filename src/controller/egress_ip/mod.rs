@@ -25,6 +25,7 @@ pub mod fence;
 pub mod host_cidrs;
 pub use crate::config::platform;
 pub mod probe;
+pub mod probe_auth;
 mod term;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -248,6 +249,7 @@ pub async fn run(
     mut snapshots: watch::Receiver<Option<Snapshot>>,
     instance: String,
     probes: probe::Settings,
+    probe_key: Option<probe_auth::ProbeKey>,
     cloud: cloud_sync::Settings,
 ) {
     let recorder = Recorder::new(
@@ -272,7 +274,12 @@ pub async fn run(
         // The probes of this term: every node alive until they say otherwise.
         let (targets_tx, targets_rx) = watch::channel(probe::Targets::new());
         let (verdicts_tx, mut verdicts) = watch::channel(probe::Verdicts::new());
-        let prober = tokio::spawn(probe::run(probes, targets_rx, verdicts_tx));
+        let prober = tokio::spawn(probe::run(
+            probes,
+            probe_key.clone(),
+            targets_rx,
+            verdicts_tx,
+        ));
         let _stop_prober = AbortOnDrop(prober);
         loop {
             let snap = snapshots.borrow_and_update().clone();

@@ -20,6 +20,11 @@
 //! replies (`ICMP_FILTER`, `ICMP6_FILTER`); replies are matched by identifier (random per
 //! prober), source address and a sequence number of the last `misses` rounds.
 //!
+//! **Payload.** Each echo carries a payload signed for its target with the cluster's probe
+//! key ([`super::probe_auth`]): the probed node's fence takes only such probes for the
+//! assigner's word. Without a key the payload is unsigned (the magic and zeros): the probes
+//! still judge node health (the kernel echoes any payload), and prove nothing to the fence.
+//!
 //! **Verdicts.** [`Probes`] is the pure, clock-explicit state machine: every `interval` a
 //! round sends one echo to every address of every target node; a round with a matching reply
 //! from any of a node's addresses is a hit, one without a miss. A node is dead after `misses`
@@ -53,6 +58,8 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+use super::probe_auth::{self, PAYLOAD_LEN, ProbeKey, Stamp};
 
 pub use crate::config::probes::{DEFAULT_INTERVAL, DEFAULT_MISSES, RISES, Settings};
 
@@ -243,6 +250,7 @@ impl Probes {
 /// (every node healthy).
 pub async fn run(
     settings: Settings,
+    key: Option<ProbeKey>,
     mut targets: watch::Receiver<Targets>,
     verdicts: watch::Sender<Verdicts>,
 ) {
@@ -251,7 +259,7 @@ pub async fn run(
         let _ = targets.wait_for(|_| false).await;
         return;
     }
-    let sockets = match Sockets::open() {
+    let sockets = match Sockets::open(key) {
         Ok(s) => s,
         Err(e) => {
             warn!(
@@ -332,17 +340,19 @@ struct Sockets {
     v4: Option<UdpSocket>,
     v6: Option<UdpSocket>,
     ident: u16,
+    key: Option<ProbeKey>,
+    /// Random per prober run: the probed nodes count replays per session.
+    session: u64,
+    counter: std::sync::atomic::AtomicU64,
 }
 
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO: u8 = 8;
 const ICMP6_ECHO: u8 = 128;
 const ICMP6_ECHO_REPLY: u8 = 129;
-/// What every probe carries: how a probed node recognises them (`Listener`).
-const PAYLOAD: &[u8; 8] = b"nodeplan";
 
 impl Sockets {
-    fn open() -> std::io::Result<Sockets> {
+    fn open(key: Option<ProbeKey>) -> std::io::Result<Sockets> {
         // Raw ICMP sockets see every ICMP message the node receives; replies are picked out in
         // user space (`parse_reply`: echo replies with our identifier). The kernel's
         // ICMP_FILTER / ICMP6_FILTER would drop the rest earlier, but setting them needs a raw
@@ -360,7 +370,33 @@ impl Sockets {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos() as u16)
                 .unwrap_or(0));
-        Ok(Sockets { v4, v6, ident })
+        Ok(Sockets {
+            v4,
+            v6,
+            ident,
+            key,
+            session: random_session(),
+            counter: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The payload of the next echo to `to`: signed when there is a key.
+    fn payload(&self, to: IpAddr) -> [u8; PAYLOAD_LEN] {
+        let Some(key) = &self.key else {
+            let mut p = [0u8; PAYLOAD_LEN];
+            p[..8].copy_from_slice(probe_auth::MAGIC);
+            return p;
+        };
+        let counter = self
+            .counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let stamp = Stamp {
+            session: self.session,
+            counter,
+            unix_ms: probe_auth::unix_ms_now(),
+        };
+        probe_auth::sign(key, stamp, to)
     }
 
     fn send(&self, to: IpAddr, seq: u16) -> std::io::Result<()> {
@@ -368,13 +404,13 @@ impl Sockets {
         match to {
             IpAddr::V4(a) => {
                 let fd = self.v4.as_ref().ok_or_else(missing)?;
-                let pkt = echo(ICMP_ECHO, self.ident, seq, true);
+                let pkt = echo(ICMP_ECHO, self.ident, seq, &self.payload(to), true);
                 fd.try_send_to(&pkt, SocketAddr::new(a.into(), 0))?;
             }
             IpAddr::V6(a) => {
                 let fd = self.v6.as_ref().ok_or_else(missing)?;
                 // The kernel computes the ICMPv6 checksum.
-                let pkt = echo(ICMP6_ECHO, self.ident, seq, false);
+                let pkt = echo(ICMP6_ECHO, self.ident, seq, &self.payload(to), false);
                 fd.try_send_to(&pkt, SocketAddr::new(a.into(), 0))?;
             }
         }
@@ -403,7 +439,8 @@ impl Sockets {
 }
 
 /// The receiving side of the probes, on a node being probed (fencing, `super::fence`): raw
-/// ICMP and ICMPv6 sockets that pick out the assigner's echo requests by their payload.
+/// ICMP and ICMPv6 sockets that pick out echo requests shaped like probes (whether one is the
+/// assigner's is `probe_auth`'s to say).
 pub struct Listener {
     v4: Option<UdpSocket>,
     v6: Option<UdpSocket>,
@@ -422,33 +459,65 @@ impl Listener {
         }
     }
 
-    /// Waits for the next ICMP message; true if it is an assigner's probe.
-    pub async fn probe(&self, b4: &mut [u8], b6: &mut [u8]) -> bool {
-        async fn one(fd: Option<&UdpSocket>, buf: &mut [u8]) -> std::io::Result<usize> {
+    /// Waits for the next ICMP message: an echo request with a probe's magic, or `None`.
+    pub async fn request(&self, b4: &mut [u8], b6: &mut [u8]) -> Option<Request> {
+        async fn one(
+            fd: Option<&UdpSocket>,
+            buf: &mut [u8],
+        ) -> std::io::Result<(usize, SocketAddr)> {
             match fd {
-                Some(fd) => fd.recv_from(buf).await.map(|(n, _)| n),
+                Some(fd) => fd.recv_from(buf).await,
                 None => std::future::pending().await,
             }
         }
         tokio::select! {
-            r = one(self.v4.as_ref(), b4) => r.is_ok_and(|n| is_probe(true, &b4[..n])),
-            r = one(self.v6.as_ref(), b6) => r.is_ok_and(|n| is_probe(false, &b6[..n])),
+            r = one(self.v4.as_ref(), b4) => r.ok().and_then(|(n, a)| parse_request(true, &b4[..n], a.ip())),
+            r = one(self.v6.as_ref(), b6) => r.ok().and_then(|(n, a)| parse_request(false, &b6[..n], a.ip())),
         }
     }
 }
 
-/// An echo request as [`echo`] builds them (IPv4 raw packets start with the IP header).
-fn is_probe(v4: bool, pkt: &[u8]) -> bool {
-    let (icmp, want) = if v4 {
-        let Some(first) = pkt.first() else {
-            return false;
-        };
-        let ihl = usize::from(first & 0x0f) * 4;
-        (pkt.get(ihl..).unwrap_or_default(), ICMP_ECHO)
+/// An echo request that may be a probe: its source and where its payload lies in the buffer
+/// it was read into (the IPv4 one when `v4`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub from: IpAddr,
+    pub v4: bool,
+    pub payload: std::ops::Range<usize>,
+}
+
+/// An echo request whose payload starts with the probes' magic (IPv4 raw packets start with
+/// the IP header, whose source is taken; IPv6 ones with the ICMPv6 header, the source is the
+/// socket's).
+fn parse_request(v4: bool, pkt: &[u8], from: IpAddr) -> Option<Request> {
+    let (start, want, from) = if v4 {
+        let ihl = usize::from(*pkt.first()? & 0x0f) * 4;
+        let src = Ipv4Addr::from(<[u8; 4]>::try_from(pkt.get(12..16)?).ok()?);
+        (ihl, ICMP_ECHO, IpAddr::V4(src))
     } else {
-        (pkt, ICMP6_ECHO)
+        (0, ICMP6_ECHO, from)
     };
-    icmp.len() >= 16 && icmp[0] == want && icmp[1] == 0 && &icmp[8..16] == PAYLOAD
+    let icmp = pkt.get(start..)?;
+    let magic = icmp.get(8..16)? == probe_auth::MAGIC;
+    (icmp[0] == want && icmp[1] == 0 && magic).then(|| Request {
+        from,
+        v4,
+        payload: start + 8..pkt.len(),
+    })
+}
+
+/// A session id no other prober run picks (replays are counted per session).
+fn random_session() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // SipHash with the process's random keys, over the time and pid.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// A raw socket in tokio's reactor. It is handed to tokio as a `UdpSocket`: a raw ICMP socket
@@ -468,13 +537,19 @@ fn raw(family: AddressFamily, proto: SockProtocol) -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// An echo request: type, code 0, checksum, identifier, sequence, 8 bytes of payload.
-fn echo(type_: u8, ident: u16, seq: u16, checksum: bool) -> [u8; 16] {
-    let mut p = [0u8; 16];
+/// An echo request: type, code 0, checksum, identifier, sequence, the probe payload.
+fn echo(
+    type_: u8,
+    ident: u16,
+    seq: u16,
+    payload: &[u8; PAYLOAD_LEN],
+    checksum: bool,
+) -> [u8; 8 + PAYLOAD_LEN] {
+    let mut p = [0u8; 8 + PAYLOAD_LEN];
     p[0] = type_;
     p[4..6].copy_from_slice(&ident.to_be_bytes());
     p[6..8].copy_from_slice(&seq.to_be_bytes());
-    p[8..16].copy_from_slice(PAYLOAD);
+    p[8..].copy_from_slice(payload);
     if checksum {
         let sum = inet_checksum(&p);
         p[2..4].copy_from_slice(&sum.to_be_bytes());
@@ -666,26 +741,69 @@ mod tests {
         assert_eq!(p.alive("b"), Some(false));
     }
 
+    const NO_KEY: [u8; PAYLOAD_LEN] = {
+        let mut p = [0u8; PAYLOAD_LEN];
+        let mut i = 0;
+        while i < 8 {
+            p[i] = probe_auth::MAGIC[i];
+            i += 1;
+        }
+        p
+    };
+
     #[test]
-    fn a_probed_node_recognises_probes_by_their_payload() {
-        let v6 = echo(ICMP6_ECHO, 7, 1, false);
-        assert!(is_probe(false, &v6));
-        let mut v4 = vec![0x45u8];
-        v4.resize(20, 0);
-        v4.extend_from_slice(&echo(ICMP_ECHO, 7, 1, true));
-        assert!(is_probe(true, &v4));
+    fn a_probed_node_picks_out_requests_with_the_magic_and_their_source() {
+        let any = ip("fd00::9");
+        let v6 = echo(ICMP6_ECHO, 7, 1, &NO_KEY, false);
+        let want6 = Request {
+            from: any,
+            v4: false,
+            payload: 8..8 + PAYLOAD_LEN,
+        };
+        assert_eq!(parse_request(false, &v6, any), Some(want6));
+        let mut v4 = vec![
+            0x45u8, 0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 10, 0, 0, 3, 10, 0, 0, 1,
+        ];
+        v4.extend_from_slice(&echo(ICMP_ECHO, 7, 1, &NO_KEY, true));
+        let r = parse_request(true, &v4, any).unwrap();
+        assert_eq!(r.from, ip("10.0.0.3"), "the IPv4 header's source");
+        assert_eq!(&v4[r.payload], &NO_KEY);
         // Another ping, a reply, a truncated packet: not probes.
         let mut other = v4.clone();
         other[28..36].copy_from_slice(b"abcdefgh");
-        assert!(!is_probe(true, &other));
-        assert!(!is_probe(false, &echo(ICMP6_ECHO_REPLY, 7, 1, false)));
-        assert!(!is_probe(true, &v4[..30]));
-        assert!(!is_probe(true, &[]));
+        assert_eq!(parse_request(true, &other, any), None);
+        let reply = echo(ICMP6_ECHO_REPLY, 7, 1, &NO_KEY, false);
+        assert_eq!(parse_request(false, &reply, any), None);
+        assert_eq!(parse_request(true, &v4[..30], any), None);
+        assert_eq!(parse_request(true, &[], any), None);
+    }
+
+    #[test]
+    fn with_a_key_each_echo_is_signed_for_its_target_with_a_new_counter() {
+        let key = ProbeKey::new(&[3; 32]).unwrap();
+        let s = Sockets {
+            v4: None,
+            v6: None,
+            ident: 1,
+            key: Some(key.clone()),
+            session: 42,
+            counter: std::sync::atomic::AtomicU64::new(0),
+        };
+        let to = ip("10.0.0.2");
+        let (a, b) = (s.payload(to), s.payload(to));
+        let mut v = probe_auth::Verifier::new(key);
+        let now = probe_auth::unix_ms_now();
+        let got = v.accept(&a, &[to], now).unwrap();
+        assert_eq!((got.session, got.counter), (42, 1));
+        assert_eq!(v.accept(&b, &[to], now).unwrap().counter, 2);
+        assert_eq!(v.accept(&b, &[to], now), Err(probe_auth::Refused::Replay));
+        let unsigned = Sockets { key: None, ..s };
+        assert_eq!(unsigned.payload(to), NO_KEY);
     }
 
     #[test]
     fn echo_packets_and_replies() {
-        let p = echo(ICMP_ECHO, 0x1234, 7, true);
+        let p = echo(ICMP_ECHO, 0x1234, 7, &NO_KEY, true);
         assert_eq!(&p[..8], &[8, 0, p[2], p[3], 0x12, 0x34, 0, 7]);
         // A correct checksum sums to zero.
         assert_eq!(inet_checksum(&p), 0);
@@ -693,7 +811,7 @@ mod tests {
         let mut pkt = vec![
             0x45, 0, 0, 36, 0, 0, 0, 0, 64, 1, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1,
         ];
-        let mut r = echo(ICMP_ECHO_REPLY, 0x1234, 7, true).to_vec();
+        let mut r = echo(ICMP_ECHO_REPLY, 0x1234, 7, &NO_KEY, true).to_vec();
         pkt.append(&mut r);
         assert_eq!(
             parse_reply(true, &pkt, None, 0x1234),
@@ -706,7 +824,7 @@ mod tests {
         assert_eq!(parse_reply(true, &pkt[..24], None, 0x1234), None);
         // IPv6: the source comes from the socket address.
         let from = ip("fd00::2");
-        let r6 = echo(ICMP6_ECHO_REPLY, 9, 65535, false);
+        let r6 = echo(ICMP6_ECHO_REPLY, 9, 65535, &NO_KEY, false);
         assert_eq!(
             parse_reply(false, &r6, Some(from), 9),
             Some((ip("fd00::2"), 65535))

@@ -1,0 +1,153 @@
+//! What an attacker on a node can do to the EgressIP fence: capture a real probe as it
+//! reaches the node, and send echo requests to the node from a pod, with any payload and any
+//! IPv4 source address (a raw `IPPROTO_RAW` socket writes the IP header itself).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn};
+
+use crate::testing::lab::Ns;
+
+/// The payload every probe carried before probes were authenticated.
+pub const OLD_PAYLOAD: &[u8; 8] = b"nodeplan";
+
+/// Waits in `ns` for an ICMP echo request from `from` and returns its ICMP part (header and
+/// payload), as a replay would send it.
+pub fn capture_echo_request(ns: &Ns, from: Ipv4Addr, within: Duration) -> Vec<u8> {
+    ns.enter(|| {
+        let fd = socket::socket(
+            AddressFamily::Inet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::Icmp,
+        )
+        .expect("raw ICMP socket");
+        let sock = std::net::UdpSocket::from(fd);
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("read timeout");
+        let deadline = Instant::now() + within;
+        let mut buf = [0u8; 2048];
+        while Instant::now() < deadline {
+            let Ok(n) = sock.recv(&mut buf) else {
+                continue;
+            };
+            let pkt = &buf[..n];
+            let ihl = usize::from(pkt[0] & 0x0f) * 4;
+            if pkt.len() > ihl + 8 && pkt[12..16] == from.octets() && pkt[ihl] == 8 {
+                return pkt[ihl..].to_vec();
+            }
+        }
+        panic!("no echo request from {from} within {within:?}");
+    })
+}
+
+/// An echo request (type 8) with `payload`, checksummed.
+pub fn echo_request(ident: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
+    let mut p = vec![8, 0, 0, 0];
+    p.extend_from_slice(&ident.to_be_bytes());
+    p.extend_from_slice(&seq.to_be_bytes());
+    p.extend_from_slice(payload);
+    let sum = checksum(&p);
+    p[2..4].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Sends every `(source, ICMP message)` to `dst` from `ns` every `interval` until dropped.
+pub struct Forger {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Forger {
+    pub fn start(
+        ns: &Ns,
+        dst: Ipv4Addr,
+        packets: Vec<(Ipv4Addr, Vec<u8>)>,
+        interval: Duration,
+    ) -> Forger {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let (s, count) = (stop.clone(), sent.clone());
+        let thread = ns.spawn(move || {
+            let fd = socket::socket(
+                AddressFamily::Inet,
+                SockType::Raw,
+                SockFlag::SOCK_CLOEXEC,
+                SockProtocol::Raw,
+            )
+            .expect("raw IP socket");
+            let to = SockaddrIn::from(SocketAddrV4::new(dst, 0));
+            while !s.load(Ordering::Relaxed) {
+                for (src, icmp) in &packets {
+                    let pkt = ipv4(*src, dst, icmp);
+                    if socket::sendto(
+                        std::os::fd::AsRawFd::as_raw_fd(&fd),
+                        &pkt,
+                        &to,
+                        socket::MsgFlags::empty(),
+                    )
+                    .is_ok()
+                    {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        Forger {
+            stop,
+            sent,
+            thread: Some(thread),
+        }
+    }
+
+    /// Packets sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Forger {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An IPv4 packet carrying `icmp` (the kernel fills in the header checksum and the ID).
+fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, icmp: &[u8]) -> Vec<u8> {
+    let len = (20 + icmp.len()) as u16;
+    let mut p = vec![0x45, 0];
+    p.extend_from_slice(&len.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0x40, 0, 64, 1, 0, 0]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(icmp);
+    p
+}
+
+/// The IPv4 address of `ip`, for callers holding an `IpAddr`.
+pub fn v4(ip: IpAddr) -> Ipv4Addr {
+    match ip {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => panic!("{a}: the forger sends IPv4 only"),
+    }
+}
