@@ -454,3 +454,23 @@ pub(crate) fn proto_name(proto: u8) -> String {
         proto.to_string()
     }
 }
+
+/// Planning the kernel side is the parent's: it wires the object kinds (their files each
+/// take the [`KernelState`] they diff against).
+impl KernelState {
+    /// The changes that bring the marked objects to `desired`. Pure.
+    pub fn plan(&self, desired: &NetDesired, cfg: &NetConfig) -> Result<NetChanges, NetError> {
+        cfg.validate()?;
+        let mut changes = NetChanges::new(cfg.protocol);
+        addresses::plan(self, &desired.addresses, cfg, &mut changes)?;
+        routes::plan(self, &desired.routes, cfg, &mut changes)?;
+        rules::plan(self, &desired.rules, cfg, &mut changes)?;
+        links::plan(self, desired.tunnel.as_ref(), &mut changes.tunnel)?;
+        Ok(changes)
+    }
+
+    /// The changes that remove every marked object. Pure.
+    pub fn plan_cleanup(&self, cfg: &NetConfig) -> Result<NetChanges, NetError> {
+        self.plan(&NetDesired::default(), cfg)
+    }
+}

@@ -33,7 +33,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::egress_ipconfig::{self, CloudNic};
+use super::egress_ipconfig::{self, CloudNic, subnet_fits};
 
 /// One node as the assigner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,23 +89,6 @@ impl NodeInfo {
     pub fn fits(&self, ip: IpAddr) -> bool {
         self.host_cidrs.iter().any(|net| subnet_fits(net, ip))
     }
-}
-
-/// `net` contains `ip` and `ip` is not its network or (IPv4) broadcast address (the node
-/// side refuses those too; /31, /32, /127 and /128 have no such addresses).
-pub fn subnet_fits(net: &IpNet, ip: IpAddr) -> bool {
-    if !net.contains(&ip) {
-        return false;
-    }
-    let max = match net {
-        IpNet::V4(_) => 32,
-        IpNet::V6(_) => 128,
-    };
-    if net.prefix_len() + 1 >= max {
-        return true;
-    }
-    let broadcast = matches!(net, IpNet::V4(_)) && ip == net.broadcast();
-    ip != net.network() && !broadcast
 }
 
 /// One EgressIP as the assigner sees it.
