@@ -143,9 +143,9 @@ impl<'a> Delta<'a> {
         }
     }
 
-    fn finish(mut self, current: &'a Table, desired: &'a Table) -> Transaction {
-        // A name that leaves one place and appears in another (top level <-> part, part <->
-        // part) is the same kernel object: rewrite it instead of deleting it.
+    /// A name that leaves one place and appears in another (top level <-> part, part <->
+    /// part) is the same kernel object: rewritten instead of deleted and created.
+    fn keep_moved_objects(&mut self) {
         let moved: Vec<String> = self
             .removed_chains
             .iter()
@@ -174,8 +174,12 @@ impl<'a> Delta<'a> {
             let (k, s) = self.added_sets.remove_entry(name.as_str()).expect("moved");
             self.recreated.insert(k, s);
         }
-        // Recreated sets (rare): every chain using one is rewritten (the kernel will not
-        // delete a set that a rule references), and parts' elements go in with it.
+    }
+
+    /// Recreated sets (rare): every chain using one is rewritten (the kernel will not
+    /// delete a set that a rule references), and parts' elements go in with it. Returns the
+    /// sets to create again, whole.
+    fn recreate_sets(&mut self, desired: &'a Table) -> Vec<Set> {
         let mut recreated_sets: Vec<Set> = Vec::new();
         if !self.recreated.is_empty() {
             for c in all_chains(desired) {
@@ -202,6 +206,12 @@ impl<'a> Delta<'a> {
                 recreated_sets.push(full);
             }
         }
+        recreated_sets
+    }
+
+    fn finish(mut self, current: &'a Table, desired: &'a Table) -> Transaction {
+        self.keep_moved_objects();
+        let recreated_sets = self.recreate_sets(desired);
         let set_decl = |name: &str, known: Option<&Set>| -> Option<Set> {
             known
                 .or_else(|| desired.sets.get(name))
