@@ -33,13 +33,10 @@ pub use drift::{Changes, Drift, Edits};
 pub use quiet::{QUIET_MIN_OPS, Quiet};
 
 use super::ir::Family;
-use crate::nft::nftnl::socket::{Buffer, set_buffer};
+use crate::nft::nftnl::socket::{Buffer, netfilter_socket, set_buffer};
 use drift::record;
 use nix::errno::Errno;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, getsockname,
-    recv, setsockopt, socket, sockopt,
-};
+use nix::sys::socket::{MsgFlags, NetlinkAddr, getsockname, recv, setsockopt, sockopt};
 use nix::sys::time::TimeVal;
 use own::OwnSockets;
 use quiet::{Gens, MARK_START, Mark};
@@ -115,17 +112,8 @@ impl Monitor {
         rcvbuf: usize,
         mut on_drift: impl FnMut(Drift) -> bool + Send + 'static,
     ) -> io::Result<Monitor> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )?;
         // Groups below 32 can be joined at bind time: bit (group - 1).
-        bind(
-            fd.as_raw_fd(),
-            &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
-        )?;
+        let fd = netfilter_socket(1 << (NFNLGRP_NFTABLES - 1))?;
         set_buffer(
             &fd,
             Buffer::Receive,
@@ -368,29 +356,12 @@ impl Reader {
 mod tests {
     use super::wire::*;
     use super::*;
-
-    fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
-        v.extend_from_slice(&kind.to_ne_bytes());
-        v.extend_from_slice(payload);
-        while v.len() % 4 != 0 {
-            v.push(0);
-        }
-        v
-    }
+    use crate::testing::netlink::{attr, nfnl_msg};
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
 
     fn nft_msg(msg: u8, family: u8, portid: u32, attrs: &[Vec<u8>]) -> Vec<u8> {
-        let mut body = vec![family, 0, 0, 0];
-        body.extend(attrs.concat());
-        let mut v = Vec::new();
-        v.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
-        v.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | u16::from(msg)).to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&0u32.to_ne_bytes());
-        v.extend_from_slice(&portid.to_ne_bytes());
-        v.extend(body);
-        v
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | u16::from(msg);
+        nfnl_msg(kind, 0, 0, portid, family, 0, &attrs.concat())
     }
 
     fn newgen(portid: u32, pid: u32, comm: &str) -> Vec<u8> {
@@ -585,14 +556,7 @@ mod tests {
     #[test]
     fn commits_from_a_socket_of_this_process_are_not_drift() {
         // Any NETLINK_NETFILTER socket this process holds counts as its own.
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .unwrap();
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).unwrap();
+        let fd = netfilter_socket(0).unwrap();
         let own = getsockname::<NetlinkAddr>(fd.as_raw_fd()).unwrap().pid();
         let mut r = reader();
         let mut buf = nft_msg(

@@ -26,6 +26,7 @@ pub mod fakeapi;
 pub mod lab;
 pub mod large;
 pub mod listing;
+pub mod netlink;
 pub mod nft_check;
 pub mod objects;
 pub mod stats;

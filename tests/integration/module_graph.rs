@@ -116,18 +116,7 @@ fn check_acyclic(graph: &Graph) -> Result<(), String> {
     let mut msg = String::new();
     while let Some(cycle) = find_cycle(&rest) {
         msg.push_str(&format!("import cycle: {}\n", cycle.join(" -> ")));
-        for pair in cycle.windows(2) {
-            let by: Vec<&str> = graph[&pair[0]][&pair[1]]
-                .iter()
-                .map(String::as_str)
-                .collect();
-            msg.push_str(&format!(
-                "  {} -> {}: {}\n",
-                pair[0],
-                pair[1],
-                by.join(", ")
-            ));
-        }
+        msg.push_str(&describe_edges(graph, &cycle));
         rest.get_mut(&cycle[0]).unwrap().remove(&cycle[1]);
     }
     if msg.is_empty() { Ok(()) } else { Err(msg) }
@@ -147,21 +136,23 @@ fn check_layers(
                 "layer rule broken: {from} reaches {to} ({why}): {}\n",
                 path.join(" -> ")
             ));
-            for pair in path.windows(2) {
-                let by: Vec<&str> = graph[&pair[0]][&pair[1]]
-                    .iter()
-                    .map(String::as_str)
-                    .collect();
-                msg.push_str(&format!(
-                    "  {} -> {}: {}\n",
-                    pair[0],
-                    pair[1],
-                    by.join(", ")
-                ));
-            }
+            msg.push_str(&describe_edges(graph, &path));
         }
     }
     if msg.is_empty() { Ok(()) } else { Err(msg) }
+}
+
+/// Each edge of `path` with what makes it, one line each.
+fn describe_edges(graph: &Graph, path: &[String]) -> String {
+    path.windows(2)
+        .map(|pair| {
+            let by: Vec<&str> = graph[&pair[0]][&pair[1]]
+                .iter()
+                .map(String::as_str)
+                .collect();
+            format!("  {} -> {}: {}\n", pair[0], pair[1], by.join(", "))
+        })
+        .collect()
 }
 
 /// The shortest path `from -> .. -> to`, skipping the edges in `skip`.

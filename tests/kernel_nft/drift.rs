@@ -23,6 +23,7 @@ use nodeplane::testing::lab::{
 };
 use nodeplane::testing::large;
 use nodeplane::testing::listing;
+use nodeplane::testing::netlink::{attr, nfnl_msg};
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use serde_json::Value as Json;
 use std::io::{Read, Write};
@@ -503,23 +504,8 @@ impl RawNft {
     /// `add table inet <name>` with `flags` (None: no flags attribute) and a regular chain
     /// `c`; Ok or the kernel's errno.
     fn add_table(&self, name: &str, flags: Option<u32>) -> Result<(), nix::errno::Errno> {
-        fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-            let mut v = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();
-            v.extend_from_slice(&kind.to_ne_bytes());
-            v.extend_from_slice(payload);
-            v.resize(v.len().next_multiple_of(4), 0);
-            v
-        }
         fn msg(kind: u16, flags: u16, seq: u32, family: u8, res_id: u16, attrs: &[u8]) -> Vec<u8> {
-            let mut v = ((20 + attrs.len()) as u32).to_ne_bytes().to_vec();
-            v.extend_from_slice(&kind.to_ne_bytes());
-            v.extend_from_slice(&flags.to_ne_bytes());
-            v.extend_from_slice(&seq.to_ne_bytes());
-            v.extend_from_slice(&0u32.to_ne_bytes());
-            v.extend_from_slice(&[family, 0]);
-            v.extend_from_slice(&res_id.to_be_bytes());
-            v.extend_from_slice(attrs);
-            v
+            nfnl_msg(kind, flags, seq, 0, family, res_id, attrs)
         }
         const REQUEST_ACK_CREATE: u16 = 0x1 | 0x4 | 0x400;
         let name_attr = attr(1, format!("{name}\0").as_bytes());

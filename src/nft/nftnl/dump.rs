@@ -9,10 +9,7 @@
 use super::expr::Expr;
 use crate::nft::engine::NftError;
 use crate::nft::ir::Family;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
-    setsockopt, socket, sockopt,
-};
+use nix::sys::socket::{MsgFlags, recv, send, setsockopt, sockopt};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -540,14 +537,7 @@ struct DumpSocket {
 
 impl DumpSocket {
     fn open(family: Family) -> Result<DumpSocket, NftError> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(std::io::Error::from)?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(std::io::Error::from)?;
+        let fd = super::socket::netfilter_socket(0)?;
         // Large dumps come in many datagrams; room for a burst of them.
         super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
         let timeout = nix::sys::time::TimeVal::new(10, 0);
