@@ -55,6 +55,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::net::announce::inet_checksum;
+
 /// Default time between two rounds.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
 /// Default consecutive missed rounds before a node is dead.
@@ -512,17 +514,6 @@ fn echo(type_: u8, ident: u16, seq: u16, checksum: bool) -> [u8; 16] {
         p[2..4].copy_from_slice(&sum.to_be_bytes());
     }
     p
-}
-
-fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// An echo reply with identifier `ident`: IPv4 raw packets start with the IP header, IPv6
