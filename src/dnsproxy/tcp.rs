@@ -55,12 +55,7 @@ impl TcpProxy {
                 holder.metrics().error("tcp");
                 continue;
             };
-            let Some(tenant) = holder.tenant(pod.ip(), server.ip()) else {
-                holder.metrics().error("untrusted");
-                continue;
-            };
-            let Some(ticket) = self.gate.admit(tenant) else {
-                holder.metrics().error("overload");
+            let Some(ticket) = holder.admit(&self.gate, pod.ip(), server.ip()) else {
                 continue;
             };
             let (holder, limits) = (holder.clone(), self.limits.clone());
