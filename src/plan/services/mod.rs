@@ -477,6 +477,69 @@ fn changed_services(prev: &Snapshot, cur: &Snapshot) -> BTreeSet<ObjectKey> {
     out
 }
 
+impl Entry {
+    /// A service planned to nothing yet (a service that is not proxied stays so).
+    fn empty(rank: Rank) -> Entry {
+        Entry {
+            part: None,
+            want: None,
+            rank,
+            claims: Vec::new(),
+            refused: Vec::new(),
+            node_refused: Vec::new(),
+            udp: Vec::new(),
+            udp_frontends: Vec::new(),
+            health: None,
+            error: None,
+            pools: BTreeSet::new(),
+            hairpin: BTreeSet::new(),
+        }
+    }
+}
+
+/// The frontends a service asks for (ClusterIPs, external and LB address ports, NodePorts),
+/// each with the field that names it, once each.
+fn claims_of(model: &model::Model) -> Vec<(Claim, String)> {
+    let mut claims = Vec::new();
+    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
+    for ip in &model.cluster_ips {
+        claims.push((Claim::Cluster(*ip), field(ip)));
+    }
+    for ip in model.external_ips.iter().chain(&model.lb_ips) {
+        for p in &model.ports {
+            claims.push((Claim::External(*ip, p.proto, p.port), field(ip)));
+        }
+    }
+    for (i, p) in model.ports.iter().enumerate() {
+        if let Some(np) = p.node_port {
+            let c = Claim::NodePort(p.proto, np);
+            claims.push((c, format!("spec.ports[{i}].nodePort")));
+        }
+    }
+    claims.sort();
+    claims.dedup_by(|a, b| a.0 == b.0);
+    claims
+}
+
+/// The UDP frontends of the `served` ports (port, NodePort) that have endpoints.
+fn udp_frontends(model: &model::Model, served: BTreeSet<(u16, Option<u16>)>) -> Vec<UdpFrontend> {
+    let mut out = Vec::new();
+    let addrs = || {
+        model
+            .cluster_ips
+            .iter()
+            .chain(&model.external_ips)
+            .chain(&model.lb_ips)
+    };
+    for (port, node_port) in served {
+        out.extend(addrs().map(|ip| UdpFrontend::Addr(*ip, port)));
+        out.extend(node_port.map(UdpFrontend::NodePort));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn plan_service(
     snapshot: &Snapshot,
     config: &Config,
@@ -496,20 +559,7 @@ fn plan_service(
     } else {
         None
     };
-    let mut entry = Entry {
-        part: None,
-        want: None,
-        rank: Rank::of(key, svc),
-        claims: Vec::new(),
-        refused: Vec::new(),
-        node_refused: Vec::new(),
-        udp: Vec::new(),
-        udp_frontends: Vec::new(),
-        health: None,
-        error: None,
-        pools: BTreeSet::new(),
-        hairpin: BTreeSet::new(),
-    };
+    let mut entry = Entry::empty(Rank::of(key, svc));
     let model = match model::parse(svc, rules) {
         Ok(Some(m)) => m,
         Ok(None) => return entry,
@@ -520,25 +570,7 @@ fn plan_service(
     };
     entry.refused = model.refused.clone();
     entry.node_refused = model.node_refused.clone();
-    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
-    for ip in &model.cluster_ips {
-        entry.claims.push((Claim::Cluster(*ip), field(ip)));
-    }
-    for ip in model.external_ips.iter().chain(&model.lb_ips) {
-        for p in &model.ports {
-            entry
-                .claims
-                .push((Claim::External(*ip, p.proto, p.port), field(ip)));
-        }
-    }
-    for (i, p) in model.ports.iter().enumerate() {
-        if let Some(np) = p.node_port {
-            let c = Claim::NodePort(p.proto, np);
-            entry.claims.push((c, format!("spec.ports[{i}].nodePort")));
-        }
-    }
-    entry.claims.sort();
-    entry.claims.dedup_by(|a, b| a.0 == b.0);
+    entry.claims = claims_of(&model);
     let sources = if slices.is_empty() {
         Sources::Endpoints(endpoints.as_deref())
     } else {
@@ -571,23 +603,7 @@ fn plan_service(
     }
     entry.udp.sort();
     entry.udp.dedup();
-    let addrs = || {
-        model
-            .cluster_ips
-            .iter()
-            .chain(&model.external_ips)
-            .chain(&model.lb_ips)
-    };
-    for (port, node_port) in served {
-        entry
-            .udp_frontends
-            .extend(addrs().map(|ip| UdpFrontend::Addr(*ip, port)));
-        entry
-            .udp_frontends
-            .extend(node_port.map(UdpFrontend::NodePort));
-    }
-    entry.udp_frontends.sort();
-    entry.udp_frontends.dedup();
+    entry.udp_frontends = udp_frontends(&model, served);
     entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
     let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
         chains::service_part(&key.to_string(), &model, &ports)
