@@ -469,100 +469,10 @@ pub fn backends(
     node: &str,
     zone: Option<&str>,
 ) -> Chosen {
-    let mut cands = Vec::new();
-    match sources {
-        Sources::Slices(slices) => {
-            for s in slices.iter() {
-                let want = match fam {
-                    IpFamily::V4 => "IPv4",
-                    IpFamily::V6 => "IPv6",
-                };
-                if s.address_type != want {
-                    continue;
-                }
-                let Some(target) = s
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
-                    .and_then(|p| p.port)
-                    .and_then(|p| port_number(p).ok())
-                else {
-                    continue;
-                };
-                for e in &s.endpoints {
-                    let c = e.conditions.as_ref();
-                    let ready = c.and_then(|c| c.ready).unwrap_or(true);
-                    let serving = c.and_then(|c| c.serving).unwrap_or(ready);
-                    let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-                    let local = e.node_name.as_deref() == Some(node);
-                    let hints = e.hints.as_ref();
-                    let hints = Hints {
-                        node: Hint::of(
-                            hints
-                                .iter()
-                                .flat_map(|h| &h.for_nodes)
-                                .map(|n| n.name.as_str()),
-                            Some(node),
-                        ),
-                        zone: Hint::of(
-                            hints
-                                .iter()
-                                .flat_map(|h| &h.for_zones)
-                                .map(|z| z.name.as_str()),
-                            zone,
-                        ),
-                    };
-                    if let Some(Ok(ip)) = e.addresses.first().map(|a| a.parse::<IpAddr>())
-                        && IpFamily::of(ip) == fam
-                    {
-                        cands.push(Candidate {
-                            backend: Backend {
-                                ip,
-                                port: target,
-                                local,
-                            },
-                            ready,
-                            serving_terminating: serving && terminating,
-                            hints,
-                        });
-                    }
-                }
-            }
-        }
-        Sources::Endpoints(eps) => {
-            for subset in eps.iter().flat_map(|e| e.subsets.iter().flatten()) {
-                let Some(target) = subset
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
-                    .and_then(|p| port_number(p.port).ok())
-                else {
-                    continue;
-                };
-                for a in subset.addresses.iter().flatten() {
-                    if let Ok(ip) = a.ip.parse::<IpAddr>()
-                        && IpFamily::of(ip) == fam
-                    {
-                        cands.push(Candidate {
-                            backend: Backend {
-                                ip,
-                                port: target,
-                                local: a.node_name.as_deref() == Some(node),
-                            },
-                            ready: true,
-                            serving_terminating: false,
-                            hints: Hints {
-                                node: Hint::None,
-                                zone: Hint::None,
-                            },
-                        });
-                    }
-                }
-            }
-        }
-    }
+    let cands = match sources {
+        Sources::Slices(slices) => slice_candidates(slices, port, fam, node, zone),
+        Sources::Endpoints(eps) => endpoints_candidates(*eps, port, fam, node),
+    };
     let mode = topology::mode(cands.iter().filter(|c| c.ready).map(|c| c.hints));
     let choose = |only_local: bool| {
         let pool = || cands.iter().filter(move |c| !only_local || c.backend.local);
@@ -594,4 +504,115 @@ pub fn backends(
         local: choose(true),
         local_ready,
     }
+}
+
+/// The candidates of `port` in `fam` from EndpointSlices, with their conditions and hints.
+fn slice_candidates(
+    slices: &[Arc<EndpointSlice>],
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+    zone: Option<&str>,
+) -> Vec<Candidate> {
+    let mut cands = Vec::new();
+    for s in slices.iter() {
+        let want = match fam {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        };
+        if s.address_type != want {
+            continue;
+        }
+        let Some(target) = s
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
+            .and_then(|p| p.port)
+            .and_then(|p| port_number(p).ok())
+        else {
+            continue;
+        };
+        for e in &s.endpoints {
+            let c = e.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let local = e.node_name.as_deref() == Some(node);
+            let hints = e.hints.as_ref();
+            let hints = Hints {
+                node: Hint::of(
+                    hints
+                        .iter()
+                        .flat_map(|h| &h.for_nodes)
+                        .map(|n| n.name.as_str()),
+                    Some(node),
+                ),
+                zone: Hint::of(
+                    hints
+                        .iter()
+                        .flat_map(|h| &h.for_zones)
+                        .map(|z| z.name.as_str()),
+                    zone,
+                ),
+            };
+            if let Some(Ok(ip)) = e.addresses.first().map(|a| a.parse::<IpAddr>())
+                && IpFamily::of(ip) == fam
+            {
+                cands.push(Candidate {
+                    backend: Backend {
+                        ip,
+                        port: target,
+                        local,
+                    },
+                    ready,
+                    serving_terminating: serving && terminating,
+                    hints,
+                });
+            }
+        }
+    }
+    cands
+}
+
+/// The candidates of `port` in `fam` from an Endpoints object (the fallback without
+/// slices): all ready, no hints.
+fn endpoints_candidates(
+    eps: Option<&Endpoints>,
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+) -> Vec<Candidate> {
+    let mut cands = Vec::new();
+    for subset in eps.iter().flat_map(|e| e.subsets.iter().flatten()) {
+        let Some(target) = subset
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
+            .and_then(|p| port_number(p.port).ok())
+        else {
+            continue;
+        };
+        for a in subset.addresses.iter().flatten() {
+            if let Ok(ip) = a.ip.parse::<IpAddr>()
+                && IpFamily::of(ip) == fam
+            {
+                cands.push(Candidate {
+                    backend: Backend {
+                        ip,
+                        port: target,
+                        local: a.node_name.as_deref() == Some(node),
+                    },
+                    ready: true,
+                    serving_terminating: false,
+                    hints: Hints {
+                        node: Hint::None,
+                        zone: Hint::None,
+                    },
+                });
+            }
+        }
+    }
+    cands
 }
