@@ -2,6 +2,7 @@
 //! frontends (addresses and ports), policies, and the usable backends of each port.
 
 use super::topology::{self, Hint, Hints};
+use crate::api::service::ServiceSpec;
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
@@ -231,41 +232,8 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
     }
     let from_node = node_may_use_lb_ips(&lb_source_ranges, &lb_ips, rules.node_primary);
     lb_source_ranges.extend(from_node);
-    let mut ports = Vec::new();
-    for (i, p) in spec.ports.iter().flatten().enumerate() {
-        let field = format!("spec.ports[{i}]");
-        ports.push(Port {
-            name: p.name.clone().unwrap_or_default(),
-            proto: protocol(p.protocol.as_deref()).map_err(|e| format!("{field}.protocol: {e}"))?,
-            port: port_number(p.port).map_err(|e| format!("{field}.port: {e}"))?,
-            node_port: p
-                .node_port
-                .filter(|n| *n != 0)
-                .map(port_number)
-                .transpose()
-                .map_err(|e| format!("{field}.nodePort: {e}"))?,
-        });
-    }
-    let affinity = match spec.session_affinity.as_deref() {
-        Some("ClientIP") => {
-            let secs = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            Some(match secs {
-                None => DEFAULT_AFFINITY_SECS,
-                Some(s) if (1..=86400).contains(&s) => s as u32,
-                Some(s) => {
-                    return Err(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {s} is not in 1..=86400"
-                    ));
-                }
-            })
-        }
-        None | Some("None") => None,
-        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
-    };
+    let ports = parse_ports(spec)?;
+    let affinity = parse_affinity(spec)?;
     let local = |v: &Option<String>| v.as_deref() == Some("Local");
     let external_local = local(&spec.external_traffic_policy);
     Ok(Some(Model {
@@ -287,6 +255,50 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
         refused: addrs.refused,
         node_refused: addrs.node_refused,
     }))
+}
+
+/// `spec.ports`: protocol, port and NodePort of each, errors naming the field.
+fn parse_ports(spec: &ServiceSpec) -> Result<Vec<Port>, String> {
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        ports.push(Port {
+            name: p.name.clone().unwrap_or_default(),
+            proto: protocol(p.protocol.as_deref()).map_err(|e| format!("{field}.protocol: {e}"))?,
+            port: port_number(p.port).map_err(|e| format!("{field}.port: {e}"))?,
+            node_port: p
+                .node_port
+                .filter(|n| *n != 0)
+                .map(port_number)
+                .transpose()
+                .map_err(|e| format!("{field}.nodePort: {e}"))?,
+        });
+    }
+    Ok(ports)
+}
+
+/// The session affinity timeout (ClientIP), or `None`.
+fn parse_affinity(spec: &ServiceSpec) -> Result<Option<u32>, String> {
+    Ok(match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let secs = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            Some(match secs {
+                None => DEFAULT_AFFINITY_SECS,
+                Some(s) if (1..=86400).contains(&s) => s as u32,
+                Some(s) => {
+                    return Err(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {s} is not in 1..=86400"
+                    ));
+                }
+            })
+        }
+        None | Some("None") => None,
+        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
