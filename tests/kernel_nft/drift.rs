@@ -26,8 +26,6 @@ use nodeplane::testing::listing;
 use nodeplane::testing::netlink::{attr, nfnl_msg};
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use serde_json::Value as Json;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -168,30 +166,12 @@ impl Topo {
 
 /// `GET path` on the agent's admin server in `ns`: (status, body).
 fn admin_get(ns: &Ns, path: &str) -> Result<(u16, String), String> {
-    ns.enter(|| {
-        let mut s = TcpStream::connect(ADMIN).map_err(|e| format!("connect {ADMIN}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-        let code = text.get(9..12).and_then(|c| c.parse().ok());
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-        code.zip(body).ok_or(text)
-    })
+    ns.http_get(ADMIN.parse().unwrap(), path, Duration::from_secs(5))
 }
 
 #[track_caller]
 fn wait_admin(ns: &Ns, path: &str, code: u16, needle: &str) -> String {
-    eventually(WAIT, || match admin_get(ns, path) {
-        Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
-        other => Err(format!(
-            "GET {path}: want {code} with {needle:?}, got {other:?}"
-        )),
-    })
+    ns.wait_http(ADMIN.parse().unwrap(), path, code, needle, WAIT)
 }
 
 /// The sum of every sample of metric `name` (all label values).
