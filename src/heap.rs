@@ -5,7 +5,7 @@
 //! 154 MiB by default, 141 MiB with two arenas (same start-up time; one arena: 141 MiB but
 //! ~40 % slower from lock contention).
 
-#![allow(unsafe_code)]
+use crate::nft::nftnl::malloc;
 
 /// Arenas malloc may create: enough for the reconcile thread and the watch threads not to
 /// queue on one lock.
@@ -13,19 +13,11 @@ const ARENAS: i32 = 2;
 
 /// Limits malloc's arenas. Call first thing in `main`, before any thread exists.
 pub fn limit_arenas() {
-    // SAFETY: mallopt takes two integers and only changes glibc's allocator settings.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
-    }
+    malloc::set_arena_max(ARENAS);
 }
 
 /// Returns the free pages of every malloc arena to the kernel. A few milliseconds; meant
 /// for after large transactions only.
 pub fn release_freed_memory() {
-    // SAFETY: malloc_trim takes no pointer and only walks glibc's own arenas.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    malloc::trim();
 }

@@ -120,91 +120,96 @@ impl Metrics {
             registry: Registry::default(),
             kubeproxy,
         };
-        m.dns_proxy.register(registry);
+        m.register(registry);
+        Metrics {
+            registry: root,
+            ..m
+        }
+    }
+
+    /// Registers nodeplane's own series (kube-proxy's register themselves).
+    fn register(&self, registry: &mut Registry) {
+        self.dns_proxy.register(registry);
         registry.register(
             "sync_duration_seconds",
             "Time to plan and apply one sync (nftables and network)",
-            m.sync_duration.clone(),
+            self.sync_duration.clone(),
         );
         registry.register(
             "transaction_operations",
             "Operations per nftables transaction (0 when nothing changed)",
-            m.transaction_ops.clone(),
+            self.transaction_ops.clone(),
         );
         registry.register(
             "ruleset_rules",
             "Rules in table inet nodeplane per feature",
-            m.rules.clone(),
+            self.rules.clone(),
         );
         registry.register(
             "ruleset_set_elements",
             "Set and map elements in table inet nodeplane per feature",
-            m.set_elements.clone(),
+            self.set_elements.clone(),
         );
         registry.register(
             "apply_errors",
             "Failed syncs by reason (nftables, network, source, kube, runtime)",
-            m.apply_errors.clone(),
+            self.apply_errors.clone(),
         );
         registry.register(
             "dns_resolutions",
             "EgressFirewall dnsName lookups by result (success, failure)",
-            m.dns_resolutions.clone(),
+            self.dns_resolutions.clone(),
         );
         registry.register(
             "last_successful_sync_timestamp_seconds",
             "Unix time of the last successful sync",
-            m.last_success.clone(),
+            self.last_success.clone(),
         );
         registry.register(
             "objects",
             "Objects in the current snapshot per kind",
-            m.objects.clone(),
+            self.objects.clone(),
         );
         registry.register(
             "drift_detected",
             "Changes to table inet nodeplane by another process (or lost notifications), by the \
              largest object touched (table, chain, set, other, unknown)",
-            m.drift_detected.clone(),
+            self.drift_detected.clone(),
         );
         registry.register(
             "drift_repairs",
             "Syncs that repaired a detected drift of table inet nodeplane",
-            m.drift_repairs.clone(),
+            self.drift_repairs.clone(),
         );
         registry.register(
             "drift_last_repair_duration_seconds",
             "Time from detecting the last repaired drift to the end of the sync that repaired it",
-            m.drift_last_repair.clone(),
+            self.drift_last_repair.clone(),
         );
         registry.register(
             "leader",
             "1 while this agent holds the cluster-wide role's Lease, else 0 (one series per \
              role this agent is a candidate for)",
-            m.leader.clone(),
+            self.leader.clone(),
         );
         registry.register(
             "task_down",
             "Times a background task went down (ended while the agent was not stopping, failed, \
              panicked, or reported that it cannot work), by task",
-            m.task_down_count.clone(),
+            self.task_down_count.clone(),
         );
         registry.register(
             "egress_ip_cloud_attach_seconds",
             "EgressIP assigner on a cloud: from writing a CloudPrivateIPConfig (create or move) \
              to seeing it Assigned=True on the requested node",
-            m.egress_ip_cloud_attach.clone(),
+            self.egress_ip_cloud_attach.clone(),
         );
         registry.register(
             "egress_ip_dataplane_seconds",
             "Hosting node: from a snapshot whose EgressIP status.items newly places an egress IP \
              on this node to the end of the committed sync that programs it",
-            m.egress_ip_dataplane.clone(),
+            self.egress_ip_dataplane.clone(),
         );
-        Metrics {
-            registry: root,
-            ..m
-        }
     }
 
     /// The histogram the EgressIP assigner records the cloud's latency in.

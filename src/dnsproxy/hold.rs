@@ -8,6 +8,7 @@
 use super::answer;
 use super::learn::Learner;
 use super::metrics::ProxyMetrics;
+use crate::listener::fair::{Gate, Ticket};
 use crate::nft::engine::NftBackend;
 use crate::plan::firewall::learning::Learning;
 use std::collections::BTreeSet;
@@ -80,7 +81,7 @@ impl Holder {
 
     /// Whose share a query of `pod` to `server` takes (its namespace; a pod the proxy does
     /// not know yet counts alone), or `None` when `server` is not a trusted resolver.
-    pub fn tenant(&self, pod: IpAddr, server: IpAddr) -> Option<Arc<str>> {
+    fn tenant(&self, pod: IpAddr, server: IpAddr) -> Option<Arc<str>> {
         let learning = self.learning.borrow();
         if !learning.is_trusted(server) {
             return None;
@@ -91,6 +92,22 @@ impl Holder {
                 .cloned()
                 .unwrap_or_else(|| pod.to_string().into()),
         )
+    }
+
+    /// A ticket through `gate` for a query of `pod` to `server`, or `None`, counted as an
+    /// error: `untrusted` when `server` is not a trusted resolver (the steering is being
+    /// updated: never learned from), `overload` when the namespace's share or every slot is
+    /// taken.
+    pub fn admit(&self, gate: &Gate, pod: IpAddr, server: IpAddr) -> Option<Ticket> {
+        let Some(tenant) = self.tenant(pod, server) else {
+            self.metrics.error("untrusted");
+            return None;
+        };
+        let ticket = gate.admit(tenant);
+        if ticket.is_none() {
+            self.metrics.error("overload");
+        }
+        ticket
     }
 
     /// Returns once what `bytes` (an answer to `pod` from `server`) teaches is in the

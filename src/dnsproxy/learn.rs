@@ -14,9 +14,9 @@
 //! batch (counted). TTLs are capped, and a TTL with the top bit set counts as 0 (RFC 2181 §8).
 
 use super::answer::Answer;
-use crate::nft::diff::{Op, Transaction};
 use crate::nft::engine::NftBackend;
 use crate::nft::ir::{DataType, ElemValue, IpFamily, SetFlags, SetKind, Value};
+use crate::nft::transaction::{Op, Transaction};
 use crate::plan::firewall::learning::Learning;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -389,7 +389,7 @@ use tests as tests_support;
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::nft::engine::FakeBackend;
+    use crate::nft::FakeBackend;
     use crate::plan::firewall::learning;
     use crate::plan::{Memory, plan_with_dns};
     use crate::snapshot::Snapshot;

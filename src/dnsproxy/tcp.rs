@@ -49,12 +49,7 @@ impl TcpProxy {
                 holder.metrics().error("tcp");
                 return;
             };
-            let Some(tenant) = holder.tenant(pod.ip(), server.ip()) else {
-                holder.metrics().error("untrusted");
-                return;
-            };
-            let Some(ticket) = self.gate.admit(tenant) else {
-                holder.metrics().error("overload");
+            let Some(ticket) = holder.admit(&self.gate, pod.ip(), server.ip()) else {
                 return;
             };
             let (holder, limits) = (holder.clone(), self.limits.clone());

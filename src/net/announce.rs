@@ -95,7 +95,13 @@ pub(super) fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16
     pseudo.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     pseudo.extend_from_slice(&[0, 0, 0, 58]);
     pseudo.extend_from_slice(msg);
-    let mut sum: u32 = pseudo
+    inet_checksum(&pseudo)
+}
+
+/// The Internet checksum (RFC 1071): the one's complement of the one's-complement sum of
+/// the 16-bit words (an odd last byte padded with zero).
+pub fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
         .sum();

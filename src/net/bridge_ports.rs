@@ -18,7 +18,7 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use rtnetlink::Handle;
 
 use super::NetError;
-use super::rtnl::dump;
+use super::dump::dump;
 
 /// A port of a Linux bridge of the node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,24 +27,8 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 
+pub use super::state::{FdbEntry, NeighEntry, OwnedLink, VxlanId};
 use super::{KernelState, LINK_ALIAS, NetError, TunnelSpec};
-
-/// `(vni, port, local)` of a VXLAN device.
-pub type VxlanId = (u32, u16, Option<IpAddr>);
-
-/// A link the agent created (alias [`LINK_ALIAS`]), as read from the kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedLink {
-    pub index: u32,
-    pub name: String,
-    /// When it is a VXLAN device.
-    pub vxlan: Option<VxlanId>,
-    pub mac: Option<[u8; 6]>,
-    /// Its IPv4 `(rp_filter, src_valid_mark)` (None when the kernel did not report them).
-    pub inet_conf: Option<(i32, i32)>,
-    /// `IFLA_VXLAN_TOS` is 1 (`tos inherit`).
-    pub tos_inherit: bool,
-}
 
 /// The tunnel's IPv4 settings: `src_valid_mark` 1, so that the reverse-path check of a
 /// decapsulated packet looks its source up with the packet's mark (`TUNNELED`, set by
@@ -56,22 +40,6 @@ pub const TUNNEL_INET_CONF: (i32, i32) = (0, 1);
 
 /// `IFLA_VXLAN_TOS` value meaning "copy the inner packet's TOS" (iproute2's `tos inherit`).
 const TOS_INHERIT: u8 = 1;
-
-/// A permanent FDB entry on an owned link: frames to `mac` go to `dst`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FdbEntry {
-    pub dev: String,
-    pub mac: [u8; 6],
-    pub dst: IpAddr,
-}
-
-/// A permanent neighbour entry on an owned link.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NeighEntry {
-    pub dev: String,
-    pub ip: IpAddr,
-    pub mac: [u8; 6],
-}
 
 /// What changes on the tunnel side. Applied: `create`, then the adds (before routes are added,
 /// so routes over the tunnel find their device), deletes, and `delete` last (after the routes

@@ -23,6 +23,7 @@ pub mod addresses;
 pub mod announce;
 pub mod bridge_ports;
 pub mod conflict;
+mod dump;
 pub mod fake;
 pub mod fence;
 pub mod links;
@@ -471,5 +472,25 @@ pub(crate) fn proto_name(proto: u8) -> String {
         "nodeplane".to_string()
     } else {
         proto.to_string()
+    }
+}
+
+/// Planning the kernel side is the parent's: it wires the object kinds (their files each
+/// take the [`KernelState`] they diff against).
+impl KernelState {
+    /// The changes that bring the marked objects to `desired`. Pure.
+    pub fn plan(&self, desired: &NetDesired, cfg: &NetConfig) -> Result<NetChanges, NetError> {
+        cfg.validate()?;
+        let mut changes = NetChanges::new(cfg.protocol);
+        addresses::plan(self, &desired.addresses, cfg, &mut changes)?;
+        routes::plan(self, &desired.routes, cfg, &mut changes)?;
+        rules::plan(self, &desired.rules, cfg, &mut changes)?;
+        links::plan(self, desired.tunnel.as_ref(), &mut changes.tunnel)?;
+        Ok(changes)
+    }
+
+    /// The changes that remove every marked object. Pure.
+    pub fn plan_cleanup(&self, cfg: &NetConfig) -> Result<NetChanges, NetError> {
+        self.plan(&NetDesired::default(), cfg)
     }
 }

@@ -26,21 +26,18 @@ use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::rule::RuleMessage;
 use rtnetlink::Handle;
 use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_EXCL, NLM_F_REPLACE,
-    NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    NetlinkMessage, NetlinkPayload,
 };
 use tokio::sync::mpsc;
 
 use super::announce::{self, Announcement};
 use super::bridge_ports::{self, BridgePorts};
 use super::conflict;
+use super::dump::{dump, netlink_err};
 use super::links::{self, OwnedLink, ParsedNeigh, TunnelChanges};
 use super::state::{KernelLink, KernelState};
 use super::{NetBackend, NetChanges, NetConfig, NetDesired, NetError, addresses, routes, rules};
-
-/// Attempts at a consistent dump before giving up (the kernel flags a dump that raced with a
-/// change with `NLM_F_DUMP_INTR`).
-const DUMP_ATTEMPTS: usize = 5;
 
 type Reply<T> = std_mpsc::SyncSender<T>;
 
@@ -173,13 +170,6 @@ fn worker_gone() -> NetError {
     }
 }
 
-fn netlink_err(what: &str, e: impl std::fmt::Display) -> NetError {
-    NetError::Netlink {
-        what: what.into(),
-        reason: e.to_string(),
-    }
-}
-
 fn worker(
     cfg: NetConfig,
     mut jobs: mpsc::UnboundedReceiver<Job>,
@@ -244,41 +234,6 @@ fn worker(
             }
         }
     });
-}
-
-/// One dump request; retried while the kernel reports it as interrupted.
-pub(super) async fn dump(
-    handle: &Handle,
-    what: &str,
-    request: RouteNetlinkMessage,
-) -> Result<Vec<RouteNetlinkMessage>, NetError> {
-    for _ in 0..DUMP_ATTEMPTS {
-        let mut msg = NetlinkMessage::from(request.clone());
-        msg.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let mut replies = handle
-            .clone()
-            .request(msg)
-            .map_err(|e| netlink_err(what, e))?;
-        let mut out = Vec::new();
-        let mut interrupted = false;
-        while let Some(reply) = replies.next().await {
-            interrupted |= reply.header.flags & NLM_F_DUMP_INTR != 0;
-            match reply.payload {
-                NetlinkPayload::InnerMessage(inner) => out.push(inner),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    return Err(netlink_err(what, e.to_io()));
-                }
-                _ => {}
-            }
-        }
-        if !interrupted {
-            return Ok(out);
-        }
-    }
-    Err(netlink_err(
-        what,
-        format!("dump interrupted by concurrent changes {DUMP_ATTEMPTS} times"),
-    ))
 }
 
 async fn read_links(handle: &Handle) -> Result<Vec<KernelLink>, NetError> {

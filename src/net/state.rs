@@ -1,11 +1,9 @@
-//! What the kernel holds, as read by a backend, and the pure diff against the desired state.
+//! What the kernel holds, as read by a backend (the pure diff against the desired state is
+//! `KernelState::plan`, in the parent module, which calls each kind's planner).
 
 use std::net::IpAddr;
 
-use super::{
-    NetChanges, NetConfig, NetDesired, NetError, RouteSpec, RuleSpec, addresses, links, routes,
-    rules,
-};
+use super::{RouteSpec, RuleSpec};
 
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +37,39 @@ pub struct KernelRule {
     pub proto: u8,
 }
 
+/// `(vni, port, local)` of a VXLAN device.
+pub type VxlanId = (u32, u16, Option<IpAddr>);
+
+/// A link the agent created (alias [`LINK_ALIAS`](super::LINK_ALIAS)), as read from the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedLink {
+    pub index: u32,
+    pub name: String,
+    /// When it is a VXLAN device.
+    pub vxlan: Option<VxlanId>,
+    pub mac: Option<[u8; 6]>,
+    /// Its IPv4 `(rp_filter, src_valid_mark)` (None when the kernel did not report them).
+    pub inet_conf: Option<(i32, i32)>,
+    /// `IFLA_VXLAN_TOS` is 1 (`tos inherit`).
+    pub tos_inherit: bool,
+}
+
+/// A permanent FDB entry on an owned link: frames to `mac` go to `dst`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FdbEntry {
+    pub dev: String,
+    pub mac: [u8; 6],
+    pub dst: IpAddr,
+}
+
+/// A permanent neighbour entry on an owned link.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NeighEntry {
+    pub dev: String,
+    pub ip: IpAddr,
+    pub mac: [u8; 6],
+}
+
 /// A snapshot of the kernel state the planner needs. Backends may leave out routes and rules
 /// that do not carry the configured protocol (they can never be the agent's).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,9 +79,9 @@ pub struct KernelState {
     pub routes: Vec<KernelRoute>,
     pub rules: Vec<KernelRule>,
     /// Links carrying the agent's alias, and the permanent entries on them.
-    pub owned_links: Vec<links::OwnedLink>,
-    pub fdb: Vec<links::FdbEntry>,
-    pub neighbours: Vec<links::NeighEntry>,
+    pub owned_links: Vec<OwnedLink>,
+    pub fdb: Vec<FdbEntry>,
+    pub neighbours: Vec<NeighEntry>,
 }
 
 impl KernelState {
@@ -66,21 +97,5 @@ impl KernelState {
     pub fn link_name(&self, index: u32) -> String {
         self.link_by_index(index)
             .map_or_else(|| format!("if{index}"), |l| l.name.clone())
-    }
-
-    /// The changes that bring the marked objects to `desired`. Pure.
-    pub fn plan(&self, desired: &NetDesired, cfg: &NetConfig) -> Result<NetChanges, NetError> {
-        cfg.validate()?;
-        let mut changes = NetChanges::new(cfg.protocol);
-        addresses::plan(self, &desired.addresses, cfg, &mut changes)?;
-        routes::plan(self, &desired.routes, cfg, &mut changes)?;
-        rules::plan(self, &desired.rules, cfg, &mut changes)?;
-        links::plan(self, desired.tunnel.as_ref(), &mut changes.tunnel)?;
-        Ok(changes)
-    }
-
-    /// The changes that remove every marked object. Pure.
-    pub fn plan_cleanup(&self, cfg: &NetConfig) -> Result<NetChanges, NetError> {
-        self.plan(&NetDesired::default(), cfg)
     }
 }

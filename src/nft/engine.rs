@@ -1,9 +1,10 @@
 //! The engine keeps what the kernel holds and turns each desired table into the smallest
 //! transaction; backends (netlink, fake) only execute transactions.
 
-use super::diff::{Transaction, apply_to, diff};
+use super::diff::diff;
 use super::ir::{Family, Table};
-use super::readback::{self, Baseline};
+use super::readback::Baseline;
+use super::transaction::Transaction;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -42,44 +43,6 @@ pub trait NftBackend {
     /// What the kernel holds of `desired.name`, judged against `desired` (see
     /// [`readback::mirror`]).
     fn read_back(&mut self, desired: &Table) -> Result<Baseline, NftError>;
-}
-
-/// An in-memory backend that applies transactions to a model table with the kernel's
-/// referential rules, and can be told to reject the next transaction.
-#[derive(Debug, Default)]
-pub struct FakeBackend {
-    pub table: Option<Table>,
-    pub applied: Vec<Transaction>,
-    pub reject_next: Option<String>,
-}
-
-impl NftBackend for FakeBackend {
-    fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError> {
-        if let Some(reason) = self.reject_next.take() {
-            return Err(NftError::Rejected {
-                what: "transaction".into(),
-                reason,
-            });
-        }
-        let mut next = self.table.clone();
-        apply_to(&mut next, tx).map_err(|reason| NftError::Rejected {
-            what: "transaction".into(),
-            reason,
-        })?;
-        self.table = next;
-        self.applied.push(tx.clone());
-        Ok(ApplyStats {
-            ops: tx.op_count(),
-            messages: tx.ops.len(),
-        })
-    }
-
-    fn read_back(&mut self, desired: &Table) -> Result<Baseline, NftError> {
-        Ok(match &self.table {
-            None => Baseline::default(),
-            Some(model) => readback::mirror(&mut readback::ModelState::new(model), desired),
-        })
-    }
 }
 
 /// Tracks the kernel's table and syncs desired states through a backend.

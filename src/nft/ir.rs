@@ -698,6 +698,21 @@ pub struct TypeofDecl {
 }
 
 impl Set {
+    /// The declaration without elements (cheap for large sets).
+    pub fn clone_declaration(&self) -> Set {
+        Set {
+            name: self.name.clone(),
+            key: self.key.clone(),
+            kind: self.kind.clone(),
+            flags: self.flags,
+            timeout: self.timeout,
+            typeof_decl: self.typeof_decl.clone(),
+            elements: BTreeMap::new(),
+        }
+    }
+}
+
+impl Set {
     pub fn new(name: impl Into<String>, key: Vec<DataType>, kind: SetKind) -> Self {
         Set {
             name: name.into(),

@@ -1,15 +1,19 @@
-//! nftables engine: typed IR, text renderer, diff, and the backends that apply a
-//! transaction (the kernel through netlink, or an in-memory fake for unit tests).
+//! nftables engine: typed IR, text renderer, transactions and the diff that builds them, and
+//! the backends that apply a transaction (the kernel through netlink, or the in-memory fake).
 
 pub mod diff;
 pub mod engine;
+pub mod fake;
 pub mod ir;
 pub mod monitor;
 pub mod names;
 pub mod nftnl;
 pub mod readback;
 pub mod render;
+pub mod transaction;
 
-pub use diff::{Op, Transaction, diff};
-pub use engine::{ApplyStats, Engine, FakeBackend, NftBackend, NftError};
+pub use diff::diff;
+pub use engine::{ApplyStats, Engine, NftBackend, NftError};
+pub use fake::FakeBackend;
 pub use ir::*;
+pub use transaction::{Op, Transaction};

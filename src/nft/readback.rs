@@ -90,8 +90,7 @@ enum Place<'a> {
 pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     let mut cur = Table::new(desired.name.clone());
     let mut flush = Vec::new();
-    // Part key -> what the kernel holds of it, and whether that is all of it.
-    let mut parts: BTreeMap<&str, (Part, bool)> = desired
+    let mut parts: HeldParts = desired
         .parts
         .keys()
         .map(|k| (k.as_str(), (Part::default(), true)))
@@ -123,74 +122,9 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
             .flat_map(|(k, p)| p.sets.values().map(move |s| (Some(k.as_str()), s))),
     );
     for (owner, set) in owners {
-        let mut wanted: Vec<(&ElemKey, &ElemValue)> = set.elements.iter().collect();
-        let mut places: Vec<Place> = vec![Place::Own; wanted.len()];
-        if owner.is_none() {
-            for (key, part) in &desired.parts {
-                if let Some(e) = part.elements.get(&set.name) {
-                    wanted.extend(e.iter());
-                    places.extend(std::iter::repeat_n(Place::Part(key), e.len()));
-                }
-            }
-        }
-        let state = kernel.set(set, &wanted);
-        let mut held = set.clone_declaration();
-        if state.as_ref().is_none_or(|s| s.declaration_differs) {
-            for place in &places {
-                if let Place::Part(p) = place {
-                    parts.get_mut(p).expect("every part").1 = false;
-                }
-            }
-        }
-        let whole = match &state {
-            None => false,
-            Some(s) if s.declaration_differs => {
-                // A declaration no planner writes: the diff recreates the set.
-                held.key.clear();
-                false
-            }
-            Some(s) => {
-                if s.flush {
-                    flush.push(set.name.clone());
-                }
-                let mut whole = !s.flush && s.foreign.is_empty();
-                for (i, ((k, v), place)) in wanted.iter().zip(&places).enumerate() {
-                    let here = s.present.get(i).copied().unwrap_or(false) && !s.flush;
-                    match place {
-                        Place::Own if here => {
-                            held.elements.insert((*k).clone(), (*v).clone());
-                        }
-                        Place::Own => whole = false,
-                        Place::Part(p) if here => {
-                            let entry = parts.get_mut(p).expect("every part");
-                            entry
-                                .0
-                                .elements
-                                .entry(set.name.clone())
-                                .or_default()
-                                .insert((*k).clone(), (*v).clone());
-                        }
-                        Place::Part(p) => parts.get_mut(p).expect("every part").1 = false,
-                    }
-                }
-                for k in &s.foreign {
-                    held.elements.insert(k.clone(), foreign_value());
-                }
-                whole
-            }
-        };
-        let present = state.is_some();
-        match owner {
-            None if present => cur.add_set(held),
-            None => {}
-            Some(p) => {
-                let entry = parts.get_mut(p).expect("every part");
-                entry.1 &= whole;
-                if present {
-                    entry.0.add_set(held);
-                }
-            }
-        }
+        mirror_set(
+            kernel, desired, owner, set, &mut parts, &mut flush, &mut cur,
+        );
     }
 
     for (key, part) in &desired.parts {
@@ -209,6 +143,91 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
         table: Some(cur),
         flush,
         table_flags_differ: false,
+    }
+}
+
+/// Part key -> what the kernel holds of it, and whether that is all of it.
+type HeldParts<'a> = BTreeMap<&'a str, (Part, bool)>;
+
+/// One set of `desired` (top-level, or of part `owner`), with every element wanted in it
+/// wherever the desired table puts it: what the kernel holds of it goes into `cur` or its
+/// part's entry, a set to flush into `flush`.
+fn mirror_set<'a>(
+    kernel: &mut dyn KernelState,
+    desired: &'a Table,
+    owner: Option<&'a str>,
+    set: &'a Set,
+    parts: &mut HeldParts<'a>,
+    flush: &mut Vec<String>,
+    cur: &mut Table,
+) {
+    let mut wanted: Vec<(&ElemKey, &ElemValue)> = set.elements.iter().collect();
+    let mut places: Vec<Place> = vec![Place::Own; wanted.len()];
+    if owner.is_none() {
+        for (key, part) in &desired.parts {
+            if let Some(e) = part.elements.get(&set.name) {
+                wanted.extend(e.iter());
+                places.extend(std::iter::repeat_n(Place::Part(key), e.len()));
+            }
+        }
+    }
+    let state = kernel.set(set, &wanted);
+    let mut held = set.clone_declaration();
+    if state.as_ref().is_none_or(|s| s.declaration_differs) {
+        for place in &places {
+            if let Place::Part(p) = place {
+                parts.get_mut(p).expect("every part").1 = false;
+            }
+        }
+    }
+    let whole = match &state {
+        None => false,
+        Some(s) if s.declaration_differs => {
+            // A declaration no planner writes: the diff recreates the set.
+            held.key.clear();
+            false
+        }
+        Some(s) => {
+            if s.flush {
+                flush.push(set.name.clone());
+            }
+            let mut whole = !s.flush && s.foreign.is_empty();
+            for (i, ((k, v), place)) in wanted.iter().zip(&places).enumerate() {
+                let here = s.present.get(i).copied().unwrap_or(false) && !s.flush;
+                match place {
+                    Place::Own if here => {
+                        held.elements.insert((*k).clone(), (*v).clone());
+                    }
+                    Place::Own => whole = false,
+                    Place::Part(p) if here => {
+                        let entry = parts.get_mut(p).expect("every part");
+                        entry
+                            .0
+                            .elements
+                            .entry(set.name.clone())
+                            .or_default()
+                            .insert((*k).clone(), (*v).clone());
+                    }
+                    Place::Part(p) => parts.get_mut(p).expect("every part").1 = false,
+                }
+            }
+            for k in &s.foreign {
+                held.elements.insert(k.clone(), foreign_value());
+            }
+            whole
+        }
+    };
+    let present = state.is_some();
+    match owner {
+        None if present => cur.add_set(held),
+        None => {}
+        Some(p) => {
+            let entry = parts.get_mut(p).expect("every part");
+            entry.1 &= whole;
+            if present {
+                entry.0.add_set(held);
+            }
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! IR -> nft text (`nft -f` syntax). This is the `--dry-run` output and the text the
 //! benchmarks feed to `nft -f`; it must compile to the bytecode `nftnl.rs` emits.
 
-use super::diff::{Op, Transaction};
 use super::ir::*;
+use super::transaction::{Op, Transaction};
 use std::fmt::Write;
 
 /// Text that atomically replaces the whole table: what a full sync does.

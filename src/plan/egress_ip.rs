@@ -219,74 +219,22 @@ fn plan(
         Set::new(STEER_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
         Set::new(STEER_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
     ];
-    let mut groups: BTreeMap<Vec<String>, BTreeSet<Family>> = BTreeMap::new();
-    let mut steered: Vec<(IpAddr, Vec<String>)> = Vec::new();
-    let local = underlay(snapshot, node);
-    // Per entry: hosting nodes this node cannot reach, and its local pods dropped per family.
-    let mut unreachable: BTreeMap<usize, BTreeMap<(IpAddr, String), String>> = BTreeMap::new();
-    let mut dropped: BTreeMap<(usize, Family), Vec<IpAddr>> = BTreeMap::new();
-    for (ip, claim) in &claims {
-        let e = &entries[claim.entry];
-        let fam = Family::of(ip);
-        let hosts: Vec<&(IpAddr, String)> = e
-            .hosted
-            .iter()
-            .filter(|(h, _)| Family::of(h) == fam)
-            .collect();
-        if let Some((egress, _)) = hosts.iter().find(|(_, n)| n == node) {
-            snat[idx(ip)].insert_mapping(key(*ip), data(*egress));
-        } else if claim.node == node && !hosts.is_empty() {
-            let mut nodes: Vec<String> = Vec::new();
-            for (egress, host) in &hosts {
-                match reach(snapshot, local, host, fam) {
-                    Ok(()) => nodes.push(host.clone()),
-                    Err(why) => {
-                        let e = unreachable.entry(claim.entry).or_default();
-                        e.insert((*egress, host.clone()), why);
-                    }
-                }
-            }
-            if nodes.is_empty() {
-                dropped.entry((claim.entry, fam)).or_default().push(*ip);
-            } else {
-                groups.entry(nodes.clone()).or_default().insert(fam);
-                steered.push((*ip, nodes));
-            }
-        }
-    }
-    for e in entries.iter_mut() {
-        if e.hosted.is_empty() {
-            e.problems.push(
-                "status.items: no node hosts any of its egress IPs yet; the selected pods' \
-                 traffic leaves as without EgressIP"
-                    .into(),
-            );
-        }
-    }
+    let Routed {
+        groups,
+        steered,
+        unreachable,
+        mut dropped,
+    } = route_claims(snapshot, node, &claims, &entries, &mut snat);
     let mut groups: Vec<(Vec<String>, BTreeSet<Family>)> = groups.into_iter().collect();
-    // No mark is left for more groups: their pods fail closed.
-    for (nodes, _) in groups.split_off(MAX_GROUPS.min(groups.len())) {
-        for (ip, _) in steered.iter().filter(|(_, g)| *g == nodes) {
-            let entry = claims[ip].entry;
-            dropped
-                .entry((entry, Family::of(ip)))
-                .or_default()
-                .push(*ip);
-            entries[entry].local.push(format!(
-                "node {node}: more than {MAX_GROUPS} distinct sets of hosting nodes to steer \
-                 to; the set {} gets no mark",
-                nodes.join(",")
-            ));
-        }
-    }
-    for (i, hosts) in unreachable {
-        for ((egress, host), why) in hosts {
-            entries[i].local.push(format!(
-                "status.items: {egress} is assigned to node {host}, which node {node} cannot \
-                 reach through the tunnel: {why}"
-            ));
-        }
-    }
+    drop_unmarked_groups(
+        &mut groups,
+        &steered,
+        &claims,
+        &mut dropped,
+        &mut entries,
+        node,
+    );
+    note_problems(&mut entries, unreachable, node);
     for ((i, fam), ips) in &dropped {
         let family = match fam {
             Family::V4 => "IPv4",
@@ -338,8 +286,136 @@ fn plan(
         part.add_set(set);
     }
     table.insert_part(PART, Arc::new(part));
+    push_statuses(&mut statuses, snapshot, node, entries, &claims);
+    statuses.sort_by(|a, b| a.key.cmp(&b.key));
+    (statuses, validated)
+}
+
+/// No mark is left for the groups past [`MAX_GROUPS`]: their pods fail closed (into
+/// `dropped`), and the EgressIPs say so.
+fn drop_unmarked_groups(
+    groups: &mut Vec<(Vec<String>, BTreeSet<Family>)>,
+    steered: &[(IpAddr, Vec<String>)],
+    claims: &BTreeMap<IpAddr, Claim>,
+    dropped: &mut BTreeMap<(usize, Family), Vec<IpAddr>>,
+    entries: &mut [Entry],
+    node: &str,
+) {
+    for (nodes, _) in groups.split_off(MAX_GROUPS.min(groups.len())) {
+        for (ip, _) in steered.iter().filter(|(_, g)| *g == nodes) {
+            let entry = claims[ip].entry;
+            dropped
+                .entry((entry, Family::of(ip)))
+                .or_default()
+                .push(*ip);
+            entries[entry].local.push(format!(
+                "node {node}: more than {MAX_GROUPS} distinct sets of hosting nodes to steer \
+                 to; the set {} gets no mark",
+                nodes.join(",")
+            ));
+        }
+    }
+}
+
+/// The problems every node sees (no hosting node yet) and this node's own (hosting nodes it
+/// cannot reach).
+fn note_problems(
+    entries: &mut [Entry],
+    unreachable: BTreeMap<usize, BTreeMap<(IpAddr, String), String>>,
+    node: &str,
+) {
+    for e in entries.iter_mut() {
+        if e.hosted.is_empty() {
+            e.problems.push(
+                "status.items: no node hosts any of its egress IPs yet; the selected pods' \
+                 traffic leaves as without EgressIP"
+                    .into(),
+            );
+        }
+    }
+    for (i, hosts) in unreachable {
+        for ((egress, host), why) in hosts {
+            entries[i].local.push(format!(
+                "status.items: {egress} is assigned to node {host}, which node {node} cannot \
+                 reach through the tunnel: {why}"
+            ));
+        }
+    }
+}
+
+/// Where this node sends the pods EgressIPs claimed: SNAT here (into `snat`), steered
+/// through the tunnel to reachable hosting nodes, or dropped.
+struct Routed {
+    /// Sets of hosting nodes steered to, with the families steered to each.
+    groups: BTreeMap<Vec<String>, BTreeSet<Family>>,
+    steered: Vec<(IpAddr, Vec<String>)>,
+    /// Per entry: hosting nodes this node cannot reach, and why.
+    unreachable: BTreeMap<usize, BTreeMap<(IpAddr, String), String>>,
+    /// Per entry and family: its local pods with no reachable egress IP.
+    dropped: BTreeMap<(usize, Family), Vec<IpAddr>>,
+}
+
+fn route_claims(
+    snapshot: &Snapshot,
+    node: &str,
+    claims: &BTreeMap<IpAddr, Claim>,
+    entries: &[Entry],
+    snat: &mut [Set; 2],
+) -> Routed {
+    let mut groups: BTreeMap<Vec<String>, BTreeSet<Family>> = BTreeMap::new();
+    let mut steered: Vec<(IpAddr, Vec<String>)> = Vec::new();
+    let local = underlay(snapshot, node);
+    // Per entry: hosting nodes this node cannot reach, and its local pods dropped per family.
+    let mut unreachable: BTreeMap<usize, BTreeMap<(IpAddr, String), String>> = BTreeMap::new();
+    let mut dropped: BTreeMap<(usize, Family), Vec<IpAddr>> = BTreeMap::new();
+    for (ip, claim) in claims {
+        let e = &entries[claim.entry];
+        let fam = Family::of(ip);
+        let hosts: Vec<&(IpAddr, String)> = e
+            .hosted
+            .iter()
+            .filter(|(h, _)| Family::of(h) == fam)
+            .collect();
+        if let Some((egress, _)) = hosts.iter().find(|(_, n)| n == node) {
+            snat[idx(ip)].insert_mapping(key(*ip), data(*egress));
+        } else if claim.node == node && !hosts.is_empty() {
+            let mut nodes: Vec<String> = Vec::new();
+            for (egress, host) in &hosts {
+                match reach(snapshot, local, host, fam) {
+                    Ok(()) => nodes.push(host.clone()),
+                    Err(why) => {
+                        let e = unreachable.entry(claim.entry).or_default();
+                        e.insert((*egress, host.clone()), why);
+                    }
+                }
+            }
+            if nodes.is_empty() {
+                dropped.entry((claim.entry, fam)).or_default().push(*ip);
+            } else {
+                groups.entry(nodes.clone()).or_default().insert(fam);
+                steered.push((*ip, nodes));
+            }
+        }
+    }
+    Routed {
+        groups,
+        steered,
+        unreachable,
+        dropped,
+    }
+}
+
+/// One status per EgressIP (after those `validate_all` pushed): its problems, and the Event
+/// this node writes (every problem on the object's reporter node, else this node's own).
+fn push_statuses(
+    statuses: &mut Vec<ObjectStatus>,
+    snapshot: &Snapshot,
+    node: &str,
+    entries: Vec<Entry>,
+    claims: &BTreeMap<IpAddr, Claim>,
+) {
     for (i, e) in entries.into_iter().enumerate() {
-        let reports = reporter(snapshot, &e, i, &claims).as_deref() == Some(node);
+        let reports = reporter(snapshot, &e, i, claims).as_deref() == Some(node);
         let all: Vec<&String> = e.problems.iter().chain(&e.local).collect();
         let result = if all.is_empty() {
             Ok(())
@@ -366,8 +442,6 @@ fn plan(
             event,
         });
     }
-    statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    (statuses, validated)
 }
 
 fn join(problems: &[&String]) -> String {

@@ -255,7 +255,13 @@ pub fn bind_bridge_ports(
 ) -> Vec<String> {
     let pods = binding::local_pods(snapshot, &config.node_name);
     match ports {
-        Ok(ports) => binding::add_to(t, binding::bind(&pods, &memory.isolated(), ports)),
+        Ok(ports) => {
+            let mut bound = binding::bind(&pods, &memory.isolated(), ports);
+            for port in std::mem::take(&mut bound.flow_ports) {
+                bridge::add_port(&mut bound.part, &port);
+            }
+            binding::add_to(t, bound)
+        }
         Err(e) => vec![format!(
             "bridge ports not read ({e}): no bridged pod is bound"
         )],

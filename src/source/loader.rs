@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::limits::{Breach, Limits};
-use super::manifests::{
+use super::parse::{
     FileLoad, LoadError, LoadProblem, LoadReport, collect_files, load_file, rejected_file,
 };
 use crate::snapshot::{Kind, ObjectKey, Snapshot, SnapshotBuilder};

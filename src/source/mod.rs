@@ -9,6 +9,7 @@ pub mod kube;
 pub mod limits;
 pub mod loader;
 pub mod manifests;
+mod parse;
 pub mod watch;
 
 pub use limits::Limits;

@@ -1,6 +1,8 @@
 //! The kernel's view of a table, normalised so that two namespaces holding the same
 //! ruleset compare equal: handles, timers and counter values are dropped.
 
+use crate::nft::ir::Table;
+use crate::nft::render::render_table;
 use crate::testing::lab::Ns;
 use serde_json::Value as Json;
 
@@ -127,4 +129,21 @@ pub fn first_difference(a: &str, b: &str) -> String {
         ctx(&la),
         ctx(&lb)
     )
+}
+
+/// The elements of `table`'s set `set` as `nft` prints them, one per entry (for the
+/// planners' unit tests).
+pub fn set_elements(table: &Table, set: &str) -> Vec<String> {
+    let mut one = table.sets[set].clone();
+    one.name = "x".into();
+    let mut t = Table::new("t");
+    t.add_set(one);
+    let text = render_table(&t);
+    let lines = text.lines().map(str::trim).map(|l| l.trim_end_matches(','));
+    lines
+        .skip_while(|l| !l.starts_with("elements"))
+        .skip(1)
+        .take_while(|l| *l != "}")
+        .map(str::to_string)
+        .collect()
 }

@@ -27,6 +27,7 @@ pub mod forged_probes;
 pub mod lab;
 pub mod large;
 pub mod listing;
+pub mod netlink;
 pub mod nft_check;
 pub mod objects;
 pub mod stats;

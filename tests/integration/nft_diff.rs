@@ -2,7 +2,7 @@
 //! applying diff(a, b) on top of a yields b, an unchanged table costs zero operations,
 //! an element change costs exactly that element, and a rejected transaction changes nothing.
 
-use nodeplane::nft::diff::apply_to;
+use nodeplane::nft::fake::apply_to;
 use nodeplane::nft::*;
 use proptest::prelude::*;
 use std::net::Ipv4Addr;

@@ -7,7 +7,6 @@
 
 use nodeplane::testing::lab;
 use nodeplane::testing::listing;
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
@@ -21,26 +20,7 @@ const ADMIN: &str = "127.0.0.1:9942";
 
 /// GET on the agent's admin server from inside the node netns: (status code, body).
 fn admin_get(ns: &Ns, path: &str) -> Result<(u16, String), String> {
-    ns.enter(|| {
-        let mut s = TcpStream::connect(ADMIN).map_err(|e| format!("connect {ADMIN}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-        let code = text
-            .get(9..12)
-            .and_then(|c| c.parse().ok())
-            .ok_or(text.clone())?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
-    })
+    ns.http_get(ADMIN.parse().unwrap(), path, Duration::from_secs(5))
 }
 
 /// A table listing in a canonical order (after incremental updates the kernel lists objects
@@ -59,12 +39,7 @@ fn sorted(listing: Value) -> Vec<String> {
 /// Waits until GET `path` answers `code` with a body containing `needle`.
 #[track_caller]
 fn wait_admin(ns: &Ns, path: &str, code: u16, needle: &str) -> String {
-    eventually(WAIT, || match admin_get(ns, path) {
-        Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
-        other => Err(format!(
-            "GET {path}: want {code} with {needle:?}, got {other:?}"
-        )),
-    })
+    ns.wait_http(ADMIN.parse().unwrap(), path, code, needle, WAIT)
 }
 
 fn node(name: &str, ip: &str) -> Value {

@@ -8,8 +8,7 @@
 use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Outcome, Pod, SECOND, Server, eventually};
 use nodeplane::testing::objects::{self, Ep, endpoint_slice, ep, service_ips};
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{IpAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, UdpSocket};
 use std::time::Duration;
 
 pub(crate) const NODE: &str = "node-1";
@@ -503,27 +502,7 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
 
 /// `GET path` over HTTP from `ns`: (status code, body).
 pub(crate) fn http_get(ns: &Ns, addr: &str, path: &str) -> Result<(u16, String), String> {
-    let (addr, path) = (addr.to_string(), path.to_string());
-    ns.enter(move || {
-        let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), SECOND)
-            .map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(SECOND)).unwrap();
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-        let code = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("not HTTP: {text:?}"))?;
-        let body = text
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
-        Ok((code, body))
-    })
+    ns.http_get(addr.parse().unwrap(), path, SECOND)
 }
 
 /// `GET /` on a health-check port: (status code, JSON body).

@@ -23,10 +23,9 @@ use nodeplane::testing::lab::{
 };
 use nodeplane::testing::large;
 use nodeplane::testing::listing;
+use nodeplane::testing::netlink::{attr, nfnl_msg};
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use serde_json::Value as Json;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -167,30 +166,12 @@ impl Topo {
 
 /// `GET path` on the agent's admin server in `ns`: (status, body).
 fn admin_get(ns: &Ns, path: &str) -> Result<(u16, String), String> {
-    ns.enter(|| {
-        let mut s = TcpStream::connect(ADMIN).map_err(|e| format!("connect {ADMIN}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-        let code = text.get(9..12).and_then(|c| c.parse().ok());
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-        code.zip(body).ok_or(text)
-    })
+    ns.http_get(ADMIN.parse().unwrap(), path, Duration::from_secs(5))
 }
 
 #[track_caller]
 fn wait_admin(ns: &Ns, path: &str, code: u16, needle: &str) -> String {
-    eventually(WAIT, || match admin_get(ns, path) {
-        Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
-        other => Err(format!(
-            "GET {path}: want {code} with {needle:?}, got {other:?}"
-        )),
-    })
+    ns.wait_http(ADMIN.parse().unwrap(), path, code, needle, WAIT)
 }
 
 /// The sum of every sample of metric `name` (all label values).
@@ -503,23 +484,8 @@ impl RawNft {
     /// `add table inet <name>` with `flags` (None: no flags attribute) and a regular chain
     /// `c`; Ok or the kernel's errno.
     fn add_table(&self, name: &str, flags: Option<u32>) -> Result<(), nix::errno::Errno> {
-        fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-            let mut v = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();
-            v.extend_from_slice(&kind.to_ne_bytes());
-            v.extend_from_slice(payload);
-            v.resize(v.len().next_multiple_of(4), 0);
-            v
-        }
         fn msg(kind: u16, flags: u16, seq: u32, family: u8, res_id: u16, attrs: &[u8]) -> Vec<u8> {
-            let mut v = ((20 + attrs.len()) as u32).to_ne_bytes().to_vec();
-            v.extend_from_slice(&kind.to_ne_bytes());
-            v.extend_from_slice(&flags.to_ne_bytes());
-            v.extend_from_slice(&seq.to_ne_bytes());
-            v.extend_from_slice(&0u32.to_ne_bytes());
-            v.extend_from_slice(&[family, 0]);
-            v.extend_from_slice(&res_id.to_be_bytes());
-            v.extend_from_slice(attrs);
-            v
+            nfnl_msg(kind, flags, seq, 0, family, res_id, attrs)
         }
         const REQUEST_ACK_CREATE: u16 = 0x1 | 0x4 | 0x400;
         let name_attr = attr(1, format!("{name}\0").as_bytes());

@@ -33,7 +33,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::egress_ipconfig::{self, CloudNic};
+use super::egress_ipconfig::{self, CloudNic, subnet_fits};
 
 /// One node as the assigner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,23 +89,6 @@ impl NodeInfo {
     pub fn fits(&self, ip: IpAddr) -> bool {
         self.host_cidrs.iter().any(|net| subnet_fits(net, ip))
     }
-}
-
-/// `net` contains `ip` and `ip` is not its network or (IPv4) broadcast address (the node
-/// side refuses those too; /31, /32, /127 and /128 have no such addresses).
-pub fn subnet_fits(net: &IpNet, ip: IpAddr) -> bool {
-    if !net.contains(&ip) {
-        return false;
-    }
-    let max = match net {
-        IpNet::V4(_) => 32,
-        IpNet::V6(_) => 128,
-    };
-    if net.prefix_len() + 1 >= max {
-        return true;
-    }
-    let broadcast = matches!(net, IpNet::V4(_)) && ip == net.broadcast();
-    ip != net.network() && !broadcast
 }
 
 /// One EgressIP as the assigner sees it.
@@ -241,24 +224,8 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
             .ok()
             .map(|i| candidates[i])
     };
-    // Every node's own addresses, the first node in name order naming it.
-    let mut node_of: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    let mut by_name: Vec<&NodeInfo> = nodes.iter().collect();
-    by_name.sort_by(|a, b| a.name.cmp(&b.name));
-    for n in &by_name {
-        for ip in n
-            .addresses
-            .iter()
-            .copied()
-            .chain(n.host_cidrs.iter().map(IpNet::addr))
-        {
-            node_of.entry(ip).or_insert(n.name.as_str());
-        }
-    }
-    let mut order: Vec<&EgressIpInfo> = eips.iter().collect();
-    order.sort_by(|a, b| {
-        (a.created.is_none(), &a.created, &a.name).cmp(&(b.created.is_none(), &b.created, &b.name))
-    });
+    let node_of = node_addresses(nodes);
+    let order = oldest_first(eips);
 
     // Pass 1: refusals and the assignments that stay.
     let mut owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
@@ -337,6 +304,33 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
         out.insert(e.name.clone(), a);
     }
     out
+}
+
+/// Every node's own addresses, the first node in name order naming it.
+fn node_addresses(nodes: &[NodeInfo]) -> BTreeMap<IpAddr, &str> {
+    let mut node_of: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    let mut by_name: Vec<&NodeInfo> = nodes.iter().collect();
+    by_name.sort_by(|a, b| a.name.cmp(&b.name));
+    for n in &by_name {
+        for ip in n
+            .addresses
+            .iter()
+            .copied()
+            .chain(n.host_cidrs.iter().map(IpNet::addr))
+        {
+            node_of.entry(ip).or_insert(n.name.as_str());
+        }
+    }
+    node_of
+}
+
+/// EgressIPs by creation time (those without one last), then name.
+fn oldest_first(eips: &[EgressIpInfo]) -> Vec<&EgressIpInfo> {
+    let mut order: Vec<&EgressIpInfo> = eips.iter().collect();
+    order.sort_by(|a, b| {
+        (a.created.is_none(), &a.created, &a.name).cmp(&(b.created.is_none(), &b.created, &b.name))
+    });
+    order
 }
 
 /// IPs a node hosts so far, per family.

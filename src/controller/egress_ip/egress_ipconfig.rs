@@ -10,8 +10,6 @@ use std::net::IpAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
-use super::assign::subnet_fits;
-
 pub const ANNOTATION: &str = "cloud.network.openshift.io/egress-ipconfig";
 
 /// How many egress IPs the node's NIC can take; `None` = no limit of that kind.
@@ -73,6 +71,23 @@ struct RawCapacity {
     ipv4: Option<u32>,
     ipv6: Option<u32>,
     ip: Option<u32>,
+}
+
+/// `net` contains `ip` and `ip` is not its network or (IPv4) broadcast address (the node
+/// side refuses those too; /31, /32, /127 and /128 have no such addresses).
+pub fn subnet_fits(net: &IpNet, ip: IpAddr) -> bool {
+    if !net.contains(&ip) {
+        return false;
+    }
+    let max = match net {
+        IpNet::V4(_) => 32,
+        IpNet::V6(_) => 128,
+    };
+    if net.prefix_len() + 1 >= max {
+        return true;
+    }
+    let broadcast = matches!(net, IpNet::V4(_)) && ip == net.broadcast();
+    ip != net.network() && !broadcast
 }
 
 /// Parses the annotation's value. Errors name the field (`[0].ifaddr.ipv4`, ...).

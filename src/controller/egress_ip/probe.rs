@@ -60,6 +60,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::probe_auth::{self, PAYLOAD_LEN, ProbeKey, Stamp};
+use crate::net::announce::inet_checksum;
 
 pub use crate::config::probes::{DEFAULT_INTERVAL, DEFAULT_MISSES, RISES, Settings};
 
@@ -555,17 +556,6 @@ fn echo(
         p[2..4].copy_from_slice(&sum.to_be_bytes());
     }
     p
-}
-
-fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// An echo reply with identifier `ident`: IPv4 raw packets start with the IP header, IPv6

@@ -16,7 +16,7 @@
 //! so is a window opened while the previous one never closed. Another listener on the host
 //! (`nft monitor`, a second agent) makes the kernel build the notifications anyway.
 
-use super::NFNLGRP_NFTABLES;
+use super::wire::{NFNL_SUBSYS_NFTABLES, NFNLGRP_NFTABLES};
 use crate::nft::nftnl::socket::set_membership;
 use nix::sys::socket::{MsgFlags, NetlinkAddr, sendto};
 use std::io;
@@ -41,7 +41,7 @@ const NLM_F_REQUEST: u16 = 1;
 pub(super) fn request_gen(fd: &OwnedFd, seq: u32) -> io::Result<()> {
     let mut msg = Vec::with_capacity(20);
     msg.extend_from_slice(&20u32.to_ne_bytes());
-    msg.extend_from_slice(&((super::NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+    msg.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
     msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
     msg.extend_from_slice(&seq.to_ne_bytes());
     msg.extend_from_slice(&0u32.to_ne_bytes());

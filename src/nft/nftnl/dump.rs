@@ -9,10 +9,7 @@
 use super::expr::Expr;
 use crate::nft::engine::NftError;
 use crate::nft::ir::Family;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
-    setsockopt, socket, sockopt,
-};
+use nix::sys::socket::{MsgFlags, recv, send, setsockopt, sockopt};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -412,24 +409,7 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
                 dreg: d.be32(1)?,
             },
         },
-        "payload" => match d.be32(5) {
-            Some(sreg) => Expr::PayloadSet {
-                base: d.be32(2)?,
-                offset: d.be32(3)?,
-                len: d.be32(4)?,
-                sreg,
-                csum: match d.be32(6).unwrap_or(0) {
-                    0 => None,
-                    kind => Some((kind, d.be32(7).unwrap_or(0))),
-                },
-            },
-            None => Expr::Payload {
-                base: d.be32(2)?,
-                offset: d.be32(3)?,
-                len: d.be32(4)?,
-                dreg: d.be32(1)?,
-            },
-        },
+        "payload" => parse_payload(&d)?,
         "ct" if d.get(3).is_none() && d.get(4).is_none() => Expr::Ct {
             key: d.be32(2)?,
             dreg: d.be32(1)?,
@@ -476,22 +456,7 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
             sreg: d.be32(4)?,
             set_id: None,
         },
-        "immediate" => {
-            let dreg = d.be32(1)?;
-            let data = d.get(2)?.nested();
-            if dreg == super::expr::NFT_REG_VERDICT {
-                let v = data.get(2)?.nested();
-                Expr::Verdict {
-                    code: v.be32(1)? as i32,
-                    chain: v.get(2).map(|c| c.string()),
-                }
-            } else {
-                Expr::Immediate {
-                    dreg,
-                    data: data.get(1)?.data.to_vec(),
-                }
-            }
-        }
+        "immediate" => parse_immediate(&d)?,
         "counter" => Expr::Counter,
         "log" => Expr::Log {
             prefix: d.get(2).map(|p| p.string()).unwrap_or_default(),
@@ -521,6 +486,46 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
     })
 }
 
+/// A payload load, or a payload write (`NFTA_PAYLOAD_SREG`) with its checksum update.
+fn parse_payload(d: &Attrs) -> Option<Expr> {
+    Some(match d.be32(5) {
+        Some(sreg) => Expr::PayloadSet {
+            base: d.be32(2)?,
+            offset: d.be32(3)?,
+            len: d.be32(4)?,
+            sreg,
+            csum: match d.be32(6).unwrap_or(0) {
+                0 => None,
+                kind => Some((kind, d.be32(7).unwrap_or(0))),
+            },
+        },
+        None => Expr::Payload {
+            base: d.be32(2)?,
+            offset: d.be32(3)?,
+            len: d.be32(4)?,
+            dreg: d.be32(1)?,
+        },
+    })
+}
+
+/// An immediate: a verdict (to `NFT_REG_VERDICT`, maybe with a chain) or data to a register.
+fn parse_immediate(d: &Attrs) -> Option<Expr> {
+    let dreg = d.be32(1)?;
+    let data = d.get(2)?.nested();
+    if dreg == super::expr::NFT_REG_VERDICT {
+        let v = data.get(2)?.nested();
+        Some(Expr::Verdict {
+            code: v.be32(1)? as i32,
+            chain: v.get(2).map(|c| c.string()),
+        })
+    } else {
+        Some(Expr::Immediate {
+            dreg,
+            data: data.get(1)?.data.to_vec(),
+        })
+    }
+}
+
 /// A NETLINK_NETFILTER socket for dumps (separate from the batch socket: a dump's replies
 /// must not mix with a batch's acks).
 struct DumpSocket {
@@ -532,14 +537,7 @@ struct DumpSocket {
 
 impl DumpSocket {
     fn open(family: Family) -> Result<DumpSocket, NftError> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(std::io::Error::from)?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(std::io::Error::from)?;
+        let fd = super::socket::netfilter_socket(0)?;
         // Large dumps come in many datagrams; room for a burst of them.
         super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
         let timeout = nix::sys::time::TimeVal::new(10, 0);

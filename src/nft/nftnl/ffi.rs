@@ -174,25 +174,7 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
             .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
             .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len),
-        Expr::PayloadSet {
-            base,
-            offset,
-            len,
-            sreg,
-            csum,
-        } => {
-            let e = ExprObj::new(c"payload")
-                .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
-                .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
-                .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
-                .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
-            match csum {
-                Some((kind, off)) => e
-                    .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, *kind)
-                    .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
-                None => e,
-            }
-        }
+        Expr::PayloadSet { .. } => payload_set(e),
         Expr::Ct { key, dreg } => ExprObj::new(c"ct")
             .u32(sys::NFTNL_EXPR_CT_KEY, *key)
             .u32(sys::NFTNL_EXPR_CT_DREG, *dreg),
@@ -213,52 +195,14 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
             .u32(sys::NFTNL_EXPR_CMP_OP, *op)
             .data(sys::NFTNL_EXPR_CMP_DATA, data),
-        Expr::Bitwise {
-            reg,
-            mask,
-            xor,
-            with_op,
-        } => {
-            let e = ExprObj::new(c"bitwise")
-                .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
-                .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
-                .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
-                .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
-                .data(sys::NFTNL_EXPR_BITWISE_XOR, xor);
-            // NFT_BITWISE_BOOL (0), written explicitly only where nft writes it.
-            if *with_op {
-                e.u32(sys::NFTNL_EXPR_BITWISE_OP, 0)
-            } else {
-                e
-            }
-        }
+        Expr::Bitwise { .. } => bitwise(e),
         Expr::Hton { reg, len } => ExprObj::new(c"byteorder")
             .u32(sys::NFTNL_EXPR_BYTEORDER_SREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_DREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_OP, NFT_BYTEORDER_HTON)
             .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
             .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
-        Expr::Lookup {
-            sreg,
-            dreg,
-            set,
-            set_id,
-            invert,
-        } => {
-            let mut e = ExprObj::new(c"lookup")
-                .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
-                .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
-            if let Some(d) = dreg {
-                e = e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, *d);
-            }
-            if let Some(id) = set_id {
-                e = e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, *id);
-            }
-            if *invert {
-                e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
-            }
-            e
-        }
+        Expr::Lookup { .. } => lookup(e),
         Expr::DynsetUpdate { sreg, set, set_id } => {
             let e = ExprObj::new(c"dynset")
                 .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
@@ -283,25 +227,7 @@ fn build_expr(e: &Expr) -> ExprObj {
         }
         Expr::Counter => ExprObj::new(c"counter"),
         Expr::Log { prefix } => ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix),
-        Expr::Nat {
-            kind,
-            family,
-            reg_addr,
-            reg_proto,
-            flags,
-        } => {
-            let mut e = ExprObj::new(c"nat")
-                .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
-                .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
-                .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
-            if let Some(r) = reg_proto {
-                e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r);
-            }
-            if *flags != 0 {
-                e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
-            }
-            e
-        }
+        Expr::Nat { .. } => nat(e),
         Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
         Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),
         Expr::Tproxy { family, reg_port } => ExprObj::new(c"tproxy")
@@ -311,6 +237,107 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_REJECT_TYPE, *kind)
             .u8(sys::NFTNL_EXPR_REJECT_CODE, *code),
     }
+}
+
+// The expressions with optional attributes, each from its own variant (`build_expr` matches
+// every variant, so a new one is a compile error there).
+
+fn payload_set(e: &Expr) -> ExprObj {
+    let Expr::PayloadSet {
+        base,
+        offset,
+        len,
+        sreg,
+        csum,
+    } = e
+    else {
+        unreachable!("called for Expr::PayloadSet")
+    };
+    let e = ExprObj::new(c"payload")
+        .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
+        .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
+        .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
+        .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
+    match csum {
+        Some((kind, off)) => e
+            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, *kind)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
+        None => e,
+    }
+}
+
+fn bitwise(e: &Expr) -> ExprObj {
+    let Expr::Bitwise {
+        reg,
+        mask,
+        xor,
+        with_op,
+    } = e
+    else {
+        unreachable!("called for Expr::Bitwise")
+    };
+    let e = ExprObj::new(c"bitwise")
+        .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
+        .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
+        .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
+        .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
+        .data(sys::NFTNL_EXPR_BITWISE_XOR, xor);
+    // NFT_BITWISE_BOOL (0), written explicitly only where nft writes it.
+    if *with_op {
+        e.u32(sys::NFTNL_EXPR_BITWISE_OP, 0)
+    } else {
+        e
+    }
+}
+
+fn lookup(e: &Expr) -> ExprObj {
+    let Expr::Lookup {
+        sreg,
+        dreg,
+        set,
+        set_id,
+        invert,
+    } = e
+    else {
+        unreachable!("called for Expr::Lookup")
+    };
+    let mut e = ExprObj::new(c"lookup")
+        .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
+        .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
+    if let Some(d) = dreg {
+        e = e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, *d);
+    }
+    if let Some(id) = set_id {
+        e = e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, *id);
+    }
+    if *invert {
+        e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
+    }
+    e
+}
+
+fn nat(e: &Expr) -> ExprObj {
+    let Expr::Nat {
+        kind,
+        family,
+        reg_addr,
+        reg_proto,
+        flags,
+    } = e
+    else {
+        unreachable!("called for Expr::Nat")
+    };
+    let mut e = ExprObj::new(c"nat")
+        .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
+        .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
+        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
+    if let Some(r) = reg_proto {
+        e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r);
+    }
+    if *flags != 0 {
+        e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
+    }
+    e
 }
 
 type SetStr<T> = unsafe extern "C" fn(*mut T, u16, *const c_char) -> c_int;

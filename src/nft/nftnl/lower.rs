@@ -7,9 +7,9 @@ use super::rule::{KnownSet, lower_rule};
 use super::set::{SetSpec, named_set_spec};
 use super::types::encode_err;
 use super::udata;
-use crate::nft::diff::{Op, Transaction};
 use crate::nft::engine::NftError;
 use crate::nft::ir::*;
+use crate::nft::transaction::{Op, Transaction};
 use std::collections::BTreeMap;
 
 /// A base chain's hook attributes in kernel numbers.

@@ -9,6 +9,7 @@
 //!   straight into the element-list attributes nft sends;
 //! - `lower`: the transaction -> a list of messages, each tagged with its op;
 //! - `ffi`: the messages -> libnftnl objects -> an `nftnl::Batch` (all the `unsafe`);
+//! - `malloc`: glibc's malloc controls for `crate::heap` (FFI, so here with the rest);
 //! - `socket`, `reply`: one `sendmsg`, then every ack and error read back and mapped to the
 //!   op (and element or expression) that caused it.
 
@@ -17,6 +18,7 @@ mod elems;
 mod expr;
 mod ffi;
 mod lower;
+pub mod malloc;
 mod readback;
 pub(crate) mod reply;
 mod rule;
@@ -25,11 +27,11 @@ pub(crate) mod socket;
 mod types;
 mod udata;
 
-use crate::nft::diff::{Op, Transaction};
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};
 use crate::nft::ir::Set;
 use crate::nft::monitor::{QUIET_MIN_OPS, Quiet};
 use crate::nft::render;
+use crate::nft::transaction::{Op, Transaction};
 use lower::{Msg, MsgBody};
 use reply::KernelError;
 use rule::KnownSet;

@@ -131,27 +131,10 @@ pub fn errno_text(errno: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
-        v.extend_from_slice(&kind.to_ne_bytes());
-        v.extend_from_slice(payload);
-        while v.len() % 4 != 0 {
-            v.push(0);
-        }
-        v
-    }
+    use crate::testing::netlink::attr;
 
     fn nlmsg(kind: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&((16 + payload.len()) as u32).to_ne_bytes());
-        v.extend_from_slice(&kind.to_ne_bytes());
-        v.extend_from_slice(&flags.to_ne_bytes());
-        v.extend_from_slice(&seq.to_ne_bytes());
-        v.extend_from_slice(&0u32.to_ne_bytes());
-        v.extend_from_slice(payload);
-        v
+        crate::testing::netlink::nlmsg(kind, flags, seq, 0, payload)
     }
 
     #[test]

@@ -18,6 +18,19 @@ const SOL_NETLINK: libc::c_int = 270;
 const NETLINK_CAP_ACK: libc::c_int = 10;
 const NETLINK_EXT_ACK: libc::c_int = 11;
 
+/// A NETLINK_NETFILTER socket bound to a port id of the kernel's choosing, joined to the
+/// multicast `groups` (a bit mask, bit `group - 1`; 0 for none).
+pub(crate) fn netfilter_socket(groups: u32) -> io::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+    Ok(fd)
+}
+
 /// Which socket buffer [`set_buffer`] sizes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Buffer {
@@ -90,13 +103,7 @@ impl NlSocket {
     /// The `*BUFFORCE` options bypass `net.core.[rw]mem_max` (CAP_NET_ADMIN, which nft
     /// needs anyway).
     pub fn open(send_bytes: usize, recv_bytes: usize) -> io::Result<NlSocket> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        let fd = netfilter_socket(0)?;
         // The kernel doubles the value and refuses a message larger than the buffer.
         let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
         set_buffer(&fd, Buffer::Send, clamp(send_bytes))?;

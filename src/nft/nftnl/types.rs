@@ -2,18 +2,11 @@
 //! orders, how a field is loaded and how nft describes it in set userdata. Pure data, so
 //! everything here is unit-testable without a kernel.
 
+pub use super::udata::ByteOrder;
 use super::udata::Udata;
 use crate::nft::engine::NftError;
 use crate::nft::ir::{AddrType, CtDir, DataType, Field, IpFamily, Value};
 use crate::nft::render::sanitize_text;
-
-/// nft's `enum byteorder`, as stored in set userdata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ByteOrder {
-    Invalid = 0,
-    Host = 1,
-    Big = 2,
-}
 
 /// A datatype as nft declares it: `type <name>` in a set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,6 @@
 //! libnftnl userdata TLVs (`struct nftnl_udata`: u8 type, u8 length, value), built in Rust
 //! so the exact bytes nft writes for sets, rules and elements are testable without FFI.
 
-use super::types::ByteOrder;
-
 /// Set userdata types (`enum nftnl_udata_set_types`).
 pub const SET_KEYBYTEORDER: u8 = 0;
 pub const SET_DATABYTEORDER: u8 = 1;
@@ -17,6 +15,14 @@ const SET_ELEM_COMMENT: u8 = 0;
 /// Element userdata: `NFTNL_UDATA_SET_ELEM_FLAGS` with `NFTNL_SET_ELEM_F_INTERVAL_OPEN`.
 const SET_ELEM_FLAGS: u8 = 1;
 const SET_ELEM_F_INTERVAL_OPEN: u32 = 1;
+
+/// nft's `enum byteorder`, as stored in set userdata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteOrder {
+    Invalid = 0,
+    Host = 1,
+    Big = 2,
+}
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Udata {

@@ -4,6 +4,7 @@ use crate::nft::diff::{Op, diff};
 use crate::nft::render::{render_table, rule_text};
 use crate::plan::{Desired, Memory, plan_with_dns};
 use crate::snapshot::SnapshotBuilder;
+use crate::testing::listing::set_elements as elements;
 use crate::testing::objects;
 
 const NODE: &str = "worker-1";
@@ -52,21 +53,6 @@ fn answers(ips: &[&str]) -> DnsAnswers {
 
 fn run(b: SnapshotBuilder, memory: &Memory, dns: &DnsAnswers) -> Desired {
     plan_with_dns(&b.build(), &Config::for_node(NODE), memory, dns)
-}
-
-fn elements(table: &Table, set: &str) -> Vec<String> {
-    let mut one = table.sets[set].clone();
-    one.name = "x".into();
-    let mut t = Table::new("t");
-    t.add_set(one);
-    let text = render_table(&t);
-    let lines = text.lines().map(str::trim).map(|l| l.trim_end_matches(','));
-    lines
-        .skip_while(|l| !l.starts_with("elements"))
-        .skip(1)
-        .take_while(|l| *l != "}")
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]

@@ -148,6 +148,9 @@ fn ipv6_on_the_link() -> Rule {
 pub struct Binding {
     pub part: Part,
     pub problems: Vec<String>,
+    /// Bound ports, each to keep the flows its pod opens in sets of its own
+    /// (`bridge::add_port`, added by the caller).
+    pub flow_ports: Vec<String>,
 }
 
 fn is_link_local(addr: &IpAddr) -> bool {
@@ -274,9 +277,7 @@ pub fn bind(
             _ => None,
         })
         .collect();
-    for port in ports {
-        super::bridge::add_port(part, port);
-    }
+    binding.flow_ports = ports.into_iter().map(String::from).collect();
     part.shrink_to_fit();
     binding
 }

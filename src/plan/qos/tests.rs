@@ -4,6 +4,7 @@ use crate::nft::diff::{Op, diff};
 use crate::nft::render::rule_text;
 use crate::plan::{Desired, Memory, plan_with};
 use crate::snapshot::ObjectKey;
+use crate::testing::listing::set_elements as elements;
 use crate::testing::objects;
 
 const NODE: &str = "worker-1";
@@ -66,21 +67,6 @@ fn run(builder: crate::snapshot::SnapshotBuilder, memory: &Memory) -> Desired {
 
 fn rules(table: &Table, chain: &str) -> Vec<String> {
     table.chains[chain].rules.iter().map(rule_text).collect()
-}
-
-fn elements(table: &Table, set: &str) -> Vec<String> {
-    let mut one = table.sets[set].clone();
-    one.name = "x".into();
-    let mut t = Table::new("t");
-    t.add_set(one);
-    let text = crate::nft::render::render_table(&t);
-    let lines = text.lines().map(str::trim).map(|l| l.trim_end_matches(','));
-    lines
-        .skip_while(|l| !l.starts_with("elements"))
-        .skip(1)
-        .take_while(|l| *l != "}")
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]

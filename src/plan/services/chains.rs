@@ -50,7 +50,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         balancer(part, &n, &n.local, m, &pb.local, fam, p);
         n.local.clone()
     });
-    let (dispatch, noep) = (names::dispatch(fam), names::no_endpoints(fam));
+    let dispatch = names::dispatch(fam);
 
     // Cluster traffic: clusterIPs.
     let cluster_target = if m.internal_local {
@@ -99,23 +99,67 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         return;
     }
     let Some(all) = lb_all.as_deref() else {
-        // No endpoint: rejected by the filter check.
-        for ip in &externals {
-            part.add_mapping(
-                noep,
-                frontend_key(*ip, p),
-                ElemData::Verdict(Verdict::Goto(names::REJECT.into())),
-            );
-        }
-        if let Some(np) = node_port {
-            part.add_mapping(
-                names::NOEP_NODEPORTS,
-                nodeport_key(fam, p.proto, np),
-                ElemData::Verdict(Verdict::Goto(names::REJECT.into())),
-            );
-        }
+        reject_externals(part, fam, p, &externals);
         return;
     };
+    external_chain(part, &n, m, fam, cluster_target, lb_local.as_deref(), all);
+    let ext = Verdict::Goto(n.external.clone());
+    for ip in m.external_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
+        part.add_mapping(
+            dispatch,
+            frontend_key(*ip, p),
+            ElemData::Verdict(ext.clone()),
+        );
+    }
+    let lb_target = lb_source_filter(part, &n, m, fam, &ext);
+    for ip in m.lb_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
+        if !m.external_ips.contains(ip) {
+            part.add_mapping(
+                dispatch,
+                frontend_key(*ip, p),
+                ElemData::Verdict(lb_target.clone()),
+            );
+        }
+    }
+    if let Some(np) = node_port {
+        part.add_mapping(
+            names::NODEPORTS,
+            nodeport_key(fam, p.proto, np),
+            ElemData::Verdict(ext),
+        );
+    }
+}
+
+/// No endpoint: the external frontends and the NodePort are rejected by the filter check.
+fn reject_externals(part: &mut Part, fam: IpFamily, p: &Port, externals: &[IpAddr]) {
+    let noep = names::no_endpoints(fam);
+    for ip in externals {
+        part.add_mapping(
+            noep,
+            frontend_key(*ip, p),
+            ElemData::Verdict(Verdict::Goto(names::REJECT.into())),
+        );
+    }
+    if let Some(np) = p.node_port {
+        part.add_mapping(
+            names::NOEP_NODEPORTS,
+            nodeport_key(fam, p.proto, np),
+            ElemData::Verdict(Verdict::Goto(names::REJECT.into())),
+        );
+    }
+}
+
+/// The external chain: with externalTrafficPolicy Local, pods and the node follow the
+/// internal policy and others reach only local endpoints; else masquerade and go to `all`.
+fn external_chain(
+    part: &mut Part,
+    n: &names::PortNames,
+    m: &Model,
+    fam: IpFamily,
+    cluster_target: Option<&str>,
+    lb_local: Option<&str>,
+    all: &str,
+) {
     let mut x = Chain::regular(&n.external);
     if m.external_local {
         // Pods and the node itself follow the internal policy (every endpoint, or this
@@ -131,7 +175,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
         x.push(Rule::new(vec![host.clone(), jump(names::MARK_MASQ)]));
         x.push(Rule::new(vec![host, internal]));
-        match lb_local.as_deref() {
+        match lb_local {
             Some(local) => x.push(Rule::new(vec![goto(local)])),
             None => x.push(Rule::new(vec![Stmt::Verdict(Verdict::Drop)])),
         };
@@ -140,21 +184,24 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         x.push(Rule::new(vec![goto(all)]));
     }
     part.add_chain(x);
-    let ext = Verdict::Goto(n.external.clone());
-    for ip in m.external_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
-        part.add_mapping(
-            dispatch,
-            frontend_key(*ip, p),
-            ElemData::Verdict(ext.clone()),
-        );
-    }
+}
+
+/// Where a LoadBalancer IP goes: straight to the external chain, or with
+/// loadBalancerSourceRanges through a source filter that drops other sources.
+fn lb_source_filter(
+    part: &mut Part,
+    n: &names::PortNames,
+    m: &Model,
+    fam: IpFamily,
+    ext: &Verdict,
+) -> Verdict {
     let ranges: Vec<ElemKey> = m
         .lb_source_ranges
         .iter()
         .filter(|r| IpFamily::of(r.addr()) == fam)
         .map(|r| vec![KeyPart::Prefix(*r)])
         .collect();
-    let lb_target = if m.lb_source_ranges.is_empty() {
+    if m.lb_source_ranges.is_empty() {
         ext.clone()
     } else {
         // loadBalancerSourceRanges: other sources are dropped (for the LB IPs only).
@@ -171,22 +218,6 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         f.push(Rule::new(vec![Stmt::Verdict(Verdict::Drop)]));
         part.add_chain(f);
         Verdict::Goto(n.source_filter.clone())
-    };
-    for ip in m.lb_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
-        if !m.external_ips.contains(ip) {
-            part.add_mapping(
-                dispatch,
-                frontend_key(*ip, p),
-                ElemData::Verdict(lb_target.clone()),
-            );
-        }
-    }
-    if let Some(np) = node_port {
-        part.add_mapping(
-            names::NODEPORTS,
-            nodeport_key(fam, p.proto, np),
-            ElemData::Verdict(ext),
-        );
     }
 }
 

@@ -5,8 +5,8 @@
 //! number of backends changes, and then only the dispatch elements' target does.
 
 use super::model::{Backend, Model, PortBackends};
-use super::names;
-use super::pools::{Frontend, Pool, PoolKind};
+use super::names::{self, Frontend};
+use super::pools::{Pool, PoolKind};
 use crate::nft::ir::*;
 use std::collections::BTreeSet;
 use std::net::IpAddr;

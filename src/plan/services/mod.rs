@@ -237,25 +237,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
             snapshot.services().keys().cloned().collect()
         }
     };
-    if *memo.node_ips != node_ips {
-        // An address that became or stopped being a node's: its services are re-planned.
-        let (old, new) = (&*memo.node_ips, &node_ips);
-        let flipped = old
-            .iter()
-            .filter(|(ip, n)| new.get(ip) != Some(n))
-            .chain(new.iter().filter(|(ip, n)| old.get(ip) != Some(n)))
-            .map(|(ip, _)| *ip);
-        for ip in flipped {
-            let users = memo.node_refused.get(&ip).into_iter().flatten();
-            changed.extend(users.cloned());
-            let cluster = memo.claims.get(&Claim::Cluster(ip)).into_iter();
-            let external = externals_on(&memo.claims, ip).map(|(_, r)| r);
-            for ranks in cluster.chain(external) {
-                changed.extend(ranks.iter().map(|r| r.key.clone()));
-            }
-        }
-        memo.node_ips = Arc::new(node_ips);
-    }
+    memo.update_node_ips(node_ips, &mut changed);
     let rules = AddressRules {
         node_ips: &memo.node_ips.clone(),
         node_primary: &settings.node_primary,
@@ -286,51 +268,12 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         if let Some(old) = memo.entries.remove(&pk) {
             let keep: BTreeSet<_> = new.iter().flat_map(|e| e.udp.iter()).collect();
             stale_udp.extend(old.udp.iter().filter(|b| !keep.contains(b)).copied());
-            if let Some((port, _)) = old.health {
-                memo.health.remove(&port);
-            }
-            memo.release(&old);
-            for (c, _) in &old.claims {
-                note(&memo.claims, &mut before, c);
-                if let Some(ranks) = memo.claims.get_mut(c) {
-                    if let Ok(i) = ranks.binary_search(&old.rank) {
-                        ranks.remove(i);
-                    }
-                    if ranks.is_empty() {
-                        memo.claims.remove(c);
-                    }
-                }
-            }
-            for ip in &old.node_refused {
-                if let Some(keys) = memo.node_refused.get_mut(ip) {
-                    keys.remove(key);
-                    if keys.is_empty() {
-                        memo.node_refused.remove(ip);
-                    }
-                }
-            }
+            memo.forget(key, &old, &mut before);
         }
         memo.errors.remove(&pk);
         memo.parts.remove(&pk);
         let Some(e) = new else { continue };
-        for (c, _) in &e.claims {
-            note(&memo.claims, &mut before, c);
-            let ranks = memo.claims.entry(c.clone()).or_default();
-            if let Err(i) = ranks.binary_search(&e.rank) {
-                ranks.insert(i, e.rank.clone());
-            }
-        }
-        for ip in &e.node_refused {
-            memo.node_refused
-                .entry(*ip)
-                .or_default()
-                .insert(key.clone());
-        }
-        if let Some(h) = e.health {
-            memo.health.insert(h.0, (key.to_string(), h.1));
-        }
-        memo.acquire(&e);
-        memo.entries.insert(pk, Arc::new(e));
+        memo.remember(key, e, &mut before);
         settle.insert(key.clone());
     }
     // Whoever asks for a frontend whose owner changed is settled again (it may have won or
@@ -346,40 +289,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
         settle.extend(askers.into_iter().flatten().map(|r| r.key.clone()));
     }
     for key in &settle {
-        let pk = part_key(key);
-        let Some(e) = memo.entries.get(&pk) else {
-            continue;
-        };
-        let (part, error) = settle_claims(&memo.claims, e);
-        let same = error == e.error
-            && match (&part, &e.part) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (None, None) => true,
-                _ => false,
-            };
-        if !same {
-            let mut e = (**e).clone();
-            e.part = part;
-            e.error = error;
-            memo.entries.insert(pk.clone(), Arc::new(e));
-        }
-        let e = &memo.entries[&pk];
-        match &e.part {
-            Some(part) => memo.parts.insert(pk.clone(), part.clone()),
-            None => memo.parts.remove(&pk),
-        };
-        match &e.error {
-            Some(err) => memo.errors.insert(
-                pk.clone(),
-                ObjectStatus {
-                    kind: Kind::Service,
-                    key: key.clone(),
-                    result: Err(err.clone()),
-                    event: None,
-                },
-            ),
-            None => memo.errors.remove(&pk),
-        };
+        memo.settle(key);
     }
     memo.snapshot = Some(snapshot.clone());
     memo.settings = Some(settings);
@@ -404,6 +314,123 @@ fn node_ips(snapshot: &Snapshot) -> BTreeMap<IpAddr, String> {
 }
 
 impl Memo {
+    /// Takes this snapshot's node addresses; the services that asked for an address that
+    /// became or stopped being a node's (refused, or claiming it) are re-planned.
+    fn update_node_ips(
+        &mut self,
+        node_ips: BTreeMap<IpAddr, String>,
+        changed: &mut BTreeSet<ObjectKey>,
+    ) {
+        if *self.node_ips == node_ips {
+            return;
+        }
+        let (old, new) = (&*self.node_ips, &node_ips);
+        let flipped = old
+            .iter()
+            .filter(|(ip, n)| new.get(ip) != Some(n))
+            .chain(new.iter().filter(|(ip, n)| old.get(ip) != Some(n)))
+            .map(|(ip, _)| *ip);
+        for ip in flipped {
+            let users = self.node_refused.get(&ip).into_iter().flatten();
+            changed.extend(users.cloned());
+            let cluster = self.claims.get(&Claim::Cluster(ip)).into_iter();
+            let external = externals_on(&self.claims, ip).map(|(_, r)| r);
+            for ranks in cluster.chain(external) {
+                changed.extend(ranks.iter().map(|r| r.key.clone()));
+            }
+        }
+        self.node_ips = Arc::new(node_ips);
+    }
+
+    /// Drops what the old plan of `key` held: its health-check port, pool users, claims
+    /// (their owners before noted in `before`) and refused node addresses.
+    fn forget(&mut self, key: &ObjectKey, old: &Entry, before: &mut BTreeMap<Claim, Option<Rank>>) {
+        if let Some((port, _)) = old.health {
+            self.health.remove(&port);
+        }
+        self.release(old);
+        for (c, _) in &old.claims {
+            note(&self.claims, before, c);
+            if let Some(ranks) = self.claims.get_mut(c) {
+                if let Ok(i) = ranks.binary_search(&old.rank) {
+                    ranks.remove(i);
+                }
+                if ranks.is_empty() {
+                    self.claims.remove(c);
+                }
+            }
+        }
+        for ip in &old.node_refused {
+            if let Some(keys) = self.node_refused.get_mut(ip) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.node_refused.remove(ip);
+                }
+            }
+        }
+    }
+
+    /// Records the new plan of `key`: its claims (their owners before noted in `before`),
+    /// refused node addresses, health-check port and pool users.
+    fn remember(&mut self, key: &ObjectKey, e: Entry, before: &mut BTreeMap<Claim, Option<Rank>>) {
+        for (c, _) in &e.claims {
+            note(&self.claims, before, c);
+            let ranks = self.claims.entry(c.clone()).or_default();
+            if let Err(i) = ranks.binary_search(&e.rank) {
+                ranks.insert(i, e.rank.clone());
+            }
+        }
+        for ip in &e.node_refused {
+            self.node_refused
+                .entry(*ip)
+                .or_default()
+                .insert(key.clone());
+        }
+        if let Some(h) = e.health {
+            self.health.insert(h.0, (key.to_string(), h.1));
+        }
+        self.acquire(&e);
+        self.entries.insert(part_key(key), Arc::new(e));
+    }
+
+    /// Settles `key`'s claims against the current owners: its part (or none) and error.
+    fn settle(&mut self, key: &ObjectKey) {
+        let pk = part_key(key);
+        let Some(e) = self.entries.get(&pk) else {
+            return;
+        };
+        let (part, error) = settle_claims(&self.claims, e);
+        let same = error == e.error
+            && match (&part, &e.part) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+        if !same {
+            let mut e = (**e).clone();
+            e.part = part;
+            e.error = error;
+            self.entries.insert(pk.clone(), Arc::new(e));
+        }
+        let e = &self.entries[&pk];
+        match &e.part {
+            Some(part) => self.parts.insert(pk.clone(), part.clone()),
+            None => self.parts.remove(&pk),
+        };
+        match &e.error {
+            Some(err) => self.errors.insert(
+                pk.clone(),
+                ObjectStatus {
+                    kind: Kind::Service,
+                    key: key.clone(),
+                    result: Err(err.clone()),
+                    event: None,
+                },
+            ),
+            None => self.errors.remove(&pk),
+        };
+    }
+
     /// Counts `e`'s use of the shared pool chains and hairpin elements.
     fn acquire(&mut self, e: &Entry) {
         for pool in &e.pools {
@@ -475,6 +502,69 @@ fn changed_services(prev: &Snapshot, cur: &Snapshot) -> BTreeSet<ObjectKey> {
     out
 }
 
+impl Entry {
+    /// A service planned to nothing yet (a service that is not proxied stays so).
+    fn empty(rank: Rank) -> Entry {
+        Entry {
+            part: None,
+            want: None,
+            rank,
+            claims: Vec::new(),
+            refused: Vec::new(),
+            node_refused: Vec::new(),
+            udp: Vec::new(),
+            udp_frontends: Vec::new(),
+            health: None,
+            error: None,
+            pools: BTreeSet::new(),
+            hairpin: BTreeSet::new(),
+        }
+    }
+}
+
+/// The frontends a service asks for (ClusterIPs, external and LB address ports, NodePorts),
+/// each with the field that names it, once each.
+fn claims_of(model: &model::Model) -> Vec<(Claim, String)> {
+    let mut claims = Vec::new();
+    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
+    for ip in &model.cluster_ips {
+        claims.push((Claim::Cluster(*ip), field(ip)));
+    }
+    for ip in model.external_ips.iter().chain(&model.lb_ips) {
+        for p in &model.ports {
+            claims.push((Claim::External(*ip, p.proto, p.port), field(ip)));
+        }
+    }
+    for (i, p) in model.ports.iter().enumerate() {
+        if let Some(np) = p.node_port {
+            let c = Claim::NodePort(p.proto, np);
+            claims.push((c, format!("spec.ports[{i}].nodePort")));
+        }
+    }
+    claims.sort();
+    claims.dedup_by(|a, b| a.0 == b.0);
+    claims
+}
+
+/// The UDP frontends of the `served` ports (port, NodePort) that have endpoints.
+fn udp_frontends(model: &model::Model, served: BTreeSet<(u16, Option<u16>)>) -> Vec<UdpFrontend> {
+    let mut out = Vec::new();
+    let addrs = || {
+        model
+            .cluster_ips
+            .iter()
+            .chain(&model.external_ips)
+            .chain(&model.lb_ips)
+    };
+    for (port, node_port) in served {
+        out.extend(addrs().map(|ip| UdpFrontend::Addr(*ip, port)));
+        out.extend(node_port.map(UdpFrontend::NodePort));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn plan_service(
     snapshot: &Snapshot,
     config: &Config,
@@ -494,20 +584,7 @@ fn plan_service(
     } else {
         None
     };
-    let mut entry = Entry {
-        part: None,
-        want: None,
-        rank: Rank::of(key, svc),
-        claims: Vec::new(),
-        refused: Vec::new(),
-        node_refused: Vec::new(),
-        udp: Vec::new(),
-        udp_frontends: Vec::new(),
-        health: None,
-        error: None,
-        pools: BTreeSet::new(),
-        hairpin: BTreeSet::new(),
-    };
+    let mut entry = Entry::empty(Rank::of(key, svc));
     let model = match model::parse(svc, rules) {
         Ok(Some(m)) => m,
         Ok(None) => return entry,
@@ -518,25 +595,7 @@ fn plan_service(
     };
     entry.refused = model.refused.clone();
     entry.node_refused = model.node_refused.clone();
-    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
-    for ip in &model.cluster_ips {
-        entry.claims.push((Claim::Cluster(*ip), field(ip)));
-    }
-    for ip in model.external_ips.iter().chain(&model.lb_ips) {
-        for p in &model.ports {
-            entry
-                .claims
-                .push((Claim::External(*ip, p.proto, p.port), field(ip)));
-        }
-    }
-    for (i, p) in model.ports.iter().enumerate() {
-        if let Some(np) = p.node_port {
-            let c = Claim::NodePort(p.proto, np);
-            entry.claims.push((c, format!("spec.ports[{i}].nodePort")));
-        }
-    }
-    entry.claims.sort();
-    entry.claims.dedup_by(|a, b| a.0 == b.0);
+    entry.claims = claims_of(&model);
     let sources = if slices.is_empty() {
         Sources::Endpoints(endpoints.as_deref())
     } else {
@@ -569,23 +628,7 @@ fn plan_service(
     }
     entry.udp.sort();
     entry.udp.dedup();
-    let addrs = || {
-        model
-            .cluster_ips
-            .iter()
-            .chain(&model.external_ips)
-            .chain(&model.lb_ips)
-    };
-    for (port, node_port) in served {
-        entry
-            .udp_frontends
-            .extend(addrs().map(|ip| UdpFrontend::Addr(*ip, port)));
-        entry
-            .udp_frontends
-            .extend(node_port.map(UdpFrontend::NodePort));
-    }
-    entry.udp_frontends.sort();
-    entry.udp_frontends.dedup();
+    entry.udp_frontends = udp_frontends(&model, served);
     entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
     let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
         chains::service_part(&key.to_string(), &model, &ports)
@@ -601,6 +644,17 @@ fn plan_service(
 
 /// The fixed chains and maps every service shares, and the jumps from the base chains.
 fn static_objects(t: &mut Table) {
+    static_sets(t);
+    dispatch_chain(t);
+    masquerade_chains(t);
+    check_chains(t);
+    new_connection_checks(t);
+    nat_jumps(t);
+}
+
+/// The dispatch and no-endpoint verdict maps, ClusterIP and hairpin sets, per family, and the
+/// NodePort maps.
+fn static_sets(t: &mut Table) {
     let verdict_map = |name: &str, key: Vec<DataType>| Set::new(name, key, SetKind::VerdictMap);
     for fam in [IpFamily::V4, IpFamily::V6] {
         let addr = match fam {
@@ -624,7 +678,10 @@ fn static_objects(t: &mut Table) {
     ];
     t.add_set(verdict_map(names::NODEPORTS, nodeport.clone()));
     t.add_set(verdict_map(names::NOEP_NODEPORTS, nodeport.clone()));
+}
 
+/// `svc-dispatch`: the frontend lookups (addresses, then NodePorts but not on loopback).
+fn dispatch_chain(t: &mut Table) {
     let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
 
     let mut d = Chain::regular(names::DISPATCH);
@@ -655,7 +712,11 @@ fn static_objects(t: &mut Table) {
     }
     t.add_chain(d);
     nodeports::add_sets(t);
+}
 
+/// The masquerade mark, the masquerade chain (marked and hairpin packets) and the pools'
+/// backend maps.
+fn masquerade_chains(t: &mut Table) {
     let mut mark = Chain::regular(names::MARK_MASQ);
     mark.push(Rule::new(vec![Stmt::MarkOr(names::MASQ_BIT)]));
     t.add_chain(mark);
@@ -682,6 +743,12 @@ fn static_objects(t: &mut Table) {
     for set in pools::backend_maps() {
         t.add_set(set);
     }
+}
+
+/// `svc-reject` and `svc-check`: new connections to a frontend without endpoints are
+/// rejected, to an unknown service address dropped.
+fn check_chains(t: &mut Table) {
+    let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
 
     let mut reject = Chain::regular(names::REJECT);
     reject.push(Rule::new(vec![
@@ -718,6 +785,10 @@ fn static_objects(t: &mut Table) {
         ]));
     }
     t.add_chain(check);
+}
+
+/// The filter base chains that send new connections through `svc-check`.
+fn new_connection_checks(t: &mut Table) {
     let new_conn = Stmt::Match(Match {
         key: vec![Field::CtState],
         op: MatchOp::AnyFlag(ct_state::NEW),
@@ -743,6 +814,10 @@ fn static_objects(t: &mut Table) {
         ]));
         t.add_chain(c);
     }
+}
+
+/// The jumps from the nat base chains to dispatch and masquerade.
+fn nat_jumps(t: &mut Table) {
     for (base, target) in [
         (base_chains::NAT_PREROUTING, names::DISPATCH),
         (base_chains::NAT_OUTPUT, names::DISPATCH),

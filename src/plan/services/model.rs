@@ -2,6 +2,7 @@
 //! frontends (addresses and ports), policies, and the usable backends of each port.
 
 use super::topology::{self, Hint, Hints};
+use crate::api::service::ServiceSpec;
 use crate::api::{EndpointSlice, Endpoints, Service};
 use crate::nft::ir::{IpFamily, proto};
 use ipnet::IpNet;
@@ -231,41 +232,8 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
     }
     let from_node = node_may_use_lb_ips(&lb_source_ranges, &lb_ips, rules.node_primary);
     lb_source_ranges.extend(from_node);
-    let mut ports = Vec::new();
-    for (i, p) in spec.ports.iter().flatten().enumerate() {
-        let field = format!("spec.ports[{i}]");
-        ports.push(Port {
-            name: p.name.clone().unwrap_or_default(),
-            proto: protocol(p.protocol.as_deref()).map_err(|e| format!("{field}.protocol: {e}"))?,
-            port: port_number(p.port).map_err(|e| format!("{field}.port: {e}"))?,
-            node_port: p
-                .node_port
-                .filter(|n| *n != 0)
-                .map(port_number)
-                .transpose()
-                .map_err(|e| format!("{field}.nodePort: {e}"))?,
-        });
-    }
-    let affinity = match spec.session_affinity.as_deref() {
-        Some("ClientIP") => {
-            let secs = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            Some(match secs {
-                None => DEFAULT_AFFINITY_SECS,
-                Some(s) if (1..=86400).contains(&s) => s as u32,
-                Some(s) => {
-                    return Err(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {s} is not in 1..=86400"
-                    ));
-                }
-            })
-        }
-        None | Some("None") => None,
-        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
-    };
+    let ports = parse_ports(spec)?;
+    let affinity = parse_affinity(spec)?;
     let local = |v: &Option<String>| v.as_deref() == Some("Local");
     let external_local = local(&spec.external_traffic_policy);
     Ok(Some(Model {
@@ -287,6 +255,50 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
         refused: addrs.refused,
         node_refused: addrs.node_refused,
     }))
+}
+
+/// `spec.ports`: protocol, port and NodePort of each, errors naming the field.
+fn parse_ports(spec: &ServiceSpec) -> Result<Vec<Port>, String> {
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        ports.push(Port {
+            name: p.name.clone().unwrap_or_default(),
+            proto: protocol(p.protocol.as_deref()).map_err(|e| format!("{field}.protocol: {e}"))?,
+            port: port_number(p.port).map_err(|e| format!("{field}.port: {e}"))?,
+            node_port: p
+                .node_port
+                .filter(|n| *n != 0)
+                .map(port_number)
+                .transpose()
+                .map_err(|e| format!("{field}.nodePort: {e}"))?,
+        });
+    }
+    Ok(ports)
+}
+
+/// The session affinity timeout (ClientIP), or `None`.
+fn parse_affinity(spec: &ServiceSpec) -> Result<Option<u32>, String> {
+    Ok(match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let secs = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            Some(match secs {
+                None => DEFAULT_AFFINITY_SECS,
+                Some(s) if (1..=86400).contains(&s) => s as u32,
+                Some(s) => {
+                    return Err(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {s} is not in 1..=86400"
+                    ));
+                }
+            })
+        }
+        None | Some("None") => None,
+        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -469,100 +481,10 @@ pub fn backends(
     node: &str,
     zone: Option<&str>,
 ) -> Chosen {
-    let mut cands = Vec::new();
-    match sources {
-        Sources::Slices(slices) => {
-            for s in slices.iter() {
-                let want = match fam {
-                    IpFamily::V4 => "IPv4",
-                    IpFamily::V6 => "IPv6",
-                };
-                if s.address_type != want {
-                    continue;
-                }
-                let Some(target) = s
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
-                    .and_then(|p| p.port)
-                    .and_then(|p| port_number(p).ok())
-                else {
-                    continue;
-                };
-                for e in &s.endpoints {
-                    let c = e.conditions.as_ref();
-                    let ready = c.and_then(|c| c.ready).unwrap_or(true);
-                    let serving = c.and_then(|c| c.serving).unwrap_or(ready);
-                    let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-                    let local = e.node_name.as_deref() == Some(node);
-                    let hints = e.hints.as_ref();
-                    let hints = Hints {
-                        node: Hint::of(
-                            hints
-                                .iter()
-                                .flat_map(|h| &h.for_nodes)
-                                .map(|n| n.name.as_str()),
-                            Some(node),
-                        ),
-                        zone: Hint::of(
-                            hints
-                                .iter()
-                                .flat_map(|h| &h.for_zones)
-                                .map(|z| z.name.as_str()),
-                            zone,
-                        ),
-                    };
-                    if let Some(Ok(ip)) = e.addresses.first().map(|a| a.parse::<IpAddr>())
-                        && IpFamily::of(ip) == fam
-                    {
-                        cands.push(Candidate {
-                            backend: Backend {
-                                ip,
-                                port: target,
-                                local,
-                            },
-                            ready,
-                            serving_terminating: serving && terminating,
-                            hints,
-                        });
-                    }
-                }
-            }
-        }
-        Sources::Endpoints(eps) => {
-            for subset in eps.iter().flat_map(|e| e.subsets.iter().flatten()) {
-                let Some(target) = subset
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
-                    .and_then(|p| port_number(p.port).ok())
-                else {
-                    continue;
-                };
-                for a in subset.addresses.iter().flatten() {
-                    if let Ok(ip) = a.ip.parse::<IpAddr>()
-                        && IpFamily::of(ip) == fam
-                    {
-                        cands.push(Candidate {
-                            backend: Backend {
-                                ip,
-                                port: target,
-                                local: a.node_name.as_deref() == Some(node),
-                            },
-                            ready: true,
-                            serving_terminating: false,
-                            hints: Hints {
-                                node: Hint::None,
-                                zone: Hint::None,
-                            },
-                        });
-                    }
-                }
-            }
-        }
-    }
+    let cands = match sources {
+        Sources::Slices(slices) => slice_candidates(slices, port, fam, node, zone),
+        Sources::Endpoints(eps) => endpoints_candidates(*eps, port, fam, node),
+    };
     let mode = topology::mode(cands.iter().filter(|c| c.ready).map(|c| c.hints));
     let choose = |only_local: bool| {
         let pool = || cands.iter().filter(move |c| !only_local || c.backend.local);
@@ -594,4 +516,115 @@ pub fn backends(
         local: choose(true),
         local_ready,
     }
+}
+
+/// The candidates of `port` in `fam` from EndpointSlices, with their conditions and hints.
+fn slice_candidates(
+    slices: &[Arc<EndpointSlice>],
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+    zone: Option<&str>,
+) -> Vec<Candidate> {
+    let mut cands = Vec::new();
+    for s in slices.iter() {
+        let want = match fam {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        };
+        if s.address_type != want {
+            continue;
+        }
+        let Some(target) = s
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
+            .and_then(|p| p.port)
+            .and_then(|p| port_number(p).ok())
+        else {
+            continue;
+        };
+        for e in &s.endpoints {
+            let c = e.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let local = e.node_name.as_deref() == Some(node);
+            let hints = e.hints.as_ref();
+            let hints = Hints {
+                node: Hint::of(
+                    hints
+                        .iter()
+                        .flat_map(|h| &h.for_nodes)
+                        .map(|n| n.name.as_str()),
+                    Some(node),
+                ),
+                zone: Hint::of(
+                    hints
+                        .iter()
+                        .flat_map(|h| &h.for_zones)
+                        .map(|z| z.name.as_str()),
+                    zone,
+                ),
+            };
+            if let Some(Ok(ip)) = e.addresses.first().map(|a| a.parse::<IpAddr>())
+                && IpFamily::of(ip) == fam
+            {
+                cands.push(Candidate {
+                    backend: Backend {
+                        ip,
+                        port: target,
+                        local,
+                    },
+                    ready,
+                    serving_terminating: serving && terminating,
+                    hints,
+                });
+            }
+        }
+    }
+    cands
+}
+
+/// The candidates of `port` in `fam` from an Endpoints object (the fallback without
+/// slices): all ready, no hints.
+fn endpoints_candidates(
+    eps: Option<&Endpoints>,
+    port: &Port,
+    fam: IpFamily,
+    node: &str,
+) -> Vec<Candidate> {
+    let mut cands = Vec::new();
+    for subset in eps.iter().flat_map(|e| e.subsets.iter().flatten()) {
+        let Some(target) = subset
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| names_port(port, p.name.as_deref(), p.protocol.as_deref()))
+            .and_then(|p| port_number(p.port).ok())
+        else {
+            continue;
+        };
+        for a in subset.addresses.iter().flatten() {
+            if let Ok(ip) = a.ip.parse::<IpAddr>()
+                && IpFamily::of(ip) == fam
+            {
+                cands.push(Candidate {
+                    backend: Backend {
+                        ip,
+                        port: target,
+                        local: a.node_name.as_deref() == Some(node),
+                    },
+                    ready: true,
+                    serving_terminating: false,
+                    hints: Hints {
+                        node: Hint::None,
+                        zone: Hint::None,
+                    },
+                });
+            }
+        }
+    }
+    cands
 }

@@ -3,9 +3,16 @@
 //! touches only the chains whose content changes.
 
 use super::model::{Backend, Port};
-use super::pools::Frontend;
 use crate::nft::ir::{IpFamily, proto};
 use crate::nft::names::object_name;
+
+/// How a packet names its service: by destination address (ClusterIP, externalIP, LB IP)
+/// or, for NodePorts, by protocol and port alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Frontend {
+    Addr,
+    NodePort,
+}
 
 /// Jumped to from `nat-prerouting` and `nat-output`: the dispatch lookups.
 pub const DISPATCH: &str = "svc-dispatch";

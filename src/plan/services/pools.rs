@@ -4,17 +4,9 @@
 //! backends are map elements, never rules: an endpoint change is an element update, and
 //! nf_tables has no chain graph to re-validate.
 
-use super::names;
+use super::names::{self, Frontend};
 use crate::nft::ir::*;
 use crate::plan::base::sets as base_sets;
-
-/// How a packet names its service: by destination address (ClusterIP, externalIP, LB IP)
-/// or, for NodePorts, by protocol and port alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Frontend {
-    Addr,
-    NodePort,
-}
 
 /// What a pool does before load balancing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -5,7 +5,7 @@
 use hyper::{Method, Response, StatusCode};
 use serde_json::Value;
 
-use super::http::{Body, Shared, full, status};
+use super::shared::{Body, Shared, full, status};
 use super::store::{Resource, key_of};
 
 /// Handles a write to `leases`; the caller has recorded it.

@@ -17,6 +17,7 @@
 //! ```
 mod http;
 mod lease;
+mod shared;
 mod stall;
 mod store;
 
@@ -33,7 +34,7 @@ use tokio::task::JoinSet;
 pub use store::{Recorded, Resource};
 
 pub struct FakeApi {
-    shared: Arc<http::Shared>,
+    shared: Arc<shared::Shared>,
     runtime: tokio::runtime::Runtime,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
     addr: SocketAddr,
@@ -49,7 +50,7 @@ impl FakeApi {
             .expect("fake API runtime");
         let addr = listener.local_addr().expect("local addr");
         let api = FakeApi {
-            shared: Arc::new(http::Shared::new()),
+            shared: Arc::new(shared::Shared::new()),
             runtime,
             server: Mutex::new(None),
             addr,
@@ -268,7 +269,7 @@ mod tests {
 /// The fake's objects, shared with a helper thread.
 #[derive(Clone)]
 pub struct Objects {
-    shared: Arc<http::Shared>,
+    shared: Arc<shared::Shared>,
 }
 
 impl Objects {

@@ -450,4 +450,25 @@ impl Ns {
         let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         Ok((code, body.to_string()))
     }
+
+    /// Waits up to `within` until `GET path` on `addr` answers `code` with a body containing
+    /// `needle`; returns that body.
+    #[track_caller]
+    pub fn wait_http(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        code: u16,
+        needle: &str,
+        within: Duration,
+    ) -> String {
+        super::eventually(within, || {
+            match self.http_get(addr, path, Duration::from_secs(5)) {
+                Ok((c, body)) if c == code && body.contains(needle) => Ok(body),
+                other => Err(format!(
+                    "GET {path}: want {code} with {needle:?}, got {other:?}"
+                )),
+            }
+        })
+    }
 }
