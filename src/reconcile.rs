@@ -50,8 +50,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
     pub fn new(config: Config, nft: N, net: B) -> Self {
         Reconciler {
             config,
-            engine: Engine::new(nft)
-                .with_chunks(CREATE_CHUNK_OPS, crate::plan::services::names::is_bulk_map),
+            engine: Engine::new(nft).with_chunks(CREATE_CHUNK_OPS, crate::plan::is_bulk_map),
             bridge: Engine::new(N::default()),
             bridge_absent: false,
             net,
@@ -73,8 +72,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         self
     }
 
-    /// Runs the features' kernel side effects after each commit (the services' stale UDP
-    /// conntrack entries).
+    /// Runs the features' kernel side effects after each commit ([`plan::Output::after_commit`]).
     pub fn with_kernel_effects(mut self) -> Self {
         self.kernel_effects = true;
         self

@@ -86,6 +86,13 @@ pub trait Feature {
     ) {
     }
 
+    /// Maps of this feature whose elements may reach the kernel after a new table's first
+    /// commit (`Transaction::create_chunked`): only maps where a missing element filters
+    /// nothing (a service not load-balanced yet).
+    fn is_bulk_map(_name: &str) -> bool {
+        false
+    }
+
     /// DNS names the next plan needs answers for (resolved outside the planner).
     fn dns_names(_inputs: &Inputs, _memory: &Self::Memory) -> BTreeSet<String> {
         BTreeSet::new()

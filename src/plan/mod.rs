@@ -60,6 +60,12 @@ macro_rules! features {
             }
         }
 
+        /// Whether a feature lets map `name` be filled in chunks on a cold start
+        /// ([`Feature::is_bulk_map`]).
+        pub fn is_bulk_map(name: &str) -> bool {
+            false $(|| <$feature as Feature>::is_bulk_map(name))*
+        }
+
         /// The names of the registered features, in planning order.
         pub const FEATURES: &[&str] = &[$(<$feature as Feature>::NAME),*];
 

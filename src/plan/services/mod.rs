@@ -195,6 +195,10 @@ impl Feature for Services {
     type Memory = Memo;
     type Output = ServicesOutput;
 
+    fn is_bulk_map(name: &str) -> bool {
+        names::is_bulk_map(name)
+    }
+
     fn plan(inputs: &Inputs, memo: &Memo, out: &mut Planned, output: &mut ServicesOutput) -> Memo {
         let outcome = plan(inputs.snapshot, inputs.config, memo, &mut out.ruleset);
         out.statuses.extend(outcome.statuses);
