@@ -12,7 +12,7 @@ use crate::admin::AdminState;
 use crate::config::Config;
 use crate::features::{Features, Switch};
 use crate::observe::ReconcileError;
-use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::source::kube::SourceHealth;
 use crate::task::Runtime;
 
 pub async fn run(config: Config) -> Result<(), ReconcileError> {
@@ -41,23 +41,11 @@ async fn start(
 ) -> Result<bool, ReconcileError> {
     crate::listener::raise_nofile_limit();
     add_admin_servers(config, admin, tasks).await?;
-    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
-    let client = kube_source::client(
-        config.kubeconfig.as_deref(),
-        config.api_server.as_ref(),
-        liveness,
-    )
-    .await?;
     let kinds = Features::only(&[Switch::EgressIp]).kinds();
-    let source = kube_source::start(client.clone(), health, liveness, &kinds, tasks);
+    let (client, source) = kube::connect(config, health, &kinds, tasks).await?;
     // An assigner must not act on a partial view of the cluster.
-    info!("waiting for the initial list of every kind");
-    let mut listed = source.snapshots.clone();
-    tokio::select! {
-        synced = listed.wait_for(Option::is_some) => {
-            synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
-        }
-        _ = wait_for_signal() => return Ok(false),
+    if !kube::listed(&source.snapshots).await? {
+        return Ok(false);
     }
     // The probes carry the key, so that the nodes' fences accept them.
     let probe_key = config

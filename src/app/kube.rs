@@ -29,15 +29,7 @@ pub async fn start(
     observers: &mut Vec<Box<dyn SyncObserver>>,
     tasks: &mut Runtime,
 ) -> Result<Option<Published>, ReconcileError> {
-    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
-    let client = kube_source::client(
-        config.kubeconfig.as_deref(),
-        config.api_server.as_ref(),
-        liveness,
-    )
-    .await?;
-    let kinds = config.features.kinds();
-    let source = kube_source::start(client.clone(), health, liveness, &kinds, tasks);
+    let (client, source) = connect(config, health, &config.features.kinds(), tasks).await?;
     let egress_ip_on = config.features.on(Switch::EgressIp);
     // Every agent publishes its own node's egress-capable subnets for nodeplane's assigner;
     // where another controller assigns (`--egress-ip-assigner=false`, e.g. OVN-Kubernetes,
@@ -77,13 +69,8 @@ pub async fn start(
         Ok(())
     }));
     // Never program a partial view: the first sync waits for every initial list.
-    info!("waiting for the initial list of every kind");
-    let mut listed = source.snapshots.clone();
-    tokio::select! {
-        synced = listed.wait_for(Option::is_some) => {
-            synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
-        }
-        _ = wait_for_signal() => return Ok(None),
+    if !listed(&source.snapshots).await? {
+        return Ok(None);
     }
     // Candidates only once every kind is listed: an assigner must not act on a partial view
     // of the cluster.
@@ -114,6 +101,38 @@ pub(super) fn probe_key(
     warn!("EgressIP {message}");
     admin.environment_warning("egress-ip probe key", &message);
     None
+}
+
+/// The API client and the Kubernetes source of `kinds`, its tasks added to `tasks`.
+pub(super) async fn connect(
+    config: &Config,
+    health: SourceHealth,
+    kinds: &[crate::snapshot::Kind],
+    tasks: &mut Runtime,
+) -> Result<(kube::Client, kube_source::KubeSource), ReconcileError> {
+    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
+    let client = kube_source::client(
+        config.kubeconfig.as_deref(),
+        config.api_server.as_ref(),
+        liveness,
+    )
+    .await?;
+    let source = kube_source::start(client.clone(), health, liveness, kinds, tasks);
+    Ok((client, source))
+}
+
+/// Waits for the first complete snapshot (every kind listed); false when a signal came
+/// first.
+pub(super) async fn listed(snapshots: &Published) -> Result<bool, ReconcileError> {
+    info!("waiting for the initial list of every kind");
+    let mut listed = snapshots.clone();
+    tokio::select! {
+        synced = listed.wait_for(Option::is_some) => {
+            synced.map_err(|e| ReconcileError::Runtime(e.to_string()))?;
+            Ok(true)
+        }
+        _ = wait_for_signal() => Ok(false),
+    }
 }
 
 fn add_host_cidrs_publisher(

@@ -8,9 +8,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use nodeplane::testing::lab::{Ns, eventually, with_open_files};
-use nodeplane::testing::objects::{Ep, endpoint_slice, ep, service_ips};
+use nodeplane::testing::objects::{Ep, ep};
 
-use crate::services::{NODE, OTHER, TCP_PORTS, health, http_get, topo};
+use crate::services::{NODE, OTHER, expect_health, health, http_get, topo, write_local_lb};
 
 const IDLE_CONNECTIONS: usize = 10_000;
 
@@ -51,26 +51,9 @@ fn allow_many_open_files() {
 fn idle_connections_from_a_pod_exhaust_no_listener_and_no_descriptor() {
     allow_many_open_files();
     let t = topo();
-    let write = |eps: &[Ep]| {
-        let docs = [
-            service_ips(
-                "local",
-                &["172.30.0.50"],
-                "{name: http, port: 80, protocol: TCP, nodePort: 30095}",
-            )
-            .spec("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32095")
-            .to_string(),
-            endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
-        ];
-        t.agent.write("services.yaml", &docs.join("---\n"));
-    };
+    let write = |eps: &[Ep]| write_local_lb(&t, eps);
     let expect = |code: u16, local: u64| {
-        eventually(Duration::from_secs(10), || {
-            match health(&t.ext, "192.168.1.1:32095") {
-                Ok((c, body)) if c == code && body["localEndpoints"] == local => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        expect_health(&t, code, local);
     };
     write(&[ep(&t.v4(&t.b1), NODE), ep(&t.v4(&t.b2), OTHER)]);
     // As systemd and containerd start it: soft 1,024, hard 524,288 (or what this host allows).

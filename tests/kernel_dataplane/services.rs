@@ -512,6 +512,32 @@ pub(crate) fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), St
     Ok((code, json))
 }
 
+/// A `LoadBalancer` service `default/local` with `externalTrafficPolicy: Local`, NodePort
+/// 30095 and health-check port 32095, and its slice with `eps`.
+pub(crate) fn write_local_lb(t: &Topo, eps: &[Ep]) {
+    let docs = [
+        service_ips(
+            "local",
+            &["172.30.0.50"],
+            "{name: http, port: 80, protocol: TCP, nodePort: 30095}",
+        )
+        .spec("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32095")
+        .to_string(),
+        endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
+    ];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+}
+
+/// Waits until the health-check port 32095 answers `code` with `local` endpoints; its body.
+pub(crate) fn expect_health(t: &Topo, code: u16, local: u64) -> serde_json::Value {
+    eventually(Duration::from_secs(10), || {
+        match health(&t.ext, "192.168.1.1:32095") {
+            Ok((c, body)) if c == code && body["localEndpoints"] == local => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
 /// The health-check port counts this node's *ready* endpoints: with only a terminating one
 /// left the node fails the check (load balancers drain it) while that endpoint still serves
 /// the connections that arrive (kube-proxy's TestHealthCheckNodePortWhenTerminating).
@@ -519,27 +545,8 @@ pub(crate) fn health(ns: &Ns, addr: &str) -> Result<(u16, serde_json::Value), St
 pub(crate) fn health_check_node_port_counts_ready_local_endpoints() {
     let t = topo();
     let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
-    let write = |eps: &[Ep]| {
-        let docs = [
-            service_ips(
-                "local",
-                &["172.30.0.50"],
-                "{name: http, port: 80, protocol: TCP, nodePort: 30095}",
-            )
-            .spec("type: LoadBalancer, externalTrafficPolicy: Local, healthCheckNodePort: 32095")
-            .to_string(),
-            endpoint_slice("local", "local", "IPv4", TCP_PORTS, eps).to_string(),
-        ];
-        t.agent.write("services.yaml", &docs.join("---\n"));
-    };
-    let expect = |code: u16, local: u64| {
-        eventually(Duration::from_secs(10), || {
-            match health(&t.ext, "192.168.1.1:32095") {
-                Ok((c, body)) if c == code && body["localEndpoints"] == local => Ok(body),
-                other => Err(format!("{other:?}")),
-            }
-        })
-    };
+    let write = |eps: &[Ep]| write_local_lb(&t, eps);
+    let expect = |code: u16, local: u64| expect_health(&t, code, local);
     write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
     let _agent = t.agent.spawn(&[]);
     let body = expect(200, 1);
