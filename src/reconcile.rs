@@ -226,10 +226,15 @@ pub fn load_snapshot(config: &Config) -> Result<Snapshot, ReconcileError> {
     Ok(report.snapshot)
 }
 
-/// How long `--once` and `--dry-run` wait for every kind's list.
-const LIST_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
+/// The API client of `config` (kubeconfig, `--api-server`, `--api-watch-timeout-seconds`) and
+/// the Kubernetes source of `kinds`, its tasks added to `tasks`: run mode, `agent assigner`
+/// and the one-shot modes connect alike.
+pub async fn connect_kube(
+    config: &Config,
+    health: SourceHealth,
+    kinds: &[crate::snapshot::Kind],
+    tasks: &mut crate::task::Runtime,
+) -> Result<(kube::Client, kube_source::KubeSource), ReconcileError> {
     let liveness = kube_source::Liveness::new(config.api_watch_timeout);
     let client = kube_source::client(
         config.kubeconfig.as_deref(),
@@ -237,10 +242,18 @@ async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
         liveness,
     )
     .await?;
+    let source = kube_source::start(client.clone(), health, liveness, kinds, tasks);
+    Ok((client, source))
+}
+
+/// How long `--once` and `--dry-run` wait for every kind's list.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
     let health = SourceHealth::default();
     let mut tasks = crate::task::Runtime::new(std::sync::Arc::new(crate::task::LogsOnly));
     let kinds = config.features.kinds();
-    let mut source = kube_source::start(client, health.clone(), liveness, &kinds, &mut tasks);
+    let (_, mut source) = connect_kube(config, health.clone(), &kinds, &mut tasks).await?;
     let synced = tokio::time::timeout(LIST_TIMEOUT, source.snapshots.wait_for(Option::is_some));
     let listed = synced.await;
     tasks.shutdown(Duration::from_secs(1)).await;

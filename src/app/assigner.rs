@@ -42,7 +42,7 @@ async fn start(
     crate::listener::raise_nofile_limit();
     add_admin_servers(config, admin, tasks).await?;
     let kinds = Features::only(&[Switch::EgressIp]).kinds();
-    let (client, source) = kube::connect(config, health, &kinds, tasks).await?;
+    let (client, source) = crate::reconcile::connect_kube(config, health, &kinds, tasks).await?;
     // An assigner must not act on a partial view of the cluster.
     if !kube::listed(&source.snapshots).await? {
         return Ok(false);

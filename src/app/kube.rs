@@ -15,7 +15,7 @@ use crate::features::Switch;
 use crate::net::fence::Fence;
 use crate::observe::{ReconcileError, SyncObserver};
 use crate::reconcile::run_loop::Event;
-use crate::source::kube::{self as kube_source, SourceHealth};
+use crate::source::kube::SourceHealth;
 use crate::task::{OnExit, Runtime, once, task};
 
 /// Starts the watches and the tasks that write to the API; returns the snapshots once every
@@ -29,7 +29,8 @@ pub async fn start(
     observers: &mut Vec<Box<dyn SyncObserver>>,
     tasks: &mut Runtime,
 ) -> Result<Option<Published>, ReconcileError> {
-    let (client, source) = connect(config, health, &config.features.kinds(), tasks).await?;
+    let (client, source) =
+        crate::reconcile::connect_kube(config, health, &config.features.kinds(), tasks).await?;
     let egress_ip_on = config.features.on(Switch::EgressIp);
     // Every agent publishes its own node's egress-capable subnets for nodeplane's assigner;
     // where another controller assigns (`--egress-ip-assigner=false`, e.g. OVN-Kubernetes,
@@ -101,24 +102,6 @@ pub(super) fn probe_key(
     warn!("EgressIP {message}");
     admin.environment_warning("egress-ip probe key", &message);
     None
-}
-
-/// The API client and the Kubernetes source of `kinds`, its tasks added to `tasks`.
-pub(super) async fn connect(
-    config: &Config,
-    health: SourceHealth,
-    kinds: &[crate::snapshot::Kind],
-    tasks: &mut Runtime,
-) -> Result<(kube::Client, kube_source::KubeSource), ReconcileError> {
-    let liveness = kube_source::Liveness::new(config.api_watch_timeout);
-    let client = kube_source::client(
-        config.kubeconfig.as_deref(),
-        config.api_server.as_ref(),
-        liveness,
-    )
-    .await?;
-    let source = kube_source::start(client.clone(), health, liveness, kinds, tasks);
-    Ok((client, source))
 }
 
 /// Waits for the first complete snapshot (every kind listed); false when a signal came
