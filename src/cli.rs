@@ -369,6 +369,19 @@ pub struct Opts {
     )]
     pub pod_source_check: Option<bool>,
 
+    /// Seconds after this node's first pod-network pod is seen within which the agent must
+    /// count a packet from the cluster CIDRs in its forward hook; if none comes, a warning in
+    /// the log and `/readyz` says that pod traffic does not cross this node's netfilter hooks
+    /// (e.g. OVN-Kubernetes keeps it in OVS), so nothing the agent programs applies to pods.
+    /// 0 turns the check off. Default: 300.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_POD_TRAFFIC_CHECK_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub pod_traffic_check_seconds: Option<u64>,
+
     /// Namespace of the election Lease. Default: the POD_NAMESPACE environment variable (the
     /// DaemonSet sets it from the downward API), then `nodeplane`.
     #[arg(

@@ -7,6 +7,7 @@
 pub mod assigner;
 mod kube;
 mod observers;
+mod pod_traffic;
 
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -134,6 +135,12 @@ async fn run_with(
     }));
     let health = HealthServer::new(tokio::runtime::Handle::current(), proxy_health);
     observers.push(Box::new(HealthCheckServer(health)));
+    if let Some((seen, check)) =
+        pod_traffic::parts(admin, &config.node_name, config.pod_traffic_check)
+    {
+        observers.push(Box::new(seen));
+        tasks.add(check);
+    }
     // The backends block on netlink: the loop runs on its own thread, off the async workers.
     let snapshots = Snapshots::Published(published);
     let stop = events.clone();

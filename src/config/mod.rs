@@ -32,6 +32,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
 /// dead: 25 s notices a silently stalled API connection within 30 s. Cost: one watch request
 /// per kind per ~22 s (jittered 20-25 s), about 0.45 requests/s per node for the ten kinds,
 /// each served from the API server's watch cache (no list, no etcd read).
+/// `--pod-traffic-check-seconds`: long enough for a new node's pods to send something.
+pub const DEFAULT_POD_TRAFFIC_CHECK: Duration = Duration::from_secs(300);
 pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
 /// The API server caps nothing, but a watch longer than this hides a stall for too long to be
 /// a setting anyone wants (client-go uses 5 to 10 minutes).
@@ -117,6 +119,9 @@ pub struct Config {
     pub egress_ip_assigner_candidate: bool,
     /// NetworkPolicy's reverse-path check on forwarded packets (`plan::netpol`).
     pub pod_source_check: bool,
+    /// How long pods may run before no pod packet in the forward hook is a warning
+    /// (`app::pod_traffic`); `None`: no check.
+    pub pod_traffic_check: Option<Duration>,
     /// Namespace of the election Lease.
     pub leader_elect_namespace: String,
     /// Lease duration, renew deadline and retry period of the election.
@@ -217,6 +222,7 @@ impl Config {
             egress_ip_assigner: true,
             egress_ip_assigner_candidate: true,
             pod_source_check: true,
+            pod_traffic_check: Some(DEFAULT_POD_TRAFFIC_CHECK),
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
@@ -361,6 +367,14 @@ impl Config {
                 .pod_source_check
                 .or(file.pod_source_check)
                 .unwrap_or(true),
+            pod_traffic_check: match opts
+                .pod_traffic_check_seconds
+                .or(file.pod_traffic_check_seconds)
+            {
+                Some(0) => None,
+                Some(s) => Some(Duration::from_secs(s)),
+                None => Some(DEFAULT_POD_TRAFFIC_CHECK),
+            },
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
@@ -559,6 +573,7 @@ struct FileConfig {
     egress_ip_assigner: Option<bool>,
     egress_ip_assigner_candidate: Option<bool>,
     pod_source_check: Option<bool>,
+    pod_traffic_check_seconds: Option<u64>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,
     leader_elect_renew_deadline: Option<DurationValue>,

@@ -22,6 +22,12 @@ pub mod chains {
     pub const FILTER_FORWARD: &str = "filter-forward";
 }
 
+/// The comment of the first rules of [`chains::FILTER_FORWARD`]: `counter`s of packets from
+/// the cluster CIDRs. The agent reads them to tell whether pod traffic crosses this node's
+/// netfilter hooks at all (it does not where the CNI keeps it elsewhere, e.g. in OVS), in
+/// which case nothing the agent programs applies to pods (see `controller::pod_traffic`).
+pub const POD_TRAFFIC_PROBE: &str = "pod-traffic-probe";
+
 /// Shared address sets (interval sets, one per family).
 pub mod sets {
     pub const CLUSTER_V4: &str = "cluster-cidrs-v4";
@@ -68,6 +74,19 @@ pub fn skeleton(config: &Config, node_ips: &[IpAddr]) -> Table {
     ];
     for (name, b) in base_chains {
         t.add_chain(Chain::base(name, b));
+    }
+    let forward = t
+        .chains
+        .get_mut(chains::FILTER_FORWARD)
+        .expect("just added");
+    for (saddr, cluster) in [
+        (Field::Ip4Saddr, sets::CLUSTER_V4),
+        (Field::Ip6Saddr, sets::CLUSTER_V6),
+    ] {
+        forward.push(
+            Rule::new(vec![Stmt::in_set(vec![saddr], cluster), Stmt::Counter])
+                .with_comment(POD_TRAFFIC_PROBE),
+        );
     }
     add_cidr_sets(
         &mut t,

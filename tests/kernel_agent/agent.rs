@@ -316,3 +316,46 @@ fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
         "{logs}"
     );
 }
+
+/// Pods whose traffic never crosses the node's forward hook (the CNI keeps it elsewhere, as
+/// OVN-Kubernetes keeps it in OVS) leave every feature without effect: once the node runs a
+/// pod, no packet counted within `--pod-traffic-check-seconds` is a `/readyz` warning and a
+/// log line; the first pod packet routed through the node clears it.
+#[test]
+fn pod_traffic_that_never_crosses_the_forward_hook_is_a_readyz_warning() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let pod = lab.add_pod(&node, "pod", &["10.128.0.5"]);
+    lab.add_uplink_host(&node, "ext");
+    let mut agent = node.spawn_agent(&args(EXAMPLES, &["--pod-traffic-check-seconds", "2"]));
+    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let wait = Duration::from_secs(20);
+    agent.wait_ready(admin, wait);
+    // The examples run pods on worker-1; none of their packets reached this node.
+    let warned = eventually(wait, || match node.http_get(admin, "/readyz", wait) {
+        Ok((200, body)) if body.contains("warning: pod traffic: no packet") => Ok(body),
+        other => Err(format!("{other:?}\n{}", agent.logs())),
+    });
+    assert!(
+        warned.starts_with("ready"),
+        "a warning, not unready: {warned}"
+    );
+    assert!(
+        agent
+            .logs()
+            .contains("pod traffic: no packet from the cluster CIDRs"),
+        "{}",
+        agent.logs()
+    );
+    // One echo from the pod, routed through the node (no EgressFirewall selects it).
+    assert!(pod.ns.ping("192.168.1.100"), "{}", agent.logs());
+    eventually(wait, || match node.http_get(admin, "/readyz", wait) {
+        Ok((200, body)) if !body.contains("pod traffic") => Ok(()),
+        other => Err(format!("{other:?}\n{}", agent.logs())),
+    });
+    let (_, logs) = agent.stop();
+    assert!(
+        logs.contains("pod traffic crosses this node's netfilter forward hook"),
+        "{logs}"
+    );
+}

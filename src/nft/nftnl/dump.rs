@@ -246,6 +246,49 @@ fn read_once(family: Family, name: &str) -> Result<Read, NftError> {
     })
 }
 
+/// The packets and bytes a rule's `counter` statements have counted, found by the rule's
+/// comment: what the kernel counts, which a read-back leaves out (see [`parse_expr`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counted {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// The counts of the rules of `table <family> <table> chain <chain>` whose comment is
+/// `comment` (summed over their `counter` statements); `Ok(None)` if the kernel has no such
+/// rule. One rule dump of one chain, so polling it costs what the chain holds, not the table.
+pub fn rule_counts(
+    family: Family,
+    table: &str,
+    chain: &str,
+    comment: &str,
+) -> Result<Option<Counted>, NftError> {
+    let sock = DumpSocket::open(family)?;
+    let want = super::udata::rule_comment(comment);
+    let attrs = [(1u16, cstr(table)), (2u16, cstr(chain))];
+    let mut found: Option<Counted> = None;
+    sock.dump(NFT_MSG_GETRULE, &attrs, |a| {
+        let ours = a.get(1).map(|x| x.string()).as_deref() == Some(table)
+            && a.get(2).map(|x| x.string()).as_deref() == Some(chain)
+            && a.get(7).is_some_and(|u| u.data == want.as_slice());
+        if !ours {
+            return;
+        }
+        let total = found.get_or_insert_with(Counted::default);
+        for e in a.get(4).map(|l| l.nested()).into_iter().flatten() {
+            let e = e.nested();
+            if e.get(1).map(|n| n.string()).as_deref() != Some("counter") {
+                continue;
+            }
+            let d = e.get(2).map(|d| d.nested()).unwrap_or(Attrs(&[]));
+            // NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS.
+            total.bytes += d.get(1).and_then(|b| b.be64()).unwrap_or(0);
+            total.packets += d.get(2).and_then(|p| p.be64()).unwrap_or(0);
+        }
+    })?;
+    Ok(found)
+}
+
 /// Waits before a set's elements are read again after a dump that returned one twice: the
 /// kernel's resize of a large hash table takes a few milliseconds to a few hundred.
 const REPEAT_WAITS_MS: [u64; 7] = [2, 5, 10, 20, 50, 100, 250];

@@ -27,6 +27,8 @@ pub(crate) mod socket;
 mod types;
 mod udata;
 
+pub use dump::{Counted, read_table, rule_counts};
+
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};
 use crate::nft::ir::Set;
 use crate::nft::monitor::{QUIET_MIN_OPS, Quiet};
