@@ -4,6 +4,7 @@
 //! (see docs/testing.md).
 
 mod dns;
+mod dns_attacks;
 mod egress_ip;
 mod failclosed;
 mod firewall;

@@ -283,10 +283,16 @@ pub fn send_spoofed_udp(
     dst: std::net::SocketAddrV4,
     payload: &[u8],
 ) -> std::io::Result<()> {
-    use nix::sys::socket::{
-        AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket,
-    };
-    use std::os::fd::AsRawFd;
+    let packet = spoofed_udp_packet(src, dst, payload);
+    ns.enter(move || send_raw(&raw_ipv4_socket()?, &packet, dst))
+}
+
+/// An IPv4 UDP datagram from `src` to `dst` with its own header, for [`send_raw`].
+pub fn spoofed_udp_packet(
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
     let udp_len = 8 + payload.len();
     let total = 20 + udp_len;
     let mut packet = Vec::with_capacity(total);
@@ -303,19 +309,34 @@ pub fn send_spoofed_udp(
     packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
     packet.extend_from_slice(&[0, 0]);
     packet.extend_from_slice(payload);
-    ns.enter(move || {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::Raw,
-        )?;
-        sendto(
-            fd.as_raw_fd(),
-            &packet,
-            &SockaddrIn::from(dst),
-            MsgFlags::empty(),
-        )?;
-        Ok(())
-    })
+    packet
+}
+
+/// A raw IPv4 socket that sends packets with their own header, in the calling thread's
+/// namespace (open it inside [`Ns::spawn`] to send many packets from a pod).
+pub fn raw_ipv4_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    Ok(socket(
+        AddressFamily::Inet,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::Raw,
+    )?)
+}
+
+/// Sends a packet built by [`spoofed_udp_packet`] on a [`raw_ipv4_socket`].
+pub fn send_raw(
+    fd: &std::os::fd::OwnedFd,
+    packet: &[u8],
+    dst: std::net::SocketAddrV4,
+) -> std::io::Result<()> {
+    use nix::sys::socket::{MsgFlags, SockaddrIn, sendto};
+    use std::os::fd::AsRawFd;
+    sendto(
+        fd.as_raw_fd(),
+        packet,
+        &SockaddrIn::from(dst),
+        MsgFlags::empty(),
+    )?;
+    Ok(())
 }
