@@ -8,7 +8,7 @@
 //! until the upstream timeout.
 
 use nodeplane::testing::lab::dns::{
-    DnsServer, Zone, lookup, raw_ipv4_socket, send_raw, spoofed_udp_packet,
+    DnsServer, Zone, a_answer, lookup, raw_ipv4_socket, send_raw, spoofed_udp_packet,
 };
 use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, eventually};
 use nodeplane::testing::objects;
@@ -234,5 +234,106 @@ fn a_pods_dns_is_limited_to_its_rate_in_the_kernel() {
         "{served} of {sent} queries reached the resolver in {elapsed:.2} s (rate {RATE}/s, burst {RATE})"
     );
     assert!(after.is_ok(), "a lookup after the burst: {after:?}");
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// The `NoPorts` counter of `/proc/net/snmp` in `ns`: UDP datagrams for a port nobody bound.
+fn udp_no_ports(ns: &Ns) -> u64 {
+    let snmp = ns.enter(|| std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp"));
+    let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
+    let (names, values) = (udp[0].split_whitespace(), udp[1].split_whitespace());
+    names
+        .zip(values)
+        .find(|(n, _)| *n == "NoPorts")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("Udp: NoPorts")
+}
+
+/// While the victim's lookups wait 200 ms for a slow resolver, the attacker sprays answers
+/// forged "from" that resolver (address and port 53) at the node, over its whole ephemeral
+/// port range with random IDs, carrying the right question and its own address. The proxy
+/// asks with a fresh random ID from a fresh port and accepts only that ID and question: the
+/// forged address is never learned and never reaches the victim.
+#[test]
+fn answers_forged_from_the_trusted_resolver_are_never_learned_nor_forwarded() {
+    let mut zone = zone_with("v.example.com", "198.18.13.1");
+    zone.udp_delay = Duration::from_millis(200);
+    let t = topo(zone);
+    let running = t.spawn(&[]);
+    let no_ports_before = udp_no_ports(&t.node);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (resolver4, node4): (SocketAddrV4, Ipv4Addr) =
+        (RESOLVER.parse().unwrap(), "192.168.1.1".parse().unwrap());
+    let forged: Ipv4Addr = "198.18.66.66".parse().unwrap();
+    let spray = t.attacker.ns.spawn({
+        let stop = stop.clone();
+        move || {
+            let fd = raw_ipv4_socket().expect("raw socket (CAP_NET_RAW)");
+            let mut sent = 0u64;
+            // The node's default ephemeral range, again and again, with IDs that differ each time.
+            'spray: loop {
+                for port in 32_768u16..61_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break 'spray;
+                    }
+                    let id = (port as u64 ^ (sent >> 3).wrapping_mul(40_503)) as u16;
+                    let answer = a_answer(id, "v.example.com", &[forged], 3600);
+                    let to = SocketAddrV4::new(node4, port);
+                    if send_raw(&fd, &spoofed_udp_packet(resolver4, to, &answer), to).is_ok() {
+                        sent += 1;
+                    }
+                }
+            }
+            sent
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut results = Vec::new();
+    while started.elapsed() < Duration::from_secs(3) {
+        results.push(lookup(&t.victim.ns, resolver(), "v.example.com", LOOKUP));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = spray.join().unwrap();
+    let no_ports = udp_no_ports(&t.node) - no_ports_before;
+    let learned = t
+        .node
+        .nft(&[
+            "list",
+            "set",
+            "inet",
+            "nodeplane",
+            &nodeplane::plan::firewall::Names::new("alpha")
+                .learned_set("*.example.com", nodeplane::nft::ir::IpFamily::V4),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (status, logs) = running.stop();
+    eprintln!(
+        "{sent} forged answers ({no_ports} to closed ports), {} lookups",
+        results.len()
+    );
+    assert!(
+        no_ports > 10_000,
+        "the forged answers did not reach the node ({no_ports} to closed ports of {sent})"
+    );
+    let got: Vec<_> = results
+        .iter()
+        .map(|r| r.as_ref().map(|l| l.addrs.clone()))
+        .collect();
+    assert!(
+        got.iter().all(|r| r
+            .as_ref()
+            .is_ok_and(|a| a == &["198.18.13.1".parse::<Ipv4Addr>().unwrap()])),
+        "the victim must get the resolver's answer every time: {got:?}"
+    );
+    assert!(
+        results.len() >= 5,
+        "too few lookups in 3 s: {}",
+        results.len()
+    );
+    assert!(
+        !learned.contains("198.18.66.66"),
+        "forged address learned:\n{learned}"
+    );
+    assert!(learned.contains("198.18.13.1"), "{learned}");
     assert!(status.success(), "{status}:\n{logs}");
 }

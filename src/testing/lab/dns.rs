@@ -24,6 +24,8 @@ pub struct Zone {
     pub rotating: BTreeMap<String, (Ipv4Addr, u32)>,
     /// UDP answers carry TC and no records: clients must retry over TCP.
     pub truncate_udp: bool,
+    /// How long the server waits before each UDP answer (a slow resolver; one at a time).
+    pub udp_delay: Duration,
 }
 
 /// The server; stops when dropped.
@@ -63,6 +65,10 @@ impl DnsServer {
                     continue;
                 };
                 if let Some(r) = respond(&buf[..n], &zone, &counter, true) {
+                    let delay = zone.lock().unwrap().udp_delay;
+                    if !delay.is_zero() {
+                        std::thread::sleep(delay);
+                    }
                     served.fetch_add(1, Ordering::Relaxed);
                     udp_sources.lock().unwrap().insert(peer.ip());
                     let _ = udp.send_to(&r, peer);
@@ -161,6 +167,20 @@ fn respond(query: &[u8], zone: &Mutex<Zone>, counter: &AtomicU64, udp: bool) -> 
         }
     }
     r.to_vec().ok()
+}
+
+/// An answer with ID `id` to an A query for `name` (no trailing dot) with `addrs`: what a
+/// server sends, or what a pod forges.
+pub fn a_answer(id: u16, name: &str, addrs: &[Ipv4Addr], ttl: u32) -> Vec<u8> {
+    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
+    let mut r = Message::response(id, OpCode::Query);
+    r.metadata.recursion_desired = true;
+    r.metadata.recursion_available = true;
+    r.add_query(Query::query(name.clone(), RecordType::A));
+    for a in addrs {
+        r.add_answer(Record::from_rdata(name.clone(), ttl, RData::A(A(*a))));
+    }
+    r.to_vec().expect("encodes")
 }
 
 fn read_framed(conn: &mut TcpStream) -> Option<Vec<u8>> {
