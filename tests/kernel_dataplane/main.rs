@@ -5,6 +5,7 @@
 
 mod dns;
 mod dns_attacks;
+mod dns_flood;
 mod egress_ip;
 mod failclosed;
 mod firewall;
