@@ -525,6 +525,19 @@ pub struct Opts {
         value_name = "COUNT"
     )]
     pub dns_max_addresses_per_namespace: Option<usize>,
+
+    /// Steered DNS packets (UDP queries and TCP connection openings to a trusted resolver)
+    /// each pod may send per second, counted per pod interface and source address; also
+    /// the burst. Beyond it they are dropped in the kernel, so that no pod, nor a pod forging
+    /// its neighbour's address, can flood the proxy or the resolvers. 0: no limit.
+    /// Default: 100.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_DNS_RATE_LIMIT",
+        value_name = "PER_SECOND"
+    )]
+    pub dns_rate_limit: Option<u32>,
     /// Where egress IPs live: `auto` (from the Nodes' `spec.providerID`: `aws://`,
     /// `azure://`, `gce://`, `openstack://`, anything else bare metal), `baremetal`, `aws`,
     /// `azure`, `gcp` or `openstack`. On a cloud the EgressIP assigner asks the cloud

@@ -153,6 +153,9 @@ pub struct DnsProxySettings {
     /// Learned addresses kept per queried name and per namespace (oldest evicted first).
     pub max_per_name: usize,
     pub max_per_namespace: usize,
+    /// Steered DNS packets (UDP queries, TCP connection openings) per second per pod
+    /// interface and source address, also the burst (`--dns-rate-limit`); 0: no limit.
+    pub rate_limit: u32,
 }
 
 pub const DEFAULT_DNS_PROXY_PORT: u16 = 15353;
@@ -162,6 +165,9 @@ pub const DEFAULT_DNS_MAX_TTL_SECS: u32 = 86_400;
 /// As Cilium's `tofqdns-endpoint-max-ip-per-hostname`.
 pub const DEFAULT_DNS_MAX_PER_NAME: usize = 50;
 pub const DEFAULT_DNS_MAX_PER_NAMESPACE: usize = 2000;
+/// Ten lookups at once of a pod with the usual `ndots:5` search list (up to ~10 queries
+/// each), ten a second after that; what it sends beyond is dropped in the kernel.
+pub const DEFAULT_DNS_RATE_LIMIT: u32 = 100;
 
 impl Default for DnsProxySettings {
     fn default() -> Self {
@@ -173,6 +179,7 @@ impl Default for DnsProxySettings {
             resolv_conf_nameservers: Vec::new(),
             max_per_name: DEFAULT_DNS_MAX_PER_NAME,
             max_per_namespace: DEFAULT_DNS_MAX_PER_NAMESPACE,
+            rate_limit: DEFAULT_DNS_RATE_LIMIT,
         }
     }
 }
@@ -405,6 +412,10 @@ impl Config {
                     .or(file.dns_max_addresses_per_namespace)
                     .unwrap_or(DEFAULT_DNS_MAX_PER_NAMESPACE)
                     .max(1),
+                rate_limit: opts
+                    .dns_rate_limit
+                    .or(file.dns_rate_limit)
+                    .unwrap_or(DEFAULT_DNS_RATE_LIMIT),
                 port: Some(
                     opts.dns_proxy_port
                         .or(file.dns_proxy_port)
@@ -587,6 +598,7 @@ struct FileConfig {
     dns_resolvers: Option<Vec<String>>,
     dns_max_addresses_per_name: Option<usize>,
     dns_max_addresses_per_namespace: Option<usize>,
+    dns_rate_limit: Option<u32>,
     platform: Option<String>,
 }
 

@@ -8,7 +8,7 @@
 use super::answer;
 use super::learn::Learner;
 use super::metrics::ProxyMetrics;
-use crate::listener::fair::{Gate, Ticket};
+use crate::listener::fair::{Gate, Share, Shares, Ticket};
 use crate::nft::engine::NftBackend;
 use crate::plan::firewall::learning::Learning;
 use std::collections::BTreeSet;
@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
+
+/// A namespace and an input interface (its index): the key of a per-interface sub-share.
+pub type InterfaceKey = (Arc<str>, u32);
 
 /// How often learned addresses with live conntrack flows are extended (half the default
 /// floor, so an element in use is extended before it expires).
@@ -108,6 +111,31 @@ impl Holder {
             self.metrics.error("overload");
         }
         ticket
+    }
+
+    /// [`Holder::admit`] for a query that came in on interface `ifindex`, which also takes
+    /// one of `per_interface` for (namespace, interface): a pod that forges its neighbour's
+    /// source address sends on its own interface, so it takes at most that sub-share of the
+    /// neighbour's namespace share, never all of it.
+    pub fn admit_on(
+        &self,
+        gate: &Gate,
+        per_interface: &Shares<InterfaceKey>,
+        ifindex: u32,
+        pod: IpAddr,
+        server: IpAddr,
+    ) -> Option<(Ticket, Share<InterfaceKey>)> {
+        let Some(tenant) = self.tenant(pod, server) else {
+            self.metrics.error("untrusted");
+            return None;
+        };
+        let admitted = per_interface
+            .try_acquire((tenant.clone(), ifindex))
+            .and_then(|share| Some((gate.admit(tenant)?, share)));
+        if admitted.is_none() {
+            self.metrics.error("overload");
+        }
+        admitted
     }
 
     /// Returns once what `bytes` (an answer to `pod` from `server`) teaches is in the

@@ -48,12 +48,15 @@ pub fn tasks(
     let holder = hold::Holder::start(learner, learning.clone(), metrics);
     // Each query in flight holds an upstream socket, each connection two: stay well under
     // the default 1,024 open files (every listener of both families together). A namespace
-    // (all its pods, whatever addresses they send from) gets a sixth.
+    // (all its pods, whatever addresses they send from) gets a sixth, and the UDP queries of
+    // one input interface (a pod, or a pod forging that namespace's addresses) a quarter of
+    // that.
     let udp = udp::UdpProxy::new(
         holder.clone(),
         udp::Limits {
             in_flight: 384,
             per_namespace: 64,
+            per_interface: 16,
             upstream_timeout: UPSTREAM_TIMEOUT,
         },
     );

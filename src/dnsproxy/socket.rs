@@ -59,10 +59,14 @@ pub fn udp_listener(v6: bool, port: u16) -> io::Result<tokio::net::UdpSocket> {
 pub fn udp_listener_at(addr: SocketAddr) -> io::Result<tokio::net::UdpSocket> {
     let v6 = addr.is_ipv6();
     let fd = transparent(SockType::Datagram, addr)?;
+    // The original destination, and the interface the datagram came in on (a forged
+    // source address does not change it).
     if v6 {
         setsockopt(&fd, sockopt::Ipv6OrigDstAddr, &true)?;
+        setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)?;
     } else {
         setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
+        setsockopt(&fd, sockopt::Ipv4PacketInfo, &true)?;
     }
     // Every steered pod of the node shares this queue: the default (~200 KiB, a few hundred
     // datagrams) overflows under one pod's burst and drops its neighbours' queries (measured:
@@ -108,13 +112,20 @@ pub fn answer_socket(server: SocketAddr) -> io::Result<tokio::net::UdpSocket> {
     tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
-/// One datagram from a listener: its length, sender and original destination. Called
+/// One datagram from a listener.
+pub struct Received {
+    pub len: usize,
+    pub from: SocketAddr,
+    /// The original destination (the server the pod asked).
+    pub orig_dst: SocketAddr,
+    /// The interface it came in on (0 if the kernel did not say).
+    pub ifindex: u32,
+}
+
+/// One datagram from a listener with its original destination and input interface. Called
 /// from `UdpSocket::async_io` (nonblocking: `WouldBlock` when there is none).
-pub fn recv_with_orig_dst(
-    sock: &tokio::net::UdpSocket,
-    buf: &mut [u8],
-) -> io::Result<(usize, SocketAddr, SocketAddr)> {
-    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in6);
+pub fn recv_with_orig_dst(sock: &tokio::net::UdpSocket, buf: &mut [u8]) -> io::Result<Received> {
+    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in6, nix::libc::in6_pktinfo);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<SockaddrStorage>(
         sock.as_raw_fd(),
@@ -130,15 +141,25 @@ pub fn recv_with_orig_dst(
                 .or_else(|| a.as_sockaddr_in6().map(|s| SocketAddr::V6((*s).into())))
         })
         .ok_or_else(|| io::Error::other("datagram without a source"))?;
-    let orig = msg.cmsgs()?.find_map(|c| match c {
-        ControlMessageOwned::Ipv4OrigDstAddr(sa) => {
-            Some(SocketAddr::V4(SockaddrIn::from(sa).into()))
+    let (mut orig, mut ifindex) = (None, 0);
+    for c in msg.cmsgs()? {
+        match c {
+            ControlMessageOwned::Ipv4OrigDstAddr(sa) => {
+                orig = Some(SocketAddr::V4(SockaddrIn::from(sa).into()))
+            }
+            ControlMessageOwned::Ipv6OrigDstAddr(sa) => {
+                orig = Some(SocketAddr::V6(SockaddrIn6::from(sa).into()))
+            }
+            ControlMessageOwned::Ipv4PacketInfo(info) => ifindex = info.ipi_ifindex as u32,
+            ControlMessageOwned::Ipv6PacketInfo(info) => ifindex = info.ipi6_ifindex,
+            _ => {}
         }
-        ControlMessageOwned::Ipv6OrigDstAddr(sa) => {
-            Some(SocketAddr::V6(SockaddrIn6::from(sa).into()))
-        }
-        _ => None,
-    });
+    }
     let orig = orig.ok_or_else(|| io::Error::other("datagram without its original destination"))?;
-    Ok((msg.bytes, from, orig))
+    Ok(Received {
+        len: msg.bytes,
+        from,
+        orig_dst: orig,
+        ifindex,
+    })
 }

@@ -9,7 +9,7 @@
 use super::hold::Holder;
 use super::metrics::ProxyMetrics;
 use super::{answer, socket};
-use crate::listener::fair::Gate;
+use crate::listener::fair::{Gate, Shares};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -25,6 +25,9 @@ pub struct Limits {
     pub in_flight: usize,
     /// Of those, one namespace's at most (all its pods together).
     pub per_namespace: usize,
+    /// Of a namespace's, those that came in on one interface at most (one routed pod, or
+    /// a pod forging that namespace's addresses from its own interface).
+    pub per_interface: usize,
     /// How long to wait for the server.
     pub upstream_timeout: Duration,
 }
@@ -35,6 +38,7 @@ pub struct Limits {
 pub struct UdpProxy {
     holder: Holder,
     gate: Gate,
+    per_interface: Shares<super::hold::InterfaceKey>,
     timeout: Duration,
     /// The listeners bound at a resolver's own address: answers to that resolver's queries
     /// leave through them (a second socket at that address could catch a pod's next query).
@@ -46,6 +50,7 @@ impl UdpProxy {
         UdpProxy {
             holder,
             gate: Gate::new(limits.in_flight, limits.per_namespace),
+            per_interface: Shares::new(limits.per_interface),
             timeout: limits.upstream_timeout,
             replies: Arc::default(),
         }
@@ -73,7 +78,7 @@ impl UdpProxy {
         let holder = &self.holder;
         let mut buf = vec![0u8; MAX_MESSAGE];
         loop {
-            let (n, pod, server) = match listener
+            let got = match listener
                 .async_io(Interest::READABLE, || {
                     socket::recv_with_orig_dst(listener, &mut buf)
                 })
@@ -86,11 +91,15 @@ impl UdpProxy {
                     continue;
                 }
             };
+            let (n, pod, server) = (got.len, got.from, got.orig_dst);
             if n > buf.len() || !answer::is_query(&buf[..n]) {
                 holder.metrics().error("malformed");
                 continue;
             }
-            let Some(ticket) = holder.admit(&self.gate, pod.ip(), server.ip()) else {
+            let gates = (&self.gate, &self.per_interface);
+            let Some(ticket) =
+                holder.admit_on(gates.0, gates.1, got.ifindex, pod.ip(), server.ip())
+            else {
                 continue;
             };
             let query = buf[..n].to_vec();

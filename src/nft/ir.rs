@@ -684,6 +684,9 @@ pub struct Set {
     pub flags: SetFlags,
     /// Default element timeout in seconds.
     pub timeout: Option<u32>,
+    /// `size N`: the most elements the set holds (a dynamic set the packet path fills
+    /// adds nothing once full).
+    pub size: Option<u32>,
     /// Declared with `typeof` expressions rather than datatypes (`key` and `kind` still
     /// hold the datatypes): needed where a key part, like numgen, has no sized datatype.
     pub typeof_decl: Option<TypeofDecl>,
@@ -706,6 +709,7 @@ impl Set {
             kind: self.kind.clone(),
             flags: self.flags,
             timeout: self.timeout,
+            size: self.size,
             typeof_decl: self.typeof_decl.clone(),
             elements: BTreeMap::new(),
         }
@@ -720,6 +724,7 @@ impl Set {
             kind,
             flags: SetFlags::default(),
             timeout: None,
+            size: None,
             typeof_decl: None,
             elements: BTreeMap::new(),
         }
@@ -744,6 +749,11 @@ impl Set {
         self
     }
 
+    pub fn with_size(mut self, size: u32) -> Self {
+        self.size = Some(size);
+        self
+    }
+
     /// Same declaration (everything but the elements): an element-only change keeps the set.
     pub fn same_declaration(&self, other: &Set) -> bool {
         self.name == other.name
@@ -751,6 +761,7 @@ impl Set {
             && self.kind == other.kind
             && self.flags == other.flags
             && self.timeout == other.timeout
+            && self.size == other.size
             && self.typeof_decl == other.typeof_decl
     }
 
@@ -890,7 +901,24 @@ pub enum Stmt {
         key: Vec<Field>,
     },
     Reject(Reject),
+    /// `update @set { key limit rate over N/second burst B packets }`: a token bucket per
+    /// key in a dynamic set (nft's meter). Matches (the rule goes on) when the key's
+    /// packets are over the rate; a key the full set cannot take does not match.
+    SetLimit {
+        set: String,
+        key: Vec<Field>,
+        limit: Limit,
+    },
     Verdict(Verdict),
+}
+
+/// A packet rate: `limit rate over PER_SECOND/second burst BURST packets` (`over` only: the
+/// statement matches the packets beyond the rate). `burst` is the bucket's depth in
+/// packets, what a key may send at once after a quiet spell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 impl Stmt {
@@ -944,7 +972,7 @@ impl Stmt {
                 addr: NatAddr::Map { map, .. },
                 ..
             }) => vec![map.as_str()],
-            Stmt::SetUpdate { set, .. } => vec![set.as_str()],
+            Stmt::SetUpdate { set, .. } | Stmt::SetLimit { set, .. } => vec![set.as_str()],
             _ => Vec::new(),
         }
     }

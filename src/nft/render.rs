@@ -162,6 +162,9 @@ fn set_declaration(set: &Set, sep: &str) -> String {
     if let Some(t) = set.timeout {
         let _ = write!(s, "timeout {t}s{sep}");
     }
+    if let Some(n) = set.size {
+        let _ = write!(s, "size {n}{sep}");
+    }
     if set.flags.counter {
         let _ = write!(s, "counter{sep}");
     }
@@ -285,6 +288,12 @@ fn stmt(s: &Stmt) -> String {
         Stmt::MarkOr(m) => format!("meta mark set meta mark or {m:#010x}"),
         Stmt::MarkAnd(m) => format!("meta mark set meta mark and {m:#010x}"),
         Stmt::SetUpdate { set, key } => format!("update @{set} {{ {} }}", fields(key)),
+        Stmt::SetLimit { set, key, limit } => format!(
+            "update @{set} {{ {} limit rate over {}/second burst {} packets }}",
+            fields(key),
+            limit.per_second,
+            limit.burst
+        ),
         Stmt::Reject(r) => match r {
             Reject::PortUnreachable => "reject".into(),
             Reject::TcpReset => "reject with tcp reset".into(),

@@ -157,7 +157,8 @@ impl Feature for Firewall {
         memory.resolvers = steer::trusted_resolvers(inputs.snapshot, &inputs.config.dns_proxy);
         let learning = learning::learning(&memory);
         if let Some(port) = inputs.config.dns_proxy.port {
-            steer::plan(&learning, port, &mut out.ruleset, &mut out.net);
+            let rate = inputs.config.dns_proxy.rate_limit;
+            steer::plan(&learning, port, rate, &mut out.ruleset, &mut out.net);
         }
         output.learning = std::sync::Arc::new(learning);
         memory

@@ -4,6 +4,8 @@
 //! (see docs/testing.md).
 
 mod dns;
+mod dns_attacks;
+mod dns_flood;
 mod egress_ip;
 mod failclosed;
 mod firewall;

@@ -122,6 +122,8 @@ pub struct KSetDecl {
     pub key_len: u32,
     pub data: Option<(u32, u32)>,
     pub timeout_ms: Option<u64>,
+    /// `NFTA_SET_DESC_SIZE`, when declared.
+    pub size: Option<u32>,
     pub concat_fields: Vec<u32>,
     pub udata: Vec<u8>,
     pub counter: bool,
@@ -381,6 +383,8 @@ fn parse_set_decl(a: Attrs) -> KSetDecl {
         key_len: a.be32(5).unwrap_or(0),
         data: a.be32(6).map(|t| (t, a.be32(7).unwrap_or(0))),
         timeout_ms: a.get(11).and_then(|t| t.be64()),
+        // The kernel lists 0 for a set declared without a size.
+        size: desc.and_then(|d| d.be32(1)).filter(|n| *n != 0),
         concat_fields,
         udata: a.get(13).map(|u| u.data.to_vec()).unwrap_or_default(),
         counter: a.get(17).is_some() || a.get(18).is_some(),
@@ -494,11 +498,33 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
             set_id: None,
             invert: d.be32(5).unwrap_or(0) & 1 != 0,
         },
-        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() => Expr::DynsetUpdate {
-            set: d.get(1)?.string(),
-            sreg: d.be32(4)?,
-            set_id: None,
-        },
+        // NFTA_DYNSET_EXPR: one `limit` per element (`update @s { key limit rate ... }`).
+        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() && d.get(7).is_some() => {
+            let inner = d.get(7)?.nested();
+            if inner.get(1)?.string() != "limit" {
+                return None;
+            }
+            let l = inner.get(2)?.nested();
+            if l.be32(4) != Some(super::expr::NFT_LIMIT_PKTS) {
+                return None;
+            }
+            Expr::DynsetLimit {
+                set: d.get(1)?.string(),
+                sreg: d.be32(4)?,
+                set_id: None,
+                rate: l.get(1)?.be64()?,
+                unit: l.get(2)?.be64()?,
+                burst: l.be32(3).unwrap_or(0),
+                flags: l.be32(5).unwrap_or(0),
+            }
+        }
+        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() && d.get(7).is_none() => {
+            Expr::DynsetUpdate {
+                set: d.get(1)?.string(),
+                sreg: d.be32(4)?,
+                set_id: None,
+            }
+        }
         "immediate" => parse_immediate(&d)?,
         "counter" => Expr::Counter,
         "log" => Expr::Log {

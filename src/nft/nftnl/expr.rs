@@ -68,6 +68,17 @@ pub enum Expr {
         set: String,
         set_id: Option<u32>,
     },
+    /// `dynset update` with a `limit` expression per element: `rate` packets per `unit`
+    /// seconds, `burst` packets, `NFT_LIMIT_F_INV` in `flags` for `over`.
+    DynsetLimit {
+        sreg: u32,
+        set: String,
+        set_id: Option<u32>,
+        rate: u64,
+        unit: u64,
+        burst: u32,
+        flags: u32,
+    },
     Immediate {
         dreg: u32,
         data: Vec<u8>,
@@ -117,7 +128,7 @@ impl Expr {
             Expr::Bitwise { .. } => "bitwise",
             Expr::Hton { .. } => "byteorder",
             Expr::Lookup { .. } => "lookup",
-            Expr::DynsetUpdate { .. } => "dynset",
+            Expr::DynsetUpdate { .. } | Expr::DynsetLimit { .. } => "dynset",
             Expr::Immediate { .. } | Expr::Verdict { .. } => "immediate",
             Expr::Counter => "counter",
             Expr::Log { .. } => "log",
@@ -153,6 +164,23 @@ impl Expr {
                 sreg,
                 set,
                 set_id: None,
+            },
+            Expr::DynsetLimit {
+                sreg,
+                set,
+                rate,
+                unit,
+                burst,
+                flags,
+                ..
+            } => Expr::DynsetLimit {
+                sreg,
+                set,
+                set_id: None,
+                rate,
+                unit,
+                burst,
+                flags,
             },
             Expr::Bitwise { reg, mask, xor, .. } => Expr::Bitwise {
                 reg,
@@ -196,6 +224,10 @@ impl Expr {
 }
 
 pub const NF_NAT_RANGE_MAP_IPS: u32 = 1;
+/// `NFT_LIMIT_PKTS`: a limit counted in packets.
+pub const NFT_LIMIT_PKTS: u32 = 0;
+/// `NFT_LIMIT_F_INV`: `limit rate over` (match beyond the rate).
+pub const NFT_LIMIT_F_INV: u32 = 1;
 pub const NFT_CMP_EQ: u32 = 0;
 pub const NFT_CMP_NEQ: u32 = 1;
 pub const NFT_CMP_LTE: u32 = 3;

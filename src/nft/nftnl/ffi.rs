@@ -134,6 +134,22 @@ impl ExprObj {
         self
     }
 
+    fn u64(self, attr: u32, v: u64) -> Self {
+        // SAFETY: as in `u32`.
+        unsafe { sys::nftnl_expr_set_u64(self.0.as_ptr(), attr as u16, v) };
+        self
+    }
+
+    /// Hands `inner` to this expression (a dynset's per-element expression).
+    fn nest(self, attr: u32, inner: ExprObj) -> Self {
+        let p = inner.0.as_ptr();
+        std::mem::forget(inner);
+        // SAFETY: both valid; for `NFTNL_EXPR_DYNSET_EXPR` libnftnl takes the pointer (not
+        // a copy) into the dynset's expression list and frees it with the dynset.
+        unsafe { sys::nftnl_expr_set(self.0.as_ptr(), attr as u16, p.cast::<c_void>(), 0) };
+        self
+    }
+
     fn str(self, attr: u32, v: &str) -> Self {
         let v = cstring(v);
         // SAFETY: valid C string for the call; libnftnl copies it.
@@ -213,6 +229,7 @@ fn build_expr(e: &Expr) -> ExprObj {
                 None => e,
             }
         }
+        Expr::DynsetLimit { .. } => dynset_limit(e),
         Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")
             .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
             .data(sys::NFTNL_EXPR_IMM_DATA, data),
@@ -264,6 +281,41 @@ fn payload_set(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
         None => e,
     }
+}
+
+fn dynset_limit(e: &Expr) -> ExprObj {
+    let Expr::DynsetLimit {
+        sreg,
+        set,
+        set_id,
+        rate,
+        unit,
+        burst,
+        flags,
+    } = e
+    else {
+        unreachable!("called for Expr::DynsetLimit")
+    };
+    // The attributes nft 1.0.6 sets, in its order.
+    let limit = ExprObj::new(c"limit")
+        .u64(sys::NFTNL_EXPR_LIMIT_RATE, *rate)
+        .u64(sys::NFTNL_EXPR_LIMIT_UNIT, *unit)
+        .u32(sys::NFTNL_EXPR_LIMIT_TYPE, super::expr::NFT_LIMIT_PKTS);
+    let limit = if *burst > 0 {
+        limit.u32(sys::NFTNL_EXPR_LIMIT_BURST, *burst)
+    } else {
+        limit
+    };
+    let limit = limit.u32(sys::NFTNL_EXPR_LIMIT_FLAGS, *flags);
+    let e = ExprObj::new(c"dynset")
+        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
+        .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
+        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
+    let e = match set_id {
+        Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id),
+        None => e,
+    };
+    e.nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
 }
 
 fn bitwise(e: &Expr) -> ExprObj {

@@ -184,6 +184,7 @@ impl KernelState for Judge {
             && d.key_len == spec.key_len
             && data(d.data) == data(spec.data)
             && d.timeout_ms == spec.timeout_ms
+            && same_size(d.size, &spec)
             && d.concat_fields == spec.concat_fields
             && d.udata == spec.udata
             && d.counter == spec.counter;
@@ -224,6 +225,16 @@ impl KernelState for Judge {
             .map(|(n, _)| n.clone())
             .collect()
     }
+}
+
+/// The kernel gives a dynamic set used by a rule and declared without a size its own
+/// bound, 65535 elements (`nft_dynset_init`).
+fn same_size(have: Option<u32>, want: &super::set::SetSpec) -> bool {
+    const KERNEL_DYNSET_SIZE: u32 = 65_535;
+    have == want.desc_size
+        || (want.desc_size.is_none()
+            && want.flags & super::set::NFT_SET_EVAL != 0
+            && have == Some(KERNEL_DYNSET_SIZE))
 }
 
 fn flush_all(n: usize) -> SetState {

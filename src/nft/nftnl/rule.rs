@@ -172,6 +172,28 @@ impl RuleLowering<'_> {
                 });
                 Ok(())
             }
+            Stmt::SetLimit { set, key, limit } => {
+                if limit.per_second == 0 || limit.burst == 0 {
+                    // The kernel would turn a zero burst into 5 (and read back differently).
+                    return Err(encode_err(
+                        &format!("limit on @{set}"),
+                        "rate and burst must be at least 1".into(),
+                    ));
+                }
+                let fields = self.key_fields(key)?;
+                let sreg = self.load_key(&fields, false);
+                let set_id = self.sets.get(set).and_then(|s| s.id);
+                self.push(Expr::DynsetLimit {
+                    sreg,
+                    set: set.clone(),
+                    set_id,
+                    rate: u64::from(limit.per_second),
+                    unit: 1,
+                    burst: limit.burst,
+                    flags: NFT_LIMIT_F_INV,
+                });
+                Ok(())
+            }
             Stmt::Reject(r) => self.reject(*r),
             Stmt::Verdict(v) => {
                 let (code, chain) = verdict_code(v);

@@ -138,7 +138,7 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
         data,
         id,
         timeout_ms: set.timeout.map(|s| u64::from(s) * 1000),
-        desc_size: None,
+        desc_size: set.size,
         concat_fields,
         udata: u.into_bytes(),
         counter: set.flags.counter,

@@ -10,6 +10,8 @@
 //! the packet goes to its server unchanged. So while the agent is absent (restarting, crashed)
 //! pod DNS goes direct without any rule change. The mark selects the `ip rule` whose table
 //! has `local default dev lo`, which delivers the steered packet to the local socket.
+//! Before those, a rate limit per input interface and source address (`fw-dns-rate-v4/v6`)
+//! drops what a pod sends beyond `--dns-rate-limit`.
 
 use super::learning::Learning;
 use crate::config::DnsProxySettings;
@@ -24,6 +26,15 @@ pub const PODS_V4: &str = "fw-dns-pods-v4";
 pub const PODS_V6: &str = "fw-dns-pods-v6";
 pub const RESOLVERS_V4: &str = "fw-dns-resolvers-v4";
 pub const RESOLVERS_V6: &str = "fw-dns-resolvers-v6";
+/// The per-pod rate buckets of steered DNS, keyed `iifname . ip saddr`.
+pub const RATE_V4: &str = "fw-dns-rate-v4";
+pub const RATE_V6: &str = "fw-dns-rate-v6";
+/// A bucket idle this long is forgotten (it is full again by then anyway).
+const RATE_IDLE_SECS: u32 = 60;
+/// The most buckets per family (the kernel's default for dynamic sets, made explicit). Keys
+/// are bounded anyway (a steered pod's address, on an interface of the node); a key the
+/// full set cannot take is not limited (the namespace's in-flight share still is).
+const RATE_SET_SIZE: u32 = 65_535;
 /// The cluster DNS Services (upstream, then OpenShift) whose ClusterIPs are trusted by default.
 pub const CLUSTER_DNS: [(&str, &str); 2] = [
     ("kube-system", "kube-dns"),
@@ -62,7 +73,18 @@ pub fn trusted_resolvers(snapshot: &Snapshot, settings: &DnsProxySettings) -> BT
 
 /// Adds the steering chain, the pods' sets and the policy routing, when some local pod's
 /// namespace has `dnsName` rules.
-pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut NetDesired) {
+///
+/// With `rate_limit` (packets per second, also the burst), each family's steering rules
+/// are preceded by one that drops what a pod sends beyond it (UDP queries and TCP
+/// connection openings), counted per input interface and source address: a pod that forges
+/// its neighbour's address spends its own bucket (its interface), not the neighbour's.
+pub fn plan(
+    learning: &Learning,
+    proxy_port: u16,
+    rate_limit: u32,
+    table: &mut Table,
+    net: &mut NetDesired,
+) {
     if learning.is_empty() {
         return;
     }
@@ -75,13 +97,14 @@ pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut N
             policy: Policy::Accept,
         },
     );
-    for (family, saddr, daddr, set, resolvers_set, key) in [
+    for (family, saddr, daddr, set, resolvers_set, rate_set, key) in [
         (
             IpFamily::V4,
             Field::Ip4Saddr,
             Field::Ip4Daddr,
             PODS_V4,
             RESOLVERS_V4,
+            RATE_V4,
             DataType::Ipv4Addr,
         ),
         (
@@ -90,6 +113,7 @@ pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut N
             Field::Ip6Daddr,
             PODS_V6,
             RESOLVERS_V6,
+            RATE_V6,
             DataType::Ipv6Addr,
         ),
     ] {
@@ -111,19 +135,63 @@ pub fn plan(learning: &Learning, proxy_port: u16, table: &mut Table, net: &mut N
         }
         table.add_set(pods);
         table.add_set(resolvers);
-        for proto in [libc::IPPROTO_UDP as u8, libc::IPPROTO_TCP as u8] {
-            chain.push(Rule::new(vec![
+        let steered = |proto: u8| {
+            vec![
                 Stmt::in_set(vec![saddr], set),
                 Stmt::in_set(vec![daddr], resolvers_set),
                 Stmt::matches(Field::L4Proto, Value::Proto(proto)),
                 Stmt::matches(Field::ThDport, Value::Port(DNS_PORT)),
+            ]
+        };
+        if rate_limit > 0 {
+            table.add_set(
+                Set::new(rate_set, vec![DataType::IfName, key], SetKind::Set)
+                    .with_flags(SetFlags {
+                        timeout: true,
+                        dynamic: true,
+                        ..Default::default()
+                    })
+                    .with_timeout(RATE_IDLE_SECS)
+                    .with_size(RATE_SET_SIZE),
+            );
+            let over = Stmt::SetLimit {
+                set: rate_set.into(),
+                key: vec![Field::IifName, saddr],
+                limit: Limit {
+                    per_second: rate_limit,
+                    burst: rate_limit,
+                },
+            };
+            let mut udp = steered(proto::UDP);
+            udp.extend([over.clone(), Stmt::Verdict(Verdict::Drop)]);
+            chain.push(Rule::new(udp));
+            // TCP: connection openings only (a long answer's ACKs are not queries).
+            let mut tcp = steered(proto::TCP);
+            tcp.extend([
+                Stmt::Match(Match {
+                    key: vec![Field::TcpFlags],
+                    op: MatchOp::Masked {
+                        mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
+                        value: Value::TcpFlags(tcp_flags::SYN),
+                        eq: true,
+                    },
+                }),
+                over,
+                Stmt::Verdict(Verdict::Drop),
+            ]);
+            chain.push(Rule::new(tcp));
+        }
+        for proto in [proto::UDP, proto::TCP] {
+            let mut stmts = steered(proto);
+            stmts.extend([
                 Stmt::Tproxy {
                     family,
                     port: proxy_port,
                 },
                 Stmt::MarkOr(MARK),
                 Stmt::Verdict(Verdict::Accept),
-            ]));
+            ]);
+            chain.push(Rule::new(stmts));
         }
         let (net_family, any) = match family {
             IpFamily::V4 => (Family::V4, "0.0.0.0/0"),

@@ -388,9 +388,29 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         .iter()
         .map(rule_text)
         .collect();
+    // First what a pod sends beyond its rate (per interface and source), then the steering.
+    let steered = "ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta l4proto";
+    assert_eq!(
+        rules[0],
+        format!(
+            "{steered} udp th dport 53 update @fw-dns-rate-v4 {{ iifname . ip saddr limit rate over 100/second burst 100 packets }} drop"
+        ),
+    );
+    assert_eq!(
+        rules[1],
+        format!(
+            "{steered} tcp th dport 53 tcp flags & (syn | ack) == syn update @fw-dns-rate-v4 {{ iifname . ip saddr limit rate over 100/second burst 100 packets }} drop"
+        ),
+    );
     assert!(
-        rules[0].starts_with("ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta l4proto udp th dport 53 tproxy"),
+        rules[2].starts_with(&format!("{steered} udp th dport 53 tproxy")),
         "{rules:#?}"
+    );
+    let rate = &flat.sets[steer::RATE_V4];
+    assert_eq!(
+        (rate.flags.dynamic, rate.timeout, rate.size),
+        (true, Some(60), Some(65_535)),
+        "a bounded set of buckets that forgets idle ones"
     );
     let learning = learning::learning(&d.memory.firewall);
     assert!(learning.is_trusted("172.30.0.10".parse().unwrap()));

@@ -24,6 +24,8 @@ pub struct Zone {
     pub rotating: BTreeMap<String, (Ipv4Addr, u32)>,
     /// UDP answers carry TC and no records: clients must retry over TCP.
     pub truncate_udp: bool,
+    /// How long the server waits before each UDP answer (a slow resolver; one at a time).
+    pub udp_delay: Duration,
 }
 
 /// The server; stops when dropped.
@@ -63,6 +65,10 @@ impl DnsServer {
                     continue;
                 };
                 if let Some(r) = respond(&buf[..n], &zone, &counter, true) {
+                    let delay = zone.lock().unwrap().udp_delay;
+                    if !delay.is_zero() {
+                        std::thread::sleep(delay);
+                    }
                     served.fetch_add(1, Ordering::Relaxed);
                     udp_sources.lock().unwrap().insert(peer.ip());
                     let _ = udp.send_to(&r, peer);
@@ -161,6 +167,20 @@ fn respond(query: &[u8], zone: &Mutex<Zone>, counter: &AtomicU64, udp: bool) -> 
         }
     }
     r.to_vec().ok()
+}
+
+/// An answer with ID `id` to an A query for `name` (no trailing dot) with `addrs`: what a
+/// server sends, or what a pod forges.
+pub fn a_answer(id: u16, name: &str, addrs: &[Ipv4Addr], ttl: u32) -> Vec<u8> {
+    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
+    let mut r = Message::response(id, OpCode::Query);
+    r.metadata.recursion_desired = true;
+    r.metadata.recursion_available = true;
+    r.add_query(Query::query(name.clone(), RecordType::A));
+    for a in addrs {
+        r.add_answer(Record::from_rdata(name.clone(), ttl, RData::A(A(*a))));
+    }
+    r.to_vec().expect("encodes")
 }
 
 fn read_framed(conn: &mut TcpStream) -> Option<Vec<u8>> {
@@ -283,10 +303,16 @@ pub fn send_spoofed_udp(
     dst: std::net::SocketAddrV4,
     payload: &[u8],
 ) -> std::io::Result<()> {
-    use nix::sys::socket::{
-        AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket,
-    };
-    use std::os::fd::AsRawFd;
+    let packet = spoofed_udp_packet(src, dst, payload);
+    ns.enter(move || send_raw(&raw_ipv4_socket()?, &packet, dst))
+}
+
+/// An IPv4 UDP datagram from `src` to `dst` with its own header, for [`send_raw`].
+pub fn spoofed_udp_packet(
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
     let udp_len = 8 + payload.len();
     let total = 20 + udp_len;
     let mut packet = Vec::with_capacity(total);
@@ -303,19 +329,34 @@ pub fn send_spoofed_udp(
     packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
     packet.extend_from_slice(&[0, 0]);
     packet.extend_from_slice(payload);
-    ns.enter(move || {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::Raw,
-        )?;
-        sendto(
-            fd.as_raw_fd(),
-            &packet,
-            &SockaddrIn::from(dst),
-            MsgFlags::empty(),
-        )?;
-        Ok(())
-    })
+    packet
+}
+
+/// A raw IPv4 socket that sends packets with their own header, in the calling thread's
+/// namespace (open it inside [`Ns::spawn`] to send many packets from a pod).
+pub fn raw_ipv4_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
+    Ok(socket(
+        AddressFamily::Inet,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::Raw,
+    )?)
+}
+
+/// Sends a packet built by [`spoofed_udp_packet`] on a [`raw_ipv4_socket`].
+pub fn send_raw(
+    fd: &std::os::fd::OwnedFd,
+    packet: &[u8],
+    dst: std::net::SocketAddrV4,
+) -> std::io::Result<()> {
+    use nix::sys::socket::{MsgFlags, SockaddrIn, sendto};
+    use std::os::fd::AsRawFd;
+    sendto(
+        fd.as_raw_fd(),
+        packet,
+        &SockaddrIn::from(dst),
+        MsgFlags::empty(),
+    )?;
+    Ok(())
 }

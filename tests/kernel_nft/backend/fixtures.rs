@@ -351,6 +351,20 @@ fn sets(t: &mut Table) {
             })
             .with_timeout(10800),
     );
+    t.add_set(
+        Set::new(
+            "meter4",
+            vec![DataType::IfName, DataType::Ipv4Addr],
+            SetKind::Set,
+        )
+        .with_flags(SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        })
+        .with_timeout(60)
+        .with_size(4096),
+    );
     let mut timed = Set::new("timed", vec![DataType::InetService], SetKind::Set)
         .with_flags(SetFlags {
             timeout: true,

@@ -152,6 +152,13 @@ fn drift_is_repaired_from_a_read_back() {
         format!("delete element inet {T} cidrs4 {{ 11.0.0.0/8 }}"),
         format!("flush chain inet {T} fw-log"),
         format!("insert rule inet {T} fw-log accept"),
+        // The same rule with another rate, then another burst: the read-back tells them apart.
+        format!(
+            "flush chain inet {T} fw-meter; add rule inet {T} fw-meter update @meter4 {{ iifname . ip saddr limit rate over 11/second burst 20 packets }} drop"
+        ),
+        format!(
+            "flush chain inet {T} fw-meter; add rule inet {T} fw-meter update @meter4 {{ iifname . ip saddr limit rate over 10/second burst 21 packets }} drop"
+        ),
         format!("flush map inet {T} services"),
         format!("flush set inet {T} cidrs4"),
         format!("add table inet {T} {{ flags dormant; }}"),

@@ -296,11 +296,31 @@ pub fn forward(t: &mut Table) {
             Stmt::in_set(vec![Field::ThDport], "timed"),
             verdict(jump("fw-log")),
         ]),
+        Rule::new(vec![
+            Stmt::matches(Field::L4Proto, Value::Proto(proto::UDP)),
+            Stmt::matches(Field::ThDport, Value::Port(53)),
+            verdict(jump("fw-meter")),
+        ]),
     ];
     for r in rules {
         c.push(r);
     }
     t.add_chain(c);
+
+    // A chain of its own, so that a drift test can rewrite just this rule.
+    let mut meter = Chain::regular("fw-meter");
+    meter.push(Rule::new(vec![
+        Stmt::SetLimit {
+            set: "meter4".into(),
+            key: vec![Field::IifName, Field::Ip4Saddr],
+            limit: Limit {
+                per_second: 10,
+                burst: 20,
+            },
+        },
+        verdict(Verdict::Drop),
+    ]));
+    t.add_chain(meter);
 
     let mut pod = Chain::regular("fw-pod");
     pod.push(Rule::new(vec![
