@@ -52,7 +52,13 @@ impl Prober {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(probe::run(settings, None, targets_rx, verdicts_tx));
+            rt.block_on(probe::run(
+                settings,
+                None,
+                targets_rx,
+                verdicts_tx,
+                watch::channel(true).1,
+            ));
         });
         Prober {
             targets: Some(targets),

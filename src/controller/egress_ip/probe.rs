@@ -24,6 +24,9 @@
 //! key ([`super::probe_auth`]): the probed node's fence takes only such probes for the
 //! assigner's word. Without a key the payload is unsigned (the magic and zeros): the probes
 //! still judge node health (the kernel echoes any payload), and prove nothing to the fence.
+//! A standby (a candidate that does not lead, probing to see the leader's node die) sends
+//! zeros without the magic while `sign` is false: the fences do not even look at them, so a
+//! standby never keeps a cut-off node's fence quiet.
 //!
 //! **Verdicts.** [`Probes`] is the pure, clock-explicit state machine: every `interval` a
 //! round sends one echo to every address of every target node; a round with a matching reply
@@ -254,13 +257,14 @@ pub async fn run(
     key: Option<ProbeKey>,
     mut targets: watch::Receiver<Targets>,
     verdicts: watch::Sender<Verdicts>,
+    sign: watch::Receiver<bool>,
 ) {
     if !settings.enabled() {
         info!("EgressIP node probes are off: nodes are judged by Node Ready only");
         let _ = targets.wait_for(|_| false).await;
         return;
     }
-    let sockets = match Sockets::open(key) {
+    let sockets = match Sockets::open(key, sign) {
         Ok(s) => s,
         Err(e) => {
             warn!(
@@ -342,6 +346,8 @@ struct Sockets {
     v6: Option<UdpSocket>,
     ident: u16,
     key: Option<ProbeKey>,
+    /// The assigner's probes (leading): signed; a standby's: no magic.
+    sign: watch::Receiver<bool>,
     /// Random per prober run: the probed nodes count replays per session.
     session: u64,
     counter: std::sync::atomic::AtomicU64,
@@ -353,7 +359,7 @@ const ICMP6_ECHO: u8 = 128;
 const ICMP6_ECHO_REPLY: u8 = 129;
 
 impl Sockets {
-    fn open(key: Option<ProbeKey>) -> std::io::Result<Sockets> {
+    fn open(key: Option<ProbeKey>, sign: watch::Receiver<bool>) -> std::io::Result<Sockets> {
         // Raw ICMP sockets see every ICMP message the node receives; replies are picked out in
         // user space (`parse_reply`: echo replies with our identifier). The kernel's
         // ICMP_FILTER / ICMP6_FILTER would drop the rest earlier, but setting them needs a raw
@@ -376,6 +382,7 @@ impl Sockets {
             v6,
             ident,
             key,
+            sign,
             session: random_session(),
             counter: std::sync::atomic::AtomicU64::new(0),
         })
@@ -383,6 +390,9 @@ impl Sockets {
 
     /// The payload of the next echo to `to`: signed when there is a key.
     fn payload(&self, to: IpAddr) -> [u8; PAYLOAD_LEN] {
+        if !*self.sign.borrow() {
+            return [0u8; PAYLOAD_LEN];
+        }
         let Some(key) = &self.key else {
             let mut p = [0u8; PAYLOAD_LEN];
             p[..8].copy_from_slice(probe_auth::MAGIC);
@@ -776,6 +786,7 @@ mod tests {
             v6: None,
             ident: 1,
             key: Some(key.clone()),
+            sign: watch::channel(true).1,
             session: 42,
             counter: std::sync::atomic::AtomicU64::new(0),
         };
@@ -789,6 +800,14 @@ mod tests {
         assert_eq!(v.accept(&b, &[to], now), Err(probe_auth::Refused::Replay));
         let unsigned = Sockets { key: None, ..s };
         assert_eq!(unsigned.payload(to), NO_KEY);
+        // A standby's probes (not leading) carry no magic: no fence looks at them.
+        let standby = Sockets {
+            sign: watch::channel(false).1,
+            ..unsigned
+        };
+        assert_eq!(standby.payload(to), [0; PAYLOAD_LEN]);
+        let v6 = echo(ICMP6_ECHO, 1, 1, &standby.payload(to), false);
+        assert_eq!(parse_request(false, &v6, ip("fd00::9")), None);
     }
 
     #[test]
