@@ -45,7 +45,7 @@
 //!   stale ruleset, broken uplink on a second NIC) stays alive: the probe sees the kernel on
 //!   the node network, nothing more. Node Ready and the other assignment rules still apply.
 //! - The leader's own network failing makes every other node look dead. When more than half
-//!   of three or more probed nodes are dead at once, the prober trusts itself less than the
+//!   of two or more probed nodes are dead at once, the prober trusts itself less than the
 //!   cluster and publishes every node alive ([`Probes::verdicts`]), with a warning: a real
 //!   outage of most egress nodes is then handled by Node Ready only.
 //! - Without `CAP_NET_RAW` the sockets cannot be opened: a warning, and every node stays
@@ -225,8 +225,9 @@ impl Probes {
         self.nodes.get(node).map(|h| h.alive)
     }
 
-    /// Whether the dead are too many to be believed: more than half of three or more probed
-    /// nodes (the prober's own network is the likelier failure).
+    /// Whether the dead are too many to be believed: more than half of two or more probed
+    /// nodes (the prober's own network, or a flood at its node drowning the replies, is the
+    /// likelier failure; with two, both dead leaves nowhere to move their IPs anyway).
     pub fn self_suspect(&self) -> bool {
         let owners: BTreeSet<&String> = self.owners.values().collect();
         let probed: Vec<&NodeHealth> = self
@@ -236,7 +237,7 @@ impl Probes {
             .map(|(_, h)| h)
             .collect();
         let dead = probed.iter().filter(|h| !h.alive).count();
-        probed.len() >= 3 && dead * 2 > probed.len()
+        probed.len() >= 2 && dead * 2 > probed.len()
     }
 
     /// The verdicts to publish: every target, all alive while [`Probes::self_suspect`].
@@ -739,6 +740,33 @@ mod tests {
         assert!(p.self_suspect());
         assert!(p.verdicts().values().all(|a| *a));
         assert_eq!(p.alive("b"), Some(false));
+    }
+
+    /// Exactly two probed nodes (two egress-assignable nodes): one dead is believed (the
+    /// other can take its IPs); both dead at once is the prober's own trouble (its network, or
+    /// a flood of ICMP at its node drowning the replies) far likelier than two failures, and
+    /// there would be nowhere to move the IPs anyway.
+    #[test]
+    fn two_probed_nodes_both_dead_suspects_the_prober() {
+        let t0 = Instant::now();
+        let s = Settings {
+            interval: 100 * MS,
+            misses: 1,
+            rises: 1,
+        };
+        let mut p = Probes::new(s, t0);
+        p.set_targets(&targets(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]));
+        p.poll(t0);
+        p.reply(ip("10.0.0.1"), p.seq);
+        p.poll(t0 + 100 * MS);
+        assert!(!p.self_suspect());
+        assert!(!p.verdicts()["b"]);
+        p.poll(t0 + 200 * MS);
+        assert!(p.self_suspect());
+        assert!(p.verdicts().values().all(|a| *a));
+        // One probed node: its verdict is all there is.
+        p.set_targets(&targets(&[("a", &["10.0.0.1"])]));
+        assert!(!p.self_suspect());
     }
 
     const NO_KEY: [u8; PAYLOAD_LEN] = {
