@@ -1,7 +1,7 @@
 //! EgressIP failover as an application sees it, printed (no timing assertions).
 //!
 //! `cargo bench --bench egress_failover` (root). Options after `--`: `--trials N` per case
-//! (default 10; 1 under `cargo test`).
+//! (default 20; 1 under `cargo test`).
 //!
 //! The three-node kube-mode netns cluster of the kernel tests (`testing::eip_cluster`: nodes
 //! 1 and 2 egress-assignable, node 3 leads the assigner and runs the sending pod) with a
@@ -10,7 +10,12 @@
 //! IP, counted from the last one before the event: an undisturbed stream reads ~10 ms.
 //! - `unplanned`: the hosting node's agent is SIGKILLed and its uplink cut at the same
 //!   instant; the IP moves to the other node. The dead node then "reboots" (kernel state
-//!   gone, uplink back, agent started) and the next trial kills the new host.
+//!   gone, uplink back, agent started) and the next trial kills the new host. Before each
+//!   trial the assigner's Lease is handed to node 3 (`EipCluster::hand_lease_to`), so the
+//!   killed node does not hold it.
+//! - `leader`: the same, with the Lease handed to the hosting node first: the killed node
+//!   holds the Lease and hosts the IP (a standby's probes prove it dead and it takes over
+//!   early, then moves the IP).
 //! - `planned`: the hosting node loses the egress-assignable label (it stays healthy); the
 //!   label is put back once the IP has moved, and the next trial moves it back.
 //! - `restart`: the hosting node's agent is SIGKILLed and started again (no move).
@@ -32,7 +37,7 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and then one trial per case proves the bench still works.
     let full = std::env::args().any(|a| a == "--bench");
-    let trials = arg("--trials", if full { 10 } else { 1 });
+    let trials = arg("--trials", if full { 20 } else { 1 });
     let c = EipCluster::new(3, &[0, 1]);
     c.start_agent(2);
     assert_eq!(c.wait_leader(WAIT), 2);
@@ -55,11 +60,16 @@ fn main() {
         quiet.push(o.gap.expect("steady stream").as_secs_f64() * 1e3);
     }
     report("no event", &mut quiet, 0);
-    for case in ["unplanned", "planned", "restart"] {
+    for case in ["unplanned", "leader", "planned", "restart"] {
         let mut gaps = Vec::new();
         let mut leaked = 0;
         for _ in 0..trials {
             let host = c.wait_hosted(WAIT);
+            match case {
+                "unplanned" => c.hand_lease_to(2, WAIT),
+                "leader" => c.hand_lease_to(host, WAIT),
+                _ => {}
+            }
             steady(&sink, eip);
             let t0 = Instant::now();
             let restore = event(&c, case, host);
@@ -92,7 +102,7 @@ fn report(case: &str, gaps: &mut [f64], leaked: usize) {
 /// Starts the case's event on the hosting node; returns what puts the cluster back.
 fn event(c: &EipCluster, case: &str, host: usize) -> fn(&EipCluster, usize) {
     match case {
-        "unplanned" => {
+        "unplanned" | "leader" => {
             c.kill_agent(host);
             c.uplink(host, false);
             |c, dead| {

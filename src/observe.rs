@@ -72,6 +72,9 @@ pub struct SyncReport {
     pub outputs: Outputs,
     /// Where the sync's time went (logged with "sync done").
     pub took: SyncTimes,
+    /// Egress addresses another host answered for that this sync found newly
+    /// (`nodeplane_egress_ip_address_conflicts_total`).
+    pub new_address_conflicts: usize,
 }
 
 /// The steps of one sync, timed.

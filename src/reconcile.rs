@@ -44,6 +44,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     kernel_effects: bool,
     /// Where the last valid objects are saved after a sync (None: kept in memory only).
     state: Option<StateStore>,
+    /// The egress addresses in conflict after the last apply (a new one is counted once).
+    conflicts: BTreeSet<std::net::IpAddr>,
 }
 
 impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
@@ -58,6 +60,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             dns: DnsAnswers::default(),
             kernel_effects: false,
             state: None,
+            conflicts: BTreeSet::new(),
         }
     }
 
@@ -123,7 +126,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         let Desired {
             ruleset,
             bridge,
-            statuses,
+            mut statuses,
             memory,
             outputs,
             ..
@@ -141,6 +144,17 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         }
         let changes = planned?;
         self.net.apply(&changes)?;
+        // Found while adding addresses: reported with the EgressIP, as long as it lasts.
+        let conflicts = self.net.conflicts();
+        plan::egress_ip::report_conflicts(
+            snapshot,
+            &self.config.node_name,
+            &conflicts,
+            &mut statuses,
+        );
+        let now: BTreeSet<std::net::IpAddr> = conflicts.iter().map(|c| c.addr).collect();
+        let new_address_conflicts = now.difference(&self.conflicts).count();
+        self.conflicts = now;
         self.memory = memory;
         self.save_state();
         if nft.ops >= TRIM_AFTER_OPS {
@@ -156,6 +170,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
                 nft: committed_at - planned_at,
                 net: committed_at.elapsed(),
             },
+            new_address_conflicts,
         })
     }
 

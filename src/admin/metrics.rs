@@ -81,6 +81,7 @@ pub struct Metrics {
     pub dns_proxy: crate::dnsproxy::metrics::ProxyMetrics,
     egress_ip_cloud_attach: Histogram,
     egress_ip_dataplane: Histogram,
+    egress_ip_address_conflicts: Counter,
 }
 
 impl Default for Metrics {
@@ -117,6 +118,7 @@ impl Metrics {
             dns_proxy: Default::default(),
             egress_ip_cloud_attach: crate::controller::egress_ip::cloud_sync::attach_histogram(),
             egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            egress_ip_address_conflicts: Counter::default(),
             registry: Registry::default(),
             kubeproxy,
         };
@@ -210,6 +212,17 @@ impl Metrics {
              on this node to the end of the committed sync that programs it",
             self.egress_ip_dataplane.clone(),
         );
+        registry.register(
+            "egress_ip_address_conflicts",
+            "Hosting node: egress IPs it added while another host on the segment still answered \
+             ARP or neighbour solicitations for them (each also an EgressIPConflict Event)",
+            self.egress_ip_address_conflicts.clone(),
+        );
+    }
+
+    /// `n` egress IPs newly found held by another host too.
+    pub fn count_egress_ip_conflicts(&self, n: usize) {
+        self.egress_ip_address_conflicts.inc_by(n as u64);
     }
 
     /// The histogram the EgressIP assigner records the cloud's latency in.

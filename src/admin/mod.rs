@@ -248,6 +248,7 @@ impl SyncObserver for AdminObserver {
         match (sync.result, sync.applied) {
             (Ok(report), Some(table)) => {
                 metrics.observe_success(sync.duration, report.nft.ops, table);
+                metrics.count_egress_ip_conflicts(report.new_address_conflicts);
                 // Each sync says anew what the features could not do (NetworkPolicy: bridged
                 // pods it could not bind), each under its topic.
                 for (topic, problems) in report.outputs.warnings() {

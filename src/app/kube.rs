@@ -200,7 +200,9 @@ pub(super) fn add_assigner(
         election.timings.retry_period
     );
     let api = KubeLeases::new(client.clone(), &election.namespace, &election.name);
-    let (leadership, elector) = Elector::task("egress-ip-election", api, election);
+    // The assigner's probes prove the holder's node dead; the election takes over early.
+    let (dead_tx, dead) = watch::channel(std::collections::BTreeSet::new());
+    let (leadership, elector) = Elector::task("egress-ip-election", api, election, dead);
     let admin = admin.clone();
     let reported = leadership.clone();
     tasks.add(once(
@@ -221,14 +223,19 @@ pub(super) fn add_assigner(
         "egress-ip-assigner",
         OnExit::Restart,
         move |mut ctx| {
+            let standby = egress_ip::Standby {
+                holder: follow(leadership.clone(), |l| l.holder.clone(), None),
+                dead: dead_tx.clone(),
+            };
             let assign = egress_ip::run(
                 client.clone(),
-                leading(leadership.clone()),
+                follow(leadership.clone(), |l| l.leading, false),
                 snapshots.clone(),
                 node.clone(),
                 probes,
                 probe_key.clone(),
                 cloud.clone(),
+                Some(standby),
             );
             async move { ctx.until_stopped(super::ended(assign)).await }
         },
@@ -258,22 +265,31 @@ async fn report_leadership(
     }
 }
 
-/// Whether this agent leads, as the assigner consumes it: follows `leadership` until the
-/// election is gone (then: not leading). Lives as long as the returned receiver's holder.
-fn leading(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(leadership.borrow().leading);
+/// One part of the leadership (whether this agent leads, who holds the Lease), as the
+/// assigner consumes it: follows `leadership` until the election is gone (then: `gone`).
+/// Lives as long as the returned receiver's holder.
+fn follow<T: PartialEq + Send + Sync + 'static>(
+    mut leadership: watch::Receiver<Leadership>,
+    part: fn(&Leadership) -> T,
+    gone: T,
+) -> watch::Receiver<T> {
+    let (tx, rx) = watch::channel(part(&leadership.borrow()));
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 changed = leadership.changed() => if changed.is_err() { break },
                 _ = tx.closed() => return,
             }
-            let now = leadership.borrow().leading;
-            if tx.send(now).is_err() {
-                return;
-            }
+            let now = part(&leadership.borrow());
+            tx.send_if_modified(|old| {
+                let differ = *old != now;
+                if differ {
+                    *old = now;
+                }
+                differ
+            });
         }
-        let _ = tx.send(false);
+        let _ = tx.send(gone);
     });
     rx
 }

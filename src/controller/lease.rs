@@ -18,6 +18,13 @@
 //!   duration).
 //! - **Release** on shutdown: holder cleared and `leaseDurationSeconds: 1`, so the next
 //!   candidate takes over at its next attempt instead of waiting for expiry.
+//! - **Early takeover** of a dead holder: the role's own health probes may prove the holder's
+//!   node dead ([`Candidate::set_dead`]: node names, which are the holder identities); a
+//!   follower then takes over at once instead of waiting for the lease to expire (still a
+//!   replace with the resourceVersion read as precondition, so of several followers one
+//!   wins). A leader that reads its Lease held by another stops leading at once rather than
+//!   at its renew deadline: a holder the probes could not reach but the API server can goes
+//!   silent within one retry period.
 //!
 //! Followers read the Lease with `resourceVersion=0` (served from the API server's watch
 //! cache, no etcd read). A stale read is harmless: a decision taken on it is a replace whose
@@ -171,6 +178,8 @@ pub struct Candidate {
     observed: Option<Observed>,
     /// Start of the last successful acquire or renewal, while leading.
     renewed: Option<Instant>,
+    /// Identities whose nodes the role's probes have proven dead (early takeover).
+    dead: std::collections::BTreeSet<String>,
 }
 
 impl Candidate {
@@ -179,7 +188,22 @@ impl Candidate {
             config,
             observed: None,
             renewed: None,
+            dead: Default::default(),
         }
+    }
+
+    /// The holder identities (node names) the probes prove dead now: a follower takes over
+    /// from one of them without waiting for its lease to expire.
+    pub fn set_dead(&mut self, dead: std::collections::BTreeSet<String>) {
+        self.dead = dead;
+    }
+
+    /// The observed holder is another agent proven dead.
+    fn holder_dead(&self) -> bool {
+        self.observed
+            .as_ref()
+            .and_then(Observed::holder)
+            .is_some_and(|h| h != self.config.identity && self.dead.contains(h))
     }
 
     pub fn config(&self) -> &ElectionConfig {
@@ -221,6 +245,10 @@ impl Candidate {
         let retry = self.config.timings.retry_period;
         if self.renewed.is_some() {
             return started + retry;
+        }
+        if self.holder_dead() {
+            // A takeover lost to another follower, or a stale read: try again soon.
+            return started + retry / 10;
         }
         let spread = jitter.clamp(0.0, 1.0) * (JITTER - 1.0);
         let next = started + retry.mul_f64(1.0 + spread);
@@ -337,10 +365,23 @@ impl Candidate {
         }
         let observed = self.observed.as_ref().expect("set above");
         let other = observed.holder().is_some_and(|h| h != self.config.identity);
-        if other && now < observed.expires() {
+        if other && self.renewed.take().is_some() {
+            warn!(
+                "lease {name}: taken over by {}, no longer leading",
+                observed.holder().unwrap_or_default()
+            );
+        }
+        let dead = self.holder_dead();
+        let observed = self.observed.as_ref().expect("set above");
+        if other && now < observed.expires() && !dead {
             return self.failed(now);
         }
-        if other {
+        if other && dead {
+            info!(
+                "lease {name}: held by {}, whose node the probes prove dead: taking over",
+                observed.holder().unwrap_or_default()
+            );
+        } else if other {
             info!(
                 "lease {name}: held by {} but not renewed for {}s, taking over",
                 observed.holder().unwrap_or_default(),
@@ -404,7 +445,7 @@ impl Elector {
         let stopped = async move {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(run(api, Candidate::new(config), tx, stopped));
+        let task = tokio::spawn(run(api, Candidate::new(config), tx, None, stopped));
         Elector {
             leadership,
             stop: Some(stop),
@@ -414,20 +455,25 @@ impl Elector {
 
     /// The election as a task of the agent's runtime, and its leadership. Stopping the task
     /// publishes "not leading", then releases the lease if held (bounded by the renew
-    /// deadline), as [`Elector::shutdown`] does.
+    /// deadline), as [`Elector::shutdown`] does. `dead`: the holder identities the role's
+    /// probes prove dead now ([`Candidate::set_dead`]).
     pub fn task<A: LeaseApi>(
         name: &str,
         api: A,
         config: ElectionConfig,
+        dead: watch::Receiver<std::collections::BTreeSet<String>>,
     ) -> (watch::Receiver<Leadership>, impl Task) {
         let (tx, leadership) = watch::channel(Leadership::default());
-        let mut parts = Some((api, tx));
+        let mut parts = Some((api, tx, dead));
         let task = task(name, OnExit::Finish, move |mut ctx| {
             let parts = parts.take();
             let candidate = Candidate::new(config.clone());
             async move {
-                let (api, tx) = parts.ok_or("runs once: cannot be restarted")?;
-                run(api, candidate, tx, async move { ctx.stopping().await }).await;
+                let (api, tx, dead) = parts.ok_or("runs once: cannot be restarted")?;
+                run(api, candidate, tx, Some(dead), async move {
+                    ctx.stopping().await
+                })
+                .await;
                 Ok(())
             }
         });
@@ -464,6 +510,7 @@ async fn run<A: LeaseApi>(
     api: A,
     mut candidate: Candidate,
     tx: watch::Sender<Leadership>,
+    mut dead: Option<watch::Receiver<std::collections::BTreeSet<String>>>,
     stop: impl Future<Output = ()>,
 ) {
     let mut stop = std::pin::pin!(stop);
@@ -475,6 +522,9 @@ async fn run<A: LeaseApi>(
         });
     };
     loop {
+        if let Some(d) = dead.as_mut() {
+            candidate.set_dead(d.borrow_and_update().clone());
+        }
         let started = Instant::now();
         let budget = candidate.attempt_budget(started);
         let attempt = candidate.attempt(&api, started, Timestamp::now());
@@ -493,8 +543,17 @@ async fn run<A: LeaseApi>(
         if let Some(r) = candidate.renewed {
             next = next.min(r + candidate.config.timings.renew_deadline);
         }
+        // A follower looks again as soon as the probes prove a node dead (it may hold the
+        // lease); a leader has nothing to take over.
+        let following = candidate.renewed.is_none();
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
+            changed = async { dead.as_mut().expect("guarded").changed().await },
+                if following && dead.is_some() => {
+                if changed.is_err() {
+                    dead = None;
+                }
+            }
             _ = &mut stop => break,
         }
     }

@@ -49,6 +49,10 @@ impl<B: NetBackend> NetBackend for Fenced<B> {
         Ok(changes)
     }
 
+    fn conflicts(&self) -> Vec<super::AddressConflict> {
+        self.inner.conflicts()
+    }
+
     fn standing_refusals(&self, desired: &NetDesired) -> Vec<Refusal> {
         if !self.fence.is_set() {
             return self.inner.standing_refusals(desired);

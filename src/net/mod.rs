@@ -240,6 +240,16 @@ pub struct NetChanges {
     pub refused: Vec<Refusal>,
 }
 
+/// An egress address this node holds that another host on the segment answered for too
+/// when it was added (after the wait of `conflict`): two hosts answer ARP / NA for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressConflict {
+    pub addr: IpAddr,
+    pub dev: String,
+    /// The other host's MAC, as `ip neigh` prints it.
+    pub holder: String,
+}
+
 /// A desired address the backend left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -455,6 +465,13 @@ pub trait NetBackend {
     /// Addresses refused whatever the kernel holds (see [`fence::Fenced`]): what the
     /// features must not program even when `plan` fails.
     fn standing_refusals(&self, _desired: &NetDesired) -> Vec<Refusal> {
+        Vec::new()
+    }
+
+    /// The addresses this node holds that another host still answered for when they were
+    /// added ([`AddressConflict`]); an entry goes with its address. Backends without a
+    /// segment have none.
+    fn conflicts(&self) -> Vec<AddressConflict> {
         Vec::new()
     }
 

@@ -50,6 +50,8 @@ enum Job {
 struct ApplyOutcome {
     result: Result<(), NetError>,
     announcer: Option<JoinHandle<()>>,
+    /// Addresses another host still held when they were added.
+    conflicts: Vec<super::AddressConflict>,
 }
 
 /// Addresses, routes and rules through rtnetlink, in the network namespace of its creator.
@@ -58,6 +60,8 @@ pub struct RtnlBackend {
     jobs: Option<mpsc::UnboundedSender<Job>>,
     worker: Option<JoinHandle<()>>,
     announcer: Option<JoinHandle<()>>,
+    /// Held addresses another host answered for too, by address.
+    conflicts: std::collections::BTreeMap<std::net::IpAddr, super::AddressConflict>,
 }
 
 impl RtnlBackend {
@@ -78,6 +82,7 @@ impl RtnlBackend {
                 jobs: Some(jobs),
                 worker: Some(worker),
                 announcer: None,
+                conflicts: Default::default(),
             }),
             Ok(Err(e)) => {
                 let _ = worker.join();
@@ -136,7 +141,17 @@ impl NetBackend for RtnlBackend {
             // A previous announcer keeps running detached; it ends after a few intervals.
             self.announcer = outcome.announcer;
         }
+        for a in &changes.addresses_del {
+            self.conflicts.remove(&a.spec.addr);
+        }
+        for c in outcome.conflicts {
+            self.conflicts.insert(c.addr, c);
+        }
         outcome.result
+    }
+
+    fn conflicts(&self) -> Vec<super::AddressConflict> {
+        self.conflicts.values().cloned().collect()
     }
 
     fn cleanup(&mut self) -> Result<NetChanges, NetError> {
@@ -385,11 +400,12 @@ async fn apply(handle: &Handle, cfg: &NetConfig, changes: &NetChanges) -> ApplyO
             return ApplyOutcome {
                 result: Err(e),
                 announcer: None,
+                conflicts: Vec::new(),
             };
         }
     };
     // Before any address goes on: never two holders of one IP on the segment.
-    wait_for_holders(changes, &links, cfg);
+    let conflicts = wait_for_holders(changes, &links, cfg);
     let mut added = Vec::new();
     let result = add_addresses(handle, changes, &links, &mut added).await;
     let announcer = announce_added(&added, &links, cfg);
@@ -401,7 +417,11 @@ async fn apply(handle: &Handle, cfg: &NetConfig, changes: &NetChanges) -> ApplyO
         Ok(links) => apply_rest(handle, changes, &links).await,
         Err(e) => Err(e),
     };
-    ApplyOutcome { result, announcer }
+    ApplyOutcome {
+        result,
+        announcer,
+        conflicts,
+    }
 }
 
 fn link_index(links: &[KernelLink], object: String, dev: &str) -> Result<u32, NetError> {
@@ -491,10 +511,15 @@ async fn apply_rest(
 
 /// Probes every address about to be added on an Ethernet-like link (in parallel) and returns
 /// once no other host claims them, or after the maximum wait (see `conflict`). Blocks the
-/// worker: the reconcile loop waits for the apply anyway.
-fn wait_for_holders(changes: &NetChanges, links: &[KernelLink], cfg: &NetConfig) {
+/// worker: the reconcile loop waits for the apply anyway. Returns the addresses still held
+/// by another host after the maximum wait (added anyway: reported, not withheld).
+fn wait_for_holders(
+    changes: &NetChanges,
+    links: &[KernelLink],
+    cfg: &NetConfig,
+) -> Vec<super::AddressConflict> {
     if cfg.conflict_probe.is_zero() {
-        return;
+        return Vec::new();
     }
     let candidates: Vec<conflict::Candidate> = changes
         .addresses_add
@@ -510,29 +535,50 @@ fn wait_for_holders(changes: &NetChanges, links: &[KernelLink], cfg: &NetConfig)
         })
         .collect();
     std::thread::scope(|s| {
-        for c in &candidates {
-            s.spawn(move || {
-                match conflict::wait_until_free(c, cfg.conflict_probe, cfg.conflict_max_wait) {
-                    Ok(conflict::Outcome::Free) => {}
-                    Ok(conflict::Outcome::Released(after)) => tracing::info!(
-                        "address {}: its previous holder let it go after {after:?}",
-                        c.addr
-                    ),
-                    Ok(conflict::Outcome::StillHeld(mac)) => tracing::warn!(
-                        "address {}: {} still answers for it after {:?}; adding it anyway",
-                        c.addr,
-                        MacDisplay(mac),
-                        cfg.conflict_max_wait
-                    ),
-                    Err(e) => tracing::warn!(
-                        "address {}: conflict probe on {} failed ({e}); adding it",
-                        c.addr,
-                        c.dev
-                    ),
-                }
-            });
-        }
-    });
+        let probes: Vec<_> = candidates
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    match conflict::wait_until_free(c, cfg.conflict_probe, cfg.conflict_max_wait) {
+                        Ok(conflict::Outcome::Free) => None,
+                        Ok(conflict::Outcome::Released(after)) => {
+                            tracing::info!(
+                                "address {}: its previous holder let it go after {after:?}",
+                                c.addr
+                            );
+                            None
+                        }
+                        Ok(conflict::Outcome::StillHeld(mac)) => {
+                            tracing::warn!(
+                                "address {}: {} still answers for it after {:?}; adding it \
+                                 anyway (reported as EgressIPConflict)",
+                                c.addr,
+                                MacDisplay(mac),
+                                cfg.conflict_max_wait
+                            );
+                            Some(super::AddressConflict {
+                                addr: c.addr,
+                                dev: c.dev.clone(),
+                                holder: MacDisplay(mac).to_string(),
+                            })
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                "address {}: conflict probe on {} failed ({e}); adding it",
+                                c.addr,
+                                c.dev
+                            );
+                            None
+                        }
+                    }
+                })
+            })
+            .collect();
+        probes
+            .into_iter()
+            .filter_map(|p| p.join().ok().flatten())
+            .collect()
+    })
 }
 
 struct MacDisplay([u8; 6]);

@@ -1117,5 +1117,8 @@ fn address_refused(
     }
 }
 
+mod conflicts;
+pub use conflicts::report_conflicts;
+
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,10 @@
 //! not answered yet it writes `Assigned=False/CloudResponsePending` with `status.node` cleared
 //! (a move releases the IP from the old node first), then, after the injectable delay,
 //! `Assigned=True/CloudResponseSuccess` with `status.node = spec.node`, or
-//! `Assigned=False/CloudResponseError` for an IP and node whose failure was injected.
+//! `Assigned=False/CloudResponseError` for an IP and node whose failure was injected. Like
+//! the real controller it holds a finalizer on each object it works on, so a deleted object
+//! stays (with its `deletionTimestamp`) until the stand-in released the IP, the same delay
+//! later.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -19,6 +22,8 @@ use crate::api::cloud_private_ip_config::name_for_ip;
 
 /// How often the stand-in looks at the objects.
 const POLL: Duration = Duration::from_millis(5);
+/// The real controller's finalizer.
+pub const FINALIZER: &str = "cloudprivateipconfig.cloud.network.openshift.io/finalizer";
 
 #[derive(Default)]
 struct Faults {
@@ -34,6 +39,8 @@ struct Work {
     answered: BTreeMap<String, (String, String)>,
     /// When `Assigned=True` was written, per `(object name, node)`.
     attached_at: BTreeMap<(String, String), Instant>,
+    /// Objects being deleted, since when.
+    releasing: BTreeMap<String, Instant>,
 }
 
 /// The running stand-in; stops when dropped.
@@ -120,9 +127,21 @@ fn step(objects: &Objects, faults: &Mutex<Faults>, work: &Mutex<Work>) {
         .collect();
     w.started.retain(|n, _| present.contains(n));
     w.answered.retain(|n, _| present.contains(n));
+    w.releasing.retain(|n, _| present.contains(n));
     for obj in objects.list("CloudPrivateIPConfig") {
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        if !obj["metadata"]["deletionTimestamp"].is_null() {
+            // Deleted: release the IP, then drop the finalizer (the object goes).
+            let since = *w.releasing.entry(name.clone()).or_insert(now);
+            if now.duration_since(since) >= delay {
+                objects.update("CloudPrivateIPConfig", &name, |obj| {
+                    obj["metadata"]["finalizers"] = json!([]);
+                    true
+                });
+            }
+            continue;
+        }
         let Some(node) = obj["spec"]["node"].as_str().map(String::from) else {
             continue;
         };
@@ -171,6 +190,7 @@ fn write_status(objects: &Objects, name: &str, request: &(String, String), statu
         if now != (request.0.as_str(), request.1.as_str()) {
             return false;
         }
+        obj["metadata"]["finalizers"] = json!([FINALIZER]);
         obj["status"] = status;
         true
     });

@@ -319,6 +319,33 @@ impl EipCluster {
         (!holder.is_empty()).then(|| holder.to_string())
     }
 
+    /// Hands the assigner's Lease to node `i` as `kubectl edit lease` would (holder
+    /// rewritten): the old leader's next renewal conflicts and it steps down, and node `i`'s
+    /// agent, reading its own name as holder, renews it. Returns once node `i` leads and has
+    /// for a second (the old leader has stepped down by then).
+    #[track_caller]
+    pub fn hand_lease_to(&self, i: usize, within: Duration) {
+        let lease = || {
+            self.api
+                .object("Lease", LEASE.0, LEASE.1)
+                .expect("the assigner's Lease")
+        };
+        let mut edited = lease();
+        edited["spec"]["holderIdentity"] = json!(node_name(i));
+        self.api.put(edited);
+        let written = lease()["metadata"]["resourceVersion"].clone();
+        // Only node i's agent writes a record naming node i: a newer one is its renewal.
+        let led = self.wait(within, || {
+            let now = lease();
+            (now["spec"]["holderIdentity"] == json!(node_name(i))
+                && now["metadata"]["resourceVersion"] != written)
+                .then(std::time::Instant::now)
+                .ok_or_else(|| format!("Lease {}", now["spec"]))
+        });
+        std::thread::sleep(Duration::from_secs(1).saturating_sub(led.elapsed()));
+        assert_eq!(self.leader(), Some(node_name(i)), "{}", self.all_logs());
+    }
+
     #[track_caller]
     pub fn wait_leader(&self, within: Duration) -> usize {
         self.wait(within, || {

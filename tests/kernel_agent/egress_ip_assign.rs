@@ -87,6 +87,8 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
             None,
             // Bare metal: the fake nodes have no providerID.
             egress_ip::cloud_sync::Settings::default(),
+            // No election: the test says whether it leads.
+            None,
         ));
         (tasks, source.snapshots)
     });

@@ -205,6 +205,71 @@ fn cloud_capacity_is_respected_and_ipv6_names_are_fully_expanded() {
     assert_eq!(v6["spec"]["node"], "w1");
 }
 
+/// A deleted EgressIP frees a slot another one waits for: the new CloudPrivateIPConfig is
+/// created only once the old one is gone (the cloud released the IP; the stand-in holds a
+/// finalizer until then), never while both exist, so the node is never asked for more than
+/// its capacity.
+#[test]
+fn cloud_capacity_counts_a_request_being_deleted_until_it_is_gone() {
+    let api = fake_api();
+    api.put(cloud_node("w1", "192.168.50.11", 1, true));
+    let cloud = CloudController::start(&api, Duration::ZERO);
+    api.put(egress_ip("a", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
+    api.put(egress_ip("b", "2024-01-02T00:00:00Z", &["192.168.50.101"]));
+    let a = start(api, true);
+    let (old, new) = (ip("192.168.50.100"), ip("192.168.50.101"));
+    wait_items(&a.api, "a", &[("192.168.50.100", "w1")]);
+    eventually(WAIT, || {
+        (!events(&a.api, "b", "NoMatchingNodeFound").is_empty())
+            .then_some(())
+            .ok_or("b: no NoMatchingNodeFound Event yet".to_string())
+    });
+
+    // The cloud takes its time to release the IP of the deleted EgressIP.
+    cloud.set_delay(HOLD);
+    a.api.delete("EgressIP", "", "a");
+    eventually(WAIT, || {
+        let obj = a.api.object("CloudPrivateIPConfig", "", &name_for_ip(old));
+        obj.filter(|o| !o["metadata"]["deletionTimestamp"].is_null())
+            .map(|_| ())
+            .ok_or("the old request is not being deleted yet".to_string())
+    });
+    // The assigner sees the object being deleted (one sync per snapshot, milliseconds); give
+    // it ample time to do the wrong thing.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        cloud_request(&a.api, new).is_none(),
+        "created while {old} still occupies w1's only slot: {:?}",
+        a.api.objects("CloudPrivateIPConfig")
+    );
+
+    // Released: the slot is free, b gets it.
+    cloud.set_delay(Duration::ZERO);
+    wait_request(&a.api, new, Some(("w1", "w1", "CloudResponseSuccess")));
+    wait_items(&a.api, "b", &[("192.168.50.101", "w1")]);
+    assert!(cloud_request(&a.api, old).is_none());
+    let order: Vec<String> = a
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.contains("/cloudprivateipconfigs"))
+        .filter(|w| w.method == "POST" || w.method == "DELETE")
+        .map(|w| {
+            format!(
+                "{} {}",
+                w.method,
+                w.body["metadata"]["name"].as_str().unwrap_or(&w.path)
+            )
+        })
+        .collect();
+    let deleted = order.iter().position(|w| w.starts_with("DELETE"));
+    let created = order.iter().position(|w| w.contains("192.168.50.101"));
+    match (deleted, created) {
+        (Some(d), Some(c)) => assert!(d < c, "writes in this order: {order:?}"),
+        _ => panic!("want a DELETE, then the create: {order:?}"),
+    }
+}
+
 /// In the netns cluster with agents: nodes are AWS instances, the cloud holds its answer,
 /// then attaches. Before `Assigned=True` no node has the address and the pod's traffic leaves
 /// with its node's address (the CNI masquerade); after it, with the egress IP. Prints the

@@ -5,6 +5,7 @@
 mod agent;
 mod egress_ip_assign;
 mod egress_ip_cloud;
+mod egress_ip_conflict;
 mod egress_ip_failover;
 mod kube;
 mod lease;

@@ -11,6 +11,12 @@
 //! `CloudResponseError` is a [`Failure`] (`super::cloud_sync` reports it and keeps the IP off
 //! that node for a backoff, so the assignment picks another fitting node where one exists). A
 //! CloudPrivateIPConfig whose IP no EgressIP is assigned is deleted.
+//!
+//! Capacity holds in the cloud, not only in the assignment: deletes are written first, and a
+//! create or move onto a node is written only while every object that names the node
+//! (`spec.node` or `status.node`, including one being deleted: the cloud controller keeps it
+//! until the IP is released) leaves room for it under the node's `egress-ipconfig` capacity.
+//! A request held back is pending; the snapshot in which the old object is gone writes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -18,6 +24,7 @@ use std::net::IpAddr;
 use tracing::debug;
 
 use super::assign::{Assignment, EgressIpInfo};
+use super::egress_ipconfig::Capacity;
 use crate::api::cloud_private_ip_config::{
     REASON_CLOUD_RESPONSE_ERROR, REASON_CLOUD_RESPONSE_SUCCESS,
 };
@@ -45,6 +52,8 @@ pub struct CloudIp {
     pub state: CloudState,
     /// The object's resourceVersion: a failure is counted once per version.
     pub resource_version: Option<String>,
+    /// `metadata.deletionTimestamp` is set: the cloud is releasing the IP.
+    pub deleting: bool,
 }
 
 impl CloudIp {
@@ -87,6 +96,7 @@ pub fn observe(snap: &Snapshot) -> BTreeMap<IpAddr, CloudIp> {
                 node: v.assigned_node,
                 state,
                 resource_version: obj.metadata.resource_version.clone(),
+                deleting: obj.metadata.deletion_timestamp.is_some(),
             },
         );
     }
@@ -149,23 +159,32 @@ pub struct Plan {
     pub refused: BTreeMap<IpAddr, (String, String)>,
 }
 
-/// The plan for `assignments` (by EgressIP name) given the cloud's state.
-pub fn plan(assignments: &BTreeMap<String, Assignment>, cloud: &BTreeMap<IpAddr, CloudIp>) -> Plan {
+/// The plan for `assignments` (by EgressIP name) given the cloud's state and each node's
+/// capacity (a node without one has no limit here: the assignment already refused it).
+pub fn plan(
+    assignments: &BTreeMap<String, Assignment>,
+    cloud: &BTreeMap<IpAddr, CloudIp>,
+    capacity: &BTreeMap<String, Capacity>,
+) -> Plan {
     let mut p = Plan::default();
     let mut wanted: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut requests = Vec::new();
     for (eip, a) in assignments {
         for (ip, node) in &a.items {
             wanted.insert(*ip);
             let Some(c) = cloud.get(ip) else {
-                p.writes.push(Write::Create {
+                requests.push(Write::Create {
                     ip: *ip,
                     node: node.clone(),
                 });
                 p.pending.push((eip.clone(), *ip, node.clone()));
                 continue;
             };
-            if c.requested.as_deref() != Some(node) {
-                p.writes.push(Write::Move {
+            if c.deleting {
+                // Being released: asked again once gone.
+                p.pending.push((eip.clone(), *ip, node.clone()));
+            } else if c.requested.as_deref() != Some(node) {
+                requests.push(Write::Move {
                     ip: *ip,
                     from: c.requested.clone(),
                     to: node.clone(),
@@ -192,10 +211,60 @@ pub fn plan(assignments: &BTreeMap<String, Assignment>, cloud: &BTreeMap<IpAddr,
             p.refused.insert(*ip, (message.clone(), since.clone()));
         }
     }
-    for ip in cloud.keys().filter(|ip| !wanted.contains(ip)) {
-        p.writes.push(Write::Delete { ip: *ip });
+    for (ip, c) in cloud {
+        if !wanted.contains(ip) && !c.deleting {
+            p.writes.push(Write::Delete { ip: *ip });
+        }
+    }
+    let mut occupied = occupancy(cloud);
+    for w in requests {
+        let (ip, node) = match &w {
+            Write::Create { ip, node } | Write::Move { ip, to: node, .. } => (*ip, node),
+            Write::Delete { .. } => unreachable!("requests are creates and moves"),
+        };
+        let load = occupied.entry(node.clone()).or_default();
+        let room = load.0.contains(&ip)
+            || capacity
+                .get(node)
+                .is_none_or(|c| c.has_room(load.len_v4(), load.len_v6(), ip));
+        if room {
+            load.insert(ip);
+            p.writes.push(w);
+        } else {
+            debug!("egress IP {ip}: node {node} has no free slot in the cloud yet, waiting");
+        }
     }
     p
+}
+
+/// IPs the cloud holds or is asked to hold, per node: every object counts on its `spec.node`
+/// and its `status.node`, whatever its state (a release in progress still occupies a slot).
+fn occupancy(cloud: &BTreeMap<IpAddr, CloudIp>) -> BTreeMap<String, Slots> {
+    let mut out: BTreeMap<String, Slots> = BTreeMap::new();
+    for (ip, c) in cloud {
+        for node in c.requested.iter().chain(c.node.iter()) {
+            out.entry(node.clone()).or_default().insert(*ip);
+        }
+    }
+    out
+}
+
+/// The IPs occupying one node's slots.
+#[derive(Debug, Default)]
+struct Slots(BTreeSet<IpAddr>);
+
+impl Slots {
+    fn insert(&mut self, ip: IpAddr) {
+        self.0.insert(ip);
+    }
+
+    fn len_v4(&self) -> usize {
+        self.0.iter().filter(|ip| ip.is_ipv4()).count()
+    }
+
+    fn len_v6(&self) -> usize {
+        self.0.iter().filter(|ip| ip.is_ipv6()).count()
+    }
 }
 
 #[cfg(test)]
@@ -300,10 +369,11 @@ mod tests {
             ("b", "10.0.0.4", "w3"),
             ("b", "fd00::1", "w3"),
         ]);
-        let p = plan(&a, &observe(&snap));
+        let p = plan(&a, &observe(&snap), &BTreeMap::new());
         assert_eq!(
             p.writes,
             vec![
+                Write::Delete { ip: ip("10.0.0.9") },
                 Write::Move {
                     ip: ip("10.0.0.2"),
                     from: Some("w1".into()),
@@ -313,7 +383,6 @@ mod tests {
                     ip: ip("fd00::1"),
                     node: "w3".into()
                 },
-                Write::Delete { ip: ip("10.0.0.9") },
             ]
         );
         assert_eq!(
@@ -332,6 +401,57 @@ mod tests {
             }]
         );
         assert_eq!(p.pending.len(), 3);
+    }
+
+    #[test]
+    fn a_request_waits_for_a_slot_until_the_object_holding_it_is_gone() {
+        let one = Capacity {
+            ipv4: Some(1),
+            ipv6: Some(1),
+            ip: None,
+        };
+        let capacity = BTreeMap::from([("w1".to_string(), one)]);
+        let wanted = assignments(&[("b", "10.0.0.2", "w1")]);
+        let attached = cpic(
+            "10.0.0.1",
+            "w1",
+            Some(("w1", "True", "CloudResponseSuccess", "")),
+        );
+        // Unwanted and present: deleted, and the create waits.
+        let snap = Snapshot::builder().with(attached.clone()).build();
+        let p = plan(&wanted, &observe(&snap), &capacity);
+        assert_eq!(p.writes, vec![Write::Delete { ip: ip("10.0.0.1") }]);
+        assert_eq!(p.pending.len(), 1);
+        // Being deleted (the cloud releasing it): no second delete, still no create.
+        let mut deleting = attached;
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2024-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        let snap = Snapshot::builder().with(deleting.clone()).build();
+        assert_eq!(plan(&wanted, &observe(&snap), &capacity).writes, vec![]);
+        // A move onto w1 waits the same way; another family has its own slot.
+        let moving = assignments(&[("b", "10.0.0.2", "w1"), ("b", "fd00::2", "w1")]);
+        let snap = Snapshot::builder()
+            .with(deleting)
+            .with(cpic("10.0.0.2", "w2", None))
+            .build();
+        assert_eq!(
+            plan(&moving, &observe(&snap), &capacity).writes,
+            vec![Write::Create {
+                ip: ip("fd00::2"),
+                node: "w1".into()
+            }]
+        );
+        // Gone: the slot is free.
+        let snap = Snapshot::builder().build();
+        assert_eq!(
+            plan(&wanted, &observe(&snap), &capacity).writes,
+            vec![Write::Create {
+                ip: ip("10.0.0.2"),
+                node: "w1".into()
+            }]
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! node); [`run`] is the assigner task the leader runs: on every snapshot and every change of
 //! the [`probe`] verdicts it recomputes the assignment ([`decide`]) and writes the
 //! `status.items` that differ, with Warning Events for IPs it cannot place and Normal Events
-//! for IPs it moves. The probes run only while leading, on the nodes of [`probe_targets`].
+//! for IPs it moves. The probes run for the whole candidacy, on the nodes of
+//! [`probe_targets`] and the Lease holder's ([`Standby`]), signed only while leading.
 //!
 //! Writing `status.items`: server-side apply with one field manager for the role,
 //! [`FIELD_MANAGER`] (not per node), and `force`, so a new leader owns exactly the fields the
@@ -240,9 +241,22 @@ pub enum StatusPath {
     Object,
 }
 
-/// Runs the assigner: idle while `leading` is false; while true, probes the candidates
-/// (`probes`), recomputes on every snapshot and verdict change and writes what differs.
+/// What a candidate that does not lead does for the role: it probes the Lease holder's node
+/// too and publishes the nodes its probes prove dead, so that the election takes over from a
+/// dead holder at once ([`crate::controller::lease::Candidate::set_dead`]) instead of after the
+/// lease duration, and the new leader starts with verdicts already formed.
+pub struct Standby {
+    /// The Lease holder as the election last read it.
+    pub holder: watch::Receiver<Option<String>>,
+    /// The nodes the probes prove dead now.
+    pub dead: watch::Sender<BTreeSet<String>>,
+}
+
+/// Runs the assigner: probes the candidates ([`probe_targets`], and with a [`Standby`] the
+/// Lease holder) for as long as it runs, signing the probes only while `leading`; while
+/// leading, recomputes on every snapshot and verdict change and writes what differs.
 /// `instance` names this agent in Events. Ends when a channel closes.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     mut leading: watch::Receiver<bool>,
@@ -251,66 +265,91 @@ pub async fn run(
     probes: probe::Settings,
     probe_key: Option<probe_auth::ProbeKey>,
     cloud: cloud_sync::Settings,
+    mut standby: Option<Standby>,
 ) {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: FIELD_MANAGER.into(),
-            instance: Some(instance),
+            instance: Some(instance.clone()),
         },
     );
     let cloud_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let api: Api<EgressIP> = Api::all(client);
+    // One prober for the whole candidacy: a standby's verdicts carry over into its term, so
+    // a takeover from a dead leader acts on them at once (every node is alive until proven
+    // dead, so a takeover alone moves nothing).
+    let (targets_tx, targets_rx) = watch::channel(probe::Targets::new());
+    let (verdicts_tx, mut verdicts) = watch::channel(probe::Verdicts::new());
+    let prober = tokio::spawn(probe::run(
+        probes,
+        probe_key,
+        targets_rx,
+        verdicts_tx,
+        leading.clone(),
+    ));
+    let _stop_prober = AbortOnDrop(prober);
+    let mut term: Option<Term> = None;
     loop {
-        if !*leading.borrow_and_update() {
-            if leading.changed().await.is_err() {
-                return;
-            }
-            continue;
+        let now_leading = *leading.borrow_and_update();
+        if now_leading && term.is_none() {
+            info!("EgressIP assigner: leading");
+            let cloud_sync = CloudSync::new(cloud_api.clone(), &cloud);
+            term = Some(Term::new(&api, &recorder, cloud_sync, &cloud));
+        } else if !now_leading && term.take().is_some() {
+            info!("EgressIP assigner: no longer leading");
         }
-        info!("EgressIP assigner: leading");
-        let cloud_sync = CloudSync::new(cloud_api.clone(), &cloud);
-        let mut term = Term::new(&api, &recorder, cloud_sync, &cloud);
-        // The probes of this term: every node alive until they say otherwise.
-        let (targets_tx, targets_rx) = watch::channel(probe::Targets::new());
-        let (verdicts_tx, mut verdicts) = watch::channel(probe::Verdicts::new());
-        let prober = tokio::spawn(probe::run(
-            probes,
-            probe_key.clone(),
-            targets_rx,
-            verdicts_tx,
-        ));
-        let _stop_prober = AbortOnDrop(prober);
-        loop {
-            let snap = snapshots.borrow_and_update().clone();
-            if let Some(snap) = snap {
-                let targets = probe_targets(&snap);
-                targets_tx.send_if_modified(|t| {
-                    let differ = *t != targets;
+        let snap = snapshots.borrow_and_update().clone();
+        if let Some(snap) = snap {
+            let mut targets = probe_targets(&snap);
+            if let Some(s) = standby.as_mut() {
+                let holder = s.holder.borrow_and_update().clone();
+                if let Some(h) = holder.filter(|h| *h != instance && !targets.contains_key(h)) {
+                    let node = snap.nodes().get(&h).cloned();
+                    let addrs = node.map(|n| snapshot::node_addresses(&n, &["InternalIP"]));
+                    targets.insert(h, addrs.unwrap_or_default());
+                }
+            }
+            targets_tx.send_if_modified(|t| {
+                let differ = *t != targets;
+                if differ {
+                    *t = targets;
+                }
+                differ
+            });
+            let v = verdicts.borrow_and_update().clone();
+            if let Some(s) = &standby {
+                let dead: BTreeSet<String> = v
+                    .iter()
+                    .filter(|(_, alive)| !**alive)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                s.dead.send_if_modified(|d| {
+                    let differ = *d != dead;
                     if differ {
-                        *t = targets;
+                        *d = dead;
                     }
                     differ
                 });
-                let v = verdicts.borrow_and_update().clone();
+            }
+            if let Some(term) = term.as_mut() {
                 term.sync(&snap, &leading, &v).await;
             }
-            let wake = term.wake_in();
-            tokio::select! {
-                changed = leading.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    if !*leading.borrow() {
-                        info!("EgressIP assigner: no longer leading");
-                        break;
-                    }
-                }
-                changed = snapshots.changed() => if changed.is_err() { return },
-                // The prober ends only with its targets: a closed channel cannot happen here.
-                Ok(()) = verdicts.changed() => {}
-                _ = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => {}
+        }
+        let wake = term.as_ref().and_then(Term::wake_in);
+        let holder_changed = async {
+            match standby.as_mut() {
+                Some(s) => s.holder.changed().await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            changed = leading.changed() => if changed.is_err() { return },
+            changed = snapshots.changed() => if changed.is_err() { return },
+            // The prober ends only with its targets: a closed channel cannot happen here.
+            Ok(()) = verdicts.changed() => {}
+            changed = holder_changed => if changed.is_err() { standby = None },
+            _ = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => {}
         }
     }
 }

@@ -24,6 +24,9 @@
 //! key ([`super::probe_auth`]): the probed node's fence takes only such probes for the
 //! assigner's word. Without a key the payload is unsigned (the magic and zeros): the probes
 //! still judge node health (the kernel echoes any payload), and prove nothing to the fence.
+//! A standby (a candidate that does not lead, probing to see the leader's node die) sends
+//! zeros without the magic while `sign` is false: the fences do not even look at them, so a
+//! standby never keeps a cut-off node's fence quiet.
 //!
 //! **Verdicts.** [`Probes`] is the pure, clock-explicit state machine: every `interval` a
 //! round sends one echo to every address of every target node; a round with a matching reply
@@ -42,7 +45,7 @@
 //!   stale ruleset, broken uplink on a second NIC) stays alive: the probe sees the kernel on
 //!   the node network, nothing more. Node Ready and the other assignment rules still apply.
 //! - The leader's own network failing makes every other node look dead. When more than half
-//!   of three or more probed nodes are dead at once, the prober trusts itself less than the
+//!   of two or more probed nodes are dead at once, the prober trusts itself less than the
 //!   cluster and publishes every node alive ([`Probes::verdicts`]), with a warning: a real
 //!   outage of most egress nodes is then handled by Node Ready only.
 //! - Without `CAP_NET_RAW` the sockets cannot be opened: a warning, and every node stays
@@ -222,8 +225,9 @@ impl Probes {
         self.nodes.get(node).map(|h| h.alive)
     }
 
-    /// Whether the dead are too many to be believed: more than half of three or more probed
-    /// nodes (the prober's own network is the likelier failure).
+    /// Whether the dead are too many to be believed: more than half of two or more probed
+    /// nodes (the prober's own network, or a flood at its node drowning the replies, is the
+    /// likelier failure; with two, both dead leaves nowhere to move their IPs anyway).
     pub fn self_suspect(&self) -> bool {
         let owners: BTreeSet<&String> = self.owners.values().collect();
         let probed: Vec<&NodeHealth> = self
@@ -233,7 +237,7 @@ impl Probes {
             .map(|(_, h)| h)
             .collect();
         let dead = probed.iter().filter(|h| !h.alive).count();
-        probed.len() >= 3 && dead * 2 > probed.len()
+        probed.len() >= 2 && dead * 2 > probed.len()
     }
 
     /// The verdicts to publish: every target, all alive while [`Probes::self_suspect`].
@@ -254,13 +258,14 @@ pub async fn run(
     key: Option<ProbeKey>,
     mut targets: watch::Receiver<Targets>,
     verdicts: watch::Sender<Verdicts>,
+    sign: watch::Receiver<bool>,
 ) {
     if !settings.enabled() {
         info!("EgressIP node probes are off: nodes are judged by Node Ready only");
         let _ = targets.wait_for(|_| false).await;
         return;
     }
-    let sockets = match Sockets::open(key) {
+    let sockets = match Sockets::open(key, sign) {
         Ok(s) => s,
         Err(e) => {
             warn!(
@@ -342,6 +347,8 @@ struct Sockets {
     v6: Option<UdpSocket>,
     ident: u16,
     key: Option<ProbeKey>,
+    /// The assigner's probes (leading): signed; a standby's: no magic.
+    sign: watch::Receiver<bool>,
     /// Random per prober run: the probed nodes count replays per session.
     session: u64,
     counter: std::sync::atomic::AtomicU64,
@@ -353,7 +360,7 @@ const ICMP6_ECHO: u8 = 128;
 const ICMP6_ECHO_REPLY: u8 = 129;
 
 impl Sockets {
-    fn open(key: Option<ProbeKey>) -> std::io::Result<Sockets> {
+    fn open(key: Option<ProbeKey>, sign: watch::Receiver<bool>) -> std::io::Result<Sockets> {
         // Raw ICMP sockets see every ICMP message the node receives; replies are picked out in
         // user space (`parse_reply`: echo replies with our identifier). The kernel's
         // ICMP_FILTER / ICMP6_FILTER would drop the rest earlier, but setting them needs a raw
@@ -376,6 +383,7 @@ impl Sockets {
             v6,
             ident,
             key,
+            sign,
             session: random_session(),
             counter: std::sync::atomic::AtomicU64::new(0),
         })
@@ -383,6 +391,9 @@ impl Sockets {
 
     /// The payload of the next echo to `to`: signed when there is a key.
     fn payload(&self, to: IpAddr) -> [u8; PAYLOAD_LEN] {
+        if !*self.sign.borrow() {
+            return [0u8; PAYLOAD_LEN];
+        }
         let Some(key) = &self.key else {
             let mut p = [0u8; PAYLOAD_LEN];
             p[..8].copy_from_slice(probe_auth::MAGIC);
@@ -731,6 +742,33 @@ mod tests {
         assert_eq!(p.alive("b"), Some(false));
     }
 
+    /// Exactly two probed nodes (two egress-assignable nodes): one dead is believed (the
+    /// other can take its IPs); both dead at once is the prober's own trouble (its network, or
+    /// a flood of ICMP at its node drowning the replies) far likelier than two failures, and
+    /// there would be nowhere to move the IPs anyway.
+    #[test]
+    fn two_probed_nodes_both_dead_suspects_the_prober() {
+        let t0 = Instant::now();
+        let s = Settings {
+            interval: 100 * MS,
+            misses: 1,
+            rises: 1,
+        };
+        let mut p = Probes::new(s, t0);
+        p.set_targets(&targets(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]));
+        p.poll(t0);
+        p.reply(ip("10.0.0.1"), p.seq);
+        p.poll(t0 + 100 * MS);
+        assert!(!p.self_suspect());
+        assert!(!p.verdicts()["b"]);
+        p.poll(t0 + 200 * MS);
+        assert!(p.self_suspect());
+        assert!(p.verdicts().values().all(|a| *a));
+        // One probed node: its verdict is all there is.
+        p.set_targets(&targets(&[("a", &["10.0.0.1"])]));
+        assert!(!p.self_suspect());
+    }
+
     const NO_KEY: [u8; PAYLOAD_LEN] = {
         let mut p = [0u8; PAYLOAD_LEN];
         let mut i = 0;
@@ -776,6 +814,7 @@ mod tests {
             v6: None,
             ident: 1,
             key: Some(key.clone()),
+            sign: watch::channel(true).1,
             session: 42,
             counter: std::sync::atomic::AtomicU64::new(0),
         };
@@ -789,6 +828,14 @@ mod tests {
         assert_eq!(v.accept(&b, &[to], now), Err(probe_auth::Refused::Replay));
         let unsigned = Sockets { key: None, ..s };
         assert_eq!(unsigned.payload(to), NO_KEY);
+        // A standby's probes (not leading) carry no magic: no fence looks at them.
+        let standby = Sockets {
+            sign: watch::channel(false).1,
+            ..unsigned
+        };
+        assert_eq!(standby.payload(to), [0; PAYLOAD_LEN]);
+        let v6 = echo(ICMP6_ECHO, 1, 1, &standby.payload(to), false);
+        assert_eq!(parse_request(false, &v6, ip("fd00::9")), None);
     }
 
     #[test]

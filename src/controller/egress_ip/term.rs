@@ -93,7 +93,14 @@ impl<'a> Term<'a> {
         cloud::stick_to_requests(&mut eips, &observed);
         self.cloud.avoid(&mut eips, now);
         let out = assign::assign(&eips, &nodes);
-        let plan = cloud::plan(&out, &observed);
+        let capacity = nodes
+            .iter()
+            .filter_map(|n| match &n.cloud {
+                Some(Ok(nic)) => Some((n.name.clone(), nic.capacity)),
+                _ => None,
+            })
+            .collect();
+        let plan = cloud::plan(&out, &observed, &capacity);
         for note in self.cloud.apply(&plan, now).await {
             self.publish_note(snap, &note).await;
         }

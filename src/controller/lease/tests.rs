@@ -198,6 +198,39 @@ async fn a_dead_leader_is_replaced_after_the_lease_duration_on_the_followers_clo
 }
 
 #[tokio::test]
+async fn a_holder_the_probes_prove_dead_is_replaced_at_once_and_steps_down_at_its_next_renewal() {
+    let api = FakeLeases::default();
+    let t0 = Instant::now();
+    let (mut a, mut b) = (
+        Candidate::new(config("node-a")),
+        Candidate::new(config("node-b")),
+    );
+    assert!(a.attempt(&api, t0, wall()).await);
+    assert!(!b.attempt(&api, t0 + MS, wall()).await);
+    // Another node dead changes nothing.
+    b.set_dead(["node-c".to_string()].into());
+    assert!(!b.attempt(&api, t0 + MS * 2, wall()).await);
+    assert_eq!(b.next_attempt(t0 + MS * 2, 0.0), t0 + MS * 2 + RETRY);
+    // The holder's node dead: taken over long before the lease expires.
+    b.set_dead(["node-a".to_string()].into());
+    assert_eq!(b.next_attempt(t0 + MS * 3, 0.0), t0 + MS * 3 + RETRY / 10);
+    let early = t0 + MS * 400;
+    assert!(b.attempt(&api, early, wall()).await);
+    assert_eq!(api.holder().as_deref(), Some("node-b"));
+    assert_eq!(api.transitions(), 1);
+    // node-a was only cut off from node-b: its next renewal conflicts, it reads node-b's
+    // record and stops leading at once, not at its renew deadline.
+    assert!(a.leading(early + RETRY));
+    assert!(!a.attempt(&api, t0 + RETRY, wall()).await);
+    assert!(!a.leading(t0 + RETRY));
+    assert_eq!(api.holder().as_deref(), Some("node-b"));
+    // A candidate never takes over from itself because its own node is in the set.
+    let mut own = Candidate::new(config("node-b"));
+    own.set_dead(["node-b".to_string()].into());
+    assert!(!own.holder_dead());
+}
+
+#[tokio::test]
 async fn renew_times_from_a_skewed_clock_do_not_matter() {
     let api = FakeLeases::default();
     let t0 = Instant::now();

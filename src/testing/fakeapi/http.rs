@@ -376,7 +376,7 @@ fn write(
         }
         if method == Method::DELETE && t.name.is_some() {
             let (ns, name) = (t.namespace.unwrap_or_default(), t.name.unwrap_or_default());
-            let ev = shared.state().delete(t.resource.kind, &ns, &name);
+            let ev = shared.state().request_delete(t.resource.kind, &ns, &name);
             return match ev {
                 Some(ev) => {
                     let obj = ev.object.clone();

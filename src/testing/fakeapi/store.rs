@@ -168,6 +168,15 @@ impl State {
         let rv = self.rv;
         let map = self.objects.entry(resource).or_default();
         let existed = map.contains_key(&key);
+        let released = obj["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.is_empty());
+        if existed && released && !obj["metadata"]["deletionTimestamp"].is_null() {
+            // The last finalizer of an object being deleted is gone: so is the object.
+            map.remove(&key);
+            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+            return self.record(rv, resource, "DELETED", obj);
+        }
         let meta = obj["metadata"].as_object_mut().expect("metadata");
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         meta.entry("uid")
@@ -182,6 +191,32 @@ impl State {
             if existed { "MODIFIED" } else { "ADDED" },
             obj,
         )
+    }
+
+    /// A DELETE request: an object with finalizers only gets its `deletionTimestamp` (watchers
+    /// see MODIFIED) and goes once its last finalizer is removed ([`Self::put`] of it without
+    /// one), as on a real API server; others go at once.
+    pub fn request_delete(
+        &mut self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<WatchEvent> {
+        let resource = Resource::by_kind(kind);
+        let key = (namespace.to_string(), name.to_string());
+        let obj = self.objects.get(&resource)?.get(&key)?;
+        let held = obj["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if !held {
+            return self.delete(kind, namespace, name);
+        }
+        let mut obj = obj.clone();
+        if obj["metadata"]["deletionTimestamp"].is_null() {
+            let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ");
+            obj["metadata"]["deletionTimestamp"] = json!(now.to_string());
+        }
+        Some(self.put(obj))
     }
 
     pub fn delete(&mut self, kind: &str, namespace: &str, name: &str) -> Option<WatchEvent> {
