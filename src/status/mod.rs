@@ -353,6 +353,8 @@ mod tests {
             duration: Duration::ZERO,
             applied: Some(&table),
             drift_seq: 0,
+            full: false,
+            cleanup_failed: false,
         });
     }
 

@@ -476,7 +476,7 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
         t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE)]);
-    let _agent = t.agent.spawn(&[]);
+    let agent = t.agent.spawn(&[]);
     let flow = udp_flow(&t.c1.ns);
     let first = eventually(Duration::from_secs(10), || {
         udp_ask(&flow, "172.30.0.40:53", SECOND).ok_or_else(|| "no UDP reply".to_string())
@@ -498,6 +498,19 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
         }
     });
     assert_eq!(moved, "b2");
+    // kube-proxy's conntrack reconciler series saw the deletion, under its family.
+    let admin = "127.0.0.1:9942".parse().unwrap();
+    let deleted = |family: &str| {
+        let name = format!(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{{ip_family=\"{family}\"}}"
+        );
+        agent.metric(admin, &name)
+    };
+    eventually(Duration::from_secs(10), || match deleted("IPv4") {
+        Some(n) if n >= 1.0 => Ok(()),
+        other => Err(format!("IPv4 conntrack deletions: {other:?}")),
+    });
+    assert_eq!(deleted("IPv6"), Some(0.0));
 }
 
 /// `GET path` over HTTP from `ns`: (status code, body).
