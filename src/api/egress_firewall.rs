@@ -23,6 +23,7 @@ pub const STATUS_NOT_APPLIED_PREFIX: &str = "EgressFirewall Rules not correctly 
     group = "k8s.ovn.org",
     version = "v1",
     kind = "EgressFirewall",
+    doc = "EgressFirewall describes the current egress firewall for a Namespace. Traffic from a pod to an IP address outside the cluster will be checked against each EgressFirewallRule in the pod's namespace's EgressFirewall, in order. If no rule matches (or no EgressFirewall is present) then the traffic will be allowed by default.",
     plural = "egressfirewalls",
     namespaced,
     status = "EgressFirewallStatus",

@@ -54,6 +54,7 @@ pub mod event_reason {
     group = "k8s.ovn.org",
     version = "v1",
     kind = "EgressIP",
+    doc = "EgressIP is a CRD allowing the user to define a fixed source IP for all egress traffic originating from any pods which match the EgressIP resource according to its spec definition.",
     plural = "egressips",
     status = "EgressIPStatus",
     derive = "PartialEq"

@@ -108,6 +108,18 @@ fn reference(kind: Kind, key: &ObjectKey, uid: Option<String>) -> ObjectReferenc
     }
 }
 
+/// The object's current `status.conditions` (EgressQoS).
+fn current_conditions(
+    obj: &AnyObject,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    match obj {
+        AnyObject::EgressQoS(o) => (o.status.as_ref())
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// The object's current `status.status` and `status.messages`.
 fn current_status(obj: &AnyObject) -> (Option<String>, Vec<String>) {
     let status = match obj {
@@ -194,6 +206,8 @@ impl SyncObserver for StatusObserver {
             let id = (kind, key.clone());
             seen.insert(id.clone());
             let (status, messages) = current_status(&obj);
+            let conditions = current_conditions(&obj);
+            let messages = merge::entries_with_zone_conditions(&messages, &conditions, &self.node);
             let verdict = merge::verdict(kind.as_str(), failure.as_deref());
             let wanted = merge::desired(
                 kind.as_str(),
@@ -202,6 +216,24 @@ impl SyncObserver for StatusObserver {
                 status.as_deref(),
                 &messages,
             );
+            let wanted = if kind == Kind::EgressQoS {
+                let now = merge::rfc3339(&k8s_openapi::jiff::Timestamp::now());
+                let applied = failure.is_none();
+                let mut z =
+                    merge::ZoneCondition::new(&self.node, &verdict, applied, &conditions, &now);
+                // Sent and not visible yet: the same transition, not a new one each sync.
+                if let Some(sent) = self.sent.get(&id).and_then(|p| p.condition.as_ref())
+                    && sent.type_ == z.type_
+                    && sent.status == z.status
+                    && sent.message == z.message
+                {
+                    z.last_transition_time = sent.last_transition_time.clone();
+                }
+                let (k, node) = (kind.as_str(), &self.node);
+                merge::desired_with_condition(wanted, k, node, &verdict, &messages, z, &conditions)
+            } else {
+                wanted
+            };
             match wanted {
                 None => {
                     self.sent.remove(&id);
@@ -314,11 +346,22 @@ async fn apply(
 ) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let mut status = json!({"status": patch.status, "messages": [patch.message]});
+    if let Some(c) = &patch.condition {
+        // Keyed by type (list-type map): this node's field manager owns this entry alone.
+        status["conditions"] = json!([{
+            "type": c.type_,
+            "status": c.status,
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": c.last_transition_time,
+        }]);
+    }
     let body = json!({
         "apiVersion": kind.api_version(),
         "kind": kind.as_str(),
         "metadata": {"name": key.name, "namespace": key.namespace},
-        "status": {"status": patch.status, "messages": [patch.message]},
+        "status": status,
     });
     api.patch_status(&key.name, params, &Patch::Apply(&body))
         .await?;
