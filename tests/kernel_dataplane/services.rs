@@ -583,7 +583,7 @@ pub(crate) fn health_check_node_port_counts_ready_local_endpoints() {
     eventually(Duration::from_secs(10), || {
         let name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"}";
         match series(name) {
-            Some(n) if n == 1.0 => Ok(()),
+            Some(1.0) => Ok(()),
             other => Err(format!("{name}: {other:?}")),
         }
     });
