@@ -40,11 +40,13 @@ pub struct EgressQoSRule {
     /// DSCP marking value for matching pods' traffic.
     pub dscp: i32,
     /// DstCIDR specifies the destination's CIDR. Only traffic heading to this CIDR will be marked
-    /// with the DSCP value. Optional: when unset the rule applies to all egress traffic.
+    /// with the DSCP value. This field is optional, and in case it is not set the rule is applied
+    /// to all egress traffic regardless of the destination.
     #[serde(rename = "dstCIDR", default, skip_serializing_if = "Option::is_none")]
     pub dst_cidr: Option<String>,
     /// PodSelector applies the QoS rule only to the pods in the namespace whose label matches
-    /// this definition. Optional: when unset the rule applies to all pods in the namespace.
+    /// this definition. This field is optional, and in case it is not set results in the rule
+    /// being applied to all pods in the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub pod_selector: Option<LabelSelector>,
@@ -64,10 +66,10 @@ pub struct EgressQoSStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     /// An array of condition objects indicating details about status of EgressQoS object.
-    /// Each node agent owns one, `Ready-In-Zone-<node>` (every node is its own zone), under
-    /// its own field manager, as OVN-Kubernetes' zone controllers write them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::schema::qos_conditions")]
+    // Each node agent owns one, `Ready-In-Zone-<node>` (every node is its own zone), under
+    // its own field manager, as OVN-Kubernetes' zone controllers write them (`status::merge`).
     pub conditions: Option<Vec<Condition>>,
     /// nodeplane's own, not in OVN-Kubernetes' CRD (its API server prunes it): one
     /// `<node>: <status>` entry per node agent, each written by that node's field manager

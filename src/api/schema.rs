@@ -39,7 +39,7 @@ pub fn label_selector(_: &mut SchemaGenerator) -> Schema {
                 "x-kubernetes-list-type": "atomic"
             },
             "matchLabels": {
-                "description": "matchLabels is a map of {key,value} pairs. The requirements are ANDed.",
+                "description": "matchLabels is a map of {key,value} pairs. A single {key,value} in the matchLabels map is equivalent to an element of matchExpressions, whose key field is \"key\", the operator is \"In\", and the values array contains only \"value\". The requirements are ANDed.",
                 "type": "object",
                 "additionalProperties": { "type": "string" }
             }
