@@ -437,4 +437,64 @@ mod tests {
         observe(&mut o, &snap, Some(note));
         assert_eq!(events(&mut rx).len(), 1);
     }
+
+    /// With OVN-Kubernetes' EgressQoS CRD the API server prunes `status.messages`: the node
+    /// never sees its entry, yet writes once (with its zone condition), not after every sync.
+    #[test]
+    fn pruned_messages_are_written_once_with_the_zone_condition() {
+        use crate::api::egress_qos::EgressQoSStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut o = StatusObserver::new("w1", tx);
+        let mut qos = objects::egress_qos("shop", "[{dscp: 46}]").object();
+        // What the API server kept of an earlier write: status and condition, no messages.
+        qos.status = Some(EgressQoSStatus {
+            status: Some("EgressQoS Rules applied".into()),
+            conditions: Some(vec![Condition {
+                type_: "Ready-In-Zone-w1".into(),
+                status: "True".into(),
+                reason: "SetupSucceeded".into(),
+                message: "EgressQoS Rules applied".into(),
+                last_transition_time: Time("2026-01-01T00:00:00Z".parse().unwrap()),
+                observed_generation: None,
+            }]),
+            messages: None,
+        });
+        let snap = Snapshot::builder().with(qos).build();
+        let sync = |o: &mut StatusObserver| {
+            let report = SyncReport {
+                statuses: vec![ObjectStatus {
+                    kind: Kind::EgressQoS,
+                    key: ObjectKey::new("shop", "default"),
+                    result: Ok(()),
+                    event: None,
+                }],
+                ..SyncReport::default()
+            };
+            let table = Table::new("nodeplane");
+            o.observe(&SyncOutcome {
+                snapshot: Some(&snap),
+                result: &Ok(report),
+                duration: Duration::ZERO,
+                applied: Some(&table),
+                drift_seq: 0,
+                full: false,
+                cleanup_failed: false,
+            });
+        };
+        let mut patches = Vec::new();
+        for _ in 0..3 {
+            sync(&mut o);
+            while let Ok(job) = rx.try_recv() {
+                if let Job::Status { patch, .. } = job {
+                    patches.push(patch);
+                }
+            }
+        }
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        let c = patches[0].condition.as_ref().unwrap();
+        assert_eq!(c.type_, "Ready-In-Zone-w1");
+        // The condition did not transition: its time stays.
+        assert_eq!(c.last_transition_time, "2026-01-01T00:00:00Z");
+    }
 }
