@@ -19,15 +19,17 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
-pub use crate::plan::services::UdpFrontend;
+pub use crate::plan::services::{ConntrackReconciled, UdpFrontend};
 
 /// The services' side effect after each commit: a deleted flow's next packet picks a live
-/// backend, or reaches the frontend that now has one.
+/// backend, or reaches the frontend that now has one. What it did per family is kept for
+/// the metrics (kube-proxy's `conntrack_reconciler_*`).
 impl crate::plan::Output for crate::plan::services::ServicesOutput {
-    fn after_commit(&self) -> Result<(), String> {
-        delete_stale_udp_flows(&self.stale_udp, &self.new_udp_frontends)
-            .map(drop)
-            .map_err(|e| format!("conntrack: stale UDP service flows not deleted: {e}"))
+    fn after_commit(&mut self) -> Result<(), String> {
+        let done = delete_stale_udp_flows(&self.stale_udp, &self.new_udp_frontends)
+            .map_err(|e| format!("conntrack: stale UDP service flows not deleted: {e}"))?;
+        self.conntrack = done;
+        Ok(())
     }
 }
 
@@ -38,13 +40,14 @@ impl crate::plan::Output for crate::plan::services::ServicesOutput {
 ///   comes from the original destination): flows that met no endpoint there and would keep
 ///   missing the DNAT now that it has one. DNATed flows to them are left alone.
 ///
-/// Returns how many entries were deleted.
+/// Returns how long each family took and how many entries it deleted (IPv4, IPv6), or
+/// `None` when there was nothing to look for (no dump is made).
 pub fn delete_stale_udp_flows(
     backends: &[(IpAddr, u16)],
     frontends: &[UdpFrontend],
-) -> io::Result<usize> {
+) -> io::Result<Option<[ConntrackReconciled; 2]>> {
     if backends.is_empty() && frontends.is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     let backends: BTreeSet<(IpAddr, u16)> = backends.iter().copied().collect();
     let frontends: BTreeSet<UdpFrontend> = frontends.iter().copied().collect();
@@ -59,15 +62,24 @@ pub fn delete_stale_udp_flows(
         });
         to_dead_backend || missed_frontend
     })
+    .map(Some)
 }
 
-/// Deletes the entries for which `doomed(original, reply)` holds, in both families.
-fn delete_matching(doomed: impl Fn(&[Tuple], &[Tuple]) -> bool) -> io::Result<usize> {
+/// Deletes the entries for which `doomed(original, reply)` holds, in both families; returns
+/// the time and deletions of each (IPv4, IPv6).
+fn delete_matching(
+    doomed: impl Fn(&[Tuple], &[Tuple]) -> bool,
+) -> io::Result<[ConntrackReconciled; 2]> {
     let mut sock = Socket::new(NETLINK_NETFILTER)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
-    let mut deleted = 0;
-    for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
+    let mut done = [ConntrackReconciled::default(); 2];
+    for (i, family) in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6]
+        .into_iter()
+        .enumerate()
+    {
+        let started = std::time::Instant::now();
+        let mut deleted = 0;
         let doomed: Vec<Vec<Tuple>> = dump(&sock, family)?
             .into_iter()
             .filter(|(orig, reply, _)| doomed(orig, reply))
@@ -86,8 +98,12 @@ fn delete_matching(doomed: impl Fn(&[Tuple], &[Tuple]) -> bool) -> io::Result<us
                 Err(e) => return Err(e),
             }
         }
+        done[i] = ConntrackReconciled {
+            took: started.elapsed(),
+            deleted,
+        };
     }
-    Ok(deleted)
+    Ok(done)
 }
 
 /// The (original source, original destination) addresses of every live conntrack entry, both

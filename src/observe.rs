@@ -59,6 +59,13 @@ pub struct SyncOutcome<'a> {
     /// The highest drift detection (the `seq` of the run loop's drift events) taken in before
     /// this sync started; a successful sync repaired every detection up to it. 0: none yet.
     pub drift_seq: u64,
+    /// The sync read the kernel's table back and repaired it (start-up, periodic resync,
+    /// drift, a rejected batch) rather than sending a diff against what it believed:
+    /// kube-proxy's "full" sync; the others are "partial".
+    pub full: bool,
+    /// Removing a table no longer wanted (`table bridge nodeplane` once NetworkPolicy needs
+    /// it no more) failed in this sync.
+    pub cleanup_failed: bool,
 }
 
 /// What one successful sync did.

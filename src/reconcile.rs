@@ -46,6 +46,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     state: Option<StateStore>,
     /// The egress addresses in conflict after the last apply (a new one is counted once).
     conflicts: BTreeSet<std::net::IpAddr>,
+    /// Failed removals of a table no longer wanted (see [`Reconciler::cleanup_failures`]).
+    cleanup_failures: u64,
 }
 
 impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
@@ -61,6 +63,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             kernel_effects: false,
             state: None,
             conflicts: BTreeSet::new(),
+            cleanup_failures: 0,
         }
     }
 
@@ -128,7 +131,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             bridge,
             mut statuses,
             memory,
-            outputs,
+            mut outputs,
             ..
         } = desired;
         let planned_at = std::time::Instant::now();
@@ -190,19 +193,37 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             if self.bridge_absent {
                 return Ok(ApplyStats::default());
             }
-            let none = Table::with_family(Family::Bridge, TABLE_NAME);
-            let held = self.bridge.current().is_some()
-                || self.bridge.backend_mut().read_back(&none)?.table.is_some();
-            let stats = if held {
-                self.bridge.delete_table(Family::Bridge, TABLE_NAME)?
-            } else {
-                ApplyStats::default()
-            };
+            let stats = self
+                .delete_bridge()
+                .inspect_err(|_| self.cleanup_failures += 1)?;
             self.bridge_absent = true;
             return Ok(stats);
         };
         self.bridge_absent = false;
         self.bridge.sync(table)
+    }
+
+    /// Deletes `table bridge nodeplane` if the kernel holds it.
+    fn delete_bridge(&mut self) -> Result<ApplyStats, NftError> {
+        let none = Table::with_family(Family::Bridge, TABLE_NAME);
+        let held = self.bridge.current().is_some()
+            || self.bridge.backend_mut().read_back(&none)?.table.is_some();
+        if held {
+            self.bridge.delete_table(Family::Bridge, TABLE_NAME)
+        } else {
+            Ok(ApplyStats::default())
+        }
+    }
+
+    /// Times the main table was read back (a sync that does is a full one, see
+    /// [`SyncOutcome::full`]).
+    pub fn read_backs(&self) -> u64 {
+        self.engine.read_backs()
+    }
+
+    /// Failed removals of a table no longer wanted (kube-proxy's nftables cleanup failures).
+    pub fn cleanup_failures(&self) -> u64 {
+        self.cleanup_failures
     }
 
     /// The table the kernel holds as far as the engine knows.

@@ -244,6 +244,10 @@ impl SyncObserver for AdminObserver {
         let metrics = &self.state.metrics;
         if let Some(s) = sync.snapshot {
             metrics.observe_snapshot(s);
+            metrics.kubeproxy.taken(s);
+        }
+        if sync.cleanup_failed {
+            metrics.kubeproxy.cleanup_failed();
         }
         match (sync.result, sync.applied) {
             (Ok(report), Some(table)) => {
@@ -258,7 +262,12 @@ impl SyncObserver for AdminObserver {
                     }
                 }
                 let now = std::time::SystemTime::now();
-                metrics.kubeproxy.synced(sync.duration, sync.snapshot, now);
+                let kp = &metrics.kubeproxy;
+                kp.synced(sync.duration, sync.full, sync.snapshot, now);
+                kp.no_local_endpoints(&report.outputs.services.no_local_endpoints);
+                if let Some(done) = &report.outputs.services.conntrack {
+                    kp.conntrack_reconciled(done);
+                }
                 let objects = sync.snapshot.map(|s| s.len()).unwrap_or_default();
                 let mut header = format!(
                     "# nodeplane ruleset for node {} ({objects} objects read)\n",
@@ -274,7 +283,7 @@ impl SyncObserver for AdminObserver {
             (Ok(_), None) => {}
             (Err(e), _) => {
                 metrics.observe_failure(sync.duration, e.reason());
-                metrics.kubeproxy.failed(sync.duration);
+                metrics.kubeproxy.failed(sync.duration, sync.full);
                 self.state.last().error = Some(e.to_string());
             }
         }
@@ -325,6 +334,8 @@ mod tests {
                 duration: Duration::ZERO,
                 applied: Some(&table),
                 drift_seq: 0,
+                full: false,
+                cleanup_failed: false,
             });
         };
         sync(vec![
@@ -373,6 +384,8 @@ mod tests {
             duration: Duration::ZERO,
             applied: Some(&table),
             drift_seq: 0,
+            full: false,
+            cleanup_failed: false,
         });
         let ruleset = state.ruleset().unwrap();
         let header: Vec<&str> = ruleset

@@ -23,6 +23,7 @@ pub const REASON_CLOUD_RESPONSE_SUCCESS: &str = "CloudResponseSuccess";
     group = "cloud.network.openshift.io",
     version = "v1",
     kind = "CloudPrivateIPConfig",
+    doc = "CloudPrivateIPConfig performs an assignment of a private IP address to the primary NIC associated with cloud VMs. This is done by specifying the IP and Kubernetes node which the IP should be assigned to. This CRD is intended to be used by the network plugin which manages the cluster network. The spec side represents the desired state requested by the network plugin, and the status side represents the current state that this CRD's controller has executed. No users will have permission to modify it, and if a cluster-admin decides to edit it for some reason, their changes will be overwritten the next time the network plugin reconciles the object. Note: the CR's name must specify the requested private IP address (can be IPv4 or IPv6). Compatibility level 1: Stable within a major release for a minimum of 12 months or 3 minor releases (whichever is longer).",
     plural = "cloudprivateipconfigs",
     status = "CloudPrivateIPConfigStatus",
     derive = "PartialEq"
@@ -39,7 +40,7 @@ pub struct CloudPrivateIPConfigSpec {
 #[serde(rename_all = "camelCase")]
 pub struct CloudPrivateIPConfigStatus {
     /// condition is the assignment condition of the private IP and its status
-    #[schemars(schema_with = "super::schema::conditions")]
+    #[schemars(schema_with = "super::schema::cloud_conditions")]
     pub conditions: Vec<Condition>,
     /// node is the node name, as specified by the Kubernetes field: node.metadata.name
     #[serde(default, skip_serializing_if = "Option::is_none")]

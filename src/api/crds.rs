@@ -25,7 +25,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("crd-egressips.yaml", tighten(EgressIP::crd(), egress_ip)),
         (
             "crd-cloudprivateipconfigs.yaml",
-            tighten(CloudPrivateIPConfig::crd(), |_| {}),
+            tighten(CloudPrivateIPConfig::crd(), cloud_private_ip),
         ),
     ]
 }
@@ -36,10 +36,64 @@ pub fn schema(crd: &CustomResourceDefinition) -> Value {
     v["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 
-fn tighten(crd: CustomResourceDefinition, f: impl Fn(&mut Value)) -> CustomResourceDefinition {
+/// Brings a generated CRD to the upstream one's shape (tests/integration/crd_upstream.rs
+/// lists what still differs, and why): `listKind`, no `nullable` (upstream has none: a null
+/// is pruned, which is how the agent reads an absent field anyway), no schemars `title`, the
+/// `apiVersion` and `kind` properties; then `f` adds the kind's own (printer columns, short
+/// names, validations) to the CRD and its schema.
+fn tighten(
+    crd: CustomResourceDefinition,
+    f: impl Fn(&mut Value, &mut Value),
+) -> CustomResourceDefinition {
     let mut v = serde_json::to_value(crd).expect("CRD serialises");
-    f(&mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]);
+    let kind = v["spec"]["names"]["kind"]
+        .as_str()
+        .expect("kind")
+        .to_string();
+    v["spec"]["names"]["listKind"] = json!(format!("{kind}List"));
+    let mut schema = v["spec"]["versions"][0]["schema"]["openAPIV3Schema"].take();
+    strip_nullable(&mut schema);
+    let root = schema.as_object_mut().expect("schema object");
+    root.remove("title");
+    let props = root["properties"].as_object_mut().expect("properties");
+    props.insert("apiVersion".into(), api_version());
+    props.insert("kind".into(), kind_property());
+    f(&mut v, &mut schema);
+    v["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = schema;
     serde_json::from_value(v).expect("tightened CRD decodes")
+}
+
+fn strip_nullable(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.remove("nullable");
+            o.values_mut().for_each(strip_nullable);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nullable),
+        _ => {}
+    }
+}
+
+fn api_version() -> Value {
+    json!({
+        "description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+        "type": "string"
+    })
+}
+
+fn kind_property() -> Value {
+    json!({
+        "description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+        "type": "string"
+    })
+}
+
+/// OVN-Kubernetes' printer columns (`kubectl get` output), `(name, jsonPath)`, all strings.
+fn printer_columns(crd: &mut Value, columns: &[(&str, &str)]) {
+    let columns: Vec<Value> = (columns.iter())
+        .map(|(name, path)| json!({"jsonPath": path, "name": name, "type": "string"}))
+        .collect();
+    crd["spec"]["versions"][0]["additionalPrinterColumns"] = json!(columns);
 }
 
 fn at<'a>(schema: &'a mut Value, pointer: &str) -> &'a mut Value {
@@ -72,7 +126,8 @@ fn messages_set(schema: &mut Value) {
     );
 }
 
-fn firewall(s: &mut Value) {
+fn firewall(crd: &mut Value, s: &mut Value) {
+    printer_columns(crd, &[("EgressFirewall Status", ".status.status")]);
     named_default(s);
     messages_set(s);
     merge(
@@ -109,7 +164,8 @@ fn firewall(s: &mut Value) {
     );
 }
 
-fn qos(s: &mut Value) {
+fn qos(crd: &mut Value, s: &mut Value) {
+    printer_columns(crd, &[("Status", ".status.status")]);
     named_default(s);
     messages_set(s);
     merge(
@@ -124,12 +180,47 @@ fn qos(s: &mut Value) {
         &format!("{rule}/properties/dscp"),
         json!({"minimum": 0, "maximum": 63}),
     );
+    // As upstream: an integer without a declared width, a CIDR by format.
+    at(s, &format!("{rule}/properties/dscp"))
+        .as_object_mut()
+        .expect("dscp schema")
+        .remove("format");
+    merge(
+        s,
+        &format!("{rule}/properties/dstCIDR"),
+        json!({"format": "cidr"}),
+    );
 }
 
-fn egress_ip(s: &mut Value) {
+fn egress_ip(crd: &mut Value, s: &mut Value) {
+    crd["spec"]["names"]["shortNames"] = json!(["eip"]);
+    printer_columns(
+        crd,
+        &[
+            ("EgressIPs", ".spec.egressIPs[*]"),
+            ("Assigned Node", ".status.items[*].node"),
+            ("Assigned EgressIPs", ".status.items[*].egressIP"),
+        ],
+    );
+    s["properties"]["metadata"] = json!({"type": "object"});
     merge(
         s,
         "/properties/spec/properties/egressIPs",
         json!({"minItems": 1}),
     );
+}
+
+/// OpenShift's name validation: the IP the object stands for, IPv4 dotted, or IPv6 fully
+/// expanded with `.` for `:` (`cloud_private_ip_config::name_for_ip`).
+fn cloud_private_ip(_: &mut Value, s: &mut Value) {
+    s["properties"]["metadata"] = json!({
+        "type": "object",
+        "properties": {"name": {
+            "type": "string",
+            "anyOf": [
+                {"format": "ipv4"},
+                {"pattern": "^[0-9a-f]{4}(\\.[0-9a-f]{4}){7}$"}
+            ]
+        }}
+    });
 }

@@ -18,11 +18,13 @@ pub const MAX_EGRESS_FIREWALL_RULES: usize = 8000;
 pub const STATUS_APPLIED: &str = "EgressFirewall Rules applied";
 pub const STATUS_NOT_APPLIED_PREFIX: &str = "EgressFirewall Rules not correctly applied";
 
+/// Specification of the desired behavior of EgressFirewall.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "k8s.ovn.org",
     version = "v1",
     kind = "EgressFirewall",
+    doc = "EgressFirewall describes the current egress firewall for a Namespace. Traffic from a pod to an IP address outside the cluster will be checked against each EgressFirewallRule in the pod's namespace's EgressFirewall, in order. If no rule matches (or no EgressFirewall is present) then the traffic will be allowed by default.",
     plural = "egressfirewalls",
     namespaced,
     status = "EgressFirewallStatus",
@@ -57,7 +59,10 @@ pub struct EgressFirewallDestination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr_selector: Option<String>,
     /// dnsName is the domain name to allow/deny traffic to. If this is set, cidrSelector and
-    /// nodeSelector must be unset.
+    /// nodeSelector must be unset. For a wildcard DNS name, the '*' will match only one label.
+    /// Additionally, only a single '*' can be used at the beginning of the wildcard DNS name.
+    /// For example, '*.example.com' will match 'sub1.example.com' but won't match
+    /// 'sub2.sub1.example.com'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_name: Option<String>,
     /// nodeSelector will allow/deny traffic to the Kubernetes node IP of selected nodes. If this
@@ -67,8 +72,7 @@ pub struct EgressFirewallDestination {
     pub node_selector: Option<LabelSelector>,
 }
 
-/// EgressFirewallPort specifies the port to allow or deny traffic to. Also used by the nodeplane
-/// EgressQoS `ports[]` extension.
+/// EgressFirewallPort specifies the port to allow or deny traffic to
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressFirewallPort {

@@ -54,6 +54,7 @@ pub mod event_reason {
     group = "k8s.ovn.org",
     version = "v1",
     kind = "EgressIP",
+    doc = "EgressIP is a CRD allowing the user to define a fixed source IP for all egress traffic originating from any pods which match the EgressIP resource according to its spec definition.",
     plural = "egressips",
     status = "EgressIPStatus",
     derive = "PartialEq"
@@ -61,14 +62,19 @@ pub mod event_reason {
 #[serde(rename_all = "camelCase")]
 pub struct EgressIPSpec {
     /// EgressIPs is the list of egress IP addresses requested. Can be IPv4 and/or IPv6.
+    /// This field is mandatory.
     #[serde(rename = "egressIPs")]
     pub egress_ips: Vec<String>,
     /// NamespaceSelector applies the egress IP only to the namespace(s) whose label matches
-    /// this definition.
+    /// this definition. This field is mandatory.
     #[schemars(schema_with = "super::schema::label_selector")]
     pub namespace_selector: LabelSelector,
     /// PodSelector applies the egress IP only to the pods whose label matches this definition.
-    /// Optional; when set it is intersected with the NamespaceSelector.
+    /// This field is optional, and in case it is not set: results in the egress IP being
+    /// applied to all pods in the namespace(s) matched by the NamespaceSelector. In case it is
+    /// set: is intersected with the NamespaceSelector, thus applying the egress IP to the pods
+    /// (in the namespace(s) already matched by the NamespaceSelector) which match this pod
+    /// selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub pod_selector: Option<LabelSelector>,

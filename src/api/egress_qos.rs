@@ -2,7 +2,7 @@
 //! namespace, named `default`; rules in order, first match wins.
 
 use ipnet::IpNet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,7 @@ pub const STATUS_NOT_APPLIED_PREFIX: &str = "EgressQoS Rules not correctly appli
     group = "k8s.ovn.org",
     version = "v1",
     kind = "EgressQoS",
+    doc = "EgressQoS is a CRD that allows the user to define a DSCP value for pods egress traffic on its namespace to specified CIDRs. Traffic from these pods will be checked against each EgressQoSRule in the namespace's EgressQoS, and if there is a match the traffic is marked with the relevant DSCP value.",
     plural = "egressqoses",
     namespaced,
     status = "EgressQoSStatus",
@@ -39,11 +40,13 @@ pub struct EgressQoSRule {
     /// DSCP marking value for matching pods' traffic.
     pub dscp: i32,
     /// DstCIDR specifies the destination's CIDR. Only traffic heading to this CIDR will be marked
-    /// with the DSCP value. Optional: when unset the rule applies to all egress traffic.
+    /// with the DSCP value. This field is optional, and in case it is not set the rule is applied
+    /// to all egress traffic regardless of the destination.
     #[serde(rename = "dstCIDR", default, skip_serializing_if = "Option::is_none")]
     pub dst_cidr: Option<String>,
     /// PodSelector applies the QoS rule only to the pods in the namespace whose label matches
-    /// this definition. Optional: when unset the rule applies to all pods in the namespace.
+    /// this definition. This field is optional, and in case it is not set results in the rule
+    /// being applied to all pods in the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub pod_selector: Option<LabelSelector>,
@@ -55,15 +58,22 @@ pub struct EgressQoSRule {
     pub ports: Option<Vec<EgressFirewallPort>>,
 }
 
-/// EgressQoSStatus defines the observed state of EgressQoS. The 4.13 reference lists no
-/// properties; `status` is the string OVN-Kubernetes writes.
+/// EgressQoSStatus defines the observed state of EgressQoS
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressQoSStatus {
+    /// A concise indication of whether the EgressQoS resource is applied with success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
-    /// One `<node>: <status>` entry per node agent, each written by that node's field manager
-    /// (a list-type=set, merged by server-side apply, as OVN-Kubernetes zones do).
+    /// An array of condition objects indicating details about status of EgressQoS object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::schema::qos_conditions")]
+    // Each node agent owns one, `Ready-In-Zone-<node>` (every node is its own zone), under
+    // its own field manager, as OVN-Kubernetes' zone controllers write them (`status::merge`).
+    pub conditions: Option<Vec<Condition>>,
+    /// nodeplane's own, not in OVN-Kubernetes' CRD (its API server prunes it): one
+    /// `<node>: <status>` entry per node agent, each written by that node's field manager
+    /// (a list-type=set, merged by server-side apply), the same verdicts as `conditions`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages: Option<Vec<String>>,
 }

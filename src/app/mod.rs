@@ -115,7 +115,8 @@ async fn run_with(
     };
     let dataplane_timer =
         admin::egress_ip_dataplane::DataplaneTimer::new(&config.node_name, admin.metrics.clone());
-    add_change_forwarder(&published, &proxy_health, &dataplane_timer, &events, tasks);
+    let forwarder = (&proxy_health, &dataplane_timer, &admin.metrics);
+    add_change_forwarder(&published, forwarder, &events, tasks);
     let resolver = add_dns_resolver(&config, admin, &events, tasks);
     let quiet = add_drift_monitor(admin, &proxy_health, &events, tasks)?;
     let (learning_tx, learning_rx) = watch::channel(Arc::default());
@@ -214,24 +215,35 @@ async fn manifests_source(
 }
 
 /// Every newly published snapshot wakes the loop, and is an update the proxy health waits
-/// for (the first one included: the first sync is pending from now).
+/// for (the first one included: the first sync is pending from now) and a queued sync with
+/// its Service and endpoint changes for kube-proxy's metrics.
 fn add_change_forwarder(
     published: &Published,
-    proxy_health: &Arc<ProxyHealth>,
-    timer: &admin::egress_ip_dataplane::DataplaneTimer,
+    (proxy_health, timer, metrics): (
+        &Arc<ProxyHealth>,
+        &admin::egress_ip_dataplane::DataplaneTimer,
+        &Arc<admin::Metrics>,
+    ),
     events: &Events,
     tasks: &mut Runtime,
 ) {
     let mut changes = published.clone();
     changes.mark_unchanged();
     proxy_health.queued(std::time::Instant::now());
+    if let Some(first) = changes.borrow().as_ref() {
+        metrics
+            .kubeproxy
+            .queued(first, std::time::SystemTime::now());
+    }
     let (queued, arrivals, events) = (proxy_health.clone(), timer.clone(), events.clone());
+    let metrics = metrics.clone();
     tasks.add(once("snapshot-changes", OnExit::Finish, async move {
         while changes.changed().await.is_ok() {
             let now = std::time::Instant::now();
             queued.queued(now);
             if let Some(snap) = changes.borrow().as_ref() {
                 arrivals.arrived(snap, now);
+                metrics.kubeproxy.queued(snap, std::time::SystemTime::now());
             }
             if events.send(Event::Changed).is_err() {
                 break;

@@ -105,8 +105,9 @@ pub trait Feature {
 /// [`Output::after_commit`]) do.
 pub trait Output: Clone + Debug + Default + Send + Sync + 'static {
     /// Kernel side effects due once the plan's rules are committed (and before addresses
-    /// change), with real backends only. An error is logged; the sync still succeeds.
-    fn after_commit(&self) -> Result<(), String> {
+    /// change), with real backends only; the output may record what they did for the
+    /// observers. An error is logged; the sync still succeeds.
+    fn after_commit(&mut self) -> Result<(), String> {
         Ok(())
     }
 

@@ -44,7 +44,7 @@ macro_rules! features {
 
         impl Outputs {
             /// Runs every feature's [`Output::after_commit`]; returns the errors, by feature.
-            pub fn after_commit(&self) -> Vec<(&'static str, String)> {
+            pub fn after_commit(&mut self) -> Vec<(&'static str, String)> {
                 let mut errors = Vec::new();
                 $(if let Err(e) = self.$field.after_commit() {
                     errors.push((<$feature as Feature>::NAME, e));

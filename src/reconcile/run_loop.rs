@@ -81,6 +81,7 @@ pub fn run(
         let started = Instant::now();
         // What this sync repairs if it succeeds: detections seen before it started.
         let repairing = drift_taken;
+        let (read_backs, cleanup_failures) = (rec.read_backs(), rec.cleanup_failures());
         let current = match last_snapshot.take() {
             Some(s) if !reload => Ok(s),
             _ => snapshots.current(),
@@ -101,6 +102,8 @@ pub fn run(
             duration: started.elapsed(),
             applied: rec.applied(),
             drift_seq: repairing,
+            full: rec.read_backs() > read_backs,
+            cleanup_failed: rec.cleanup_failures() > cleanup_failures,
         };
         for o in &mut observers {
             o.observe(&outcome);

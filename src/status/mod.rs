@@ -108,6 +108,18 @@ fn reference(kind: Kind, key: &ObjectKey, uid: Option<String>) -> ObjectReferenc
     }
 }
 
+/// The object's current `status.conditions` (EgressQoS).
+fn current_conditions(
+    obj: &AnyObject,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    match obj {
+        AnyObject::EgressQoS(o) => (o.status.as_ref())
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// The object's current `status.status` and `status.messages`.
 fn current_status(obj: &AnyObject) -> (Option<String>, Vec<String>) {
     let status = match obj {
@@ -194,6 +206,8 @@ impl SyncObserver for StatusObserver {
             let id = (kind, key.clone());
             seen.insert(id.clone());
             let (status, messages) = current_status(&obj);
+            let conditions = current_conditions(&obj);
+            let messages = merge::entries_with_zone_conditions(&messages, &conditions, &self.node);
             let verdict = merge::verdict(kind.as_str(), failure.as_deref());
             let wanted = merge::desired(
                 kind.as_str(),
@@ -202,6 +216,24 @@ impl SyncObserver for StatusObserver {
                 status.as_deref(),
                 &messages,
             );
+            let wanted = if kind == Kind::EgressQoS {
+                let now = merge::rfc3339(&k8s_openapi::jiff::Timestamp::now());
+                let applied = failure.is_none();
+                let mut z =
+                    merge::ZoneCondition::new(&self.node, &verdict, applied, &conditions, &now);
+                // Sent and not visible yet: the same transition, not a new one each sync.
+                if let Some(sent) = self.sent.get(&id).and_then(|p| p.condition.as_ref())
+                    && sent.type_ == z.type_
+                    && sent.status == z.status
+                    && sent.message == z.message
+                {
+                    z.last_transition_time = sent.last_transition_time.clone();
+                }
+                let (k, node) = (kind.as_str(), &self.node);
+                merge::desired_with_condition(wanted, k, node, &verdict, &messages, z, &conditions)
+            } else {
+                wanted
+            };
             match wanted {
                 None => {
                     self.sent.remove(&id);
@@ -314,11 +346,22 @@ async fn apply(
 ) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let mut status = json!({"status": patch.status, "messages": [patch.message]});
+    if let Some(c) = &patch.condition {
+        // Keyed by type (list-type map): this node's field manager owns this entry alone.
+        status["conditions"] = json!([{
+            "type": c.type_,
+            "status": c.status,
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": c.last_transition_time,
+        }]);
+    }
     let body = json!({
         "apiVersion": kind.api_version(),
         "kind": kind.as_str(),
         "metadata": {"name": key.name, "namespace": key.namespace},
-        "status": {"status": patch.status, "messages": [patch.message]},
+        "status": status,
     });
     api.patch_status(&key.name, params, &Patch::Apply(&body))
         .await?;
@@ -353,6 +396,8 @@ mod tests {
             duration: Duration::ZERO,
             applied: Some(&table),
             drift_seq: 0,
+            full: false,
+            cleanup_failed: false,
         });
     }
 
@@ -391,5 +436,65 @@ mod tests {
         assert!(events(&mut rx).is_empty());
         observe(&mut o, &snap, Some(note));
         assert_eq!(events(&mut rx).len(), 1);
+    }
+
+    /// With OVN-Kubernetes' EgressQoS CRD the API server prunes `status.messages`: the node
+    /// never sees its entry, yet writes once (with its zone condition), not after every sync.
+    #[test]
+    fn pruned_messages_are_written_once_with_the_zone_condition() {
+        use crate::api::egress_qos::EgressQoSStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut o = StatusObserver::new("w1", tx);
+        let mut qos = objects::egress_qos("shop", "[{dscp: 46}]").object();
+        // What the API server kept of an earlier write: status and condition, no messages.
+        qos.status = Some(EgressQoSStatus {
+            status: Some("EgressQoS Rules applied".into()),
+            conditions: Some(vec![Condition {
+                type_: "Ready-In-Zone-w1".into(),
+                status: "True".into(),
+                reason: "SetupSucceeded".into(),
+                message: "EgressQoS Rules applied".into(),
+                last_transition_time: Time("2026-01-01T00:00:00Z".parse().unwrap()),
+                observed_generation: None,
+            }]),
+            messages: None,
+        });
+        let snap = Snapshot::builder().with(qos).build();
+        let sync = |o: &mut StatusObserver| {
+            let report = SyncReport {
+                statuses: vec![ObjectStatus {
+                    kind: Kind::EgressQoS,
+                    key: ObjectKey::new("shop", "default"),
+                    result: Ok(()),
+                    event: None,
+                }],
+                ..SyncReport::default()
+            };
+            let table = Table::new("nodeplane");
+            o.observe(&SyncOutcome {
+                snapshot: Some(&snap),
+                result: &Ok(report),
+                duration: Duration::ZERO,
+                applied: Some(&table),
+                drift_seq: 0,
+                full: false,
+                cleanup_failed: false,
+            });
+        };
+        let mut patches = Vec::new();
+        for _ in 0..3 {
+            sync(&mut o);
+            while let Ok(job) = rx.try_recv() {
+                if let Job::Status { patch, .. } = job {
+                    patches.push(patch);
+                }
+            }
+        }
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        let c = patches[0].condition.as_ref().unwrap();
+        assert_eq!(c.type_, "Ready-In-Zone-w1");
+        // The condition did not transition: its time stays.
+        assert_eq!(c.last_transition_time, "2026-01-01T00:00:00Z");
     }
 }

@@ -66,12 +66,17 @@ fn every_deploy_document_is_a_kubernetes_object() {
 }
 
 /// A validator per custom resource kind, from the CRD's openAPIV3Schema (OpenAPI's extra
-/// keywords such as `nullable` and `x-kubernetes-*` are ignored by JSON Schema).
+/// keywords such as `x-kubernetes-*` are ignored by JSON Schema).
 fn validators() -> Vec<(String, jsonschema::Validator)> {
     crds::all()
         .into_iter()
         .map(|(_, crd)| {
-            let v = jsonschema::validator_for(&crds::schema(&crd)).expect("schema compiles");
+            // Formats asserted as the API server does for the ones it knows (`ipv4` of a
+            // CloudPrivateIPConfig name); the others (`cidr`, `int32`) are ignored here.
+            let v = jsonschema::options()
+                .should_validate_formats(true)
+                .build(&crds::schema(&crd))
+                .expect("schema compiles");
             (crd.spec.names.kind.clone(), v)
         })
         .collect()
@@ -126,6 +131,13 @@ fn crd_schemas_reject_the_invalid_cases() {
         "ports": [{"protocol": "TCP", "port": 443}]});
     check(&v, &firewall(good_rule.clone())).unwrap();
     check(&v, &qos(json!({"dscp": 46, "dstCIDR": "10.0.0.0/8"}))).unwrap();
+    let cloud_ip = |name: &str| {
+        json!({"apiVersion": "cloud.network.openshift.io/v1", "kind": "CloudPrivateIPConfig",
+            "metadata": {"name": name}, "spec": {"node": "worker-1"}})
+    };
+    // OpenShift's name validation: the IP itself, IPv6 fully expanded with '.' for ':'.
+    check(&v, &cloud_ip("192.168.50.100")).unwrap();
+    check(&v, &cloud_ip("fc00.f853.0ccd.e793.0000.0000.0000.0054")).unwrap();
 
     let mut misnamed = firewall(good_rule.clone());
     misnamed["metadata"]["name"] = json!("deny-all");
@@ -178,6 +190,15 @@ fn crd_schemas_reject_the_invalid_cases() {
             "egressIPs required",
             json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
             "metadata": {"name": "e"}, "spec": {"namespaceSelector": {}}}),
+        ),
+        ("CloudPrivateIPConfig name not an IP", cloud_ip("worker-1")),
+        (
+            "CloudPrivateIPConfig IPv6 name not expanded",
+            cloud_ip("fc00.f853.ccd.e793..54"),
+        ),
+        (
+            "CloudPrivateIPConfig IPv4 name out of range",
+            cloud_ip("192.168.50.300"),
         ),
         (
             "egressIPs not empty",

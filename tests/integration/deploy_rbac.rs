@@ -350,3 +350,50 @@ fn a_node_agent_may_change_only_its_own_status_entry() {
         own_entry_only
     );
 }
+
+/// EgressQoS conditions: only this node's `Ready-In-Zone-<node>` may change.
+#[test]
+fn a_node_agent_may_change_only_its_own_zone_condition() {
+    let cond = |zone: &str, status: &str| {
+        json!({"type": format!("Ready-In-Zone-{zone}"), "status": status,
+            "reason": "SetupSucceeded", "message": "EgressQoS Rules applied",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+    let status = |conditions: Vec<Value>| {
+        json!({"metadata": {"name": "default"},
+            "status": {"status": "EgressQoS Rules applied", "conditions": conditions}})
+    };
+    let old = status(vec![cond("w1", "True"), cond("w2", "True")]);
+    let check = |new: Value| admission(AGENT, Some("w1"), "egressqoses", old.clone(), new).unwrap();
+    assert!(check(status(vec![cond("w1", "False"), cond("w2", "True")])).is_empty());
+    // The first condition a node writes.
+    let first = admission(
+        AGENT,
+        Some("w1"),
+        "egressqoses",
+        status(vec![]),
+        status(vec![cond("w1", "True")]),
+    );
+    assert_eq!(first, Some(vec![]));
+    let own_only = [
+        "a nodeplane agent may change only its own node's condition (Ready-In-Zone-<node>) of status.conditions",
+    ];
+    assert_eq!(
+        check(status(vec![cond("w1", "True")])),
+        own_only,
+        "w2's removed"
+    );
+    assert_eq!(
+        check(status(vec![cond("w1", "True"), cond("w2", "False")])),
+        own_only,
+        "w2's forged"
+    );
+    assert_eq!(
+        check(status(vec![
+            cond("w1", "True"),
+            cond("w2", "True"),
+            cond("w3", "True")
+        ])),
+        own_only
+    );
+}

@@ -3,6 +3,7 @@
 
 mod api_selector_props;
 mod cli;
+mod crd_upstream;
 mod deploy_crds;
 mod deploy_manifests;
 mod deploy_rbac;

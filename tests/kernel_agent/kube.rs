@@ -746,6 +746,21 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
         qos_status.starts_with("EgressQoS Rules not correctly applied: spec.egress[0].dscp"),
         "{qos_status}"
     );
+    // OVN-Kubernetes' zone condition beside it, the same verdict as message.
+    let condition = &qos_patch.body["status"]["conditions"][0];
+    assert_eq!(
+        condition["type"], "Ready-In-Zone-worker-1",
+        "{}",
+        qos_patch.body
+    );
+    assert_eq!(condition["status"], "False");
+    assert_eq!(condition["reason"], "SetupFailed");
+    assert_eq!(condition["message"], qos_status.as_str());
+    assert!(
+        condition["lastTransitionTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
     let event = eventually(WAIT, || {
         events_about(&s.api, "EgressQoS", "shop", "RulesNotApplied")
             .pop()
@@ -789,7 +804,10 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
     s.api.put(qos("shop", 46, "192.0.2.0/24"));
     eventually(WAIT, || {
         let last = status_patches(&s.api, qos_path).pop().unwrap();
-        (last.body["status"]["status"] == "EgressQoS Rules applied")
+        let condition = &last.body["status"]["conditions"][0];
+        (last.body["status"]["status"] == "EgressQoS Rules applied"
+            && condition["status"] == "True"
+            && condition["reason"] == "SetupSucceeded")
             .then_some(())
             .ok_or(format!("{}", last.body))
     });

@@ -1,18 +1,45 @@
 //! A pod that holds thousands of idle connections to the agent's listeners stops neither
 //! the agent nor a listener: the agent runs under the soft limit of 1,024 open files that
 //! systemd and containerd give it (and raises it), and every listener caps connections per
-//! source address, so syncs and health answers go on, and the health-check port answers at
-//! once when the pod lets go.
+//! source address, so syncs, DNS answers through the proxy and health answers go on, and the
+//! health-check port answers at once when the pod lets go.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup};
 use nodeplane::testing::lab::{Ns, eventually, with_open_files};
-use nodeplane::testing::objects::{Ep, ep};
+use nodeplane::testing::objects::{self, Ep, ep};
 
 use crate::services::{NODE, OTHER, expect_health, health, http_get, topo, write_local_lb};
 
 const IDLE_CONNECTIONS: usize = 10_000;
+/// The node's resolver on the uplink host; the pod's namespace has a `dnsName` rule, so its
+/// queries are steered through the agent's DNS proxy (and reach the resolver from the node).
+const RESOLVER: &str = "192.168.1.100:53";
+const NODE_IP: &str = "192.168.1.1";
+
+/// One lookup from `ns` answered through the proxy: the answer, and the resolver saw the
+/// query come from the node, not from the pod.
+fn lookup_through_proxy(ns: &Ns, resolver: &DnsServer) -> Result<(), String> {
+    let _ = resolver.take_sources();
+    let got = lookup(
+        ns,
+        RESOLVER.parse().unwrap(),
+        "www.example.com",
+        Duration::from_secs(2),
+    )?;
+    if got.addrs.first() != Some(&"198.51.100.7".parse().unwrap()) {
+        return Err(format!("answer {:?}", got.addrs));
+    }
+    let sources = resolver.take_sources();
+    let node: IpAddr = NODE_IP.parse().unwrap();
+    if sources.contains(&node) {
+        Ok(())
+    } else {
+        Err(format!("not proxied: the resolver saw {sources:?}"))
+    }
+}
 
 /// Opens up to `count` connections from `ns`, spread over `targets`, and holds them (each
 /// attempt waits at most 100 ms: a listener's backlog may be full).
@@ -56,14 +83,37 @@ fn idle_connections_from_a_pod_exhaust_no_listener_and_no_descriptor() {
         expect_health(&t, code, local);
     };
     write(&[ep(&t.v4(&t.b1), NODE), ep(&t.v4(&t.b2), OTHER)]);
+    // The flooding pod's namespace has a dnsName rule: its DNS goes through the proxy.
+    let mut zone = Zone::default();
+    let answer = vec!["198.51.100.7".parse().unwrap()];
+    zone.fixed.insert("www.example.com".into(), (answer, 30));
+    let resolver = DnsServer::start(&t.ext, RESOLVER.parse().unwrap(), zone);
+    let resolv = t.agent.dir().join("resolv.conf.txt");
+    std::fs::write(
+        &resolv,
+        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    let pod = objects::pod("tenant", "c1").on(NODE).ips(&t.c1.addrs);
+    t.agent.write("pods.yaml", &pod.to_string());
+    let rules = "[{type: Allow, to: {dnsName: www.example.com}}]";
+    let firewall = objects::egress_firewall("tenant", rules);
+    t.agent.write("fw-tenant.yaml", &firewall.to_string());
     // As systemd and containerd start it: soft 1,024, hard 524,288 (or what this host allows).
     let hard = agent_hard_limit();
-    let agent = with_open_files(1024, hard, || t.agent.spawn(&[]));
+    let resolv_arg = resolv.to_str().unwrap();
+    let agent = with_open_files(1024, hard, || t.agent.spawn(&["--resolv-conf", resolv_arg]));
     expect(200, 1);
+    eventually(Duration::from_secs(15), || {
+        lookup_through_proxy(&t.c1.ns, &resolver)
+    });
+    // Every listener at once: the proxy health and health-check ports, metrics, and the DNS
+    // proxy's TCP listener (the pod's TCP port 53 is steered to it).
     let listeners = [
         "192.168.1.1:10256",
         "192.168.1.1:32095",
         "192.168.1.1:10249",
+        RESOLVER,
     ];
     let held = hold_idle_connections(&t.c1.ns, &listeners, IDLE_CONNECTIONS);
     // The pod holds its side; the agent closed what it did not admit.
@@ -92,6 +142,10 @@ fn idle_connections_from_a_pod_exhaust_no_listener_and_no_descriptor() {
     }
     write(&[ep(&t.v4(&t.b1), NODE), ep(&t.v4(&t.b2), OTHER)]);
     expect(200, 1);
+    // DNS through the proxy goes on, for the flooding pod itself.
+    eventually(Duration::from_secs(10), || {
+        lookup_through_proxy(&t.c1.ns, &resolver)
+    });
 
     // The pod lets go: the port answers at once.
     drop(held);

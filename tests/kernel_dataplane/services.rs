@@ -476,7 +476,7 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
         t.agent.write("services.yaml", &docs.join("---\n"));
     };
     write(&[ep(&b1, NODE)]);
-    let _agent = t.agent.spawn(&[]);
+    let agent = t.agent.spawn(&[]);
     let flow = udp_flow(&t.c1.ns);
     let first = eventually(Duration::from_secs(10), || {
         udp_ask(&flow, "172.30.0.40:53", SECOND).ok_or_else(|| "no UDP reply".to_string())
@@ -498,6 +498,19 @@ pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() 
         }
     });
     assert_eq!(moved, "b2");
+    // kube-proxy's conntrack reconciler series saw the deletion, under its family.
+    let admin = "127.0.0.1:9942".parse().unwrap();
+    let deleted = |family: &str| {
+        let name = format!(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{{ip_family=\"{family}\"}}"
+        );
+        agent.metric(admin, &name)
+    };
+    eventually(Duration::from_secs(10), || match deleted("IPv4") {
+        Some(n) if n >= 1.0 => Ok(()),
+        other => Err(format!("IPv4 conntrack deletions: {other:?}")),
+    });
+    assert_eq!(deleted("IPv6"), Some(0.0));
 }
 
 /// `GET path` over HTTP from `ns`: (status code, body).
@@ -548,7 +561,7 @@ pub(crate) fn health_check_node_port_counts_ready_local_endpoints() {
     let write = |eps: &[Ep]| write_local_lb(&t, eps);
     let expect = |code: u16, local: u64| expect_health(&t, code, local);
     write(&[ep(&b1, NODE), ep(&b2, OTHER)]);
-    let _agent = t.agent.spawn(&[]);
+    let agent = t.agent.spawn(&[]);
     let body = expect(200, 1);
     assert_eq!(
         body,
@@ -563,6 +576,28 @@ pub(crate) fn health_check_node_port_counts_ready_local_endpoints() {
     assert_eq!(served, set(&["b1"]));
     write(&[ep(&b2, OTHER)]);
     expect(503, 0);
+    // kube-proxy's series say so: the one port of the eTP=Local service has no local
+    // endpoint; the start-up sync was a full one, the endpoint changes partial ones.
+    let admin = "127.0.0.1:9942".parse().unwrap();
+    let series = |name: &str| agent.metric(admin, name);
+    eventually(Duration::from_secs(10), || {
+        let name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"}";
+        match series(name) {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{name}: {other:?}")),
+        }
+    });
+    let count = |kind: &str| {
+        let name = format!(
+            "kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count{{ip_family=\"IPv4\"}}"
+        );
+        series(&name).unwrap_or_else(|| panic!("{name} not served"))
+    };
+    assert!(count("full") >= 1.0, "no full sync");
+    assert!(
+        count("partial") >= 2.0,
+        "endpoint changes were not partial syncs"
+    );
 }
 
 /// kube-proxy's node-level health on `--healthz-bind-address` (default 0.0.0.0:10256, both

@@ -72,6 +72,9 @@ struct Entry {
     /// the entries of flows that met no endpoint there deleted.
     udp_frontends: Vec<UdpFrontend>,
     health: Option<(u16, usize)>,
+    /// The service's ports with a Local traffic policy and no local endpoint, by family and
+    /// policy (kube-proxy's `sync_proxy_rules_no_local_endpoints_total`).
+    no_local: Vec<NoLocalEndpoints>,
     error: Option<String>,
     /// Shared pool chains the service's dispatch elements go to.
     pools: BTreeSet<Pool>,
@@ -101,6 +104,9 @@ pub struct Memo {
     node_refused: imbl::OrdMap<IpAddr, imbl::OrdSet<ObjectKey>>,
     /// healthCheckNodePort -> (service, ready local endpoints) of eTP=Local services.
     health: HealthChecks,
+    /// Service ports with a Local traffic policy and no local endpoint, counted by family
+    /// and policy (kept up to date by `remember`/`forget`: O(change)).
+    no_local: imbl::OrdMap<NoLocalEndpoints, usize>,
     /// Shared objects by the number of services using them: each lives in its own part
     /// (`svc-pool/<chain>`, `svc-hairpin/<ip>`) while the count is above zero.
     pools: imbl::OrdMap<Pool, usize>,
@@ -173,6 +179,22 @@ pub enum UdpFrontend {
     NodePort(u16),
 }
 
+/// A service port with `internalTrafficPolicy` (`external: false`) or
+/// `externalTrafficPolicy` (`external: true`) `Local` and no endpoint on this node, in one
+/// address family (kube-proxy counts these per family and policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NoLocalEndpoints {
+    pub family: IpFamily,
+    pub external: bool,
+}
+
+/// What the conntrack cleanup after a commit did in one address family.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ConntrackReconciled {
+    pub took: std::time::Duration,
+    pub deleted: usize,
+}
+
 /// What the services hand to the world besides their table.
 #[derive(Debug, Clone, Default)]
 pub struct ServicesOutput {
@@ -184,6 +206,11 @@ pub struct ServicesOutput {
     pub new_udp_frontends: Vec<UdpFrontend>,
     /// The health-check ports to serve.
     pub health_checks: HealthChecks,
+    /// Service ports with a Local traffic policy and no local endpoint (absent: none).
+    pub no_local_endpoints: imbl::OrdMap<NoLocalEndpoints, usize>,
+    /// What the conntrack cleanup after the commit did, IPv4 then IPv6 (set by
+    /// `after_commit`; `None` when there was nothing to clean up or it failed).
+    pub conntrack: Option<[ConntrackReconciled; 2]>,
 }
 
 /// The services feature (see the module documentation).
@@ -205,6 +232,7 @@ impl Feature for Services {
         output.stale_udp.extend(outcome.stale_udp);
         output.new_udp_frontends.extend(outcome.new_udp_frontends);
         output.health_checks = outcome.memo.health.clone();
+        output.no_local_endpoints = outcome.memo.no_local.clone();
         outcome.memo
     }
 }
@@ -352,6 +380,9 @@ impl Memo {
         if let Some((port, _)) = old.health {
             self.health.remove(&port);
         }
+        for n in &old.no_local {
+            bump(&mut self.no_local, *n, -1);
+        }
         self.release(old);
         for (c, _) in &old.claims {
             note(&self.claims, before, c);
@@ -392,6 +423,9 @@ impl Memo {
         }
         if let Some(h) = e.health {
             self.health.insert(h.0, (key.to_string(), h.1));
+        }
+        for n in &e.no_local {
+            bump(&mut self.no_local, *n, 1);
         }
         self.acquire(&e);
         self.entries.insert(part_key(key), Arc::new(e));
@@ -519,6 +553,7 @@ impl Entry {
             udp: Vec::new(),
             udp_frontends: Vec::new(),
             health: None,
+            no_local: Vec::new(),
             error: None,
             pools: BTreeSet::new(),
             hairpin: BTreeSet::new(),
@@ -622,6 +657,15 @@ fn plan_service(
                 }
             }
             local_ready.extend(ready);
+            // kube-proxy's count: each port of each family whose Local policy finds no
+            // endpoint on this node.
+            if local.is_empty() {
+                let policies = [(model.internal_local, false), (model.external_local, true)];
+                for (_, external) in policies.into_iter().filter(|(on, _)| *on) {
+                    let family = fam;
+                    entry.no_local.push(NoLocalEndpoints { family, external });
+                }
+            }
             ports.push(model::PortBackends {
                 port: p,
                 family: fam,

@@ -555,3 +555,65 @@ fn health_check_counts_only_ready_local_endpoints() {
     let text = render_full(&plan(&snap.build(), &cfg).ruleset);
     assert!(text.contains("10.128.0.1"), "{text}");
 }
+
+/// kube-proxy's `sync_proxy_rules_no_local_endpoints_total`: per family and policy, the
+/// service ports whose Local policy finds no endpoint on this node; kept up to date as
+/// services and endpoints change (the incremental count equals a fresh plan's).
+#[test]
+fn ports_with_a_local_policy_and_no_local_endpoint_are_counted_per_family_and_policy() {
+    use super::NoLocalEndpoints;
+    use crate::nft::ir::IpFamily;
+    let cfg = Config::for_node("n1");
+    let ports = "{name: http, port: 80, protocol: TCP, nodePort: 30100}, \
+                 {name: dns, port: 53, protocol: UDP, nodePort: 30101}";
+    let service = |name: &str, ip: &str, spec: &str| {
+        objects::service(name, ip, ports)
+            .in_namespace("ns")
+            .spec(spec)
+            .object()
+    };
+    let eps_ports = "{name: http, port: 8080, protocol: TCP}, {name: dns, port: 53, protocol: UDP}";
+    let on = |svc: &str, node: &str| {
+        let eps = [objects::ep("10.128.0.7", node)];
+        let s = objects::endpoint_slice(&format!("{svc}-x"), svc, "IPv4", eps_ports, &eps);
+        s.in_namespace("ns").object()
+    };
+    let both = "type: NodePort, externalTrafficPolicy: Local, internalTrafficPolicy: Local";
+    let snap = Snapshot::builder()
+        .with(service("remote", "172.30.0.1", both))
+        .with(on("remote", "n2"))
+        .with(service("local", "172.30.0.2", both))
+        .with(on("local", "n1"))
+        .with(service("cluster", "172.30.0.3", "type: NodePort"))
+        .with(on("cluster", "n2"))
+        .build();
+    let count = |d: &crate::plan::Desired, external: bool| {
+        let key = NoLocalEndpoints {
+            family: IpFamily::V4,
+            external,
+        };
+        d.outputs.services.no_local_endpoints.get(&key).copied()
+    };
+    let first = plan(&snap, &cfg);
+    // Service `remote`: both ports, both policies; `local` and `cluster` count nothing.
+    assert_eq!(count(&first, false), Some(2));
+    assert_eq!(count(&first, true), Some(2));
+    assert_eq!(first.outputs.services.no_local_endpoints.len(), 2);
+    // The endpoint moves to this node: nothing left, incrementally as from scratch.
+    let mut b = snap.to_builder();
+    b.insert(on("remote", "n1"));
+    let moved = b.build();
+    let incremental = plan_with(&moved, &cfg, &first.memory);
+    assert!(incremental.outputs.services.no_local_endpoints.is_empty());
+    assert!(
+        plan(&moved, &cfg)
+            .outputs
+            .services
+            .no_local_endpoints
+            .is_empty()
+    );
+    // And back, through the incremental path.
+    let back = plan_with(&snap, &cfg, &incremental.memory);
+    assert_eq!(count(&back, false), Some(2));
+    assert_eq!(count(&back, true), Some(2));
+}

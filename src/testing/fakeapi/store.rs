@@ -252,7 +252,8 @@ impl State {
     }
 
     /// Server-side apply of `status` by one field manager: `status.messages` is a
-    /// list-type=set merged across managers, other fields are last-writer-wins.
+    /// list-type=set and `status.conditions` a list-type=map keyed by `type`, both merged
+    /// across managers; other fields are last-writer-wins.
     pub fn apply_status(
         &mut self,
         resource: Resource,
@@ -278,12 +279,23 @@ impl State {
                 }
             }
         }
+        // Conditions by type: the last manager to apply a type owns that entry.
+        let mut conditions: Vec<Value> = Vec::new();
+        for s in per_manager.values() {
+            for c in s["conditions"].as_array().into_iter().flatten() {
+                conditions.retain(|o| o["type"] != c["type"]);
+                conditions.push(c.clone());
+            }
+        }
         let mut merged = obj["status"].as_object().cloned().unwrap_or_default();
         for (k, v) in status.as_object().into_iter().flatten() {
             merged.insert(k.clone(), v.clone());
         }
         if !messages.is_empty() {
             merged.insert("messages".into(), Value::Array(messages));
+        }
+        if !conditions.is_empty() {
+            merged.insert("conditions".into(), Value::Array(conditions));
         }
         obj["status"] = Value::Object(merged);
         Some(self.put(obj))
