@@ -3,10 +3,13 @@
 //! answers with or without an agent (one is started, then killed: the verdict never
 //! changes), an address nothing answers on is dead, node-2 is dead within
 //! interval × (misses + 1) of its link going down and alive again soon after it comes back.
+//! A pod on the prober's node flooding it with ICMP does not make node-2 look dead, and the
+//! probes still see node-2's link go down under the flood.
 
 use nodeplane::controller::egress_ip::probe::{self, Settings, Targets, Verdicts};
+use nodeplane::testing::forged_probes::Forger;
 use nodeplane::testing::lab::{Lab, ManifestAgent, Ns};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -183,4 +186,61 @@ fn kernel_answers_without_an_agent_and_a_dead_link_is_seen_within_the_bound() {
     let took = prober.wait("node-2", true, Duration::from_secs(2));
     eprintln!("link up: node-2 alive after {took:?}");
     assert_eq!(prober.verdict("ghost"), Some(false));
+}
+
+/// An echo reply (type 0) from nobody's ping: what a flood at the prober's node looks like
+/// to a socket that sees every ICMP message (large, so few fill a receive buffer).
+fn flood_reply(seq: u16) -> Vec<u8> {
+    let mut p = nodeplane::testing::forged_probes::echo_request(0x4242, seq, &[0x5a; 1200]);
+    p[0] = 0;
+    // Type 8 -> 0 lowers the one's-complement sum by 0x0800: the checksum rises by it.
+    let sum = u16::from_be_bytes([p[2], p[3]]).wrapping_add(0x0800);
+    p[2..4].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+#[test]
+fn an_icmp_flood_at_the_probers_node_does_not_make_a_healthy_node_dead() {
+    let mut lab = Lab::new();
+    let seg = lab.add_segment("seg");
+    let node1 = lab.add_node("node1");
+    let node2 = lab.add_node("node2");
+    lab.attach(&node1, &seg, &["192.168.60.11/24"]);
+    let node2_if = lab.attach(&node2, &seg, &[&format!("{NODE2_V4}/24")]);
+    let pod = lab.add_pod(&node1, "flooder", &["10.128.0.5"]);
+
+    // node-2 alone: the self-doubt guard (more than half of two or more dead) cannot hide
+    // a verdict the flood forced.
+    let prober = Prober::start(&node1, targets(&[("node-2", &[NODE2_V4])]));
+    prober.wait("node-2", true, Duration::from_secs(5));
+    prober.stays_alive("node-2", (MISSES + 2) * INTERVAL);
+
+    // Four flooding threads (more than the cores of a small machine), each sending bursts of
+    // 64 echo replies with no pause.
+    let burst: Vec<(Ipv4Addr, Vec<u8>)> = (0..64)
+        .map(|i| ("10.128.0.5".parse().unwrap(), flood_reply(i)))
+        .collect();
+    let node1_v4: Ipv4Addr = "192.168.60.11".parse().unwrap();
+    let floods: Vec<Forger> = (0..4)
+        .map(|_| Forger::start(&pod.ns, node1_v4, burst.clone(), Duration::ZERO))
+        .collect();
+    let watch = Duration::from_secs(3);
+    prober.stays_alive("node-2", watch);
+    let sent: u64 = floods.iter().map(Forger::sent).sum();
+    eprintln!(
+        "flood: {sent} echo replies in {watch:?} ({:.0}/s); node-2 stayed alive",
+        sent as f64 / watch.as_secs_f64()
+    );
+    assert!(sent > 10_000, "the flood sent only {sent} packets");
+
+    // Under the flood, the probes still see node-2's link go down.
+    let down = Instant::now();
+    node2.run(&["ip", "link", "set", "dev", &node2_if, "down"]);
+    let bound = INTERVAL * (MISSES + 1) + SLACK;
+    prober.wait("node-2", false, bound + Duration::from_secs(2));
+    eprintln!(
+        "link down under the flood: node-2 dead after {:?}",
+        down.elapsed()
+    );
+    drop(floods);
 }

@@ -16,9 +16,15 @@
 //!
 //! **Sockets.** Raw ICMP and ICMPv6 sockets (`CAP_NET_RAW`, which the DaemonSet grants: the
 //! unprivileged ping sockets need `net.ipv4.ping_group_range` to include the agent's group,
-//! and its default, `1 0`, includes nobody, root neither). Kernel filters pass only echo
-//! replies (`ICMP_FILTER`, `ICMP6_FILTER`); replies are matched by identifier (random per
-//! prober), source address and a sequence number of the last `misses` rounds.
+//! and its default, `1 0`, includes nobody, root neither). One socket per probed address,
+//! *connected* to it: the kernel hands a connected raw socket only the packets from that
+//! address, so an ICMP flood at the prober's node (from a pod, or from anywhere that is not a
+//! probed address) never reaches the probe sockets and cannot crowd the replies out of their
+//! receive buffers. (One unconnected socket sees every ICMP message the node receives: a
+//! flood of ~100 000 packets/s from a pod made a healthy node dead within a second.) Each
+//! socket has a reader task that forwards matching replies into one bounded queue; sockets
+//! follow the targets (open or close per changed address). Replies are matched by identifier
+//! (random per prober), source address and a sequence number of the last `misses` rounds.
 //!
 //! **Payload.** Each echo carries a payload signed for its target with the cluster's probe
 //! key ([`super::probe_auth`]): the probed node's fence takes only such probes for the
@@ -58,7 +64,7 @@ use std::os::fd::OwnedFd;
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockProtocol, SockType};
 use tokio::net::UdpSocket;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -265,7 +271,7 @@ pub async fn run(
         let _ = targets.wait_for(|_| false).await;
         return;
     }
-    let sockets = match Sockets::open(key, sign) {
+    let mut sockets = match Sockets::open(key, sign) {
         Ok(s) => s,
         Err(e) => {
             warn!(
@@ -277,9 +283,12 @@ pub async fn run(
         }
     };
     let mut probes = Probes::new(settings, Instant::now());
-    probes.set_targets(&targets.borrow_and_update());
+    {
+        let t = targets.borrow_and_update();
+        probes.set_targets(&t);
+        sockets.set_targets(&t);
+    }
     let mut suspect = false;
-    let (mut b4, mut b6) = (vec![0u8; 2048], vec![0u8; 2048]);
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(probes.next_due()) => {
@@ -321,30 +330,27 @@ pub async fn run(
                     return;
                 }
             }
-            reply = sockets.recv(&mut b4, &mut b6) => match reply {
-                Ok(Some((from, seq))) => {
-                    probes.reply(from, seq);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    warn!("EgressIP probe: receive: {e}");
-                    tokio::time::sleep(settings.interval).await;
-                }
-            },
+            Some((from, seq)) = sockets.replies.recv() => {
+                probes.reply(from, seq);
+            }
             changed = targets.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                probes.set_targets(&targets.borrow_and_update());
+                let t = targets.borrow_and_update();
+                probes.set_targets(&t);
+                sockets.set_targets(&t);
             }
         }
     }
 }
 
-/// Raw ICMP and ICMPv6 sockets (either may be missing: a host without IPv6).
+/// The probe sockets: one connected raw socket per probed address.
 struct Sockets {
-    v4: Option<UdpSocket>,
-    v6: Option<UdpSocket>,
+    conns: HashMap<IpAddr, Conn>,
+    /// Matching replies of every socket, `(source, sequence)`.
+    replies: mpsc::Receiver<(IpAddr, u16)>,
+    replies_tx: mpsc::Sender<(IpAddr, u16)>,
     ident: u16,
     key: Option<ProbeKey>,
     /// The assigner's probes (leading): signed; a standby's: no magic.
@@ -361,32 +367,50 @@ const ICMP6_ECHO_REPLY: u8 = 129;
 
 impl Sockets {
     fn open(key: Option<ProbeKey>, sign: watch::Receiver<bool>) -> std::io::Result<Sockets> {
-        // Raw ICMP sockets see every ICMP message the node receives; replies are picked out in
-        // user space (`parse_reply`: echo replies with our identifier). The kernel's
-        // ICMP_FILTER / ICMP6_FILTER would drop the rest earlier, but setting them needs a raw
-        // `setsockopt`, and `unsafe` stays in `nft::nftnl`; the leader reads the node's other
-        // ICMP traffic too.
-        let v4 = raw(AddressFamily::Inet, SockProtocol::Icmp).and_then(datagram);
-        let v6 = raw(AddressFamily::Inet6, SockProtocol::IcmpV6).and_then(datagram);
-        let (v4, v6) = match (v4, v6) {
-            (Err(e), Err(_)) => return Err(e),
-            (v4, v6) => (v4.ok(), v6.ok()),
-        };
-        // Distinguishes this prober's replies from other pings' (raw sockets see them all).
+        // The probe sockets are opened per address later; one of each family now tells
+        // whether raw sockets can be opened at all (CAP_NET_RAW).
+        let v4 = raw(AddressFamily::Inet, SockProtocol::Icmp);
+        let v6 = raw(AddressFamily::Inet6, SockProtocol::IcmpV6);
+        if let (Err(e), Err(_)) = (v4, v6) {
+            return Err(e);
+        }
+        // Distinguishes this prober's replies from other pings' to the same address.
         let ident = (std::process::id() as u16)
             ^ (std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos() as u16)
                 .unwrap_or(0));
+        let (replies_tx, replies) = mpsc::channel(REPLY_QUEUE);
         Ok(Sockets {
-            v4,
-            v6,
+            conns: HashMap::new(),
+            replies,
+            replies_tx,
             ident,
             key,
             sign,
             session: random_session(),
             counter: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Opens a socket for each new address of `targets`, closes those of the addresses gone.
+    fn set_targets(&mut self, targets: &Targets) {
+        let want: BTreeSet<IpAddr> = targets.values().flatten().copied().collect();
+        self.conns.retain(|a, _| want.contains(a));
+        for &to in &want {
+            if self.conns.contains_key(&to) {
+                continue;
+            }
+            match Conn::open(to, self.ident, self.replies_tx.clone()) {
+                Ok(c) => {
+                    self.conns.insert(to, c);
+                }
+                // The address stays without a socket (retried on the next targets): its echoes
+                // fail and its node misses, which is warned when it turns dead. Debug only: a
+                // host without IPv6 given IPv6 InternalIPs would warn on every snapshot.
+                Err(e) => debug!("EgressIP probe: cannot open an ICMP socket to {to}: {e}"),
+            }
+        }
     }
 
     /// The payload of the next echo to `to`: signed when there is a key.
@@ -412,41 +436,73 @@ impl Sockets {
     }
 
     fn send(&self, to: IpAddr, seq: u16) -> std::io::Result<()> {
-        let missing = || std::io::Error::from(std::io::ErrorKind::Unsupported);
-        match to {
-            IpAddr::V4(a) => {
-                let fd = self.v4.as_ref().ok_or_else(missing)?;
-                let pkt = echo(ICMP_ECHO, self.ident, seq, &self.payload(to), true);
-                fd.try_send_to(&pkt, SocketAddr::new(a.into(), 0))?;
-            }
-            IpAddr::V6(a) => {
-                let fd = self.v6.as_ref().ok_or_else(missing)?;
-                // The kernel computes the ICMPv6 checksum.
-                let pkt = echo(ICMP6_ECHO, self.ident, seq, &self.payload(to), false);
-                fd.try_send_to(&pkt, SocketAddr::new(a.into(), 0))?;
-            }
-        }
+        let conn = self
+            .conns
+            .get(&to)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))?;
+        // The kernel computes the ICMPv6 checksum, not the ICMP one.
+        let pkt = match to {
+            IpAddr::V4(_) => echo(ICMP_ECHO, self.ident, seq, &self.payload(to), true),
+            IpAddr::V6(_) => echo(ICMP6_ECHO, self.ident, seq, &self.payload(to), false),
+        };
+        conn.sock.try_send(&pkt)?;
         Ok(())
     }
+}
 
-    /// The next echo reply to this prober on either socket: `(source, sequence)`, or `None`
-    /// for a packet that is not one.
-    async fn recv(&self, b4: &mut [u8], b6: &mut [u8]) -> std::io::Result<Option<(IpAddr, u16)>> {
-        async fn one(
-            fd: Option<&UdpSocket>,
-            buf: &mut [u8],
-        ) -> std::io::Result<(usize, SocketAddr)> {
-            match fd {
-                Some(fd) => fd.recv_from(buf).await,
-                None => std::future::pending().await,
+/// Replies waiting for the prober: a few per round at most get through the connected sockets
+/// (only the probed addresses' packets); more are dropped, never buffered without bound.
+const REPLY_QUEUE: usize = 1024;
+
+/// A raw ICMP socket connected to one probed address and its reader task (stopped on drop).
+struct Conn {
+    sock: std::sync::Arc<UdpSocket>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Conn {
+    fn open(to: IpAddr, ident: u16, replies: mpsc::Sender<(IpAddr, u16)>) -> std::io::Result<Conn> {
+        let (family, proto) = match to {
+            IpAddr::V4(_) => (AddressFamily::Inet, SockProtocol::Icmp),
+            IpAddr::V6(_) => (AddressFamily::Inet6, SockProtocol::IcmpV6),
+        };
+        let std_sock = std::net::UdpSocket::from(raw(family, proto)?);
+        // connect() on a raw socket makes the kernel deliver only packets from `to` to it
+        // (the port is ignored).
+        std_sock.connect(SocketAddr::new(to, 0))?;
+        let sock = std::sync::Arc::new(UdpSocket::from_std(std_sock)?);
+        let reader = tokio::spawn(read_replies(sock.clone(), to, ident, replies));
+        Ok(Conn { sock, reader })
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Forwards the echo replies to this prober that arrive on `sock` (connected to `from`).
+async fn read_replies(
+    sock: std::sync::Arc<UdpSocket>,
+    from: IpAddr,
+    ident: u16,
+    replies: mpsc::Sender<(IpAddr, u16)>,
+) {
+    let mut buf = vec![0u8; 2048];
+    loop {
+        match sock.recv(&mut buf).await {
+            Ok(n) => {
+                if let Some(r) = parse_reply(from.is_ipv4(), &buf[..n], Some(from), ident) {
+                    // Full: the prober is far behind; a dropped reply is a miss at worst.
+                    let _ = replies.try_send(r);
+                }
+            }
+            Err(e) => {
+                // ICMP errors queued on the socket (e.g. unreachable) come back as errors.
+                debug!("EgressIP probe: receive from {from}: {e}");
             }
         }
-        let (v4, (n, from)) = tokio::select! {
-            r = one(self.v4.as_ref(), b4) => (true, r?),
-            r = one(self.v6.as_ref(), b6) => (false, r?),
-        };
-        let pkt = if v4 { &b4[..n] } else { &b6[..n] };
-        Ok(parse_reply(v4, pkt, Some(from.ip()), self.ident))
     }
 }
 
@@ -809,9 +865,11 @@ mod tests {
     #[test]
     fn with_a_key_each_echo_is_signed_for_its_target_with_a_new_counter() {
         let key = ProbeKey::new(&[3; 32]).unwrap();
+        let (replies_tx, replies) = mpsc::channel(1);
         let s = Sockets {
-            v4: None,
-            v6: None,
+            conns: HashMap::new(),
+            replies,
+            replies_tx,
             ident: 1,
             key: Some(key.clone()),
             sign: watch::channel(true).1,
