@@ -68,6 +68,26 @@ pub struct SyncOutcome<'a> {
     pub cleanup_failed: bool,
 }
 
+impl<'a> SyncOutcome<'a> {
+    /// An attempt that took no time, after no drift, as a partial sync without cleanup
+    /// failures: what most observers' tests need (set the other fields where one matters).
+    pub fn plain(
+        snapshot: Option<&'a Snapshot>,
+        result: &'a Result<SyncReport, ReconcileError>,
+        applied: Option<&'a Table>,
+    ) -> Self {
+        SyncOutcome {
+            snapshot,
+            result,
+            duration: Duration::ZERO,
+            applied,
+            drift_seq: 0,
+            full: false,
+            cleanup_failed: false,
+        }
+    }
+}
+
 /// What one successful sync did.
 #[derive(Debug, Clone, Default)]
 pub struct SyncReport {

@@ -328,15 +328,7 @@ mod tests {
         let mut sync = |pod_binding: Vec<String>| {
             let mut report = SyncReport::default();
             report.outputs.netpol.pod_binding = pod_binding;
-            observer.observe(&SyncOutcome {
-                snapshot: None,
-                result: &Ok(report),
-                duration: Duration::ZERO,
-                applied: Some(&table),
-                drift_seq: 0,
-                full: false,
-                cleanup_failed: false,
-            });
+            observer.observe(&SyncOutcome::plain(None, &Ok(report), Some(&table)));
         };
         sync(vec![
             "address 10.0.0.9 of pod a/p (bridge br0) is behind no bridge port".into(),
@@ -378,15 +370,7 @@ mod tests {
             ..SyncReport::default()
         };
         let table = Table::new("nodeplane");
-        observer.observe(&SyncOutcome {
-            snapshot: None,
-            result: &Ok(report),
-            duration: Duration::ZERO,
-            applied: Some(&table),
-            drift_seq: 0,
-            full: false,
-            cleanup_failed: false,
-        });
+        observer.observe(&SyncOutcome::plain(None, &Ok(report), Some(&table)));
         let ruleset = state.ruleset().unwrap();
         let header: Vec<&str> = ruleset
             .lines()

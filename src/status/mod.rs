@@ -390,15 +390,7 @@ mod tests {
             ..SyncReport::default()
         };
         let table = Table::new("nodeplane");
-        o.observe(&SyncOutcome {
-            snapshot: Some(snap),
-            result: &Ok(report),
-            duration: Duration::ZERO,
-            applied: Some(&table),
-            drift_seq: 0,
-            full: false,
-            cleanup_failed: false,
-        });
+        o.observe(&SyncOutcome::plain(Some(snap), &Ok(report), Some(&table)));
     }
 
     fn events(rx: &mut mpsc::UnboundedReceiver<Job>) -> Vec<(String, &'static str, String)> {
@@ -472,15 +464,7 @@ mod tests {
                 ..SyncReport::default()
             };
             let table = Table::new("nodeplane");
-            o.observe(&SyncOutcome {
-                snapshot: Some(&snap),
-                result: &Ok(report),
-                duration: Duration::ZERO,
-                applied: Some(&table),
-                drift_seq: 0,
-                full: false,
-                cleanup_failed: false,
-            });
+            o.observe(&SyncOutcome::plain(Some(&snap), &Ok(report), Some(&table)));
         };
         let mut patches = Vec::new();
         for _ in 0..3 {

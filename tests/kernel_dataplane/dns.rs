@@ -57,18 +57,9 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     )
     .unwrap();
     let pods = [
-        objects::pod("alpha", "a1")
-            .on(NODE)
-            .ips(&a1.addrs)
-            .to_string(),
-        objects::pod("beta", "b1")
-            .on(NODE)
-            .ips(&b1.addrs)
-            .to_string(),
-        objects::pod("gamma", "g1")
-            .on(NODE)
-            .ips(&g1.addrs)
-            .to_string(),
+        a1.manifest("alpha", "a1", NODE),
+        b1.manifest("beta", "b1", NODE),
+        g1.manifest("gamma", "g1", NODE),
     ];
     agent.write("pods.yaml", &pods.join("---\n"));
     agent.write(
@@ -752,12 +743,7 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
         "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
     )
     .unwrap();
-    let mut pods = vec![
-        objects::pod("alpha", "v")
-            .on(NODE)
-            .ips(&victim.addrs)
-            .to_string(),
-    ];
+    let mut pods = vec![victim.manifest("alpha", "v", NODE)];
     for (i, f) in flooders.iter().enumerate() {
         pods.push(
             objects::pod("flood", &format!("f{i}"))

@@ -49,14 +49,8 @@ fn topo(zone: Zone) -> Topo {
     );
     let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
     let pods = [
-        objects::pod("alpha", "v")
-            .on(NODE)
-            .ips(&victim.addrs)
-            .to_string(),
-        objects::pod("mallory", "m")
-            .on(NODE)
-            .ips(&attacker.addrs)
-            .to_string(),
+        victim.manifest("alpha", "v", NODE),
+        attacker.manifest("mallory", "m", NODE),
     ];
     agent.write("pods.yaml", &pods.join("---\n"));
     agent.write(

@@ -74,7 +74,7 @@ fn topo() -> Topo {
 }
 
 fn pod_doc(ns: &str, name: &str, pod: &Pod) -> String {
-    objects::pod(ns, name).on(NODE).ips(&pod.addrs).to_string()
+    pod.manifest(ns, name, NODE)
 }
 
 impl Topo {

@@ -29,6 +29,15 @@ pub struct Pod {
 }
 
 impl Pod {
+    /// The Pod object of this lab pod for a manifests directory: `namespace/name` on `node`
+    /// with the pod's addresses.
+    pub fn manifest(&self, namespace: &str, name: &str, node: &str) -> String {
+        crate::testing::objects::pod(namespace, name)
+            .on(node)
+            .ips(&self.addrs)
+            .to_string()
+    }
+
     /// The pod's first IPv4 (or else first) address.
     pub fn ip(&self) -> IpAddr {
         let v4 = self.addrs.iter().find(|a| a.is_ipv4());
