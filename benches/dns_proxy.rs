@@ -13,7 +13,8 @@
 //! `direct` (b1), `proxied, already learned` (a1, a fixed answer: parsed, nothing to write)
 //! and `proxied, learning` (a1, a new address every answer: one netlink batch each, the
 //! answer held until the kernel acknowledged it). Throughput: `--threads` pods' resolvers
-//! asking in parallel for rotating answers (every answer written).
+//! asking in parallel for rotating answers (every answer written), with the kernel's per-pod
+//! rate limit off (`--dns-rate-limit 0`).
 
 use nodeplane::testing::args::arg;
 use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup_here};
@@ -107,7 +108,10 @@ fn main() {
     // The lab's server is the node's resolver (so the proxy trusts it).
     let resolv = agent.dir().join("resolv.conf.txt");
     std::fs::write(&resolv, "nameserver 192.168.1.100\n").unwrap();
-    let process = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    // The throughput run asks from one pod as fast as the proxy answers, far past the kernel's
+    // per-pod limit on steered DNS (`--dns-rate-limit`): off, so the proxy is measured.
+    let resolv = resolv.to_str().unwrap();
+    let process = agent.spawn(&["--resolv-conf", resolv, "--dns-rate-limit", "0"]);
     eventually(Duration::from_secs(15), || {
         let _ = dns.take_sources();
         a1.ns
