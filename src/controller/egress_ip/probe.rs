@@ -695,14 +695,19 @@ mod tests {
         assert!(h.alive());
     }
 
+    /// Probes every 100 ms, dead after `misses`, alive again after `rises`.
+    fn every_100ms(misses: u32, rises: u32) -> Settings {
+        Settings {
+            interval: 100 * MS,
+            misses,
+            rises,
+        }
+    }
+
     #[test]
     fn rounds_on_an_explicit_clock_declare_dead_and_alive() {
         let t0 = Instant::now();
-        let s = Settings {
-            interval: 100 * MS,
-            misses: 3,
-            rises: 2,
-        };
+        let s = every_100ms(3, 2);
         let mut p = Probes::new(s, t0);
         p.set_targets(&targets(&[
             ("a", &["10.0.0.1", "fd00::1"]),
@@ -772,11 +777,7 @@ mod tests {
     #[test]
     fn most_nodes_dead_suspects_the_prober() {
         let t0 = Instant::now();
-        let s = Settings {
-            interval: 100 * MS,
-            misses: 1,
-            rises: 1,
-        };
+        let s = every_100ms(1, 1);
         let mut p = Probes::new(s, t0);
         p.set_targets(&targets(&[
             ("a", &["10.0.0.1"]),
@@ -805,11 +806,7 @@ mod tests {
     #[test]
     fn two_probed_nodes_both_dead_suspects_the_prober() {
         let t0 = Instant::now();
-        let s = Settings {
-            interval: 100 * MS,
-            misses: 1,
-            rises: 1,
-        };
+        let s = every_100ms(1, 1);
         let mut p = Probes::new(s, t0);
         p.set_targets(&targets(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]));
         p.poll(t0);

@@ -107,6 +107,14 @@ fn wall() -> Timestamp {
     Timestamp::UNIX_EPOCH
 }
 
+/// Candidates `node-a` and `node-b` with the test configuration.
+fn two_candidates() -> (Candidate, Candidate) {
+    (
+        Candidate::new(config("node-a")),
+        Candidate::new(config("node-b")),
+    )
+}
+
 #[tokio::test]
 async fn the_first_candidate_creates_the_lease_and_leads() {
     let api = FakeLeases::default();
@@ -135,10 +143,7 @@ async fn the_first_candidate_creates_the_lease_and_leads() {
 async fn the_leader_renews_without_reading_and_followers_wait() {
     let api = FakeLeases::default();
     let t0 = Instant::now();
-    let (mut a, mut b) = (
-        Candidate::new(config("node-a")),
-        Candidate::new(config("node-b")),
-    );
+    let (mut a, mut b) = two_candidates();
     assert!(a.attempt(&api, t0, wall()).await);
     // Ten seconds of renewals: the follower never takes over, whatever its phase.
     for i in 1..=10u32 {
@@ -165,10 +170,7 @@ async fn the_leader_renews_without_reading_and_followers_wait() {
 async fn a_dead_leader_is_replaced_after_the_lease_duration_on_the_followers_clock() {
     let api = FakeLeases::default();
     let t0 = Instant::now();
-    let (mut a, mut b) = (
-        Candidate::new(config("node-a")),
-        Candidate::new(config("node-b")),
-    );
+    let (mut a, mut b) = two_candidates();
     assert!(a.attempt(&api, t0, wall()).await);
     assert!(a.attempt(&api, t0 + RETRY, wall()).await);
     // The follower sees the last renewal at t0 + 1.5 s; then node-a dies.
@@ -201,10 +203,7 @@ async fn a_dead_leader_is_replaced_after_the_lease_duration_on_the_followers_clo
 async fn a_holder_the_probes_prove_dead_is_replaced_at_once_and_steps_down_at_its_next_renewal() {
     let api = FakeLeases::default();
     let t0 = Instant::now();
-    let (mut a, mut b) = (
-        Candidate::new(config("node-a")),
-        Candidate::new(config("node-b")),
-    );
+    let (mut a, mut b) = two_candidates();
     assert!(a.attempt(&api, t0, wall()).await);
     assert!(!b.attempt(&api, t0 + MS, wall()).await);
     // Another node dead changes nothing.
@@ -301,10 +300,7 @@ async fn the_leader_reads_again_when_its_direct_renewal_fails() {
 async fn release_lets_the_next_candidate_take_over_at_once() {
     let api = FakeLeases::default();
     let t0 = Instant::now();
-    let (mut a, mut b) = (
-        Candidate::new(config("node-a")),
-        Candidate::new(config("node-b")),
-    );
+    let (mut a, mut b) = two_candidates();
     assert!(a.attempt(&api, t0, wall()).await);
     assert!(!b.attempt(&api, t0 + MS, wall()).await);
     assert!(a.release(&api, wall()).await);
@@ -359,10 +355,7 @@ async fn a_replace_on_a_stale_read_conflicts_and_the_loser_does_not_lead() {
 async fn two_creates_race_and_one_gets_already_exists() {
     let api = FakeLeases::default();
     let t0 = Instant::now();
-    let (mut a, mut b) = (
-        Candidate::new(config("node-a")),
-        Candidate::new(config("node-b")),
-    );
+    let (mut a, mut b) = two_candidates();
     // Both read "no lease" (node-b from a cache that has not seen node-a's create).
     api.state().stale = Some(None);
     assert!(a.attempt(&api, t0, wall()).await);
