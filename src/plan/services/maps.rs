@@ -5,7 +5,7 @@
 //! number of backends changes, and then only the dispatch elements' target does.
 
 use super::model::{Backend, Model, PortBackends};
-use super::names::{self, Frontend};
+use super::names::{self, BackendsMap, Frontend};
 use super::pools::{Pool, PoolKind};
 use crate::nft::ir::*;
 use std::collections::BTreeSet;
@@ -48,7 +48,8 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
             let pool = PoolKind::Cluster {
                 n: cluster.len() as u32,
             };
-            balance(out, fam, Frontend::Addr, pool, &key, cluster, &[]);
+            let shard = names::shard(*ip, p.proto, p.port);
+            balance(out, fam, shard, pool, &key, cluster, &[]);
         } else if m.internal_local && !pb.all.is_empty() {
             // iTP=Local without a local endpoint: dropped, as kube-proxy does.
             out.part
@@ -88,62 +89,68 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
         };
     for ip in &externals {
         let key = frontend_key(*ip, p.proto, p.port);
-        balance(out, fam, Frontend::Addr, pool, &key, all, local);
+        let shard = names::shard(*ip, p.proto, p.port);
+        balance(out, fam, shard, pool, &key, all, local);
     }
     if let Some(np) = p.node_port {
         let backends_key = vec![Value::Proto(p.proto).into(), Value::Port(np).into()];
-        let chain = add_pool(out, fam, Frontend::NodePort, pool);
+        let pool = Pool {
+            family: fam,
+            frontend: Frontend::NodePort,
+            kind: pool,
+            shard: 0,
+        };
         out.part.add_mapping(
             names::NODEPORTS,
             nodeport_key(fam, p.proto, np),
-            ElemData::Verdict(Verdict::Goto(chain)),
+            ElemData::Verdict(Verdict::Goto(pool.chain_name())),
         );
-        buckets(out, fam, Frontend::NodePort, &backends_key, all, false);
-        buckets(out, fam, Frontend::NodePort, &backends_key, local, true);
+        buckets(out, pool, &backends_key, all, false);
+        buckets(out, pool, &backends_key, local, true);
+        out.pools.insert(pool);
     }
 }
 
-/// The dispatch element of an address frontend and its backends-map elements.
+/// The dispatch element of an address frontend and its backends-map elements (in the
+/// frontend's shard).
 fn balance(
     out: &mut Planned,
-    fam: IpFamily,
-    frontend: Frontend,
-    pool: PoolKind,
+    family: IpFamily,
+    shard: u8,
+    kind: PoolKind,
     key: &ElemKey,
     all: &[Backend],
     local: &[Backend],
 ) {
-    let chain = add_pool(out, fam, frontend, pool);
-    out.part.add_mapping(
-        names::dispatch(fam),
-        key.clone(),
-        ElemData::Verdict(Verdict::Goto(chain)),
-    );
-    buckets(out, fam, frontend, key, all, false);
-    buckets(out, fam, frontend, key, local, true);
-}
-
-fn add_pool(out: &mut Planned, family: IpFamily, frontend: Frontend, kind: PoolKind) -> String {
     let pool = Pool {
         family,
-        frontend,
+        frontend: Frontend::Addr,
         kind,
+        shard,
     };
-    let name = pool.chain_name();
+    out.part.add_mapping(
+        names::dispatch(family),
+        key.clone(),
+        ElemData::Verdict(Verdict::Goto(pool.chain_name())),
+    );
+    buckets(out, pool, key, all, false);
+    buckets(out, pool, key, local, true);
     out.pools.insert(pool);
-    name
 }
 
-/// `frontend . i : backend[i]` for every bucket i.
-fn buckets(
-    out: &mut Planned,
-    fam: IpFamily,
-    frontend: Frontend,
-    key: &ElemKey,
-    backends: &[Backend],
-    local: bool,
-) {
-    let map = names::backends(fam, frontend, local);
+/// `frontend . i : backend[i]` for every bucket i, in the pool's map.
+fn buckets(out: &mut Planned, pool: Pool, key: &ElemKey, backends: &[Backend], local: bool) {
+    if backends.is_empty() {
+        return;
+    }
+    let map = BackendsMap {
+        family: pool.family,
+        frontend: pool.frontend,
+        local,
+        shard: pool.shard,
+    }
+    .name();
+    let map = map.as_str();
     for (i, b) in backends.iter().enumerate() {
         // Exactly sized: 100,000 of these keys are held at 10,000 services.
         let mut k = Vec::with_capacity(key.len() + 1);
@@ -173,24 +180,13 @@ pub fn nodeport_key(fam: IpFamily, proto: u8, port: u16) -> ElemKey {
     ]
 }
 
-/// The family and frontend kind of a backends map, by name.
-pub fn backends_map(set: &str) -> Option<(IpFamily, Frontend)> {
-    for fam in [IpFamily::V4, IpFamily::V6] {
-        for frontend in [Frontend::Addr, Frontend::NodePort] {
-            if [false, true]
-                .iter()
-                .any(|local| names::backends(fam, frontend, *local) == set)
-            {
-                return Some((fam, frontend));
-            }
-        }
-    }
-    None
-}
-
 /// For an element of a backends map: its frontend's dispatch map and key.
 pub fn frontend_of(set: &str, key: &ElemKey) -> Option<(String, ElemKey)> {
-    let (fam, frontend) = backends_map(set)?;
+    let BackendsMap {
+        family: fam,
+        frontend,
+        ..
+    } = BackendsMap::parse(set)?;
     match frontend {
         Frontend::Addr => Some((names::dispatch(fam).into(), key.get(..3)?.to_vec())),
         Frontend::NodePort => {

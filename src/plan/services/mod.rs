@@ -8,12 +8,13 @@
 //!    external IPs and LB IPs; for local destinations (`fib daddr type local`) one lookup on
 //!    `meta nfproto . meta l4proto . th dport` (`svc-nodeports`) for NodePorts.
 //! 2. The element's verdict is `goto` a shared [`pools`] chain, one per (family, frontend
-//!    kind, traffic policy, number of backends): e.g. `svc-v4-c3` masquerades sources
-//!    outside the cluster and then `dnat ip to ip daddr . meta l4proto . th dport . numgen
-//!    random mod 3 map @svc-backends-v4`. The backends are data-map elements keyed by
-//!    frontend and bucket ([`maps`]), so an endpoint change is an element update: no rule
-//!    and no chain changes, nothing for nf_tables to re-validate at commit. A change in the
-//!    number of backends re-points the service's dispatch elements to another pool chain.
+//!    kind, traffic policy, number of backends, backends-map shard): e.g. `svc-v4-c3-s7`
+//!    masquerades sources outside the cluster and then `dnat ip to ip daddr . meta l4proto
+//!    . th dport . numgen random mod 3 map @svc-backends-v4-7`. The backends are data-map
+//!    elements keyed by frontend and bucket ([`maps`]), so an endpoint change is an element
+//!    update: no rule and no chain changes, nothing for nf_tables to re-validate at commit. A
+//!    change in the number of backends re-points the service's dispatch elements to another
+//!    pool chain.
 //! 3. Services with session affinity or loadBalancerSourceRanges keep per-service chains
 //!    ([`chains`]: per-endpoint DNAT chains with affinity sets, a source filter), as
 //!    kube-proxy does; their endpoint changes rewrite that service's chains only.
@@ -326,6 +327,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
     memo.snapshot = Some(snapshot.clone());
     memo.settings = Some(settings);
     table.extend_parts(&memo.parts);
+    address_backends_maps(table, &memo.pools);
     Outcome {
         statuses: memo.errors.values().cloned().collect(),
         memo,
@@ -788,8 +790,21 @@ fn masquerade_chains(t: &mut Table) {
         ]));
     }
     t.add_chain(masq);
-    for set in pools::backend_maps() {
+    for set in pools::nodeport_maps() {
         t.add_set(set);
+    }
+}
+
+/// The address frontends' backends maps, each declared while a pool chain in use reads it:
+/// a small cluster's table shows the shards it uses, not all of them.
+fn address_backends_maps(t: &mut Table, pools: &imbl::OrdMap<Pool, usize>) {
+    let maps: BTreeSet<names::BackendsMap> = pools
+        .keys()
+        .filter(|p| p.frontend == names::Frontend::Addr)
+        .flat_map(Pool::maps)
+        .collect();
+    for map in maps {
+        t.add_set(pools::backends_map(map));
     }
 }
 

@@ -4,7 +4,7 @@
 //! backends are map elements, never rules: an endpoint change is an element update, and
 //! nf_tables has no chain graph to re-validate.
 
-use super::names::{self, Frontend};
+use super::names::{self, BackendsMap, Frontend};
 use crate::nft::ir::*;
 use crate::plan::base::sets as base_sets;
 
@@ -29,21 +29,48 @@ pub struct Pool {
     pub family: IpFamily,
     pub frontend: Frontend,
     pub kind: PoolKind,
+    /// The backends-map shard it reads (address frontends; 0 for NodePorts).
+    pub shard: u8,
 }
 
 impl Pool {
-    /// The chain name, e.g. `svc-v4-c3`, `svc-v6-npxl10-2`.
+    /// The chain name, e.g. `svc-v4-c3-s7` (shard 7), `svc-v6-npxl10-2`.
     pub fn chain_name(&self) -> String {
         let fam = names::fam_suffix(self.family);
-        let np = match self.frontend {
-            Frontend::Addr => "",
-            Frontend::NodePort => "np",
+        let (np, shard) = match self.frontend {
+            Frontend::Addr => ("", format!("-s{}", self.shard)),
+            Frontend::NodePort => ("np", String::new()),
         };
         match self.kind {
-            PoolKind::Cluster { n } => format!("svc-{fam}-{np}c{n}"),
-            PoolKind::External { n } => format!("svc-{fam}-{np}x{n}"),
-            PoolKind::ExternalLocal { n, local } => format!("svc-{fam}-{np}xl{n}-{local}"),
-            PoolKind::BothLocal { local } => format!("svc-{fam}-{np}il{local}"),
+            PoolKind::Cluster { n } => format!("svc-{fam}-{np}c{n}{shard}"),
+            PoolKind::External { n } => format!("svc-{fam}-{np}x{n}{shard}"),
+            PoolKind::ExternalLocal { n, local } => {
+                format!("svc-{fam}-{np}xl{n}-{local}{shard}")
+            }
+            PoolKind::BothLocal { local } => format!("svc-{fam}-{np}il{local}{shard}"),
+        }
+    }
+
+    /// The backends maps the chain reads.
+    pub fn maps(&self) -> Vec<BackendsMap> {
+        let (all, local) = match self.kind {
+            PoolKind::Cluster { .. } | PoolKind::External { .. } => (true, false),
+            PoolKind::ExternalLocal { local, .. } => (true, local > 0),
+            PoolKind::BothLocal { local } => (false, local > 0),
+        };
+        [(all, false), (local, true)]
+            .into_iter()
+            .filter(|(read, _)| *read)
+            .map(|(_, local)| self.map(local))
+            .collect()
+    }
+
+    fn map(&self, local: bool) -> BackendsMap {
+        BackendsMap {
+            family: self.family,
+            frontend: self.frontend,
+            local,
+            shard: self.shard,
         }
     }
 
@@ -111,7 +138,7 @@ impl Pool {
                 family: self.family,
                 addr: NatAddr::Map {
                     key,
-                    map: names::backends(self.family, self.frontend, local).into(),
+                    map: self.map(local).name(),
                 },
             })
         }
@@ -130,28 +157,31 @@ pub fn frontend_fields(family: IpFamily, frontend: Frontend) -> Vec<Field> {
     }
 }
 
-/// The backends maps every pool reads: frontend . bucket -> endpoint address . port.
-pub fn backend_maps() -> Vec<Set> {
-    let mut out = Vec::new();
-    for family in [IpFamily::V4, IpFamily::V6] {
-        let daddr = match family {
-            IpFamily::V4 => Field::Ip4Daddr,
-            IpFamily::V6 => Field::Ip6Daddr,
-        };
-        for frontend in [Frontend::Addr, Frontend::NodePort] {
-            for local in [false, true] {
-                let mut key = frontend_fields(family, frontend);
-                // The declared modulus is a placeholder: pools use their own N.
-                key.push(Field::NumgenRandom(1));
-                out.push(Set::typeof_map(
-                    names::backends(family, frontend, local),
-                    key,
-                    vec![daddr, Field::ThDport],
-                ));
-            }
-        }
-    }
-    out
+/// The declaration of a backends map: frontend . bucket -> endpoint address . port.
+pub fn backends_map(map: BackendsMap) -> Set {
+    let daddr = match map.family {
+        IpFamily::V4 => Field::Ip4Daddr,
+        IpFamily::V6 => Field::Ip6Daddr,
+    };
+    let mut key = frontend_fields(map.family, map.frontend);
+    // The declared modulus is a placeholder: pools use their own N.
+    key.push(Field::NumgenRandom(1));
+    Set::typeof_map(map.name(), key, vec![daddr, Field::ThDport])
+}
+
+/// The NodePorts' backends maps (one per family and policy, always declared: NodePorts are
+/// few, so their maps stay small).
+pub fn nodeport_maps() -> impl Iterator<Item = Set> {
+    [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+        [false, true].into_iter().map(move |local| {
+            backends_map(BackendsMap {
+                family,
+                frontend: Frontend::NodePort,
+                local,
+                shard: 0,
+            })
+        })
+    })
 }
 
 #[cfg(test)]
@@ -164,10 +194,11 @@ mod tests {
             family: IpFamily::V4,
             frontend,
             kind,
+            shard: 7,
         };
         assert_eq!(
             p(Frontend::Addr, PoolKind::Cluster { n: 3 }).chain_name(),
-            "svc-v4-c3"
+            "svc-v4-c3-s7"
         );
         assert_eq!(
             p(Frontend::NodePort, PoolKind::External { n: 2 }).chain_name(),
@@ -175,7 +206,7 @@ mod tests {
         );
         assert_eq!(
             p(Frontend::Addr, PoolKind::ExternalLocal { n: 10, local: 0 }).chain_name(),
-            "svc-v4-xl10-0"
+            "svc-v4-xl10-0-s7"
         );
         assert_eq!(
             p(Frontend::NodePort, PoolKind::BothLocal { local: 2 }).chain_name(),
@@ -189,6 +220,7 @@ mod tests {
             family: IpFamily::V4,
             frontend: Frontend::Addr,
             kind: PoolKind::BothLocal { local },
+            shard: 3,
         };
         let text = |p: Pool| {
             let mut t = Table::new("t");
@@ -201,10 +233,12 @@ mod tests {
             "{two}"
         );
         assert!(
-            two.contains("numgen random mod 2 map @svc-local-backends-v4"),
+            two.contains("numgen random mod 2 map @svc-local-backends-v4-3"),
             "{two}"
         );
         assert!(!two.contains("@svc-backends-v4"), "{two}");
+        assert_eq!(pool(2).maps().len(), 1);
+        assert!(pool(0).maps().is_empty());
         let none = pool(0).chain().rules;
         assert_eq!(
             none.last().unwrap().stmts,
@@ -218,6 +252,7 @@ mod tests {
             family: IpFamily::V6,
             frontend: Frontend::NodePort,
             kind: PoolKind::ExternalLocal { n: 2, local: 0 },
+            shard: 0,
         };
         let rules = pool.chain().rules;
         assert_eq!(

@@ -181,10 +181,11 @@ fn endpoint_changes_are_element_updates_and_pool_chains_are_shared() {
         "{tx:?}"
     );
     // A third endpoint: the dispatch element moves to the 3-backend pool chain, which is
-    // created; the 2-backend one, now unused, goes. No other chain is touched.
+    // created; the 2-backend one, now unused, goes. No other chain is touched. `c` is in
+    // the same backends-map shard as `a` (6, see `names::shard`).
     let mut b = snap.to_builder();
     b.insert(slice("a", &["10.128.0.1", "10.128.0.9", "10.128.0.7"]));
-    b.insert(svc("c", "172.30.0.3", ""));
+    b.insert(svc("c", "172.30.0.17", ""));
     b.insert(slice("c", &["10.128.0.4", "10.128.0.5", "10.128.0.6"]));
     let third = plan_with(&b.build(), &cfg, &second.memory);
     let tx = diff(&second.ruleset, &third.ruleset);
@@ -202,20 +203,25 @@ fn endpoint_changes_are_element_updates_and_pool_chains_are_shared() {
     assert!(
         chains
             .iter()
-            .all(|c| *c == "svc-v4-c3" || *c == "svc-v4-c2"),
+            .all(|c| *c == "svc-v4-c3-s6" || *c == "svc-v4-c2-s6"),
         "{chains:?}"
     );
     // Both services share the one pool chain.
     let text = render_full(&third.ruleset);
-    assert_eq!(text.matches("chain svc-v4-c3 {").count(), 1);
+    assert_eq!(text.matches("chain svc-v4-c3-s6 {").count(), 1);
     assert!(
-        text.contains("172.30.0.3 . tcp . 80 : goto svc-v4-c3"),
+        text.contains("172.30.0.17 . tcp . 80 : goto svc-v4-c3-s6"),
         "{text}"
     );
     assert!(
-        text.contains("172.30.0.1 . tcp . 80 : goto svc-v4-c3"),
+        text.contains("172.30.0.1 . tcp . 80 : goto svc-v4-c3-s6"),
         "{text}"
     );
+    assert!(
+        text.contains("172.30.0.17 . tcp . 80 . 2 : 10.128.0.6 . 8080"),
+        "{text}"
+    );
+    assert!(text.contains("map svc-backends-v4-6 {"), "{text}");
 }
 
 /// The error statuses of a plan, as `ns/name: message`.
