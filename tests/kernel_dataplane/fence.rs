@@ -5,10 +5,10 @@
 //! valid probes the node never saw, replayed from a routed pod and from bridged pods (with
 //! and without `br_netfilter`) with the leader's address as source, do not count; a flood of
 //! ICMP from a pod (junk, and echo requests shaped like probes) does not make it miss the
-//! leader's probes.
+//! leader's probes. Probes over IPv6 and the node's probes of itself (the loopback) count.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +26,8 @@ use tokio::sync::watch;
 
 const LEADER: &str = "192.168.62.10";
 const NODE: &str = "192.168.62.11";
+const LEADER6: &str = "fd00:62::10";
+const NODE6: &str = "fd00:62::11";
 const SETTINGS: Settings = Settings {
     interval: Duration::from_millis(100),
     misses: 3,
@@ -63,8 +65,8 @@ fn snapshot() -> Snapshot {
         .hosted(&[("192.168.62.200", "node")])
         .object();
     Snapshot::builder()
-        .with(objects::node("leader", &[LEADER]).object())
-        .with(objects::node("node", &[NODE]).object())
+        .with(objects::node("leader", &[LEADER, LEADER6]).object())
+        .with(objects::node("node", &[NODE, NODE6]).object())
         .with(eip)
         .build()
 }
@@ -110,9 +112,10 @@ fn start_fence(ns: &Ns, fenced: Arc<AtomicBool>) -> Running<Option<Snapshot>> {
     }
 }
 
-/// The leader's prober in `ns`, probing the node with signed probes.
-fn start_leader(ns: &Ns) -> Running<Targets> {
-    let targets: Targets = [("node".to_string(), vec![IpAddr::V4(v4(NODE))])].into();
+/// The leader's prober in `ns`, probing the node at `addrs` with signed probes.
+fn start_leader(ns: &Ns, addrs: &[&str]) -> Running<Targets> {
+    let addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
+    let targets: Targets = [("node".to_string(), addrs)].into();
     let (tx, rx) = watch::channel(targets);
     let thread = ns.spawn(move || {
         let (verdicts, _keep) = watch::channel(Verdicts::new());
@@ -167,8 +170,16 @@ fn cluster() -> Cluster {
     let seg = lab.add_segment("seg");
     let leader = lab.add_node("leader");
     let node = lab.add_node("node");
-    lab.attach(&leader, &seg, &[&format!("{LEADER}/24")]);
-    lab.attach(&node, &seg, &[&format!("{NODE}/24")]);
+    lab.attach(
+        &leader,
+        &seg,
+        &[&format!("{LEADER}/24"), &format!("{LEADER6}/64")],
+    );
+    lab.attach(
+        &node,
+        &seg,
+        &[&format!("{NODE}/24"), &format!("{NODE6}/64")],
+    );
     let routed = lab.add_pod(&node, "routed", &["10.128.0.5"]);
     let bridge = lab.add_bridge(&node, "cni0", &["10.129.0.1/24"]);
     let bridged = lab.add_bridged_pod(&bridge, "bridged", &["10.129.0.5/24"]);
@@ -207,7 +218,7 @@ fn probes_replayed_from_routed_and_bridged_pods_do_not_keep_the_fence_quiet() {
         }
         let fenced = Arc::new(AtomicBool::new(false));
         let _fence = start_fence(&c.node, fenced.clone());
-        let leader = start_leader(&c.leader);
+        let leader = start_leader(&c.leader, &[NODE]);
         let forger = replay_unseen_probes(pod);
         // The leader's probes arm the fence and keep it quiet.
         stays_unfenced(&fenced, 10 * QUIET, &case);
@@ -228,6 +239,26 @@ fn probes_replayed_from_routed_and_bridged_pods_do_not_keep_the_fence_quiet() {
     }
 }
 
+/// The leader's probes count over IPv6 (the ICMPv6 listener and its filter), and over the
+/// loopback when the leader probes its own node: the fence stays quiet while they come and
+/// fences once they stop.
+#[test]
+fn the_leaders_probes_count_over_ipv6_and_from_the_node_itself() {
+    let c = cluster();
+    for (case, from, to) in [
+        ("IPv6 across the segment", &c.leader, NODE6),
+        ("the node probing itself", &c.node, NODE),
+    ] {
+        let fenced = Arc::new(AtomicBool::new(false));
+        let _fence = start_fence(&c.node, fenced.clone());
+        let leader = start_leader(from, &[to]);
+        stays_unfenced(&fenced, 10 * QUIET, case);
+        drop(leader);
+        let took = wait_fenced(&fenced, case);
+        eprintln!("{case}: fenced {took:?} after the probes stopped");
+    }
+}
+
 /// An echo reply (type 0) from nobody's ping: what a flood looks like to a socket that sees
 /// every ICMP message (large, so few fill a receive buffer).
 fn flood_reply(seq: u16) -> Vec<u8> {
@@ -244,7 +275,7 @@ fn an_icmp_flood_from_a_pod_does_not_make_the_fence_miss_the_leaders_probes() {
     let c = cluster();
     let fenced = Arc::new(AtomicBool::new(false));
     let _fence = start_fence(&c.node, fenced.clone());
-    let leader = start_leader(&c.leader);
+    let leader = start_leader(&c.leader, &[NODE]);
     stays_unfenced(&fenced, 5 * QUIET, "before the flood");
 
     // Four flooding threads (more than the cores of a small machine), each sending bursts
