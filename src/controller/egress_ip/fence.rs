@@ -11,8 +11,9 @@
 //! pod or a host on the segment cannot make one, a replay is refused, and nothing a pod
 //! sends counts, not even a valid probe the node never saw: it arrives on the pod's
 //! interface. The listener's socket filter ([`super::probe_filter`]) keeps everything else
-//! out of its queue in the kernel, so no ICMP flood drowns the probes. When none has arrived for the assigner's own verdict time, `interval × (misses + 1)`, the assigner is about to declare this node dead,
-//! or is dead itself. The two are told apart by the API server: the node asks it
+//! out of its queue in the kernel, so no ICMP flood drowns the probes. When none has arrived
+//! for the assigner's own verdict time, `interval × (misses + 1)`, the assigner is about to
+//! declare this node dead, or is dead itself. The two are told apart by the API server: the node asks it
 //! (`/version`, bounded by the same time). Only when that fails too is the node *fenced*:
 //! the reconciler withholds every egress address it would host (deleted from the interfaces,
 //! SNAT to them replaced by the fail-closed drop, an `EgressIPNotApplied` reason), so the
