@@ -226,6 +226,12 @@ impl EipCluster {
         agents[i] = Some(self.nodes[i].spawn_agent(&args));
     }
 
+    /// The probe key every agent holds (what the cluster's Secret would hold).
+    pub fn probe_key(&self) -> crate::controller::egress_ip::probe_auth::ProbeKey {
+        crate::controller::egress_ip::probe_auth::ProbeKey::load(&self.probe_key)
+            .expect("the cluster's probe key")
+    }
+
     /// Waits until node `i`'s agent answers `/readyz` with 200 (its first sync is done).
     pub fn wait_ready(&self, i: usize, within: Duration) {
         let admin: SocketAddr = "127.0.0.1:9942".parse().expect("admin address");

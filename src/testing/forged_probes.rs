@@ -1,6 +1,7 @@
 //! What an attacker on a node can do to the EgressIP fence: capture a real probe as it
-//! reaches the node, and send echo requests to the node from a pod, with any payload and any
-//! IPv4 source address (a raw `IPPROTO_RAW` socket writes the IP header itself).
+//! reaches the node, replay probes the node never saw, and send echo requests to the node
+//! from a pod, with any payload and any IPv4 source address (a raw `IPPROTO_RAW` socket
+//! writes the IP header itself).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn};
 
+use crate::controller::egress_ip::probe_auth::{self, ProbeKey, Stamp};
 use crate::testing::lab::Ns;
 
 /// The payload every probe carried before probes were authenticated.
@@ -45,6 +47,26 @@ pub fn capture_echo_request(ns: &Ns, from: Ipv4Addr, within: Duration) -> Vec<u8
     })
 }
 
+/// The echo requests `ns`'s kernel has received (`Icmp: InEchos` of `/proc/net/snmp`): what
+/// reached the node, whatever its sockets then did with it.
+pub fn echo_requests_received(ns: &Ns) -> u64 {
+    let snmp = ns.run(&["cat", "/proc/net/snmp"]);
+    let mut icmp = snmp.lines().filter(|l| l.starts_with("Icmp: "));
+    let (names, values) = (icmp.next(), icmp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        panic!("no Icmp lines in /proc/net/snmp:\n{snmp}");
+    };
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "InEchos")
+        .expect("an InEchos column");
+    values
+        .split_whitespace()
+        .nth(at)
+        .and_then(|v| v.parse().ok())
+        .expect("an InEchos value")
+}
+
 /// An echo request (type 8) with `payload`, checksummed.
 pub fn echo_request(ident: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
     let mut p = vec![8, 0, 0, 0];
@@ -67,6 +89,23 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// A probe to `target` signed with `key` and stamped now: what an attacker holds who
+/// captured, within `probe_auth::MAX_SKEW`, a probe on its way to a node that never saw it
+/// (on the segment while the node was cut off, say). A test holding the cluster's key makes
+/// a fresh one per round, standing for a stream of such captures.
+pub fn unseen_probe(key: &ProbeKey, counter: u64, target: Ipv4Addr) -> Vec<u8> {
+    let stamp = Stamp {
+        session: UNSEEN_SESSION,
+        counter,
+        unix_ms: probe_auth::unix_ms_now(),
+    };
+    let payload = probe_auth::sign(key, stamp, IpAddr::V4(target));
+    echo_request(0x4e50, counter as u16, &payload)
+}
+
+/// The session of [`unseen_probe`]'s probes (any session the node has not seen counts).
+const UNSEEN_SESSION: u64 = 0x0bad_5e55_1011;
+
 /// Sends every `(source, ICMP message)` to `dst` from `ns` every `interval` until dropped.
 pub struct Forger {
     stop: Arc<AtomicBool>,
@@ -81,6 +120,17 @@ impl Forger {
         packets: Vec<(Ipv4Addr, Vec<u8>)>,
         interval: Duration,
     ) -> Forger {
+        Forger::start_with(ns, dst, interval, move || packets.clone())
+    }
+
+    /// Like [`Forger::start`], with the packets of each round made by `make` (fresh
+    /// stamps and counters).
+    pub fn start_with(
+        ns: &Ns,
+        dst: Ipv4Addr,
+        interval: Duration,
+        mut make: impl FnMut() -> Vec<(Ipv4Addr, Vec<u8>)> + Send + 'static,
+    ) -> Forger {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let (s, count) = (stop.clone(), sent.clone());
@@ -94,7 +144,7 @@ impl Forger {
             .expect("raw IP socket");
             let to = SockaddrIn::from(SocketAddrV4::new(dst, 0));
             while !s.load(Ordering::Relaxed) {
-                for (src, icmp) in &packets {
+                for (src, icmp) in &make() {
                     let pkt = ipv4(*src, dst, icmp);
                     if socket::sendto(
                         std::os::fd::AsRawFd::as_raw_fd(&fd),

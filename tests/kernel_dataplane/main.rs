@@ -8,6 +8,7 @@ mod dns_attacks;
 mod dns_flood;
 mod egress_ip;
 mod failclosed;
+mod fence;
 mod firewall;
 mod hostile_input;
 mod lab_selftest;

@@ -4,11 +4,16 @@
 //!
 //! **Signals.** The leading assigner sends an ICMP echo to every candidate each probe
 //! interval ([`super::probe`]); the same raw ICMP sockets on the hosting node see those
-//! requests arrive. One counts only when it is the assigner's: from a Node's address, signed
-//! with the cluster's probe key for this node's address, fresh, and newer than the last one
-//! accepted ([`super::probe_auth`]); a pod or a host on the segment cannot make one, and a
-//! replay is refused. When none has arrived for the assigner's own verdict time, `interval × (misses + 1)`, the assigner is about to declare this node dead,
-//! or is dead itself. The two are told apart by the API server: the node asks it
+//! requests arrive. One counts only when it is the assigner's: from a Node's address, arrived
+//! on one of this node's uplinks ([`super::uplinks`]: an interface holding one of its Node
+//! addresses, or the loopback from its own), signed with the cluster's probe key for this
+//! node's address, fresh, and newer than the last one accepted ([`super::probe_auth`]). A
+//! pod or a host on the segment cannot make one, a replay is refused, and nothing a pod
+//! sends counts, not even a valid probe the node never saw: it arrives on the pod's
+//! interface. The listener's socket filter ([`super::probe_filter`]) keeps everything else
+//! out of its queue in the kernel, so no ICMP flood drowns the probes. When none has arrived
+//! for the assigner's own verdict time, `interval × (misses + 1)`, the assigner is about to
+//! declare this node dead, or is dead itself. The two are told apart by the API server: the node asks it
 //! (`/version`, bounded by the same time). Only when that fails too is the node *fenced*:
 //! the reconciler withholds every egress address it would host (deleted from the interfaces,
 //! SNAT to them replaced by the fail-closed drop, an `EgressIPNotApplied` reason), so the
@@ -39,8 +44,16 @@
 //! - A host firewall dropping ICMP echo requests to the node keeps fencing from ever being
 //!   armed there (and makes the node dead to the assigner, see `probe`).
 //! - Nothing a peer sends can make a node drop its IPs while the API server answers; forged
-//!   probes are refused, a replayed one captured within `probe_auth::MAX_SKEW` that the node
-//!   never accepted buys at most that much time.
+//!   probes are refused. A probe captured within `probe_auth::MAX_SKEW` that the node never
+//!   saw counts only when it arrives on an uplink: replayed from the segment, it buys at
+//!   most that much time; from a pod, nothing (see [`super::uplinks`] for the bridge that
+//!   holds the node address and has pod ports, where pods are on the segment).
+//! - The uplinks are read from the kernel when the Node's addresses change and every
+//!   `host_cidrs::POLL`: a node address moved to another interface (to a bridge, say) is
+//!   taken for an uplink that much later; meanwhile probes are refused and the API server
+//!   decides. Probes that only ever arrive on interfaces without a node address (the node
+//!   address on the loopback, unnumbered uplinks) are refused: fencing is never armed, and
+//!   a warning says so.
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -51,8 +64,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::probe::{self, Settings};
+use super::host_cidrs;
+use super::probe::Settings;
 use super::probe_auth::{self, ProbeKey, Refused, Verifier};
+use super::probe_listener::{Listener, Request};
+use super::uplinks::Uplinks;
 use crate::snapshot::{self, Snapshot};
 
 /// The clock-explicit state of the fence (unit-tested without sockets or sleeping).
@@ -162,17 +178,27 @@ impl Peers {
     }
 }
 
-/// The probes' checks on this node: the source a Node's, the payload the assigner's.
+/// The probes' checks on this node: the source a Node's, the interface an uplink, the payload
+/// the assigner's.
 struct Gate {
     verifier: Verifier,
     peers: Peers,
+    uplinks: Uplinks,
     /// Refusals of signed probes for skew are logged once: the clocks need fixing.
     skew_logged: bool,
 }
 
 impl Gate {
-    fn accept(&mut self, from: IpAddr, payload: &[u8]) -> bool {
+    fn accept(&mut self, from: IpAddr, ifindex: u32, payload: &[u8]) -> bool {
         if !self.peers.nodes.contains(&from) {
+            return false;
+        }
+        // Before the MAC: a refused probe must not advance its session's counter.
+        if !self.uplinks.admit(ifindex, from, &self.peers.own) {
+            debug!(
+                "EgressIP fencing: echo request from {from} refused: it arrived on interface \
+                 {ifindex}, which holds none of this node's addresses"
+            );
             return false;
         }
         match self
@@ -266,11 +292,12 @@ pub async fn run(
             dog.arm(Instant::now());
             (None, None)
         }
-        Proof::Probes(key) => match probe::Listener::open() {
+        Proof::Probes(key) => match Listener::open() {
             Ok(l) => {
                 let gate = Gate {
                     verifier: Verifier::new(key),
                     peers: Peers::default(),
+                    uplinks: Uplinks::default(),
                     skew_logged: false,
                 };
                 (Some(l), Some(gate))
@@ -286,6 +313,7 @@ pub async fn run(
     let (mut b4, mut b6) = (vec![0u8; 1500], vec![0u8; 1500]);
     let mut ours = BTreeSet::new();
     let mut fresh = true;
+    let mut uplinks_due = Instant::now();
     loop {
         if fresh {
             // O(nodes) once per snapshot; a probe costs a set lookup and a MAC or two.
@@ -293,10 +321,20 @@ pub async fn run(
             if let Some(s) = snap.as_ref() {
                 ours = hosted_in(s, &node);
                 if let Some(g) = gate.as_mut() {
-                    g.peers = Peers::of(s, &node);
+                    let peers = Peers::of(s, &node);
+                    if peers.own != g.peers.own {
+                        uplinks_due = Instant::now();
+                    }
+                    g.peers = peers;
                 }
             }
             fresh = false;
+        }
+        if let (Some(l), Some(g)) = (listener.as_ref(), gate.as_mut())
+            && Instant::now() >= uplinks_due
+        {
+            refresh_uplinks(l, g).await;
+            uplinks_due = Instant::now() + host_cidrs::POLL;
         }
         let now = Instant::now();
         if dog.suspect(now, !ours.is_empty()) {
@@ -325,7 +363,7 @@ pub async fn run(
         tokio::select! {
             r = request(listener.as_ref(), &mut b4, &mut b6) => {
                 let buf = if r.v4 { &b4 } else { &b6 };
-                if gate.as_mut().is_some_and(|g| g.accept(r.from, &buf[r.payload])) {
+                if gate.as_mut().is_some_and(|g| g.accept(r.from, r.ifindex, &buf[r.payload])) {
                     dog.probe_seen(Instant::now());
                 }
             }
@@ -340,12 +378,48 @@ pub async fn run(
     }
 }
 
+/// Reads this node's uplinks again; the listener's socket filter follows them.
+async fn refresh_uplinks(listener: &Listener, gate: &mut Gate) {
+    let (links, addresses) = match host_cidrs::read_kernel().await {
+        Ok(read) => read,
+        Err(e) => {
+            warn!("EgressIP fencing: cannot read the interfaces, the last uplinks stay: {e}");
+            return;
+        }
+    };
+    let uplinks = Uplinks::of(&links, &addresses, &gate.peers.own);
+    if uplinks == gate.uplinks {
+        return;
+    }
+    if let Err(e) = listener.admit_only(&uplinks.interfaces()) {
+        warn!(
+            "EgressIP fencing: cannot set the probe listener's socket filter ({e}): it passes \
+             no probe, so fencing is never armed"
+        );
+    }
+    if uplinks.none() && !gate.peers.own.is_empty() {
+        warn!(
+            "EgressIP fencing: no interface but the loopback holds this node's addresses ({}): \
+             probes from other nodes are refused, so fencing is armed only by an assigner on \
+             this node",
+            gate.peers
+                .own
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    } else {
+        debug!(
+            "EgressIP fencing: probes count on interfaces {:?} (uplinks, then the loopback)",
+            uplinks.interfaces()
+        );
+    }
+    gate.uplinks = uplinks;
+}
+
 /// The next echo request shaped like a probe; never, without a listener.
-async fn request(
-    listener: Option<&probe::Listener>,
-    b4: &mut [u8],
-    b6: &mut [u8],
-) -> probe::Request {
+async fn request(listener: Option<&Listener>, b4: &mut [u8], b6: &mut [u8]) -> Request {
     let Some(l) = listener else {
         return std::future::pending().await;
     };

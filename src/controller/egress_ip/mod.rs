@@ -27,7 +27,10 @@ pub mod host_cidrs;
 pub use crate::config::platform;
 pub mod probe;
 pub mod probe_auth;
+pub mod probe_filter;
+pub mod probe_listener;
 mod term;
+pub mod uplinks;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -360,10 +360,10 @@ struct Sockets {
     counter: std::sync::atomic::AtomicU64,
 }
 
-const ICMP_ECHO_REPLY: u8 = 0;
-const ICMP_ECHO: u8 = 8;
-const ICMP6_ECHO: u8 = 128;
-const ICMP6_ECHO_REPLY: u8 = 129;
+pub(super) const ICMP_ECHO_REPLY: u8 = 0;
+pub(super) const ICMP_ECHO: u8 = 8;
+pub(super) const ICMP6_ECHO: u8 = 128;
+pub(super) const ICMP6_ECHO_REPLY: u8 = 129;
 
 impl Sockets {
     fn open(key: Option<ProbeKey>, sign: watch::Receiver<bool>) -> std::io::Result<Sockets> {
@@ -506,74 +506,6 @@ async fn read_replies(
     }
 }
 
-/// The receiving side of the probes, on a node being probed (fencing, `super::fence`): raw
-/// ICMP and ICMPv6 sockets that pick out echo requests shaped like probes (whether one is the
-/// assigner's is `probe_auth`'s to say).
-pub struct Listener {
-    v4: Option<UdpSocket>,
-    v6: Option<UdpSocket>,
-}
-
-impl Listener {
-    pub fn open() -> std::io::Result<Listener> {
-        let v4 = raw(AddressFamily::Inet, SockProtocol::Icmp).and_then(datagram);
-        let v6 = raw(AddressFamily::Inet6, SockProtocol::IcmpV6).and_then(datagram);
-        match (v4, v6) {
-            (Err(e), Err(_)) => Err(e),
-            (v4, v6) => Ok(Listener {
-                v4: v4.ok(),
-                v6: v6.ok(),
-            }),
-        }
-    }
-
-    /// Waits for the next ICMP message: an echo request with a probe's magic, or `None`.
-    pub async fn request(&self, b4: &mut [u8], b6: &mut [u8]) -> Option<Request> {
-        async fn one(
-            fd: Option<&UdpSocket>,
-            buf: &mut [u8],
-        ) -> std::io::Result<(usize, SocketAddr)> {
-            match fd {
-                Some(fd) => fd.recv_from(buf).await,
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            r = one(self.v4.as_ref(), b4) => r.ok().and_then(|(n, a)| parse_request(true, &b4[..n], a.ip())),
-            r = one(self.v6.as_ref(), b6) => r.ok().and_then(|(n, a)| parse_request(false, &b6[..n], a.ip())),
-        }
-    }
-}
-
-/// An echo request that may be a probe: its source and where its payload lies in the buffer
-/// it was read into (the IPv4 one when `v4`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub from: IpAddr,
-    pub v4: bool,
-    pub payload: std::ops::Range<usize>,
-}
-
-/// An echo request whose payload starts with the probes' magic (IPv4 raw packets start with
-/// the IP header, whose source is taken; IPv6 ones with the ICMPv6 header, the source is the
-/// socket's).
-fn parse_request(v4: bool, pkt: &[u8], from: IpAddr) -> Option<Request> {
-    let (start, want, from) = if v4 {
-        let ihl = usize::from(*pkt.first()? & 0x0f) * 4;
-        let src = Ipv4Addr::from(<[u8; 4]>::try_from(pkt.get(12..16)?).ok()?);
-        (ihl, ICMP_ECHO, IpAddr::V4(src))
-    } else {
-        (0, ICMP6_ECHO, from)
-    };
-    let icmp = pkt.get(start..)?;
-    let magic = icmp.get(8..16)? == probe_auth::MAGIC;
-    (icmp[0] == want && icmp[1] == 0 && magic).then(|| Request {
-        from,
-        v4,
-        payload: start + 8..pkt.len(),
-    })
-}
-
 /// A session id no other prober run picks (replays are counted per session).
 fn random_session() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -592,11 +524,11 @@ fn random_session() -> u64 {
 /// is a datagram socket, and `UdpSocket` only calls `sendto`/`recvfrom` on it (the port of the
 /// address is ignored for raw sockets). Tokio's own wrappers for arbitrary descriptors are
 /// `unsafe` (`AsyncFd::register`) or deprecated as unsound (`AsyncFd::new`).
-fn datagram(fd: OwnedFd) -> std::io::Result<UdpSocket> {
+pub(super) fn datagram(fd: OwnedFd) -> std::io::Result<UdpSocket> {
     UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
-fn raw(family: AddressFamily, proto: SockProtocol) -> std::io::Result<OwnedFd> {
+pub(super) fn raw(family: AddressFamily, proto: SockProtocol) -> std::io::Result<OwnedFd> {
     Ok(socket::socket(
         family,
         SockType::Raw,
@@ -606,7 +538,7 @@ fn raw(family: AddressFamily, proto: SockProtocol) -> std::io::Result<OwnedFd> {
 }
 
 /// An echo request: type, code 0, checksum, identifier, sequence, the probe payload.
-fn echo(
+pub(super) fn echo(
     type_: u8,
     ident: u16,
     seq: u16,
@@ -833,33 +765,6 @@ mod tests {
     };
 
     #[test]
-    fn a_probed_node_picks_out_requests_with_the_magic_and_their_source() {
-        let any = ip("fd00::9");
-        let v6 = echo(ICMP6_ECHO, 7, 1, &NO_KEY, false);
-        let want6 = Request {
-            from: any,
-            v4: false,
-            payload: 8..8 + PAYLOAD_LEN,
-        };
-        assert_eq!(parse_request(false, &v6, any), Some(want6));
-        let mut v4 = vec![
-            0x45u8, 0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 10, 0, 0, 3, 10, 0, 0, 1,
-        ];
-        v4.extend_from_slice(&echo(ICMP_ECHO, 7, 1, &NO_KEY, true));
-        let r = parse_request(true, &v4, any).unwrap();
-        assert_eq!(r.from, ip("10.0.0.3"), "the IPv4 header's source");
-        assert_eq!(&v4[r.payload], &NO_KEY);
-        // Another ping, a reply, a truncated packet: not probes.
-        let mut other = v4.clone();
-        other[28..36].copy_from_slice(b"abcdefgh");
-        assert_eq!(parse_request(true, &other, any), None);
-        let reply = echo(ICMP6_ECHO_REPLY, 7, 1, &NO_KEY, false);
-        assert_eq!(parse_request(false, &reply, any), None);
-        assert_eq!(parse_request(true, &v4[..30], any), None);
-        assert_eq!(parse_request(true, &[], any), None);
-    }
-
-    #[test]
     fn with_a_key_each_echo_is_signed_for_its_target_with_a_new_counter() {
         let key = ProbeKey::new(&[3; 32]).unwrap();
         let (replies_tx, replies) = mpsc::channel(1);
@@ -890,7 +795,8 @@ mod tests {
         };
         assert_eq!(standby.payload(to), [0; PAYLOAD_LEN]);
         let v6 = echo(ICMP6_ECHO, 1, 1, &standby.payload(to), false);
-        assert_eq!(parse_request(false, &v6, ip("fd00::9")), None);
+        let parse = super::super::probe_listener::parse_request;
+        assert_eq!(parse(false, &v6, Some(ip("fd00::9")), 2), None);
     }
 
     #[test]
