@@ -218,6 +218,7 @@ impl Feature for NetworkPolicies {
             let check = inputs.config.pod_source_check;
             let source_check = check.then(source_check).into_iter().collect();
             add_hooks(&mut out.ruleset, vec![established()], source_check);
+            add_dns_judges(&mut out.ruleset);
             out.bridge = Some(bridge::table(&parts, check));
             // The binding is settled once the backend read the bridge ports (`settle`).
             let pods = binding::local_pods(snapshot, &inputs.config.node_name);
@@ -409,42 +410,20 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
     }
     let egress = [(Field::Ip4Saddr, EGRESS_V4), (Field::Ip6Saddr, EGRESS_V6)];
     let ingress = [(Field::Ip4Daddr, INGRESS_V4), (Field::Ip6Daddr, INGRESS_V6)];
-    let dns = DNS_PRIORITY;
-    for (name, hook, prio, lookups) in [
-        (chains::FORWARD_EGRESS, Hook::Forward, PRIORITY, egress),
-        (
-            chains::FORWARD_INGRESS,
-            Hook::Forward,
-            PRIORITY + 1,
-            ingress,
-        ),
-        (chains::DNS_EGRESS, Hook::Prerouting, dns, egress),
-        (chains::DNS_INGRESS, Hook::Prerouting, dns + 1, ingress),
+    for (name, prio, lookups) in [
+        (chains::FORWARD_EGRESS, PRIORITY, egress),
+        (chains::FORWARD_INGRESS, PRIORITY + 1, ingress),
     ] {
         let mut chain = Chain::base(
             name,
             BaseChain {
                 kind: ChainType::Filter,
-                hook,
+                hook: Hook::Forward,
                 priority: prio,
                 policy: Policy::Accept,
             },
         );
-        if hook == Hook::Prerouting {
-            // Only the queries on their way to the DNS proxy (see `DNS_PRIORITY`).
-            chain.push(Rule::new(vec![
-                Stmt::Match(Match {
-                    key: vec![Field::Mark],
-                    op: MatchOp::Masked {
-                        mask: Value::Mark(PENDING),
-                        value: Value::Mark(0),
-                        eq: true,
-                    },
-                }),
-                Stmt::Verdict(Verdict::Accept),
-            ]));
-        }
-        if name == chains::FORWARD_EGRESS || name == chains::DNS_EGRESS {
+        if name == chains::FORWARD_EGRESS {
             for rule in &first {
                 chain.push(rule.clone());
             }
@@ -464,6 +443,46 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
         }
         for (field, map) in lookups {
             chain.push(Rule::new(vec![Stmt::vmap(vec![field], map)]));
+        }
+        table.add_chain(chain);
+    }
+}
+
+/// `np-dns-egress`/`-ingress`: the rules of the two forward chains of `table` (as
+/// [`add_hooks`] made them), on prerouting behind `meta mark & PENDING == 0 accept`, so the
+/// queries on their way to the EgressFirewall DNS proxy meet exactly those rules (see
+/// [`DNS_PRIORITY`]). Inet only: the proxy's steering is.
+fn add_dns_judges(table: &mut Table) {
+    for (forward, name, priority) in [
+        (chains::FORWARD_EGRESS, chains::DNS_EGRESS, DNS_PRIORITY),
+        (
+            chains::FORWARD_INGRESS,
+            chains::DNS_INGRESS,
+            DNS_PRIORITY + 1,
+        ),
+    ] {
+        let mut chain = Chain::base(
+            name,
+            BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Prerouting,
+                priority,
+                policy: Policy::Accept,
+            },
+        );
+        chain.push(Rule::new(vec![
+            Stmt::Match(Match {
+                key: vec![Field::Mark],
+                op: MatchOp::Masked {
+                    mask: Value::Mark(PENDING),
+                    value: Value::Mark(0),
+                    eq: true,
+                },
+            }),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
+        for rule in &table.chains[forward].rules {
+            chain.push(rule.clone());
         }
         table.add_chain(chain);
     }
