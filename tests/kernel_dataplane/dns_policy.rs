@@ -67,6 +67,8 @@ fn cluster_dns_service(backend: &str) -> String {
 /// Everything of one test but the pods, which differ between routed and bridged.
 struct Site {
     node: Ns,
+    /// The uplink host (192.168.1.100, fd00:1::100).
+    ext: Ns,
     external: DnsServer,
     agent: ManifestAgent,
     _server: Server,
@@ -78,16 +80,17 @@ fn site(lab: &mut Lab, node: &Ns, flags: &[&str]) -> Site {
     lab.add_route(node, "198.18.0.0/15", "192.168.1.100");
     let server = ext.tcp_server("0.0.0.0:80", "ext");
     let external = DnsServer::start(&ext, external_dns(), zone(EXTERNAL_ANSWER));
-    let mut args = vec!["--cluster-cidr", "10.128.0.0/14"];
+    let mut args = vec!["--cluster-cidr", "10.128.0.0/14,fd01::/48"];
     args.extend_from_slice(flags);
     let agent = ManifestAgent::new(node, NODE, &args);
     std::fs::write(
         agent.dir().join("resolv.conf.txt"),
-        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
+        "nameserver 192.168.1.100\nnameserver fd00:1::100\noptions timeout:1 attempts:1\n",
     )
     .unwrap();
     Site {
         node: node.clone(),
+        ext,
         external,
         agent,
         _server: server,
@@ -194,7 +197,7 @@ struct Routed {
 fn routed(firewall: &str, flags: &[&str]) -> Routed {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
     let r1 = lab.add_pod(&node, "r1", &["10.128.0.9"]);
     let in_pod = DnsServer::start(&r1.ns, "10.128.0.9:53".parse().unwrap(), zone(POD_ANSWER));
     let site = site(&mut lab, &node, flags);
@@ -307,6 +310,46 @@ fn a_steered_pods_egress_policy_judges_its_proxied_dns() {
     assert!(
         answered(&partly[0], EXTERNAL_ANSWER) && refused(&partly[1]),
         "DNS allowed to the external resolver only: {partly:?}"
+    );
+    assert!(status.success(), "{status}:\n{logs}");
+}
+
+/// (a) over IPv6: a trusted resolver at fd00:1::100 (resolv.conf), a1 asking from fd01::5;
+/// the egress policy allows no IPv6 at all.
+#[test]
+fn a_steered_pods_egress_policy_judges_its_proxied_dns_over_ipv6() {
+    let t = routed(FIREWALL, &[]);
+    let dns6: SocketAddr = "[fd00:1::100]:53".parse().unwrap();
+    let server6 = DnsServer::start(&t.site.ext, dns6, zone(EXTERNAL_ANSWER));
+    let agent = t.spawn(external_dns(), &[]);
+    t.site
+        .wait_listed("fw-dns-pods-v6", "fd01::5".parse().unwrap(), true);
+    let _ = server6.take_sources();
+    let before = ask(&t.a1, dns6, "x.example.com");
+    let proxied_from = server6.take_sources();
+    let web_only = policy(
+        "alpha",
+        "web-only",
+        "  policyTypes: [Egress]\n  egress: [{to: [{ipBlock: {cidr: 198.18.0.0/15}}], ports: [{protocol: TCP, port: 80}]}]\n",
+    );
+    let all = [t.a1.ip(), t.r1.ip()];
+    t.site
+        .policies((&[web_only], &["alpha/web-only"]), &[t.a1.ip()], &[], &all);
+    let denied = ask(&t.a1, dns6, "x.example.com");
+    let asked = server6.take_sources();
+    let (status, logs) = agent.stop();
+    assert!(
+        answered(&before, EXTERNAL_ANSWER),
+        "without a policy the IPv6 resolver answers: {before:?}\n{logs}"
+    );
+    assert_eq!(
+        proxied_from,
+        ["fd00:1::1".parse::<IpAddr>().unwrap()].into(),
+        "the IPv6 queries went through the proxy"
+    );
+    assert!(
+        refused(&denied) && asked.is_empty(),
+        "the egress policy denies IPv6 DNS, yet: {denied:?} (asked by {asked:?})"
     );
     assert!(status.success(), "{status}:\n{logs}");
 }
