@@ -1,31 +1,32 @@
-//! Listeners at each trusted resolver's own address, port 53, beside the `tproxy` listeners.
+//! Listeners at each trusted resolver's own address, port 53, and at each endpoint of a
+//! ClusterIP resolver (its address and target port), beside the `tproxy` listeners.
 //!
 //! With `br_netfilter`, a bridged pod's packet passes the inet prerouting hook in the
 //! bridge's context, before the IP layer's receive path, which drops the socket `tproxy`
 //! assigned (`ip_rcv_core` orphans the packet). Delivered locally by its mark all the same,
-//! the query then finds its socket by destination address and port: one of these. Without
-//! them every steered lookup of a bridged pod fails (`Udp: NoPorts`). A resolver address that
-//! is the node's own (a node-local cache) gets none: its server owns the port.
+//! the query then finds its socket by destination address and port (after service DNAT, an
+//! endpoint's): one of these. Without them every steered lookup of a bridged pod fails
+//! (`Udp: NoPorts`). An address that is the node's own (a node-local cache) gets none: its
+//! server owns the port.
 
 use super::socket;
 use super::tcp::TcpProxy;
 use super::udp::UdpProxy;
 use crate::plan::firewall::learning::Learning;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-const DNS_PORT: u16 = 53;
-
-/// Keeps one UDP and one TCP listener per trusted resolver, following `learning`.
+/// Keeps one UDP and one TCP listener per trusted resolver and endpoint of one, following
+/// `learning`.
 pub async fn maintain(udp: UdpProxy, tcp: TcpProxy, mut learning: watch::Receiver<Arc<Learning>>) {
-    // Resolver -> its serving tasks (none when it is local or could not be bound).
+    // Address -> its serving tasks (none when it is local or could not be bound).
     let mut bound = Serving::default();
     let bound = &mut bound.0;
     loop {
-        let wanted = learning.borrow_and_update().resolvers().clone();
+        let wanted = learning.borrow_and_update().listen_at();
         bound.retain(|addr, tasks| {
             let keep = wanted.contains(addr);
             if !keep {
@@ -37,10 +38,10 @@ pub async fn maintain(udp: UdpProxy, tcp: TcpProxy, mut learning: watch::Receive
             if bound.contains_key(&addr) {
                 continue;
             }
-            let tasks = if socket::is_local(addr) {
+            let tasks = if socket::is_local(addr.ip()) {
                 Vec::new()
             } else {
-                listen(&udp, &tcp, SocketAddr::new(addr, DNS_PORT))
+                listen(&udp, &tcp, addr)
             };
             bound.insert(addr, tasks);
         }
@@ -52,7 +53,7 @@ pub async fn maintain(udp: UdpProxy, tcp: TcpProxy, mut learning: watch::Receive
 
 /// The resolvers' serving tasks, aborted with the task that keeps them.
 #[derive(Default)]
-struct Serving(BTreeMap<IpAddr, Vec<AbortHandle>>);
+struct Serving(BTreeMap<SocketAddr, Vec<AbortHandle>>);
 
 impl Drop for Serving {
     fn drop(&mut self) {

@@ -102,7 +102,7 @@ pub struct FirewallMemory {
     /// not change keeps its part (the same `Arc`, which the diff skips).
     built: BTreeMap<String, Built>,
     /// The trusted resolvers as last planned ([`steer::trusted_resolvers`]).
-    resolvers: BTreeSet<IpAddr>,
+    resolvers: steer::Trusted,
 }
 
 #[derive(Debug, Clone)]
@@ -154,7 +154,7 @@ impl Feature for Firewall {
         );
         out.statuses.extend(statuses);
         let mut memory = memory;
-        memory.resolvers = steer::trusted_resolvers(inputs.snapshot, &inputs.config.dns_proxy);
+        memory.resolvers = steer::trusted_resolvers(inputs.snapshot, inputs.config);
         let learning = learning::learning(&memory);
         if let Some(port) = inputs.config.dns_proxy.port {
             let rate = inputs.config.dns_proxy.rate_limit;
@@ -210,7 +210,7 @@ fn plan(
     let memory = FirewallMemory {
         validated: outcome.validated,
         built,
-        resolvers: BTreeSet::new(),
+        resolvers: steer::Trusted::default(),
     };
     (outcome.statuses, memory)
 }

@@ -16,9 +16,11 @@
 //! churn and label changes are element updates, plus a new policy-set chain the first time a
 //! combination of policies selects a pod. `memo` decides what is planned again.
 //!
-//! Hooks (only present while a policy is in force): forward only, at filter priority + 10
+//! Hooks (only present while a policy is in force): forward, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
-//! EgressFirewall's `filter-forward` (0): a packet leaves only when both accept it. Forward
+//! EgressFirewall's `filter-forward` (0): a packet leaves only when both accept it. The same
+//! rules again on prerouting (`np-dns-egress`/`-ingress`) for the DNS queries the
+//! EgressFirewall's proxy takes, which never reach forward (they carry its pending mark). Forward
 //! sees routed pods and bridged pods with `br_netfilter`; `bridge` puts the same parts into
 //! `table bridge nodeplane` for pods bridged without it. Input and output are not hooked on
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
@@ -30,6 +32,7 @@ mod memo;
 mod pods;
 mod rules;
 
+use super::firewall::steer::{self, PENDING};
 use super::in_force::{Scope, Validated};
 use super::{Feature, Inputs, Planned};
 use crate::api::NetworkPolicy;
@@ -67,9 +70,17 @@ const SELF_PART: &str = "np-self";
 pub mod chains {
     pub const FORWARD_EGRESS: &str = "np-forward-egress";
     pub const FORWARD_INGRESS: &str = "np-forward-ingress";
+    /// The same two on the prerouting hook, for the queries the DNS proxy is about to take.
+    pub const DNS_EGRESS: &str = "np-dns-egress";
+    pub const DNS_INGRESS: &str = "np-dns-ingress";
 }
 /// After EgressFirewall's `filter-forward` (filter priority).
 const PRIORITY: i32 = priority::FILTER + 10;
+/// A query to a trusted resolver that the EgressFirewall DNS proxy is about to take (mark
+/// `PENDING`) never reaches forward: these chains judge it on prerouting instead, after
+/// service DNAT and the EgressFirewall's judge, before the proxy's `tproxy`
+/// (`plan::firewall::steer`), with the same rules as the forward chains.
+const DNS_PRIORITY: i32 = steer::JUDGE_PRIORITY + 1;
 
 /// What the NetworkPolicy planner carries between plans: the policies in force (an invalid
 /// edit keeps the policy's last valid version: dropping it could open what it isolated),
@@ -207,6 +218,7 @@ impl Feature for NetworkPolicies {
             let check = inputs.config.pod_source_check;
             let source_check = check.then(source_check).into_iter().collect();
             add_hooks(&mut out.ruleset, vec![established()], source_check);
+            add_dns_judges(&mut out.ruleset);
             out.bridge = Some(bridge::table(&parts, check));
             // The binding is settled once the backend read the bridge ports (`settle`).
             let pods = binding::local_pods(snapshot, &inputs.config.node_name);
@@ -431,6 +443,46 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
         }
         for (field, map) in lookups {
             chain.push(Rule::new(vec![Stmt::vmap(vec![field], map)]));
+        }
+        table.add_chain(chain);
+    }
+}
+
+/// `np-dns-egress`/`-ingress`: the rules of the two forward chains of `table` (as
+/// [`add_hooks`] made them), on prerouting behind `meta mark & PENDING == 0 accept`, so the
+/// queries on their way to the EgressFirewall DNS proxy meet exactly those rules (see
+/// [`DNS_PRIORITY`]). Inet only: the proxy's steering is.
+fn add_dns_judges(table: &mut Table) {
+    for (forward, name, priority) in [
+        (chains::FORWARD_EGRESS, chains::DNS_EGRESS, DNS_PRIORITY),
+        (
+            chains::FORWARD_INGRESS,
+            chains::DNS_INGRESS,
+            DNS_PRIORITY + 1,
+        ),
+    ] {
+        let mut chain = Chain::base(
+            name,
+            BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Prerouting,
+                priority,
+                policy: Policy::Accept,
+            },
+        );
+        chain.push(Rule::new(vec![
+            Stmt::Match(Match {
+                key: vec![Field::Mark],
+                op: MatchOp::Masked {
+                    mask: Value::Mark(PENDING),
+                    value: Value::Mark(0),
+                    eq: true,
+                },
+            }),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
+        for rule in &table.chains[forward].rules {
+            chain.push(rule.clone());
         }
         table.add_chain(chain);
     }

@@ -121,7 +121,9 @@ fn a_learning_flood_stays_within_the_caps() {
             &format!("fw-{ns}.yaml"),
             &objects::egress_firewall(
                 ns,
-                "[{type: Allow, to: {dnsName: '*.example.com'}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]",
+                // The resolver is outside the cluster: the firewall must let DNS reach it.
+                "[{type: Allow, to: {cidrSelector: 192.168.1.100/32}, ports: [{protocol: UDP, port: 53}]}, \
+                  {type: Allow, to: {dnsName: '*.example.com'}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]",
             )
             .to_string(),
         );

@@ -6,6 +6,7 @@
 mod dns;
 mod dns_attacks;
 mod dns_flood;
+mod dns_policy;
 mod egress_ip;
 mod failclosed;
 mod fence;

@@ -8,7 +8,7 @@ use crate::api::egress_firewall::Destination;
 use crate::api::validate::dns_name_matches;
 use crate::nft::ir::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// One `dnsName` of a namespace: its pattern (exact name or `*.suffix`) and learned sets.
@@ -36,6 +36,10 @@ impl Target {
 pub struct Learning {
     by_pod: BTreeMap<IpAddr, Arc<Vec<Target>>>,
     resolvers: BTreeSet<IpAddr>,
+    /// The endpoints of the ClusterIP resolvers (service DNAT picked one before the proxy
+    /// sees a query), and their addresses.
+    backends: BTreeSet<SocketAddr>,
+    backend_ips: BTreeSet<IpAddr>,
 }
 
 impl Learning {
@@ -58,8 +62,17 @@ impl Learning {
         &self.resolvers
     }
 
+    /// Whether the proxy may ask `server` (a query's destination after service DNAT) and
+    /// learn from its answers: a trusted resolver or an endpoint of one.
     pub fn is_trusted(&self, server: IpAddr) -> bool {
-        self.resolvers.contains(&server)
+        self.resolvers.contains(&server) || self.backend_ips.contains(&server)
+    }
+
+    /// Where a steered query may arrive with the proxy's mark but without its socket (bridged
+    /// pods with br_netfilter): each trusted resolver's port 53 and each endpoint of one.
+    pub fn listen_at(&self) -> BTreeSet<SocketAddr> {
+        let resolvers = self.resolvers.iter().map(|r| SocketAddr::new(*r, 53));
+        resolvers.chain(self.backends.iter().copied()).collect()
     }
 
     /// Every target of `pod`'s namespace.
@@ -105,8 +118,11 @@ pub fn learning(memory: &FirewallMemory) -> Learning {
             by_pod.insert(*pod, targets.clone());
         }
     }
+    let trusted = &memory.resolvers;
     Learning {
         by_pod,
-        resolvers: memory.resolvers.clone(),
+        resolvers: trusted.resolvers.clone(),
+        backends: trusted.backends.clone(),
+        backend_ips: trusted.backends.iter().map(SocketAddr::ip).collect(),
     }
 }

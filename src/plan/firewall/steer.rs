@@ -1,27 +1,53 @@
 //! Steering of pod DNS to the agent's transparent proxy, for the pods whose namespace's
-//! EgressFirewall has `dnsName` rules (and only those).
+//! EgressFirewall has `dnsName` rules (and only those), judged first by the same policies
+//! as the query would be without the proxy.
 //!
-//! `fw-dns-steer` (filter, prerouting, mangle priority) holds, per family and protocol,
-//! `ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta l4proto udp th dport 53
-//! tproxy ip to :PORT meta mark set meta mark or MARK accept`. Only DNS to a trusted resolver
-//! ([`trusted_resolvers`]) is steered: DNS to any other address is ordinary traffic that the
-//! EgressFirewall and NetworkPolicy judge, and a server a pod picks never teaches anything. The kernel hands such a packet to the transparent socket at
-//! PORT *if one exists*; otherwise the `tproxy` expression ends the rule without a match and
-//! the packet goes to its server unchanged. So while the agent is absent (restarting, crashed)
-//! pod DNS goes direct without any rule change. The mark selects the `ip rule` whose table
-//! has `local default dev lo`, which delivers the steered packet to the local socket.
-//! Before those, a rate limit per input interface and source address (`fw-dns-rate-v4/v6`)
-//! drops what a pod sends beyond `--dns-rate-limit`.
+//! Four prerouting base chains, in hook order:
+//! 1. `fw-dns-steer` (mangle priority, before service DNAT): a rate limit per input interface
+//!    and source address (`fw-dns-rate-v4/v6`) drops what a pod sends beyond
+//!    `--dns-rate-limit`; then `ip saddr @fw-dns-pods-v4 ip daddr @fw-dns-resolvers-v4 meta
+//!    l4proto udp th dport 53 meta mark set meta mark or PENDING` picks the queries to a
+//!    trusted resolver ([`trusted_resolvers`]). DNS to any other address is ordinary traffic
+//!    that the EgressFirewall and NetworkPolicy judge, and a server a pod picks never teaches
+//!    anything.
+//! 2. Service DNAT (`nat-prerouting`, -100): a ClusterIP resolver becomes one of its backends.
+//! 3. `fw-dns-judge` ([`JUDGE_PRIORITY`]): a pending query jumps to `fw-dispatch`, the
+//!    EgressFirewall's own dispatch; NetworkPolicy adds its egress and ingress dispatch right
+//!    after it, gated on the same mark (`plan::netpol`). So a query reaches the proxy only if
+//!    the chains and maps that judge it in `forward` without the proxy accept it: the same
+//!    rules, the same packet, after the same DNAT.
+//! 4. `fw-dns-tproxy` ([`TPROXY_PRIORITY`]): `meta mark and ~PENDING`, then `tproxy to :PORT
+//!    meta mark set meta mark or MARK accept`. The kernel hands the query to the transparent
+//!    socket at PORT *if one exists*; otherwise the `tproxy` expression ends the rule without
+//!    a match and the packet goes to its server unchanged (and `forward` judges it as
+//!    always). So while the agent is absent (restarting, crashed) pod DNS goes direct without
+//!    any rule change. The mark selects the `ip rule` whose table has `local default dev lo`,
+//!    which delivers the steered packet to the local socket.
 
 use super::learning::Learning;
-use crate::config::DnsProxySettings;
+use crate::api::Service;
+use crate::config::Config;
 use crate::net::{Family, NetDesired, NextHop, RouteSpec, RuleSpec};
 use crate::nft::ir::*;
 use crate::snapshot::Snapshot;
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 pub const CHAIN: &str = "fw-dns-steer";
+/// The chain that sends pending queries through the EgressFirewall dispatch.
+pub const JUDGE_CHAIN: &str = "fw-dns-judge";
+/// The chain that hands judged queries to the proxy.
+pub const TPROXY_CHAIN: &str = "fw-dns-tproxy";
+/// Right after service DNAT: the judges see the backend a ClusterIP query goes to. The
+/// EgressFirewall judges first, then NetworkPolicy egress and ingress (`plan::netpol`, at
+/// `JUDGE_PRIORITY + 1` and `+ 2`), as on the forward hook.
+pub const JUDGE_PRIORITY: i32 = priority::DSTNAT + 1;
+/// After every judge.
+pub const TPROXY_PRIORITY: i32 = JUDGE_PRIORITY + 3;
+/// The mark bit of a query to a trusted resolver from a steered pod, from `fw-dns-steer`
+/// until `fw-dns-tproxy` clears it: what the judges look at.
+pub const PENDING: u32 = 0x0400_0000;
 pub const PODS_V4: &str = "fw-dns-pods-v4";
 pub const PODS_V6: &str = "fw-dns-pods-v6";
 pub const RESOLVERS_V4: &str = "fw-dns-resolvers-v4";
@@ -40,7 +66,8 @@ pub const CLUSTER_DNS: [(&str, &str); 2] = [
     ("kube-system", "kube-dns"),
     ("openshift-dns", "dns-default"),
 ];
-/// The mark bit of steered packets (EgressIP uses 0x00ff0000, services 0x4000).
+/// The mark bit of steered packets (EgressIP uses 0x00ff0000 and 0x02000000, services
+/// 0x4000).
 pub const MARK: u32 = 0x0100_0000;
 /// The routing table with the local default route, and its `ip rule` priority (before the
 /// EgressIP rules at 7100).
@@ -48,25 +75,90 @@ pub const ROUTE_TABLE: u32 = 7053;
 pub const RULE_PRIORITY: u32 = 7053;
 const DNS_PORT: u16 = 53;
 
+/// Where the proxy may send a steered query: the trusted resolvers, and the DNS endpoints
+/// of those that are a Service's ClusterIP (service DNAT picks one before the proxy sees the
+/// query, and the policies judge that one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trusted {
+    pub resolvers: BTreeSet<IpAddr>,
+    /// Address and target port of each endpoint of a ClusterIP resolver's port 53.
+    pub backends: BTreeSet<SocketAddr>,
+}
+
 /// The resolvers whose answers are learned: `--dns-resolvers` when given, else the cluster
-/// DNS Services' ClusterIPs and the nameservers of `--resolv-conf`.
-pub fn trusted_resolvers(snapshot: &Snapshot, settings: &DnsProxySettings) -> BTreeSet<IpAddr> {
-    if !settings.resolvers.is_empty() {
-        return settings.resolvers.iter().copied().collect();
+/// DNS Services' ClusterIPs and the nameservers of `--resolv-conf`; with the endpoints of
+/// those that are ClusterIPs. A `--dns-resolvers` address in a service CIDR that is not a
+/// cluster DNS ClusterIP is found with one pass over the Services.
+pub fn trusted_resolvers(snapshot: &Snapshot, config: &Config) -> Trusted {
+    let settings = &config.dns_proxy;
+    let dns_services = CLUSTER_DNS
+        .iter()
+        .filter_map(|(ns, name)| snapshot.service(ns, name));
+    let resolvers: BTreeSet<IpAddr> = if settings.resolvers.is_empty() {
+        let mut out: BTreeSet<IpAddr> = settings.resolv_conf_nameservers.iter().copied().collect();
+        out.extend(dns_services.clone().flat_map(|s| cluster_ips(s)));
+        out
+    } else {
+        settings.resolvers.iter().copied().collect()
+    };
+    let known: BTreeSet<IpAddr> = dns_services.clone().flat_map(|s| cluster_ips(s)).collect();
+    let elsewhere = resolvers
+        .iter()
+        .any(|r| !known.contains(r) && config.service_cidrs.iter().any(|c| c.contains(r)));
+    let services: Vec<&Arc<Service>> = if elsewhere {
+        snapshot.services().values().collect()
+    } else {
+        dns_services.collect()
+    };
+    let mut backends = BTreeSet::new();
+    for svc in services {
+        if cluster_ips(svc).iter().any(|ip| resolvers.contains(ip)) {
+            backends.extend(dns_endpoints(snapshot, svc));
+        }
     }
-    let mut out: BTreeSet<IpAddr> = settings.resolv_conf_nameservers.iter().copied().collect();
-    for (ns, name) in CLUSTER_DNS {
-        let Some(svc) = snapshot.service(ns, name) else {
-            continue;
-        };
-        let spec = svc.spec.as_ref();
-        let ips = spec.and_then(|s| s.cluster_ips.clone()).unwrap_or_default();
-        let single = spec.and_then(|s| s.cluster_ip.clone());
-        out.extend(
-            ips.iter()
-                .chain(single.iter())
-                .filter_map(|ip| ip.parse::<IpAddr>().ok()),
-        );
+    Trusted {
+        resolvers,
+        backends,
+    }
+}
+
+fn cluster_ips(svc: &Service) -> Vec<IpAddr> {
+    let spec = svc.spec.as_ref();
+    let ips = spec.and_then(|s| s.cluster_ips.clone()).unwrap_or_default();
+    let single = spec.and_then(|s| s.cluster_ip.clone());
+    ips.iter()
+        .chain(single.iter())
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .collect()
+}
+
+/// The endpoints (address, target port) of `svc`'s port 53, from its EndpointSlices (whose
+/// ports name the service port they serve).
+fn dns_endpoints(snapshot: &Snapshot, svc: &Service) -> Vec<SocketAddr> {
+    let (Some(ns), Some(name)) = (&svc.metadata.namespace, &svc.metadata.name) else {
+        return Vec::new();
+    };
+    let ports = svc.spec.as_ref().and_then(|s| s.ports.as_ref());
+    let names: Vec<&Option<String>> = ports
+        .into_iter()
+        .flatten()
+        .filter(|p| p.port == i32::from(DNS_PORT))
+        .map(|p| &p.name)
+        .collect();
+    let mut out = Vec::new();
+    for slice in snapshot.endpoint_slices_for_service(ns, name) {
+        let targets: Vec<u16> = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| names.contains(&&p.name))
+            .filter_map(|p| p.port.and_then(|p| u16::try_from(p).ok()))
+            .collect();
+        for ep in &slice.endpoints {
+            for ip in ep.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()) {
+                out.extend(targets.iter().map(|port| SocketAddr::new(ip, *port)));
+            }
+        }
     }
     out
 }
@@ -88,15 +180,8 @@ pub fn plan(
     if learning.is_empty() {
         return;
     }
-    let mut chain = Chain::base(
-        CHAIN,
-        BaseChain {
-            kind: ChainType::Filter,
-            hook: Hook::Prerouting,
-            priority: priority::MANGLE,
-            policy: Policy::Accept,
-        },
-    );
+    let mut chain = Chain::base(CHAIN, prerouting(priority::MANGLE));
+    let mut tproxy = Chain::base(TPROXY_CHAIN, prerouting(TPROXY_PRIORITY));
     for (family, saddr, daddr, set, resolvers_set, rate_set, key) in [
         (
             IpFamily::V4,
@@ -183,15 +268,22 @@ pub fn plan(
         }
         for proto in [proto::UDP, proto::TCP] {
             let mut stmts = steered(proto);
-            stmts.extend([
+            stmts.push(Stmt::MarkOr(PENDING));
+            chain.push(Rule::new(stmts));
+            // Judged by now (a denied query is dropped): the pending bit goes, then the
+            // proxy's socket, if there is one, takes the query.
+            tproxy.push(Rule::new(vec![
+                Stmt::matches(Field::NfProto, Value::NfProto(family)),
+                pending(),
+                Stmt::matches(Field::L4Proto, Value::Proto(proto)),
+                Stmt::MarkAnd(!PENDING),
                 Stmt::Tproxy {
                     family,
                     port: proxy_port,
                 },
                 Stmt::MarkOr(MARK),
                 Stmt::Verdict(Verdict::Accept),
-            ]);
-            chain.push(Rule::new(stmts));
+            ]));
         }
         let (net_family, any) = match family {
             IpFamily::V4 => (Family::V4, "0.0.0.0/0"),
@@ -217,4 +309,29 @@ pub fn plan(
         });
     }
     table.add_chain(chain);
+    table.add_chain(tproxy);
+    let mut judge = Chain::base(JUDGE_CHAIN, prerouting(JUDGE_PRIORITY));
+    judge.push(Rule::new(vec![
+        pending(),
+        Stmt::Verdict(Verdict::Jump(super::DISPATCH.into())),
+    ]));
+    table.add_chain(judge);
+}
+
+fn prerouting(priority: i32) -> BaseChain {
+    BaseChain {
+        kind: ChainType::Filter,
+        hook: Hook::Prerouting,
+        priority,
+        policy: Policy::Accept,
+    }
+}
+
+/// `meta mark & PENDING != 0`: a query to a trusted resolver from a steered pod, not yet
+/// handed to the proxy.
+pub fn pending() -> Stmt {
+    Stmt::Match(Match {
+        key: vec![Field::Mark],
+        op: MatchOp::AnyFlag(PENDING),
+    })
 }

@@ -362,12 +362,21 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         "{port: 53, protocol: UDP}",
     )
     .in_namespace("kube-system");
+    let kube_dns_slice = objects::endpoint_slice(
+        "kube-dns-1",
+        "kube-dns",
+        "IPv4",
+        "{port: 5353, protocol: UDP}",
+        &[objects::ep("10.128.3.3", NODE)],
+    )
+    .in_namespace("kube-system");
     let rogue = objects::service("dns-default", "172.30.9.9", "{port: 53, protocol: UDP}")
         .in_namespace("tenant");
     let snap = Snapshot::builder()
         .with(fw("web", "[{type: Allow, to: {dnsName: '*.example.com'}}]"))
         .with(pod_on(NODE, "web", "a", &["10.128.0.5", "fd01::5"]))
         .with(kube_dns.object())
+        .with(kube_dns_slice.object())
         .with(rogue.object());
     let mut config = Config::for_node(NODE);
     config.dns_proxy.resolv_conf_nameservers = vec!["192.168.50.1".parse().unwrap()];
@@ -402,9 +411,31 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
             "{steered} tcp th dport 53 tcp flags & (syn | ack) == syn update @fw-dns-rate-v4 {{ iifname . ip saddr limit rate over 100/second burst 100 packets }} drop"
         ),
     );
-    assert!(
-        rules[2].starts_with(&format!("{steered} udp th dport 53 tproxy")),
-        "{rules:#?}"
+    // Then the query is marked pending: judged after service DNAT, handed to the proxy last.
+    assert_eq!(
+        rules[2],
+        format!("{steered} udp th dport 53 meta mark set meta mark or 0x04000000"),
+    );
+    let chain_text = |name: &str| -> Vec<String> {
+        let chain = &flat.chains[name];
+        let base = chain.base.as_ref().expect("a base chain");
+        let mut lines = vec![format!("{:?} {}", base.hook, base.priority)];
+        lines.extend(chain.rules.iter().map(rule_text));
+        lines
+    };
+    assert_eq!(
+        chain_text(steer::JUDGE_CHAIN),
+        [
+            "Prerouting -99",
+            "meta mark & 0x04000000 != 0 jump fw-dispatch"
+        ]
+    );
+    assert_eq!(
+        chain_text(steer::TPROXY_CHAIN)[..2],
+        [
+            "Prerouting -96".to_string(),
+            "meta nfproto ipv4 meta mark & 0x04000000 != 0 meta l4proto udp meta mark set meta mark and 0xfbffffff tproxy ip to :15353 meta mark set meta mark or 0x01000000 accept".to_string(),
+        ]
     );
     let rate = &flat.sets[steer::RATE_V4];
     assert_eq!(
@@ -414,6 +445,13 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
     );
     let learning = learning::learning(&d.memory.firewall);
     assert!(learning.is_trusted("172.30.0.10".parse().unwrap()));
+    // The endpoint service DNAT picks for the ClusterIP is trusted too (and listened at).
+    assert!(learning.is_trusted("10.128.3.3".parse().unwrap()));
+    assert!(
+        learning
+            .listen_at()
+            .contains(&"10.128.3.3:5353".parse().unwrap())
+    );
     assert!(
         !learning.is_trusted("172.30.9.9".parse().unwrap()),
         "a tenant's own Service"

@@ -558,3 +558,22 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         "{problems:?}"
     );
 }
+
+/// The DNS queries the EgressFirewall proxy takes never reach forward: the same rules judge
+/// them on prerouting, after service DNAT, behind a test of the proxy's pending mark.
+#[test]
+fn pending_dns_queries_meet_the_forward_rules_on_prerouting() {
+    let d = run(cluster(), &Memory::default());
+    let flat = d.ruleset.flatten();
+    for (dns, forward, priority) in [
+        (chains::DNS_EGRESS, chains::FORWARD_EGRESS, -98),
+        (chains::DNS_INGRESS, chains::FORWARD_INGRESS, -97),
+    ] {
+        let (dns, forward) = (&flat.chains[dns], &flat.chains[forward]);
+        let base = dns.base.as_ref().expect("a base chain");
+        assert_eq!((base.hook, base.priority), (Hook::Prerouting, priority));
+        let gate = crate::nft::render::rule_text(&dns.rules[0]);
+        assert_eq!(gate, "meta mark & 0x04000000 == 0x00000000 accept");
+        assert_eq!(dns.rules[1..], forward.rules[..], "the forward rules");
+    }
+}
