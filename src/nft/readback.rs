@@ -77,14 +77,24 @@ pub fn foreign_value() -> ElemValue {
     }
 }
 
-/// Where a wanted element lives in the desired table.
-#[derive(Clone, Copy)]
-enum Place<'a> {
-    /// In the set's own elements.
-    Own,
-    /// Put in a top-level set by this part.
-    Part(&'a str),
+/// What the kernel holds of one desired part, while the table is judged.
+#[derive(Default)]
+struct Held<'a> {
+    /// Its chains and sets as the kernel holds them (elements of its own sets included).
+    part: Part,
+    /// Its elements in top-level sets that the kernel holds as wanted, by reference: a
+    /// part held whole is the desired `Arc` itself, so copies are made only for the rest.
+    elements: Vec<(&'a str, &'a ElemKey, &'a ElemValue)>,
+    /// Everything it wants is in the kernel as wanted.
+    whole: bool,
 }
+
+/// Part key -> what the kernel holds of it.
+type HeldParts<'a> = BTreeMap<&'a str, Held<'a>>;
+
+/// The elements parts put in each top-level set, with the part putting them: gathered in
+/// one pass, so judging the sets costs the number of elements, not sets x parts.
+type PartElementsBySet<'a> = BTreeMap<&'a str, Vec<(&'a ElemKey, &'a ElemValue, &'a str)>>;
 
 /// Builds the current table from a backend's verdicts, shaped like `desired`.
 pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
@@ -93,8 +103,28 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     let mut parts: HeldParts = desired
         .parts
         .keys()
-        .map(|k| (k.as_str(), (Part::default(), true)))
+        .map(|k| {
+            let held = Held {
+                whole: true,
+                ..Default::default()
+            };
+            (k.as_str(), held)
+        })
         .collect();
+    let mut by_set: PartElementsBySet = BTreeMap::new();
+    for (key, part) in &desired.parts {
+        for (set, elements) in &part.elements {
+            if !desired.sets.contains_key(set) {
+                // Elements for a set nobody declares cannot be held.
+                parts.get_mut(key.as_str()).expect("every part").whole = false;
+                continue;
+            }
+            by_set
+                .entry(set.as_str())
+                .or_default()
+                .extend(elements.iter().map(|(k, v)| (k, v, key.as_str())));
+        }
+    }
 
     for chain in desired.chains.values() {
         if let Some(c) = mirror_chain(kernel, chain) {
@@ -106,31 +136,48 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
         for chain in part.chains.values() {
             match mirror_chain(kernel, chain) {
                 Some(c) => {
-                    entry.1 &= c == *chain;
-                    entry.0.add_chain(c);
+                    entry.whole &= c == *chain;
+                    entry.part.add_chain(c);
                 }
-                None => entry.1 = false,
+                None => entry.whole = false,
             }
         }
     }
 
-    // Sets: each with every element wanted in it, wherever the desired table puts it.
-    let owners = desired.sets.values().map(|s| (None, s)).chain(
-        desired
-            .parts
-            .iter()
-            .flat_map(|(k, p)| p.sets.values().map(move |s| (Some(k.as_str()), s))),
-    );
-    for (owner, set) in owners {
-        mirror_set(
-            kernel, desired, owner, set, &mut parts, &mut flush, &mut cur,
-        );
+    for set in desired.sets.values() {
+        let from_parts = by_set.remove(set.name.as_str()).unwrap_or_default();
+        if let Some((held, _)) = mirror_set(kernel, set, &from_parts, &mut parts, &mut flush) {
+            cur.add_set(held);
+        }
+    }
+    for (key, part) in &desired.parts {
+        for set in part.sets.values() {
+            let held = mirror_set(kernel, set, &[], &mut parts, &mut flush);
+            let entry = parts.get_mut(key.as_str()).expect("every part");
+            match held {
+                Some((held, whole)) => {
+                    entry.whole &= whole;
+                    entry.part.add_set(held);
+                }
+                None => entry.whole = false,
+            }
+        }
     }
 
     for (key, part) in &desired.parts {
-        let (held, whole) = parts.remove(key.as_str()).expect("every part");
-        let same = whole && held.elements.len() == part.elements.len();
-        let held = if same { part.clone() } else { Arc::new(held) };
+        let held = parts.remove(key.as_str()).expect("every part");
+        let held = if held.whole {
+            part.clone()
+        } else {
+            let mut p = held.part;
+            for (set, k, v) in held.elements {
+                p.elements
+                    .entry(set.to_string())
+                    .or_default()
+                    .insert(k.clone(), v.clone());
+            }
+            Arc::new(p)
+        };
         cur.parts.insert(key.clone(), held);
     }
     for (name, base) in kernel.other_chains() {
@@ -146,89 +193,58 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     }
 }
 
-/// Part key -> what the kernel holds of it, and whether that is all of it.
-type HeldParts<'a> = BTreeMap<&'a str, (Part, bool)>;
-
-/// One set of `desired` (top-level, or of part `owner`), with every element wanted in it
-/// wherever the desired table puts it: what the kernel holds of it goes into `cur` or its
-/// part's entry, a set to flush into `flush`.
+/// One desired set with its own elements and `from_parts` (the elements parts put in it):
+/// what the kernel holds of it and whether that is all of the set's own (`None`: no such
+/// set), with the parts' held elements noted in `parts` and a set to flush in `flush`.
 fn mirror_set<'a>(
     kernel: &mut dyn KernelState,
-    desired: &'a Table,
-    owner: Option<&'a str>,
     set: &'a Set,
+    from_parts: &[(&'a ElemKey, &'a ElemValue, &'a str)],
     parts: &mut HeldParts<'a>,
     flush: &mut Vec<String>,
-    cur: &mut Table,
-) {
+) -> Option<(Set, bool)> {
+    let own = set.elements.len();
     let mut wanted: Vec<(&ElemKey, &ElemValue)> = set.elements.iter().collect();
-    let mut places: Vec<Place> = vec![Place::Own; wanted.len()];
-    if owner.is_none() {
-        for (key, part) in &desired.parts {
-            if let Some(e) = part.elements.get(&set.name) {
-                wanted.extend(e.iter());
-                places.extend(std::iter::repeat_n(Place::Part(key), e.len()));
-            }
-        }
-    }
+    wanted.extend(from_parts.iter().map(|(k, v, _)| (*k, *v)));
     let state = kernel.set(set, &wanted);
     let mut held = set.clone_declaration();
-    if state.as_ref().is_none_or(|s| s.declaration_differs) {
-        for place in &places {
-            if let Place::Part(p) = place {
-                parts.get_mut(p).expect("every part").1 = false;
+    let s = match &state {
+        Some(s) if !s.declaration_differs => s,
+        _ => {
+            for (_, _, p) in from_parts {
+                parts.get_mut(p).expect("every part").whole = false;
             }
-        }
-    }
-    let whole = match &state {
-        None => false,
-        Some(s) if s.declaration_differs => {
-            // A declaration no planner writes: the diff recreates the set.
-            held.key.clear();
-            false
-        }
-        Some(s) => {
-            if s.flush {
-                flush.push(set.name.clone());
+            if state.is_some() {
+                // A declaration no planner writes: the diff recreates the set.
+                held.key.clear();
             }
-            let mut whole = !s.flush && s.foreign.is_empty();
-            for (i, ((k, v), place)) in wanted.iter().zip(&places).enumerate() {
-                let here = s.present.get(i).copied().unwrap_or(false) && !s.flush;
-                match place {
-                    Place::Own if here => {
-                        held.elements.insert((*k).clone(), (*v).clone());
-                    }
-                    Place::Own => whole = false,
-                    Place::Part(p) if here => {
-                        let entry = parts.get_mut(p).expect("every part");
-                        entry
-                            .0
-                            .elements
-                            .entry(set.name.clone())
-                            .or_default()
-                            .insert((*k).clone(), (*v).clone());
-                    }
-                    Place::Part(p) => parts.get_mut(p).expect("every part").1 = false,
-                }
-            }
-            for k in &s.foreign {
-                held.elements.insert(k.clone(), foreign_value());
-            }
-            whole
+            return state.map(|_| (held, false));
         }
     };
-    let present = state.is_some();
-    match owner {
-        None if present => cur.add_set(held),
-        None => {}
-        Some(p) => {
-            let entry = parts.get_mut(p).expect("every part");
-            entry.1 &= whole;
-            if present {
-                entry.0.add_set(held);
-            }
+    let mut whole = !s.flush && s.foreign.is_empty();
+    if s.flush {
+        flush.push(set.name.clone());
+    }
+    let here = |i: usize| s.present.get(i).copied().unwrap_or(false) && !s.flush;
+    for (i, (k, v)) in set.elements.iter().enumerate() {
+        if here(i) {
+            held.elements.insert(k.clone(), v.clone());
+        } else {
+            whole = false;
         }
     }
+    for (i, (k, v, p)) in from_parts.iter().enumerate() {
+        let entry = parts.get_mut(p).expect("every part");
+        if here(own + i) {
+            entry.elements.push((set.name.as_str(), k, v));
+        } else {
+            entry.whole = false;
+        }
+    }
+    for k in &s.foreign {
+        held.elements.insert(k.clone(), foreign_value());
+    }
+    Some((held, whole))
 }
 
 fn mirror_chain(kernel: &mut dyn KernelState, chain: &Chain) -> Option<Chain> {
