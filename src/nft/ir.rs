@@ -451,6 +451,11 @@ pub enum Field {
     /// with [`MatchOp::Masked`] and [`Value::Port`] as the 16-bit value: `& 0x1fff != 0` is a
     /// non-first fragment, `& 0x3fff == 0x2000` a first fragment).
     Ip4FragOff,
+    /// `frag frag-off`: the 13-bit fragment offset of an IPv6 fragment header (an extension
+    /// header, found by walking the header chain); only compared with `==` / `!=` a value
+    /// (`!= 0` is a non-first fragment, `0` a first one). A packet without a fragment header
+    /// matches neither.
+    Ip6FragOff,
     /// `ct state` (a bit mask: match with [`MatchOp::AnyFlag`]).
     CtState,
     /// `ct mark`.
@@ -478,7 +483,9 @@ impl Field {
             Field::L4Proto => DataType::InetProto,
             Field::Ip4Saddr | Field::Ip4Daddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
-            Field::ThSport | Field::ThDport | Field::Ip4FragOff => DataType::InetService,
+            Field::ThSport | Field::ThDport | Field::Ip4FragOff | Field::Ip6FragOff => {
+                DataType::InetService
+            }
             Field::Mark | Field::CtMark => DataType::Mark,
             Field::IifName | Field::OifName => DataType::IfName,
             Field::CtState => DataType::CtState,
@@ -494,7 +501,7 @@ impl Field {
     pub fn family(self) -> Option<IpFamily> {
         match self {
             Field::Ip4Saddr | Field::Ip4Daddr | Field::Ip4FragOff => Some(IpFamily::V4),
-            Field::Ip6Saddr | Field::Ip6Daddr => Some(IpFamily::V6),
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6FragOff => Some(IpFamily::V6),
             _ => None,
         }
     }

@@ -430,6 +430,7 @@ pub fn field(f: Field) -> String {
         Field::FibSaddrIifOif => "fib saddr . iif oif".into(),
         Field::TcpFlags => "tcp flags".into(),
         Field::Ip4FragOff => "ip frag-off".into(),
+        Field::Ip6FragOff => "frag frag-off".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
     }
 }

@@ -281,10 +281,9 @@ fn a_neighbours_flood_does_not_break_allowed_connections() {
 }
 
 /// Fragments of an allowed UDP flow reach an isolated pod, without `br_netfilter` (the bridge
-/// table tracks IPv4 first fragments: the later ones carry no ports) and with it (conntrack
-/// reassembles): b sends 3,000-byte datagrams (three fragments at the bridge's MTU 1500) to
-/// a's UDP port 5300, which the policy opens to b alone, and c's do not arrive. IPv6
-/// fragments without `br_netfilter` are not covered (README "NetworkPolicy").
+/// table tracks first fragments, IPv4 and IPv6: the later ones carry no ports) and with it
+/// (conntrack reassembles): b sends 3,000-byte datagrams (three fragments at the bridge's MTU
+/// 1500) to a's UDP port 5300, which the policy opens to b alone, and c's do not arrive.
 #[test]
 fn fragments_of_an_allowed_udp_flow_reach_an_isolated_pod() {
     let b = bridged();
@@ -292,28 +291,31 @@ fn fragments_of_an_allowed_udp_flow_reach_an_isolated_pod() {
     let policy = objects::network_policy("x", "udp", spec).to_string();
     b.agent.write("policies.yaml", &policy);
     b.agent.once(&[]);
-    let dst = SocketAddr::new(b.pods[0].addr, 5300);
-    let sink = lab::DatagramSink::start(&b.pods[0].ns, dst);
-    let send = |from: usize| {
-        b.pods[from].ns.enter(|| {
-            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
-            socket.send_to(&[7u8; 3000], dst).expect("send");
-        })
-    };
-    for on in [false, true] {
-        br_netfilter(&b.node, on);
-        let since = std::time::Instant::now();
-        eventually(Duration::from_secs(10), || {
-            send(1);
-            sink.first_from(b.pods[1].addr, since)
-                .map(|_| ())
-                .ok_or(format!(
-                    "br_netfilter {on}: b's fragmented datagrams never arrived"
-                ))
-        });
-        send(2);
-        std::thread::sleep(Duration::from_millis(300));
-        let from_c = sink.sources_since(since).get(&b.pods[2].addr).copied();
-        assert_eq!(from_c, None, "br_netfilter {on}: c's arrived");
+    for pods in [&b.pods, &b.pods6] {
+        let dst = SocketAddr::new(pods[0].addr, 5300);
+        let sink = lab::DatagramSink::start(&pods[0].ns, dst);
+        let send = |from: usize| {
+            pods[from].ns.enter(|| {
+                let any = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                let socket = UdpSocket::bind(any).expect("bind");
+                socket.send_to(&[7u8; 3000], dst).expect("send");
+            })
+        };
+        for on in [false, true] {
+            br_netfilter(&b.node, on);
+            let since = std::time::Instant::now();
+            eventually(Duration::from_secs(10), || {
+                send(1);
+                sink.first_from(pods[1].addr, since)
+                    .map(|_| ())
+                    .ok_or(format!(
+                        "{dst}, br_netfilter {on}: b's fragmented datagrams never arrived"
+                    ))
+            });
+            send(2);
+            std::thread::sleep(Duration::from_millis(300));
+            let from_c = sink.sources_since(since).get(&pods[2].addr).copied();
+            assert_eq!(from_c, None, "{dst}, br_netfilter {on}: c's arrived");
+        }
     }
 }

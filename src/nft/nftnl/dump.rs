@@ -474,6 +474,17 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
                 dreg: d.be32(1)?,
             }
         }
+        // NFTA_EXTHDR_*: an IPv6 header load (op 0), no flags, no write (sreg).
+        "exthdr"
+            if d.be32(6).unwrap_or(0) == 0 && d.be32(5).unwrap_or(0) == 0 && d.get(7).is_none() =>
+        {
+            Expr::Exthdr {
+                kind: *d.get(2)?.data.first()?,
+                offset: d.be32(3)?,
+                len: d.be32(4)?,
+                dreg: d.be32(1)?,
+            }
+        }
         "cmp" => Expr::Cmp {
             sreg: d.be32(1)?,
             op: d.be32(2)?,

@@ -39,6 +39,14 @@ pub enum Expr {
         modulus: u32,
         dreg: u32,
     },
+    /// An IPv6 extension header load (op ipv6, no flags): `len` bytes at `offset` of the
+    /// header numbered `kind`.
+    Exthdr {
+        kind: u8,
+        offset: u32,
+        len: u32,
+        dreg: u32,
+    },
     Cmp {
         op: u32,
         sreg: u32,
@@ -124,6 +132,7 @@ impl Expr {
             Expr::Ct { .. } => "ct",
             Expr::Fib { .. } => "fib",
             Expr::Numgen { .. } => "numgen",
+            Expr::Exthdr { .. } => "exthdr",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Hton { .. } => "byteorder",

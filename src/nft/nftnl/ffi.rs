@@ -28,6 +28,7 @@ use std::ptr::NonNull;
 const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
 const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
 const NFT_BYTEORDER_HTON: u32 = 1;
+const NFT_EXTHDR_OP_IPV6: u32 = 0;
 const NFT_LOOKUP_F_INV: u32 = 1;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFTA_CHAIN_HOOK: u16 = 4;
@@ -207,6 +208,19 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_NG_MODULUS, *modulus)
             .u32(sys::NFTNL_EXPR_NG_TYPE, super::types::NFT_NG_RANDOM)
             .u32(sys::NFTNL_EXPR_NG_OFFSET, 0),
+        // nft sends the op (ipv6) and the flags (none) explicitly.
+        Expr::Exthdr {
+            kind,
+            offset,
+            len,
+            dreg,
+        } => ExprObj::new(c"exthdr")
+            .u32(sys::NFTNL_EXPR_EXTHDR_DREG, *dreg)
+            .u8(sys::NFTNL_EXPR_EXTHDR_TYPE, *kind)
+            .u32(sys::NFTNL_EXPR_EXTHDR_OFFSET, *offset)
+            .u32(sys::NFTNL_EXPR_EXTHDR_LEN, *len)
+            .u32(sys::NFTNL_EXPR_EXTHDR_OP, NFT_EXTHDR_OP_IPV6)
+            .u32(sys::NFTNL_EXPR_EXTHDR_FLAGS, 0),
         Expr::Cmp { op, sreg, data } => ExprObj::new(c"cmp")
             .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
             .u32(sys::NFTNL_EXPR_CMP_OP, *op)

@@ -11,8 +11,8 @@ use super::set::{
     SetSpec, verdict_code,
 };
 use super::types::{
-    ByteOrder, FieldInfo, Load, concat_info, encode_err, field_info, ifname_wildcard, key_typeof,
-    nfproto, value_bytes, verdict_typeof,
+    ByteOrder, FieldInfo, IP6_FRAG_OFF_MASK, Load, NFT_PAYLOAD_LL_HEADER, concat_info, encode_err,
+    field_info, ifname_wildcard, key_typeof, nfproto, value_bytes, verdict_typeof,
 };
 use super::udata::{self, Udata};
 use crate::nft::engine::NftError;
@@ -211,11 +211,62 @@ impl RuleLowering<'_> {
         if key.is_empty() {
             return Err(encode_err("statement", "empty key".into()));
         }
+        if key.contains(&Field::Ip6FragOff) {
+            return Err(encode_err(
+                "frag frag-off",
+                "only compared with == or != a value".into(),
+            ));
+        }
         let infos: Vec<FieldInfo> = key.iter().map(|f| field_info(*f)).collect();
         for fam in infos.iter().filter_map(|i| i.family) {
             self.need_family(fam)?;
         }
         Ok(infos)
+    }
+
+    /// `frag frag-off == / != value`: the 13 bits masked out of their 16-bit load, the
+    /// value shifted to them. As the first network field of a bridge rule, nft checks the
+    /// frame's `ether type` (a link-header load) instead of `meta protocol`.
+    fn ip6_frag_off(&mut self, v: &Value, eq: bool) -> Result<(), NftError> {
+        let Value::Port(off) = v else {
+            return Err(encode_err("frag frag-off", format!("not an offset: {v:?}")));
+        };
+        if *off > 0x1fff {
+            return Err(encode_err(
+                "frag frag-off",
+                format!("{off} exceeds 13 bits"),
+            ));
+        }
+        if self.family.is_none() && self.table == Family::Bridge {
+            let reg = kernel_reg(NFT_REG_1);
+            self.push(Expr::Payload {
+                base: NFT_PAYLOAD_LL_HEADER,
+                offset: 12,
+                len: 2,
+                dreg: reg,
+            });
+            self.push(Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: reg,
+                data: ethertype(IpFamily::V6).to_be_bytes().to_vec(),
+            });
+            self.family = Some(IpFamily::V6);
+        }
+        self.need_family(IpFamily::V6)?;
+        let info = field_info(Field::Ip6FragOff);
+        let reg = self.load_key(&[info], false);
+        self.push(Expr::Bitwise {
+            reg,
+            mask: IP6_FRAG_OFF_MASK.to_be_bytes().to_vec(),
+            xor: vec![0; 2],
+            with_op: true,
+        });
+        self.push(Expr::Cmp {
+            op: if eq { NFT_CMP_EQ } else { NFT_CMP_NEQ },
+            sreg: reg,
+            data: (off << 3).to_be_bytes().to_vec(),
+        });
+        Ok(())
     }
 
     /// A network-header field needs its protocol checked first, once: `meta nfproto <family>`
@@ -263,6 +314,12 @@ impl RuleLowering<'_> {
                 dreg,
             },
             Load::Numgen { modulus } => Expr::Numgen { modulus, dreg },
+            Load::Exthdr { kind, offset } => Expr::Exthdr {
+                kind,
+                offset,
+                len: len as u32,
+                dreg,
+            },
         });
     }
 
@@ -385,6 +442,9 @@ impl RuleLowering<'_> {
 
     /// `field value` / `field != value`; also sets the protocol context like nft.
     fn compare(&mut self, f: Field, v: &Value, eq: bool) -> Result<(), NftError> {
+        if f == Field::Ip6FragOff {
+            return self.ip6_frag_off(v, eq);
+        }
         let fields = self.key_fields(&[f])?;
         let info = fields[0];
         let data = match ifname_wildcard(v)? {

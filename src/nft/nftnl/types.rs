@@ -97,13 +97,24 @@ pub enum Load {
     Numgen {
         modulus: u32,
     },
+    /// An IPv6 extension header's bytes at `offset` (`exthdr`, op ipv6): `kind` is the
+    /// header's next-header number.
+    Exthdr {
+        kind: u8,
+        offset: u32,
+    },
 }
 
 pub const NFT_META_MARK: u32 = 3;
+/// The IPv6 fragment header's next-header number.
+pub const IPPROTO_FRAGMENT: u8 = 44;
+/// `frag frag-off`'s bits in its 16-bit load (the low three are reserved and M).
+pub const IP6_FRAG_OFF_MASK: u16 = 0xfff8;
 pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_META_OIFNAME: u32 = 7;
 pub const NFT_META_NFPROTO: u32 = 15;
 pub const NFT_META_L4PROTO: u32 = 16;
+pub const NFT_PAYLOAD_LL_HEADER: u32 = 0;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_CT_STATE: u32 = 0;
@@ -188,6 +199,15 @@ pub fn field_info(f: Field) -> FieldInfo {
         }
         Field::TcpFlags => info(th(13), 1, Big),
         Field::Ip4FragOff => info(nh(6), 2, Big),
+        // The fragment header's second 16 bits: offset (13 bits), reserved (2), M (1).
+        Field::Ip6FragOff => info(
+            Load::Exthdr {
+                kind: IPPROTO_FRAGMENT,
+                offset: 2,
+            },
+            2,
+            Big,
+        ),
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
         Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),
@@ -241,6 +261,8 @@ fn field_typeof(f: Field, u: &mut Udata) {
         Load::Ct(key) => (EXPR_CT, vec![key, u32::MAX]),
         Load::Fib { flags, result } => (EXPR_FIB, vec![result, flags]),
         Load::Numgen { modulus } => (EXPR_NUMGEN, vec![NFT_NG_RANDOM, modulus, 0]),
+        // Never a set key (the lowering refuses it before a set is made).
+        Load::Exthdr { .. } => return,
     };
     u.put_u32(0, etype);
     u.nest(1, |u| {

@@ -35,6 +35,8 @@ pub const FORWARD_FLOWS: &str = "np-forward-flows";
 /// `ip saddr . ip daddr` of the IPv4 first fragments both base chains accepted that have an
 /// isolated end: the later fragments of the same packet carry no ports, and pass by this.
 pub const FRAGS_V4: &str = "np-frags-v4";
+/// `ip6 saddr . ip6 daddr`, the same for IPv6 (fragment extension header).
+pub const FRAGS_V6: &str = "np-frags-v6";
 /// A pair's entry expires after this (the kernel's reassembly timeout, `ipfrag_time`).
 pub const FRAG_TIMEOUT_SECS: u32 = 30;
 /// An idle flow's entry expires after this (conntrack keeps established TCP for days; a
@@ -218,31 +220,60 @@ fn frag_off(mask: u16, value: u16, eq: bool) -> Stmt {
     })
 }
 
-/// IPv4 fragments without conntrack's reassembly: a non-first fragment (offset not 0, so no
-/// ports for the policies or the flow sets) passes when a first fragment between the same
-/// two addresses was accepted in the last [`FRAG_TIMEOUT_SECS`] (`known`); the recording
-/// chain records that pair for first fragments (offset 0, more fragments) with an isolated
-/// end (`record`). A non-first fragment cannot complete a datagram without its first,
-/// which the policies judged (Linux drops overlapping fragments), so the pair is enough.
-fn fragments() -> (Rule, Vec<Rule>) {
-    let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
-    let known = Rule::new(vec![
-        frag_off(0x1fff, 0, false),
-        Stmt::in_set(pair.clone(), FRAGS_V4),
-        Stmt::Verdict(Verdict::Accept),
-    ]);
-    let record = [Field::Ip4Saddr, Field::Ip4Daddr]
-        .map(|end| {
-            Rule::new(vec![
-                frag_off(0x3fff, 0x2000, true),
-                Stmt::in_set(vec![end, end], SELF_V4),
-                Stmt::SetUpdate {
-                    set: FRAGS_V4.into(),
-                    key: pair.clone(),
-                },
-            ])
+/// Fragments without conntrack's reassembly: a non-first fragment (offset not 0, so no ports
+/// for the policies or the flow sets) passes when a first fragment between the same two
+/// addresses was accepted in the last [`FRAG_TIMEOUT_SECS`] (`known`); the recording chain
+/// records that pair for first fragments with an isolated end (`record`). A non-first
+/// fragment cannot complete a datagram without its first, which the policies judged (Linux
+/// drops overlapping fragments), so the pair is enough. IPv4 reads the header's `frag-off`
+/// (a first fragment: offset 0, more fragments); IPv6 the fragment extension header, after
+/// the addresses (their `meta protocol` test keeps the header walk off IPv4 packets).
+fn fragments() -> (Vec<Rule>, Vec<Rule>) {
+    let v4 = vec![Field::Ip4Saddr, Field::Ip4Daddr];
+    let v6 = vec![Field::Ip6Saddr, Field::Ip6Daddr];
+    let ip6_frag_off = |eq: bool| {
+        Stmt::Match(Match {
+            key: vec![Field::Ip6FragOff],
+            op: if eq {
+                MatchOp::Eq(vec![Value::Port(0)])
+            } else {
+                MatchOp::Ne(vec![Value::Port(0)])
+            },
         })
-        .to_vec();
+    };
+    let known = vec![
+        Rule::new(vec![
+            frag_off(0x1fff, 0, false),
+            Stmt::in_set(v4.clone(), FRAGS_V4),
+            Stmt::Verdict(Verdict::Accept),
+        ]),
+        Rule::new(vec![
+            Stmt::in_set(v6.clone(), FRAGS_V6),
+            ip6_frag_off(false),
+            Stmt::Verdict(Verdict::Accept),
+        ]),
+    ];
+    let mut record = Vec::new();
+    for end in [Field::Ip4Saddr, Field::Ip4Daddr] {
+        record.push(Rule::new(vec![
+            frag_off(0x3fff, 0x2000, true),
+            Stmt::in_set(vec![end, end], SELF_V4),
+            Stmt::SetUpdate {
+                set: FRAGS_V4.into(),
+                key: v4.clone(),
+            },
+        ]));
+    }
+    for end in [Field::Ip6Saddr, Field::Ip6Daddr] {
+        record.push(Rule::new(vec![
+            Stmt::in_set(vec![end, end], SELF_V6),
+            ip6_frag_off(true),
+            Stmt::SetUpdate {
+                set: FRAGS_V6.into(),
+                key: v6.clone(),
+            },
+        ]));
+    }
     (known, record)
 }
 
@@ -261,26 +292,24 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
     ] {
         t.add_set(Set::new(name, vec![DataType::IfName], kind));
     }
-    t.add_set(
-        Set::new(
-            FRAGS_V4,
-            vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
-            SetKind::Set,
-        )
-        .with_flags(SetFlags {
-            timeout: true,
-            dynamic: true,
-            ..Default::default()
-        })
-        .with_timeout(FRAG_TIMEOUT_SECS),
-    );
-    let (known_fragments, record_fragments) = fragments();
+    for (name, addr) in [
+        (FRAGS_V4, DataType::Ipv4Addr),
+        (FRAGS_V6, DataType::Ipv6Addr),
+    ] {
+        t.add_set(
+            Set::new(name, vec![addr, addr], SetKind::Set)
+                .with_flags(SetFlags {
+                    timeout: true,
+                    dynamic: true,
+                    ..Default::default()
+                })
+                .with_timeout(FRAG_TIMEOUT_SECS),
+        );
+    }
+    let (mut state, record_fragments) = fragments();
     let by_port = |field| Rule::new(vec![Stmt::vmap(vec![field], FLOW_PORTS)]);
-    let mut state = vec![
-        known_fragments,
-        by_port(Field::IifName),
-        by_port(Field::OifName),
-    ];
+    state.push(by_port(Field::IifName));
+    state.push(by_port(Field::OifName));
     state.extend(known(&shared, false));
     let mut recorder = Chain::base(
         FORWARD_FLOWS,

@@ -14,7 +14,9 @@ use nodeplane::testing::listing;
 /// a set, a verdict map whose elements `goto` a regular chain, an L4 match, and the reply
 /// tuples a bridge table needs where it has no conntrack: a dynamic timeout set that accepted
 /// packets update with their reverse tuple and that packets are looked up in; IPv4
-/// fragments (`ip frag-off` bitmask tests) and the address pairs they are tracked by.
+/// fragments (`ip frag-off` bitmask tests), IPv6 ones (`frag frag-off`, an extension header
+/// load: first in a rule with an `ether type` dependency, after the addresses without) and
+/// the address pairs they are tracked by.
 fn bridge_table(second: bool) -> Table {
     let mut t = Table::with_family(Family::Bridge, T);
     let mut pods = Set::new("pods-v4", vec![DataType::Ipv4Addr], SetKind::Set);
@@ -73,6 +75,27 @@ fn bridge_table(second: bool) -> Table {
         })
     };
     let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
+    let pair6 = vec![Field::Ip6Saddr, Field::Ip6Daddr];
+    t.add_set(
+        Set::new(
+            "frags-v6",
+            vec![DataType::Ipv6Addr, DataType::Ipv6Addr],
+            SetKind::Set,
+        )
+        .with_flags(SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        })
+        .with_timeout(30),
+    );
+    let frag6 = |offset: u16, eq: bool| {
+        let v = vec![Value::Port(offset)];
+        Stmt::Match(Match {
+            key: vec![Field::Ip6FragOff],
+            op: if eq { MatchOp::Eq(v) } else { MatchOp::Ne(v) },
+        })
+    };
     let mut frags = Chain::regular("frags");
     frags
         .push(Rule::new(vec![
@@ -86,6 +109,23 @@ fn bridge_table(second: bool) -> Table {
                 set: "frags-v4".into(),
                 key: pair,
             },
+        ]))
+        .push(Rule::new(vec![
+            frag6(0, false),
+            Stmt::in_set(pair6.clone(), "frags-v6"),
+            Stmt::Verdict(Verdict::Accept),
+        ]))
+        .push(Rule::new(vec![
+            Stmt::in_set(pair6.clone(), "frags-v6"),
+            frag6(0, true),
+            Stmt::SetUpdate {
+                set: "frags-v6".into(),
+                key: pair6,
+            },
+        ]))
+        .push(Rule::new(vec![
+            frag6(185, true),
+            Stmt::Verdict(Verdict::Drop),
         ]));
     t.add_chain(frags);
     let mut pol = Chain::regular("pol");

@@ -208,3 +208,94 @@ fn ip_frag_off_masks_like_nft() {
         })
     );
 }
+
+#[test]
+fn ip6_frag_off_is_an_exthdr_load_like_nft() {
+    // `nft --debug=netlink add rule bridge t c frag frag-off != 0`: payload load 2b @ link
+    // header + 12, cmp 0x86dd, exthdr load ipv6 2b @ 44 + 2, bitwise & 0xfff8, cmp neq 0.
+    let frag = |eq: bool, off: u16| {
+        let v = vec![Value::Port(off)];
+        Stmt::Match(Match {
+            key: vec![Field::Ip6FragOff],
+            op: if eq { MatchOp::Eq(v) } else { MatchOp::Ne(v) },
+        })
+    };
+    let mut id = 1;
+    let r = lower_rule(
+        &Rule::new(vec![frag(false, 0)]),
+        Family::Bridge,
+        &BTreeMap::new(),
+        &mut id,
+    )
+    .unwrap();
+    let load = Expr::Exthdr {
+        kind: 44,
+        offset: 2,
+        len: 2,
+        dreg: 1,
+    };
+    let bitwise = Expr::Bitwise {
+        reg: 1,
+        mask: vec![0xff, 0xf8],
+        xor: vec![0, 0],
+        with_op: true,
+    };
+    assert_eq!(
+        r.exprs,
+        vec![
+            Expr::Payload {
+                base: crate::nft::nftnl::types::NFT_PAYLOAD_LL_HEADER,
+                offset: 12,
+                len: 2,
+                dreg: 1
+            },
+            Expr::Cmp {
+                op: NFT_CMP_EQ,
+                sreg: 1,
+                data: vec![0x86, 0xdd]
+            },
+            load.clone(),
+            bitwise.clone(),
+            Expr::Cmp {
+                op: NFT_CMP_NEQ,
+                sreg: 1,
+                data: vec![0, 0]
+            },
+        ]
+    );
+    // In inet, and after an IPv6 address in a bridge table: the usual dependency, once; the
+    // offset is shifted to its 13 bits (`frag frag-off 185`: 185 << 3).
+    let after_addr = Rule::new(vec![
+        Stmt::matches(Field::Ip6Saddr, Value::Ipv6(std::net::Ipv6Addr::LOCALHOST)),
+        frag(true, 185),
+    ]);
+    for family in [Family::Inet, Family::Bridge] {
+        let r = lower_rule(&after_addr, family, &BTreeMap::new(), &mut id).unwrap();
+        assert_eq!(
+            r.exprs
+                .iter()
+                .filter(|e| matches!(e, Expr::Meta { .. }))
+                .count(),
+            1
+        );
+        assert_eq!(
+            r.exprs[r.exprs.len() - 3..],
+            [
+                load.clone(),
+                bitwise.clone(),
+                Expr::Cmp {
+                    op: NFT_CMP_EQ,
+                    sreg: 1,
+                    data: (185u16 << 3).to_be_bytes().to_vec()
+                }
+            ]
+        );
+    }
+    // Only compared: as a set key, or an offset beyond 13 bits, it is an error.
+    let keyed = Rule::new(vec![Stmt::in_set(vec![Field::Ip6FragOff], "s")]);
+    let err = lower_rule(&keyed, Family::Bridge, &BTreeMap::new(), &mut id).unwrap_err();
+    assert!(err.to_string().contains("frag frag-off"), "{err}");
+    let big = Rule::new(vec![frag(true, 0x2000)]);
+    let err = lower_rule(&big, Family::Bridge, &BTreeMap::new(), &mut id).unwrap_err();
+    assert!(err.to_string().contains("13 bits"), "{err}");
+}
