@@ -1,6 +1,7 @@
 //! The resolved agent configuration: command line and environment over the config file over
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
+mod dns_proxy;
 pub mod election;
 pub mod platform;
 pub mod probes;
@@ -8,6 +9,11 @@ pub mod probes;
 use crate::cli::Opts;
 use crate::features::Features;
 use crate::source::limits::Limits;
+pub use dns_proxy::{
+    DEFAULT_DNS_MAX_PER_NAME, DEFAULT_DNS_MAX_PER_NAMESPACE, DEFAULT_DNS_MAX_TTL_SECS,
+    DEFAULT_DNS_MIN_TTL_SECS, DEFAULT_DNS_PROXY_PORT, DEFAULT_DNS_RATE_LIMIT, DnsProxySettings,
+    resolv_conf_nameservers,
+};
 use election::Timings;
 use ipnet::IpNet;
 use platform::PlatformChoice;
@@ -138,65 +144,6 @@ pub struct Config {
     pub platform: PlatformChoice,
 }
 
-/// `port`: `None` = no proxy (and no steering).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsProxySettings {
-    pub port: Option<u16>,
-    pub min_ttl_secs: u32,
-    /// Longest time an address learned from one answer stays allowed (`--dns-max-ttl-seconds`).
-    pub max_ttl_secs: u32,
-    /// `--dns-resolvers`: the only servers whose answers are learned. Empty: the cluster DNS
-    /// Service's ClusterIPs plus `resolv_conf_nameservers`.
-    pub resolvers: Vec<IpAddr>,
-    /// The `nameserver` lines of `--resolv-conf`, read at start.
-    pub resolv_conf_nameservers: Vec<IpAddr>,
-    /// Learned addresses kept per queried name and per namespace (oldest evicted first).
-    pub max_per_name: usize,
-    pub max_per_namespace: usize,
-    /// Steered DNS packets (UDP queries, TCP connection openings) per second per pod
-    /// interface and source address, also the burst (`--dns-rate-limit`); 0: no limit.
-    pub rate_limit: u32,
-}
-
-pub const DEFAULT_DNS_PROXY_PORT: u16 = 15353;
-pub const DEFAULT_DNS_MIN_TTL_SECS: u32 = 5;
-/// One day (Cilium's `tofqdns-max-ttl` default is the same order).
-pub const DEFAULT_DNS_MAX_TTL_SECS: u32 = 86_400;
-/// As Cilium's `tofqdns-endpoint-max-ip-per-hostname`.
-pub const DEFAULT_DNS_MAX_PER_NAME: usize = 50;
-pub const DEFAULT_DNS_MAX_PER_NAMESPACE: usize = 2000;
-/// Ten lookups at once of a pod with the usual `ndots:5` search list (up to ~10 queries
-/// each), ten a second after that; what it sends beyond is dropped in the kernel.
-pub const DEFAULT_DNS_RATE_LIMIT: u32 = 100;
-
-impl Default for DnsProxySettings {
-    fn default() -> Self {
-        DnsProxySettings {
-            port: Some(DEFAULT_DNS_PROXY_PORT),
-            min_ttl_secs: DEFAULT_DNS_MIN_TTL_SECS,
-            max_ttl_secs: DEFAULT_DNS_MAX_TTL_SECS,
-            resolvers: Vec::new(),
-            resolv_conf_nameservers: Vec::new(),
-            max_per_name: DEFAULT_DNS_MAX_PER_NAME,
-            max_per_namespace: DEFAULT_DNS_MAX_PER_NAMESPACE,
-            rate_limit: DEFAULT_DNS_RATE_LIMIT,
-        }
-    }
-}
-
-/// The `nameserver` addresses of a resolv.conf text (anything unparsable is skipped: the
-/// resolver itself reports a broken file).
-pub fn resolv_conf_nameservers(text: &str) -> Vec<IpAddr> {
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some("nameserver")).then(|| words.next())?
-        })
-        // A link-local IPv6 nameserver may carry a zone (`fe80::1%eth0`).
-        .filter_map(|a| a.split('%').next()?.parse().ok())
-        .collect()
-}
-
 impl Config {
     /// A config for tests and benchmarks: OpenShift default CIDRs.
     pub fn for_node(node_name: &str) -> Config {
@@ -239,7 +186,8 @@ impl Config {
         }
     }
 
-    /// Merges options (flags/env) over the config file over defaults, and validates.
+    /// Merges options (flags/env) over the config file over defaults, and validates. The
+    /// options are checked in this order; the first invalid one is the error.
     pub fn resolve(opts: &Opts) -> Result<Config, ConfigError> {
         let file = match &opts.config {
             Some(path) => FileConfig::load(path)?,
@@ -247,190 +195,175 @@ impl Config {
         };
         // Settings read by reference first: the rest moves out of `file`.
         let manifest_limits = manifest_limits(opts, &file)?;
-        let watch_timeout = opts
-            .api_watch_timeout_seconds
-            .or(file.api_watch_timeout_seconds)
-            .unwrap_or(DEFAULT_API_WATCH_TIMEOUT.as_secs());
-        if !(1..=MAX_API_WATCH_TIMEOUT).contains(&watch_timeout) {
-            return Err(ConfigError::WatchTimeout(watch_timeout));
-        }
+        let api_watch_timeout = api_watch_timeout(opts, &file)?;
         let leader_elect = election_timings(opts, &file)?;
         let egress_ip_probe = egress_ip_probe(opts, &file)?;
-        let platform = match opts.platform.clone().or(file.platform.clone()) {
-            Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
-                option: "--platform",
-                reason,
-            })?,
-            None => PlatformChoice::Auto,
-        };
+        let platform = platform(opts, &file)?;
         let leader_elect_namespace = election_namespace(opts, &file)?;
-        let node_name = match opts.node_name.clone().or(file.node_name) {
-            Some(n) => n,
-            None => default_node_name()?,
-        };
-        if node_name.is_empty() {
-            return Err(ConfigError::NodeName("must not be empty".into()));
-        }
-        let cluster = pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR);
-        let service = pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR);
-        let healthz = opts
-            .healthz_bind_address
-            .as_deref()
-            .or(file.healthz_bind_address.as_deref())
-            .unwrap_or(DEFAULT_HEALTHZ_BIND_ADDRESS);
-        let resolv_conf = opts
-            .resolv_conf
-            .clone()
-            .or(file.resolv_conf.clone())
+        let resolv_conf = (opts.resolv_conf.clone().or(file.resolv_conf.clone()))
             .unwrap_or_else(|| PathBuf::from(DEFAULT_RESOLV_CONF));
-        let healthz_bind_address = optional_address("--healthz-bind-address", healthz)?;
+        let node_name = node_name(opts, file.node_name.clone())?;
+        let healthz_bind_address = optional_address(
+            "--healthz-bind-address",
+            &opts.healthz_bind_address,
+            &file.healthz_bind_address,
+            DEFAULT_HEALTHZ_BIND_ADDRESS,
+        )?;
+        // Checked in its place below (its options come last); read here while `file` is whole.
+        let dns_proxy = dns_proxy::settings(opts, &file, &resolv_conf);
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
             manifest_limits,
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
             api_server: parse_api_server(opts.api_server.clone().or(file.api_server))?,
-            cluster_cidrs: parse_cidrs("--cluster-cidr", &cluster)?,
-            service_cidrs: parse_cidrs("--service-cidr", &service)?,
-            external_ip_allowed_cidrs: parse_cidrs(
+            cluster_cidrs: parse_cidrs(
+                "--cluster-cidr",
+                &pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR),
+            )?,
+            service_cidrs: parse_cidrs(
+                "--service-cidr",
+                &pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR),
+            )?,
+            external_ip_allowed_cidrs: cidr_list(
                 "--external-ip-allowed-cidrs",
-                &pick_list(
-                    &opts.external_ip_allowed_cidrs,
-                    file.external_ip_allowed_cidrs,
-                ),
+                &opts.external_ip_allowed_cidrs,
+                file.external_ip_allowed_cidrs,
             )?,
-            external_ip_rejected_cidrs: parse_cidrs(
+            external_ip_rejected_cidrs: cidr_list(
                 "--external-ip-rejected-cidrs",
-                &pick_list(
-                    &opts.external_ip_rejected_cidrs,
-                    file.external_ip_rejected_cidrs,
-                ),
+                &opts.external_ip_rejected_cidrs,
+                file.external_ip_rejected_cidrs,
             )?,
-            load_balancer_ip_allowed_cidrs: parse_cidrs(
+            load_balancer_ip_allowed_cidrs: cidr_list(
                 "--load-balancer-ip-allowed-cidrs",
-                &pick_list(
-                    &opts.load_balancer_ip_allowed_cidrs,
-                    file.load_balancer_ip_allowed_cidrs,
-                ),
+                &opts.load_balancer_ip_allowed_cidrs,
+                file.load_balancer_ip_allowed_cidrs,
             )?,
-            load_balancer_ip_rejected_cidrs: parse_cidrs(
+            load_balancer_ip_rejected_cidrs: cidr_list(
                 "--load-balancer-ip-rejected-cidrs",
-                &pick_list(
-                    &opts.load_balancer_ip_rejected_cidrs,
-                    file.load_balancer_ip_rejected_cidrs,
-                ),
+                &opts.load_balancer_ip_rejected_cidrs,
+                file.load_balancer_ip_rejected_cidrs,
             )?,
             nodeport_addresses: NodePortAddresses::parse(&pick_list(
                 &opts.nodeport_addresses,
                 file.nodeport_addresses,
             ))?,
-            resync: Duration::from_secs(
-                opts.resync_seconds
-                    .or(file.resync_seconds)
-                    .unwrap_or(DEFAULT_RESYNC.as_secs())
-                    .max(1),
-            ),
-            log_level: opts
-                .log_level
-                .clone()
-                .or(file.log_level)
-                .unwrap_or_else(|| "info".into()),
-            resolv_conf: resolv_conf.clone(),
-            admin_address: opts
-                .admin_address
-                .or(file.admin_address)
+            resync: resync(opts.resync_seconds.or(file.resync_seconds)),
+            log_level: setting(opts.log_level.clone(), file.log_level, "info".into()),
+            admin_address: (opts.admin_address.or(file.admin_address))
                 .unwrap_or_else(|| DEFAULT_ADMIN_ADDRESS.parse().expect("valid default")),
             metrics_bind_address: optional_address(
                 "--metrics-bind-address",
-                opts.metrics_bind_address
-                    .as_deref()
-                    .or(file.metrics_bind_address.as_deref())
-                    .unwrap_or(DEFAULT_METRICS_BIND_ADDRESS),
+                &opts.metrics_bind_address,
+                &file.metrics_bind_address,
+                DEFAULT_METRICS_BIND_ADDRESS,
             )?,
             healthz_bind_address,
-            state_dir: opts
-                .state_dir
-                .clone()
-                .or(file.state_dir)
+            state_dir: (opts.state_dir.clone().or(file.state_dir))
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
-            api_watch_timeout: Duration::from_secs(watch_timeout),
-            features: Features::select(
-                &pick_list(&opts.features, file.features),
-                &pick_list(&opts.disable_features, file.disable_features),
-            )
-            .map_err(|reason| ConfigError::Invalid {
-                option: "--features",
-                reason,
-            })?,
-            egress_ip_assigner: opts
-                .egress_ip_assigner
-                .or(file.egress_ip_assigner)
-                .unwrap_or(true),
-            egress_ip_assigner_candidate: opts
-                .egress_ip_assigner_candidate
-                .or(file.egress_ip_assigner_candidate)
-                .unwrap_or(true),
-            pod_source_check: opts
-                .pod_source_check
-                .or(file.pod_source_check)
-                .unwrap_or(true),
-            pod_traffic_check: match opts
-                .pod_traffic_check_seconds
-                .or(file.pod_traffic_check_seconds)
-            {
-                Some(0) => None,
-                Some(s) => Some(Duration::from_secs(s)),
-                None => Some(DEFAULT_POD_TRAFFIC_CHECK),
-            },
+            api_watch_timeout,
+            features: features(opts, file.features, file.disable_features)?,
+            egress_ip_assigner: setting(opts.egress_ip_assigner, file.egress_ip_assigner, true),
+            egress_ip_assigner_candidate: setting(
+                opts.egress_ip_assigner_candidate,
+                file.egress_ip_assigner_candidate,
+                true,
+            ),
+            pod_source_check: setting(opts.pod_source_check, file.pod_source_check, true),
+            pod_traffic_check: pod_traffic_check(
+                (opts.pod_traffic_check_seconds).or(file.pod_traffic_check_seconds),
+            ),
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
-            egress_ip_probe_key_file: opts
-                .egress_ip_probe_key_file
-                .clone()
+            egress_ip_probe_key_file: (opts.egress_ip_probe_key_file.clone())
                 .or(file.egress_ip_probe_key_file),
-            dns_proxy: DnsProxySettings {
-                resolvers: parse_addrs(
-                    "--dns-resolvers",
-                    &pick_list(&opts.dns_resolvers, file.dns_resolvers),
-                )?,
-                resolv_conf_nameservers: std::fs::read_to_string(&resolv_conf)
-                    .map(|t| resolv_conf_nameservers(&t))
-                    .unwrap_or_default(),
-                max_ttl_secs: opts
-                    .dns_max_ttl_seconds
-                    .or(file.dns_max_ttl_seconds)
-                    .unwrap_or(DEFAULT_DNS_MAX_TTL_SECS)
-                    .max(1),
-                max_per_name: opts
-                    .dns_max_addresses_per_name
-                    .or(file.dns_max_addresses_per_name)
-                    .unwrap_or(DEFAULT_DNS_MAX_PER_NAME)
-                    .max(1),
-                max_per_namespace: opts
-                    .dns_max_addresses_per_namespace
-                    .or(file.dns_max_addresses_per_namespace)
-                    .unwrap_or(DEFAULT_DNS_MAX_PER_NAMESPACE)
-                    .max(1),
-                rate_limit: opts
-                    .dns_rate_limit
-                    .or(file.dns_rate_limit)
-                    .unwrap_or(DEFAULT_DNS_RATE_LIMIT),
-                port: Some(
-                    opts.dns_proxy_port
-                        .or(file.dns_proxy_port)
-                        .unwrap_or(DEFAULT_DNS_PROXY_PORT),
-                )
-                .filter(|p| *p != 0),
-                min_ttl_secs: opts
-                    .dns_min_ttl_seconds
-                    .or(file.dns_min_ttl_seconds)
-                    .unwrap_or(DEFAULT_DNS_MIN_TTL_SECS)
-                    .max(1),
-            },
+            dns_proxy: dns_proxy?,
+            resolv_conf,
             platform,
         })
     }
+}
+
+/// The flag's value, else the file's, else `default`.
+fn setting<T>(flag: Option<T>, file: Option<T>, default: T) -> T {
+    flag.or(file).unwrap_or(default)
+}
+
+/// `--api-watch-timeout-seconds`, within 1 s ..= [`MAX_API_WATCH_TIMEOUT`].
+fn api_watch_timeout(opts: &Opts, file: &FileConfig) -> Result<Duration, ConfigError> {
+    let secs = setting(
+        opts.api_watch_timeout_seconds,
+        file.api_watch_timeout_seconds,
+        DEFAULT_API_WATCH_TIMEOUT.as_secs(),
+    );
+    if !(1..=MAX_API_WATCH_TIMEOUT).contains(&secs) {
+        return Err(ConfigError::WatchTimeout(secs));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// `--platform`; without it, detected from the Nodes.
+fn platform(opts: &Opts, file: &FileConfig) -> Result<PlatformChoice, ConfigError> {
+    match opts.platform.clone().or(file.platform.clone()) {
+        Some(p) => p.parse().map_err(|reason| ConfigError::Invalid {
+            option: "--platform",
+            reason,
+        }),
+        None => Ok(PlatformChoice::Auto),
+    }
+}
+
+/// `--node-name`, else [`default_node_name`]; never empty.
+fn node_name(opts: &Opts, file: Option<String>) -> Result<String, ConfigError> {
+    let name = match opts.node_name.clone().or(file) {
+        Some(n) => n,
+        None => default_node_name()?,
+    };
+    if name.is_empty() {
+        return Err(ConfigError::NodeName("must not be empty".into()));
+    }
+    Ok(name)
+}
+
+/// `--features` and `--disable-features`.
+fn features(
+    opts: &Opts,
+    file: Option<Vec<String>>,
+    file_disabled: Option<Vec<String>>,
+) -> Result<Features, ConfigError> {
+    Features::select(
+        &pick_list(&opts.features, file),
+        &pick_list(&opts.disable_features, file_disabled),
+    )
+    .map_err(|reason| ConfigError::Invalid {
+        option: "--features",
+        reason,
+    })
+}
+
+/// `--resync-seconds`: at least 1 s.
+fn resync(seconds: Option<u64>) -> Duration {
+    Duration::from_secs(seconds.unwrap_or(DEFAULT_RESYNC.as_secs()).max(1))
+}
+
+/// `--pod-traffic-check-seconds`; 0 turns the check off.
+fn pod_traffic_check(seconds: Option<u64>) -> Option<Duration> {
+    match seconds {
+        Some(0) => None,
+        Some(s) => Some(Duration::from_secs(s)),
+        None => Some(DEFAULT_POD_TRAFFIC_CHECK),
+    }
+}
+
+/// A CIDR list option whose default is empty.
+fn cidr_list(
+    option: &'static str,
+    flags: &[String],
+    file: Option<Vec<String>>,
+) -> Result<Vec<IpNet>, ConfigError> {
+    parse_cidrs(option, &pick_list(flags, file))
 }
 
 fn pick(flags: &[String], file: Option<Vec<String>>, default: &str) -> Vec<String> {
@@ -450,11 +383,15 @@ fn pick_list(flags: &[String], file: Option<Vec<String>>) -> Vec<String> {
     }
 }
 
-/// A listener's HOST:PORT; empty: the listener is off.
+/// A listener's HOST:PORT (the flag's, else the file's, else `default`); empty: the listener
+/// is off.
 fn optional_address(
     option: &'static str,
-    value: &str,
+    flag: &Option<String>,
+    file: &Option<String>,
+    default: &str,
 ) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    let value = flag.as_deref().or(file.as_deref()).unwrap_or(default);
     match value.trim() {
         "" => Ok(None),
         a => Ok(Some(a.parse().map_err(|e| ConfigError::Invalid {

@@ -121,25 +121,13 @@ pub fn run(
         }
         match events.recv_timeout(wait) {
             Ok(first) => {
-                // Coalesce a burst (one `nft flush ruleset` is many objects, a script many
-                // commits) into one sync, with no delay: whatever is queued now.
-                let mut drift: Option<Drift> = None;
-                let mut next = Some(first);
-                while let Some(event) = next {
-                    match event {
-                        Event::Changed => reload = true,
-                        Event::Drift { seq, drift: d } => {
-                            drift_taken = drift_taken.max(seq);
-                            match &mut drift {
-                                Some(all) => all.merge(*d),
-                                None => drift = Some(*d),
-                            }
-                        }
-                        Event::Shutdown => return Ok(()),
-                    }
-                    next = events.try_recv().ok();
+                let burst = coalesce(first, &events);
+                if burst.shutdown {
+                    return Ok(());
                 }
-                if let Some(d) = drift {
+                reload |= burst.changed;
+                if let Some((seq, d)) = burst.drift {
+                    drift_taken = drift_taken.max(seq);
                     warn!("table {TABLE_NAME} changed by someone else: {d}; repairing");
                     // The next sync starts from the kernel's state, not from our belief.
                     rec.invalidate();
@@ -155,5 +143,81 @@ pub fn run(
                 }
             }
         }
+    }
+}
+
+/// What a burst of queued events asks of the next sync.
+#[derive(Debug, Default)]
+struct Burst {
+    /// An input changed: read the source again.
+    changed: bool,
+    /// The highest drift detection's `seq` and every drift of the burst, merged.
+    drift: Option<(u64, Drift)>,
+    shutdown: bool,
+}
+
+/// Coalesces a burst (one `nft flush ruleset` is many objects, a script many commits) into
+/// one sync, with no delay: `first` and whatever is queued now. Stops at a shutdown.
+fn coalesce(first: Event, events: &mpsc::Receiver<Event>) -> Burst {
+    let mut burst = Burst::default();
+    let mut next = Some(first);
+    while let Some(event) = next {
+        match event {
+            Event::Changed => burst.changed = true,
+            Event::Drift { seq, drift } => match &mut burst.drift {
+                Some((highest, all)) => {
+                    *highest = (*highest).max(seq);
+                    all.merge(*drift);
+                }
+                None => burst.drift = Some((seq, *drift)),
+            },
+            Event::Shutdown => {
+                burst.shutdown = true;
+                return burst;
+            }
+        }
+        next = events.try_recv().ok();
+    }
+    burst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drift(seq: u64, by: &str) -> Event {
+        Event::Drift {
+            seq,
+            drift: Box::new(Drift {
+                at: Instant::now(),
+                changes: Default::default(),
+                by: [by.to_string()].into(),
+                events_lost: false,
+                unseen: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_burst_is_one_sync_with_every_drift_merged_and_the_highest_seq() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(Event::Changed).unwrap();
+        tx.send(drift(3, "nft (pid 2)")).unwrap();
+        let burst = coalesce(drift(5, "nft (pid 1)"), &rx);
+        assert!(burst.changed && !burst.shutdown);
+        let (seq, d) = burst.drift.expect("drift taken in");
+        assert_eq!(seq, 5);
+        assert_eq!(d.by.len(), 2, "both senders reported: {:?}", d.by);
+        assert!(rx.try_recv().is_err(), "the queue is drained");
+    }
+
+    #[test]
+    fn a_shutdown_ends_the_burst_and_leaves_the_rest_queued() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(Event::Shutdown).unwrap();
+        tx.send(Event::Changed).unwrap();
+        let burst = coalesce(Event::Changed, &rx);
+        assert!(burst.shutdown && burst.changed);
+        assert!(matches!(rx.try_recv(), Ok(Event::Changed)));
     }
 }
