@@ -11,10 +11,12 @@
 //! of policies, namespaces or pods in the cluster.
 //!
 //! Parts: `np/<namespace>/<name>` per policy selecting a pod of this node (its chains and
-//! sets: a policy edit rewrites only it), `np-set/<in|eg>/<chain>` per policy set in use (its
-//! chain and the dispatch elements of its pods) and `np-self` (the hairpin elements): pod
-//! churn and label changes are element updates, plus a new policy-set chain the first time a
-//! combination of policies selects a pod. `memo` decides what is planned again.
+//! sets: a policy edit rewrites only it), `np-peers/<name>` per distinct peer list (the peer
+//! sets every rule naming those peers shares, counted by the policies using it: `peers`),
+//! `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch elements of its
+//! pods) and `np-self` (the hairpin elements): pod churn and label changes are element
+//! updates, plus a new policy-set chain the first time a combination of policies selects a
+//! pod. `memo` decides what is planned again.
 //!
 //! Hooks (only present while a policy is in force): forward only, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
@@ -27,6 +29,7 @@
 pub mod binding;
 mod bridge;
 mod memo;
+mod peers;
 mod pods;
 mod rules;
 
@@ -38,8 +41,9 @@ use crate::net::bridge_ports::BridgePorts;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
 use crate::snapshot::Kind;
-use pods::PodIndex;
-use rules::{Direction, add_direction};
+use peers::PeerSets;
+use pods::{LazyIndex, PodIndex};
+use rules::{Direction, Sharing, add_direction};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -81,6 +85,8 @@ pub struct NetpolMemory {
     policies: BTreeMap<String, memo::Planned>,
     seen: memo::Seen,
     set_parts: BTreeMap<(Direction, Vec<Arc<str>>), memo::PolicySet>,
+    /// The peer sets the policies share, counted by their users.
+    peer_sets: PeerSets,
     /// Every part above, kept up to date by key: handed to the table in O(1) (see
     /// `Table::extend_parts`) instead of one insert per policy.
     parts: Parts,
@@ -114,15 +120,26 @@ impl Feature for NetworkPolicies {
         out.statuses.extend(outcome.statuses);
         let in_force = &outcome.validated.in_force;
         let changes = memory.seen.changes(snapshot);
-        let mut index = None;
+        let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
         let mut policies = BTreeMap::new();
         let mut by_pod: BTreeMap<(Direction, IpAddr), Vec<Arc<str>>> = BTreeMap::new();
         let mut parts = memory.parts.clone();
+        let mut peer_sets = memory.peer_sets.clone();
+        // The shared peer sets first: a policy whose sets gained or lost a family is planned
+        // again (its rules of that family appear or go).
+        let flipped = peer_sets.refresh(
+            changes.everything,
+            &changes.pods,
+            snapshot,
+            &mut index,
+            &mut parts,
+        );
         for (key, in_force) in in_force {
             let policy = &in_force.valid;
             let last = memory.policies.get(key).filter(|last| {
                 Arc::ptr_eq(&last.policy, policy)
                     && !changes.everything
+                    && !last.peer_keys.iter().any(|k| flipped.contains(k))
                     && !changes.pods.iter().any(|(before, after)| {
                         [before, after]
                             .into_iter()
@@ -133,9 +150,13 @@ impl Feature for NetworkPolicies {
             let planned = match last {
                 Some(last) => last.clone(),
                 None => {
-                    let index = index
-                        .get_or_insert_with(|| PodIndex::new(snapshot, &inputs.config.node_name));
-                    let (part, selected, chains) = policy_part(policy, index);
+                    let mut sharing = Sharing {
+                        sets: &mut peer_sets,
+                        parts: &mut parts,
+                        keys: Vec::new(),
+                    };
+                    let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
+                    let peer_keys = sharing.keys;
                     let part = match memory.policies.get(key) {
                         Some(old) if *old.part == part => old.part.clone(),
                         _ => Arc::new(part),
@@ -148,12 +169,18 @@ impl Feature for NetworkPolicies {
                     } else {
                         parts.insert(part_key.clone(), part.clone());
                     }
+                    // Counted before the old version is released: a set both use stays.
+                    peer_sets.acquire(&peer_keys);
+                    if let Some(old) = memory.policies.get(key) {
+                        peer_sets.release(&old.peer_keys);
+                    }
                     memo::Planned {
                         policy: policy.clone(),
                         part_key,
                         part,
                         selected,
                         chains,
+                        peer_keys,
                     }
                 }
             };
@@ -170,8 +197,10 @@ impl Feature for NetworkPolicies {
         for (key, gone) in &memory.policies {
             if !policies.contains_key(key) {
                 parts.remove(&gone.part_key);
+                peer_sets.release(&gone.peer_keys);
             }
         }
+        peer_sets.finish(&mut parts);
         let isolated: BTreeSet<IpAddr> = by_pod.keys().map(|(_, ip)| *ip).collect();
         match self_part(&isolated) {
             None => parts.remove(SELF_PART),
@@ -217,6 +246,7 @@ impl Feature for NetworkPolicies {
             policies,
             seen: memo::Seen::of(snapshot),
             set_parts,
+            peer_sets,
             parts,
         }
     }
@@ -290,6 +320,7 @@ impl crate::plan::Output for NetpolOutput {
 fn policy_part(
     policy: &ValidatedPolicy,
     index: &PodIndex,
+    shared: &mut Sharing,
 ) -> (Part, Vec<IpAddr>, Vec<(Direction, Arc<str>)>) {
     let base = object_name(PREFIX, &format!("{}/{}", policy.namespace, policy.name));
     let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
@@ -303,7 +334,9 @@ fn policy_part(
         (Direction::Egress, &policy.egress),
     ] {
         if let Some(rules) = rules {
-            let chain = add_direction(&mut part, &base, policy, direction, rules, index, &selected);
+            let chain = add_direction(
+                &mut part, &base, policy, direction, rules, index, &selected, shared,
+            );
             chains.push((direction, Arc::from(chain)));
         }
     }
@@ -389,7 +422,7 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
         let any: ipnet::IpNet = any.parse().expect("a valid prefix");
         let family = IpFamily::of(any.addr());
         let mut set =
-            Set::new(name, vec![rules::addr_type(family)], SetKind::Set).with_flags(SetFlags {
+            Set::new(name, vec![peers::addr_type(family)], SetKind::Set).with_flags(SetFlags {
                 interval: true,
                 ..Default::default()
             });

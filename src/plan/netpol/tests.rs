@@ -135,7 +135,14 @@ fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
     assert!(text.contains("fd00::2 : goto np-in-"), "{text}");
     assert!(!text.contains("10.0.1.2 : goto"), "{text}");
     // Peers: the web pod and the ipBlock minus its except.
-    let peers = &d.ruleset.part("np/shop/db").unwrap().sets[&format!("{base}-in0-peers-v4")];
+    // The rule's peers are a shared set of their own part.
+    let chain = &d.ruleset.part("np/shop/db").unwrap().chains[&format!("{base}-in")];
+    let peer_set = chain.rules[0].stmts[0].set_refs()[0];
+    let peers = &d
+        .ruleset
+        .part(&format!("np-peers/{}", peer_set.trim_end_matches("-v4")))
+        .unwrap()
+        .sets[peer_set];
     let nets: Vec<String> = peers
         .elements
         .keys()
@@ -284,7 +291,7 @@ fn host_network_pods_are_not_subject() {
 
 #[test]
 fn except_holes_are_cut_out_as_prefixes() {
-    let cut = rules::subtract(
+    let cut = peers::subtract(
         "10.0.0.0/8".parse().unwrap(),
         &[
             "10.128.0.0/9".parse().unwrap(),
