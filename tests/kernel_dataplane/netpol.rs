@@ -522,7 +522,7 @@ fn two_policies_with_the_same_peers_share_one_set_and_deleting_one_keeps_the_oth
             "{case}: the set stays for x/a's policy"
         );
         // The last user goes: so does the set.
-        c.write(&[deny.clone()]);
+        c.write(std::slice::from_ref(&deny));
         eventually(Duration::from_secs(20), || {
             let (left, _) = peer_sets("inet");
             left.is_empty().then_some(()).ok_or(format!("{left:?}"))
