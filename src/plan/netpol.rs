@@ -28,6 +28,7 @@
 
 pub mod binding;
 mod bridge;
+mod dispatch;
 mod memo;
 mod peers;
 mod pods;
@@ -44,7 +45,7 @@ use crate::snapshot::Kind;
 use peers::PeerSets;
 use pods::{LazyIndex, PodIndex};
 use rules::{Direction, Sharing, add_direction};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -82,9 +83,10 @@ const PRIORITY: i32 = priority::FILTER + 10;
 #[derive(Debug, Clone, Default)]
 pub struct NetpolMemory {
     pub validated: Validated<NetworkPolicy, ValidatedPolicy>,
-    policies: BTreeMap<String, memo::Planned>,
+    policies: imbl::OrdMap<String, Arc<memo::Planned>>,
     seen: memo::Seen,
-    set_parts: BTreeMap<(Direction, Vec<Arc<str>>), memo::PolicySet>,
+    /// Which policies govern each local pod, and the policy-set parts.
+    dispatch: dispatch::Dispatch,
     /// The peer sets the policies share, counted by their users.
     peer_sets: PeerSets,
     /// Every part above, kept up to date by key: handed to the table in O(1) (see
@@ -121,8 +123,8 @@ impl Feature for NetworkPolicies {
         let in_force = &outcome.validated.in_force;
         let changes = memory.seen.changes(snapshot);
         let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
-        let mut policies = BTreeMap::new();
-        let mut by_pod: BTreeMap<(Direction, IpAddr), Vec<Arc<str>>> = BTreeMap::new();
+        let mut policies = memory.policies.clone();
+        let mut dispatch = memory.dispatch.update();
         let mut parts = memory.parts.clone();
         let mut peer_sets = memory.peer_sets.clone();
         // The shared peer sets first: a policy whose sets gained or lost a family is planned
@@ -134,9 +136,18 @@ impl Feature for NetworkPolicies {
             &mut index,
             &mut parts,
         );
+        for (key, gone) in memory.policies.iter() {
+            if !in_force.contains_key(key) {
+                parts.remove(&gone.part_key);
+                peer_sets.release(&gone.peer_keys);
+                dispatch.remove(key, gone);
+                policies.remove(key);
+            }
+        }
         for (key, in_force) in in_force {
             let policy = &in_force.valid;
-            let last = memory.policies.get(key).filter(|last| {
+            let last = memory.policies.get(key);
+            let unchanged = last.is_some_and(|last| {
                 Arc::ptr_eq(&last.policy, policy)
                     && !changes.everything
                     && !last.peer_keys.iter().any(|k| flipped.contains(k))
@@ -147,90 +158,47 @@ impl Feature for NetworkPolicies {
                             .any(|pod| memo::touches(policy, snapshot, pod))
                     })
             });
-            let planned = match last {
-                Some(last) => last.clone(),
-                None => {
-                    let mut sharing = Sharing {
-                        sets: &mut peer_sets,
-                        parts: &mut parts,
-                        keys: Vec::new(),
-                    };
-                    let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
-                    let peer_keys = sharing.keys;
-                    let part = match memory.policies.get(key) {
-                        Some(old) if *old.part == part => old.part.clone(),
-                        _ => Arc::new(part),
-                    };
-                    let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
-                    // A policy selecting no pod of this node is other nodes' business: no
-                    // chains here until it selects one.
-                    if selected.is_empty() {
-                        parts.remove(&part_key);
-                    } else {
-                        parts.insert(part_key.clone(), part.clone());
-                    }
-                    // Counted before the old version is released: a set both use stays.
-                    peer_sets.acquire(&peer_keys);
-                    if let Some(old) = memory.policies.get(key) {
-                        peer_sets.release(&old.peer_keys);
-                    }
-                    memo::Planned {
-                        policy: policy.clone(),
-                        part_key,
-                        part,
-                        selected,
-                        chains,
-                        peer_keys,
-                    }
-                }
+            if unchanged {
+                continue;
+            }
+            let mut sharing = Sharing {
+                sets: &mut peer_sets,
+                parts: &mut parts,
+                keys: Vec::new(),
             };
-            for (direction, chain) in &planned.chains {
-                for ip in &planned.selected {
-                    by_pod
-                        .entry((*direction, *ip))
-                        .or_default()
-                        .push(chain.clone());
-                }
+            let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
+            let peer_keys = sharing.keys;
+            let part = match last {
+                Some(old) if *old.part == part => old.part.clone(),
+                _ => Arc::new(part),
+            };
+            let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
+            // A policy selecting no pod of this node is other nodes' business: no chains
+            // here until it selects one.
+            if selected.is_empty() {
+                parts.remove(&part_key);
+            } else {
+                parts.insert(part_key.clone(), part.clone());
             }
-            policies.insert(key.clone(), planned);
-        }
-        for (key, gone) in &memory.policies {
-            if !policies.contains_key(key) {
-                parts.remove(&gone.part_key);
-                peer_sets.release(&gone.peer_keys);
+            // Counted before the old version is released: a set both use stays.
+            peer_sets.acquire(&peer_keys);
+            if let Some(old) = last {
+                peer_sets.release(&old.peer_keys);
+                dispatch.remove(key, old);
             }
+            let planned = memo::Planned {
+                policy: policy.clone(),
+                part_key,
+                part,
+                selected,
+                chains,
+                peer_keys,
+            };
+            dispatch.add(key, &planned);
+            policies.insert(key.clone(), Arc::new(planned));
         }
         peer_sets.finish(&mut parts);
-        let isolated: BTreeSet<IpAddr> = by_pod.keys().map(|(_, ip)| *ip).collect();
-        match self_part(&isolated) {
-            None => parts.remove(SELF_PART),
-            Some(part) => match memory.parts.get(SELF_PART) {
-                Some(old) if **old == part => parts.insert(SELF_PART.into(), old.clone()),
-                _ => parts.insert(SELF_PART.into(), Arc::new(part)),
-            },
-        };
-        let mut groups: BTreeMap<(Direction, Vec<Arc<str>>), Vec<IpAddr>> = BTreeMap::new();
-        for ((direction, ip), chains) in by_pod {
-            groups.entry((direction, chains)).or_default().push(ip);
-        }
-        let mut set_parts = BTreeMap::new();
-        for (group, ips) in groups {
-            let planned = match memory.set_parts.get(&group) {
-                Some(last) if last.ips == ips => last.clone(),
-                _ => {
-                    let planned = policy_set_part(group.0, &group.1, ips);
-                    parts.insert(planned.key.clone(), planned.part.clone());
-                    planned
-                }
-            };
-            set_parts.insert(group, planned);
-        }
-        for (group, gone) in &memory.set_parts {
-            // A group's key is derived from the group: a group gone is a key gone.
-            if !set_parts.contains_key(group) {
-                parts.remove(&gone.key);
-            }
-        }
+        let dispatch = dispatch.finish(&mut parts);
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
             let check = inputs.config.pod_source_check;
@@ -245,7 +213,7 @@ impl Feature for NetworkPolicies {
             validated: outcome.validated,
             policies,
             seen: memo::Seen::of(snapshot),
-            set_parts,
+            dispatch,
             peer_sets,
             parts,
         }
@@ -268,8 +236,7 @@ impl Feature for NetworkPolicies {
 impl NetpolMemory {
     /// The addresses of this node's pods that a policy in force isolates (either direction).
     pub fn isolated(&self) -> BTreeSet<IpAddr> {
-        let planned = self.policies.values().filter(|p| !p.chains.is_empty());
-        planned.flat_map(|p| p.selected.iter().copied()).collect()
+        self.dispatch.isolated()
     }
 }
 
@@ -346,54 +313,6 @@ fn policy_part(
         .flat_map(|p| p.ips.iter().copied())
         .collect();
     (part, ips, chains)
-}
-
-/// The part of one policy set: its chain (`jump` each policy's chain, then drop) and the
-/// dispatch elements of the pods it governs.
-fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) -> memo::PolicySet {
-    let (v4, v6) = match direction {
-        Direction::Ingress => (INGRESS_V4, INGRESS_V6),
-        Direction::Egress => (EGRESS_V4, EGRESS_V6),
-    };
-    let joined: Vec<&str> = chains.iter().map(|c| &**c).collect();
-    let name = object_name(
-        &format!("{PREFIX}-{}", direction.suffix()),
-        &joined.join(","),
-    );
-    let mut chain = Chain::regular(&name);
-    for policy_chain in chains {
-        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
-            policy_chain.to_string(),
-        ))]));
-    }
-    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
-    let mut part = Part::default();
-    part.add_chain(chain);
-    for ip in &ips {
-        let map = if ip.is_ipv4() { v4 } else { v6 };
-        let goto = ElemData::Verdict(Verdict::Goto(name.clone()));
-        part.add_mapping(map, vec![Value::ip(*ip).into()], goto);
-    }
-    part.shrink_to_fit();
-    memo::PolicySet {
-        key: format!("{PREFIX}-set/{}/{name}", direction.suffix()),
-        ips,
-        part: Arc::new(part),
-    }
-}
-
-/// `ip . ip` of each isolated local pod into `np-self-v4/v6` (`None` when there is none).
-fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
-    if isolated.is_empty() {
-        return None;
-    }
-    let mut part = Part::default();
-    for ip in isolated {
-        let set = if ip.is_ipv4() { SELF_V4 } else { SELF_V6 };
-        part.add_element(set, vec![Value::ip(*ip).into(), Value::ip(*ip).into()]);
-    }
-    part.shrink_to_fit();
-    Some(part)
 }
 
 /// The dispatch maps, the self sets and the two base chains; `state` are the rules that

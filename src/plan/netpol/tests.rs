@@ -344,8 +344,42 @@ fn incremental_plans_equal_fresh_plans() {
                     .object(),
             );
         }),
+        // Policy sets: a pod moves between them, policies come and go over shared pods.
+        Box::new(|b| {
+            b.insert(policy(
+                "shop",
+                "web-in",
+                "  podSelector: {matchLabels: {app: web}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: db}}}]}]\n",
+            ));
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "db")], &["10.0.0.33"]));
+        }),
+        Box::new(|b| {
+            b.insert(pod(
+                "shop",
+                "web-3",
+                &[("app", "web")],
+                &["10.0.0.34", "fd00::34"],
+            ));
+        }),
+        Box::new(|b| {
+            b.remove(Kind::NetworkPolicy, &ObjectKey::new("shop", "db"));
+        }),
+        Box::new(|b| {
+            b.remove(
+                Kind::NetworkPolicy,
+                &ObjectKey::new("shop", "from-tagged-ns"),
+            );
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "web")], &["10.0.0.33"]));
+        }),
         Box::new(|b| {
             b.remove(Kind::Pod, &ObjectKey::new("shop", "db"));
+        }),
+        Box::new(|b| {
+            b.remove(Kind::NetworkPolicy, &ObjectKey::new("shop", "web-in"));
         }),
     ];
     for (i, step) in steps.iter().enumerate() {
