@@ -35,7 +35,7 @@ mod pods;
 mod rules;
 
 use super::in_force::{Scope, Validated};
-use super::{Feature, Inputs, Planned};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::net::bridge_ports::BridgePorts;
@@ -82,7 +82,10 @@ const PRIORITY: i32 = priority::FILTER + 10;
 /// policy-set parts (reused when equal, so the diff skips them by pointer).
 #[derive(Debug, Clone, Default)]
 pub struct NetpolMemory {
-    pub validated: Validated<NetworkPolicy, ValidatedPolicy>,
+    pub validated: Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
+    /// The policies `validated` was computed from and their statuses (`None`: not computed
+    /// from a snapshot, e.g. restored from the state file).
+    validated_from: Option<(PolicyObjects, Arc<Vec<ObjectStatus>>)>,
     policies: imbl::OrdMap<String, Arc<memo::Planned>>,
     seen: memo::Seen,
     /// Which policies govern each local pod, and the policy-set parts.
@@ -93,6 +96,8 @@ pub struct NetpolMemory {
     /// `Table::extend_parts`) instead of one insert per policy.
     parts: Parts,
 }
+
+type PolicyObjects = crate::snapshot::ObjectMap<crate::snapshot::ObjectKey, NetworkPolicy>;
 
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
@@ -110,17 +115,25 @@ impl Feature for NetworkPolicies {
         _: &mut NetpolOutput,
     ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
-        let outcome = memory.validated.update(
-            Kind::NetworkPolicy,
-            Scope::Object,
-            snapshot
-                .network_policies()
-                .iter()
-                .map(|(k, o)| (k.clone(), o)),
-            network_policy::validate,
-        );
-        out.statuses.extend(outcome.statuses);
-        let in_force = &outcome.validated.in_force;
+        let objects = snapshot.network_policies();
+        // The same policies as last plan (the same persistent map: a pod or namespace
+        // changed): the same validation, without a walk over every policy.
+        let (validated, statuses) = match &memory.validated_from {
+            Some((from, statuses)) if from.ptr_eq(objects) => {
+                (memory.validated.clone(), statuses.clone())
+            }
+            _ => {
+                let outcome = memory.validated.update(
+                    Kind::NetworkPolicy,
+                    Scope::Object,
+                    objects.iter().map(|(k, o)| (k.clone(), o)),
+                    network_policy::validate,
+                );
+                (Arc::new(outcome.validated), Arc::new(outcome.statuses))
+            }
+        };
+        out.statuses.extend(statuses.iter().cloned());
+        let in_force = &validated.in_force;
         let changes = memory.seen.changes(snapshot);
         let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
         let mut policies = memory.policies.clone();
@@ -210,7 +223,8 @@ impl Feature for NetworkPolicies {
             out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
         }
         NetpolMemory {
-            validated: outcome.validated,
+            validated,
+            validated_from: Some((objects.clone(), statuses)),
             policies,
             seen: memo::Seen::of(snapshot),
             dispatch,

@@ -599,3 +599,24 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         "{problems:?}"
     );
 }
+
+/// A pod change leaves the policies as they were (the same persistent map): their
+/// validation is reused, not run over every policy again, and reports the same statuses.
+#[test]
+fn a_pod_change_reuses_the_policies_validation() {
+    let cfg = Config::for_node(NODE);
+    let snapshot = cluster().build();
+    let first = plan_with(&snapshot, &cfg, &Memory::default());
+    let mut b = snapshot.to_builder();
+    b.insert(pod("shop", "web-9", &[("app", "web")], &["10.0.0.9"]));
+    let second = plan_with(&b.build(), &cfg, &first.memory);
+    let (a, z) = (&first.memory.netpol, &second.memory.netpol);
+    assert!(Arc::ptr_eq(&a.validated, &z.validated));
+    assert_eq!(first.statuses, second.statuses);
+    assert!(!second.statuses.is_empty());
+    // A policy edit validates again.
+    let mut b = snapshot.to_builder();
+    b.insert(policy("shop", "db", "  podSelector: {}\n"));
+    let third = plan_with(&b.build(), &cfg, &second.memory);
+    assert!(!Arc::ptr_eq(&z.validated, &third.memory.netpol.validated));
+}
