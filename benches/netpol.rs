@@ -2,7 +2,10 @@
 //!
 //! `cargo bench --bench netpol` (root: builds network namespaces); under `cargo test` a
 //! smoke-sized run. Options after `--`: `--policies N` (default 1000), `--pods N` (default
-//! 100), `--conns N` connections per latency round (default 2000), `--changes N` (default 20).
+//! 100), `--conns N` connections per latency round (default 2000; 0 skips part 1),
+//! `--changes N` (default 20; 0 skips part 2), `--scale-pods N` (default 1000; 0 skips part 3),
+//! `--scale-namespaces N` (default 50), `--edits N` (default 20), `--hogs N` busy-loop
+//! processes running during the whole bench (default 0: measure on a busy machine).
 //!
 //! The cluster: `pods` local pods, one per namespace `ns-<i>` (10.128.0.1 ..), each labelled
 //! app=web; `policies` policies `p-<j>` in namespace `ns-<j mod pods>`, each selecting app=web
@@ -13,7 +16,9 @@
 //!
 //! 1. Connection setup latency through the table: no policy, 1 policy (p-0), all policies.
 //! 2. One pod label change (app=web -> app=idle and back) and one policy edit (a port):
-//!    snapshot delta, plan, diff and apply, medians.
+//!    snapshot delta, plan, diff and apply: the time until the kernel has it, p50 and p99.
+//! 3. `scale`: the cold apply of 10 policies per namespace over `--scale-pods` pods (both
+//!    tables, nft operations counted) and the edit of one policy in it.
 
 use nodeplane::api::NetworkPolicy;
 use nodeplane::config::Config;
@@ -27,7 +32,11 @@ use nodeplane::testing::lab::{self, Lab, Ns};
 use nodeplane::testing::objects;
 use nodeplane::testing::stats::{self, ms};
 use std::net::Ipv4Addr;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+#[path = "netpol/scale.rs"]
+mod scale;
 
 const NODE: &str = "node-1";
 const SERVER: &str = "10.128.0.1:8080";
@@ -201,15 +210,56 @@ fn change_costs(policies: usize, pods: usize, changes: usize) {
     });
 }
 
+/// Busy-loop processes (`sh -c 'while :; do :; done'`), killed when dropped: the bench's
+/// own load, so "measured on a busy machine" is part of the command.
+struct Hogs(Vec<Child>);
+
+impl Hogs {
+    fn start(n: usize) -> Hogs {
+        let spawn = |_| {
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("start a busy loop")
+        };
+        Hogs((0..n).map(spawn).collect())
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (policies, pods, conns, changes) = if full {
-        (1000, 100, 2000, 20)
+    let (policies, pods, conns, changes, scale_pods, namespaces, edits) = if full {
+        (1000, 100, 2000, 20, 1000, 50, 20)
     } else {
-        (50, 10, 50, 3)
+        (50, 10, 50, 3, 40, 4, 2)
     };
     let policies = arg("--policies", policies);
     let pods = arg("--pods", pods);
-    latency(policies, pods, arg("--conns", conns));
-    change_costs(policies, pods, arg("--changes", changes));
+    let hogs = Hogs::start(arg("--hogs", 0));
+    println!("{} busy-loop processes running", hogs.0.len());
+    let conns = arg("--conns", conns);
+    if conns > 0 {
+        latency(policies, pods, conns);
+    }
+    let changes = arg("--changes", changes);
+    if changes > 0 {
+        change_costs(policies, pods, changes);
+    }
+    let scale_pods = arg("--scale-pods", scale_pods);
+    if scale_pods > 0 {
+        scale::run(
+            arg("--scale-namespaces", namespaces),
+            scale_pods,
+            arg("--edits", edits),
+        );
+    }
 }

@@ -107,7 +107,7 @@ impl LastValid {
         memory.firewall.validated = Validated::from_in_force(self.firewalls);
         memory.qos = Validated::from_in_force(self.qoses);
         memory.egress_ip = Validated::from_in_force(self.egress_ips);
-        memory.netpol.validated = Validated::from_in_force(self.network_policies);
+        memory.netpol.validated = Arc::new(Validated::from_in_force(self.network_policies));
         memory
     }
 

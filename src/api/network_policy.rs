@@ -35,7 +35,8 @@ pub struct PolicyRule {
     pub ports: Option<Vec<PolicyPort>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Ordered and hashable so that equal peer lists can share one set (`plan::netpol::peers`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Peer {
     /// Pods matching `pods` in the namespaces `namespaces` designates.
     Pods {
@@ -46,7 +47,7 @@ pub enum Peer {
     Block { cidr: IpNet, except: Vec<IpNet> },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NamespaceScope {
     /// No `namespaceSelector`: the policy's own namespace.
     Own,

@@ -11,10 +11,12 @@
 //! of policies, namespaces or pods in the cluster.
 //!
 //! Parts: `np/<namespace>/<name>` per policy selecting a pod of this node (its chains and
-//! sets: a policy edit rewrites only it), `np-set/<in|eg>/<chain>` per policy set in use (its
-//! chain and the dispatch elements of its pods) and `np-self` (the hairpin elements): pod
-//! churn and label changes are element updates, plus a new policy-set chain the first time a
-//! combination of policies selects a pod. `memo` decides what is planned again.
+//! sets: a policy edit rewrites only it), `np-peers/<name>` per distinct peer list (the peer
+//! sets every rule naming those peers shares, counted by the policies using it: `peers`),
+//! `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch elements of its
+//! pods) and `np-self` (the hairpin elements): pod churn and label changes are element
+//! updates, plus a new policy-set chain the first time a combination of policies selects a
+//! pod. `memo` decides what is planned again.
 //!
 //! Hooks (only present while a policy is in force): forward, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
@@ -28,22 +30,25 @@
 
 pub mod binding;
 mod bridge;
+mod dispatch;
 mod memo;
+mod peers;
 mod pods;
 mod rules;
 
 use super::firewall::steer::{self, PENDING};
 use super::in_force::{Scope, Validated};
-use super::{Feature, Inputs, Planned};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::net::bridge_ports::BridgePorts;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
 use crate::snapshot::Kind;
-use pods::PodIndex;
-use rules::{Direction, add_direction};
-use std::collections::{BTreeMap, BTreeSet};
+use peers::PeerSets;
+use pods::{LazyIndex, PodIndex};
+use rules::{Direction, Sharing, add_direction};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -88,14 +93,22 @@ const DNS_PRIORITY: i32 = steer::JUDGE_PRIORITY + 1;
 /// policy-set parts (reused when equal, so the diff skips them by pointer).
 #[derive(Debug, Clone, Default)]
 pub struct NetpolMemory {
-    pub validated: Validated<NetworkPolicy, ValidatedPolicy>,
-    policies: BTreeMap<String, memo::Planned>,
+    pub validated: Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
+    /// The policies `validated` was computed from and their statuses (`None`: not computed
+    /// from a snapshot, e.g. restored from the state file).
+    validated_from: Option<(PolicyObjects, Arc<Vec<ObjectStatus>>)>,
+    policies: imbl::OrdMap<String, Arc<memo::Planned>>,
     seen: memo::Seen,
-    set_parts: BTreeMap<(Direction, Vec<Arc<str>>), memo::PolicySet>,
+    /// Which policies govern each local pod, and the policy-set parts.
+    dispatch: dispatch::Dispatch,
+    /// The peer sets the policies share, counted by their users.
+    peer_sets: PeerSets,
     /// Every part above, kept up to date by key: handed to the table in O(1) (see
     /// `Table::extend_parts`) instead of one insert per policy.
     parts: Parts,
 }
+
+type PolicyObjects = crate::snapshot::ObjectMap<crate::snapshot::ObjectKey, NetworkPolicy>;
 
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
@@ -113,27 +126,55 @@ impl Feature for NetworkPolicies {
         _: &mut NetpolOutput,
     ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
-        let outcome = memory.validated.update(
-            Kind::NetworkPolicy,
-            Scope::Object,
-            snapshot
-                .network_policies()
-                .iter()
-                .map(|(k, o)| (k.clone(), o)),
-            network_policy::validate,
-        );
-        out.statuses.extend(outcome.statuses);
-        let in_force = &outcome.validated.in_force;
+        let objects = snapshot.network_policies();
+        // The same policies as last plan (the same persistent map: a pod or namespace
+        // changed): the same validation, without a walk over every policy.
+        let (validated, statuses) = match &memory.validated_from {
+            Some((from, statuses)) if from.ptr_eq(objects) => {
+                (memory.validated.clone(), statuses.clone())
+            }
+            _ => {
+                let outcome = memory.validated.update(
+                    Kind::NetworkPolicy,
+                    Scope::Object,
+                    objects.iter().map(|(k, o)| (k.clone(), o)),
+                    network_policy::validate,
+                );
+                (Arc::new(outcome.validated), Arc::new(outcome.statuses))
+            }
+        };
+        out.statuses.extend(statuses.iter().cloned());
+        let in_force = &validated.in_force;
         let changes = memory.seen.changes(snapshot);
-        let mut index = None;
-        let mut policies = BTreeMap::new();
-        let mut by_pod: BTreeMap<(Direction, IpAddr), Vec<Arc<str>>> = BTreeMap::new();
+        let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
+        let mut policies = memory.policies.clone();
+        let mut dispatch = memory.dispatch.update();
         let mut parts = memory.parts.clone();
+        let mut peer_sets = memory.peer_sets.clone();
+        // The shared peer sets first: a policy whose sets gained or lost a family is planned
+        // again (its rules of that family appear or go).
+        let flipped = peer_sets.refresh(
+            changes.everything,
+            &changes.pods,
+            snapshot,
+            &mut index,
+            &mut parts,
+        );
+        for (key, gone) in memory.policies.iter() {
+            if !in_force.contains_key(key) {
+                parts.remove(&gone.part_key);
+                peer_sets.release(&gone.peer_keys);
+                dispatch.remove(key, gone);
+                policies.remove(key);
+            }
+        }
         for (key, in_force) in in_force {
             let policy = &in_force.valid;
-            let last = memory.policies.get(key).filter(|last| {
+            let last = memory.policies.get(key);
+            let unchanged = last.is_some_and(|last| {
                 Arc::ptr_eq(&last.policy, policy)
                     && !changes.everything
+                    && !last.peer_keys.iter().any(|k| flipped.contains(k))
                     && !changes.pods.iter().any(|(before, after)| {
                         [before, after]
                             .into_iter()
@@ -141,78 +182,47 @@ impl Feature for NetworkPolicies {
                             .any(|pod| memo::touches(policy, snapshot, pod))
                     })
             });
-            let planned = match last {
-                Some(last) => last.clone(),
-                None => {
-                    let index = index
-                        .get_or_insert_with(|| PodIndex::new(snapshot, &inputs.config.node_name));
-                    let (part, selected, chains) = policy_part(policy, index);
-                    let part = match memory.policies.get(key) {
-                        Some(old) if *old.part == part => old.part.clone(),
-                        _ => Arc::new(part),
-                    };
-                    let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
-                    // A policy selecting no pod of this node is other nodes' business: no
-                    // chains here until it selects one.
-                    if selected.is_empty() {
-                        parts.remove(&part_key);
-                    } else {
-                        parts.insert(part_key.clone(), part.clone());
-                    }
-                    memo::Planned {
-                        policy: policy.clone(),
-                        part_key,
-                        part,
-                        selected,
-                        chains,
-                    }
-                }
+            if unchanged {
+                continue;
+            }
+            let mut sharing = Sharing {
+                sets: &mut peer_sets,
+                parts: &mut parts,
+                keys: Vec::new(),
             };
-            for (direction, chain) in &planned.chains {
-                for ip in &planned.selected {
-                    by_pod
-                        .entry((*direction, *ip))
-                        .or_default()
-                        .push(chain.clone());
-                }
-            }
-            policies.insert(key.clone(), planned);
-        }
-        for (key, gone) in &memory.policies {
-            if !policies.contains_key(key) {
-                parts.remove(&gone.part_key);
-            }
-        }
-        let isolated: BTreeSet<IpAddr> = by_pod.keys().map(|(_, ip)| *ip).collect();
-        match self_part(&isolated) {
-            None => parts.remove(SELF_PART),
-            Some(part) => match memory.parts.get(SELF_PART) {
-                Some(old) if **old == part => parts.insert(SELF_PART.into(), old.clone()),
-                _ => parts.insert(SELF_PART.into(), Arc::new(part)),
-            },
-        };
-        let mut groups: BTreeMap<(Direction, Vec<Arc<str>>), Vec<IpAddr>> = BTreeMap::new();
-        for ((direction, ip), chains) in by_pod {
-            groups.entry((direction, chains)).or_default().push(ip);
-        }
-        let mut set_parts = BTreeMap::new();
-        for (group, ips) in groups {
-            let planned = match memory.set_parts.get(&group) {
-                Some(last) if last.ips == ips => last.clone(),
-                _ => {
-                    let planned = policy_set_part(group.0, &group.1, ips);
-                    parts.insert(planned.key.clone(), planned.part.clone());
-                    planned
-                }
+            let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
+            let peer_keys = sharing.keys;
+            let part = match last {
+                Some(old) if *old.part == part => old.part.clone(),
+                _ => Arc::new(part),
             };
-            set_parts.insert(group, planned);
-        }
-        for (group, gone) in &memory.set_parts {
-            // A group's key is derived from the group: a group gone is a key gone.
-            if !set_parts.contains_key(group) {
-                parts.remove(&gone.key);
+            let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
+            // A policy selecting no pod of this node is other nodes' business: no chains
+            // here until it selects one.
+            if selected.is_empty() {
+                parts.remove(&part_key);
+            } else {
+                parts.insert(part_key.clone(), part.clone());
             }
+            // Counted before the old version is released: a set both use stays.
+            peer_sets.acquire(&peer_keys);
+            if let Some(old) = last {
+                peer_sets.release(&old.peer_keys);
+                dispatch.remove(key, old);
+            }
+            let planned = memo::Planned {
+                policy: policy.clone(),
+                part_key,
+                part,
+                selected,
+                chains,
+                peer_keys,
+            };
+            dispatch.add(key, &planned);
+            policies.insert(key.clone(), Arc::new(planned));
         }
+        peer_sets.finish(&mut parts);
+        let dispatch = dispatch.finish(&mut parts);
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
             let check = inputs.config.pod_source_check;
@@ -225,10 +235,12 @@ impl Feature for NetworkPolicies {
             out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
         }
         NetpolMemory {
-            validated: outcome.validated,
+            validated,
+            validated_from: Some((objects.clone(), statuses)),
             policies,
             seen: memo::Seen::of(snapshot),
-            set_parts,
+            dispatch,
+            peer_sets,
             parts,
         }
     }
@@ -250,8 +262,7 @@ impl Feature for NetworkPolicies {
 impl NetpolMemory {
     /// The addresses of this node's pods that a policy in force isolates (either direction).
     pub fn isolated(&self) -> BTreeSet<IpAddr> {
-        let planned = self.policies.values().filter(|p| !p.chains.is_empty());
-        planned.flat_map(|p| p.selected.iter().copied()).collect()
+        self.dispatch.isolated()
     }
 }
 
@@ -302,6 +313,7 @@ impl crate::plan::Output for NetpolOutput {
 fn policy_part(
     policy: &ValidatedPolicy,
     index: &PodIndex,
+    shared: &mut Sharing,
 ) -> (Part, Vec<IpAddr>, Vec<(Direction, Arc<str>)>) {
     let base = object_name(PREFIX, &format!("{}/{}", policy.namespace, policy.name));
     let selected: Vec<_> = index.selected(&policy.namespace, &policy.pods).collect();
@@ -315,7 +327,9 @@ fn policy_part(
         (Direction::Egress, &policy.egress),
     ] {
         if let Some(rules) = rules {
-            let chain = add_direction(&mut part, &base, policy, direction, rules, index, &selected);
+            let chain = add_direction(
+                &mut part, &base, policy, direction, rules, index, &selected, shared,
+            );
             chains.push((direction, Arc::from(chain)));
         }
     }
@@ -325,54 +339,6 @@ fn policy_part(
         .flat_map(|p| p.ips.iter().copied())
         .collect();
     (part, ips, chains)
-}
-
-/// The part of one policy set: its chain (`jump` each policy's chain, then drop) and the
-/// dispatch elements of the pods it governs.
-fn policy_set_part(direction: Direction, chains: &[Arc<str>], ips: Vec<IpAddr>) -> memo::PolicySet {
-    let (v4, v6) = match direction {
-        Direction::Ingress => (INGRESS_V4, INGRESS_V6),
-        Direction::Egress => (EGRESS_V4, EGRESS_V6),
-    };
-    let joined: Vec<&str> = chains.iter().map(|c| &**c).collect();
-    let name = object_name(
-        &format!("{PREFIX}-{}", direction.suffix()),
-        &joined.join(","),
-    );
-    let mut chain = Chain::regular(&name);
-    for policy_chain in chains {
-        chain.push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
-            policy_chain.to_string(),
-        ))]));
-    }
-    chain.push(Rule::new(vec![Stmt::Counter, Stmt::Verdict(Verdict::Drop)]));
-    let mut part = Part::default();
-    part.add_chain(chain);
-    for ip in &ips {
-        let map = if ip.is_ipv4() { v4 } else { v6 };
-        let goto = ElemData::Verdict(Verdict::Goto(name.clone()));
-        part.add_mapping(map, vec![Value::ip(*ip).into()], goto);
-    }
-    part.shrink_to_fit();
-    memo::PolicySet {
-        key: format!("{PREFIX}-set/{}/{name}", direction.suffix()),
-        ips,
-        part: Arc::new(part),
-    }
-}
-
-/// `ip . ip` of each isolated local pod into `np-self-v4/v6` (`None` when there is none).
-fn self_part(isolated: &BTreeSet<IpAddr>) -> Option<Part> {
-    if isolated.is_empty() {
-        return None;
-    }
-    let mut part = Part::default();
-    for ip in isolated {
-        let set = if ip.is_ipv4() { SELF_V4 } else { SELF_V6 };
-        part.add_element(set, vec![Value::ip(*ip).into(), Value::ip(*ip).into()]);
-    }
-    part.shrink_to_fit();
-    Some(part)
 }
 
 /// The dispatch maps, the self sets and the two base chains; `state` are the rules that
@@ -401,7 +367,7 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
         let any: ipnet::IpNet = any.parse().expect("a valid prefix");
         let family = IpFamily::of(any.addr());
         let mut set =
-            Set::new(name, vec![rules::addr_type(family)], SetKind::Set).with_flags(SetFlags {
+            Set::new(name, vec![peers::addr_type(family)], SetKind::Set).with_flags(SetFlags {
                 interval: true,
                 ..Default::default()
             });

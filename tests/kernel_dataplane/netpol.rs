@@ -432,3 +432,107 @@ fn a_pod_always_reaches_its_own_node_but_not_other_nodes_when_egress_isolated() 
     );
     drop(servers);
 }
+
+/// Two policies naming the same peers (`namespaceSelector ns=y`) hold one peer set in each
+/// table; deleting one of them live leaves the set, and the other policy's allow, in force,
+/// and isolates the pod only the deleted one allowed to. Routed and bridged nodes (the set
+/// is in both tables).
+#[test]
+fn two_policies_with_the_same_peers_share_one_set_and_deleting_one_keeps_the_other() {
+    let from_y = |name: &str, pod: &str| {
+        policy(
+            "x",
+            name,
+            &format!(
+                "  podSelector: {{matchLabels: {{pod: {pod}}}}}\n  ingress: [{{from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}}}]}}]\n"
+            ),
+        )
+    };
+    let deny = policy("x", "deny", DENY_INGRESS);
+    for topology in [
+        Topology::Routed,
+        Topology::Bridged {
+            br_netfilter: false,
+        },
+    ] {
+        let c = cluster_on(topology);
+        c.write(&[
+            deny.clone(),
+            from_y("from-y-a", "a"),
+            from_y("from-y-b", "b"),
+        ]);
+        let agents: Vec<_> = c.agents.iter().map(|a| a.spawn(&[])).collect();
+        let (x_b, y_a) = (c.pods[1].1.ip(), &c.pods[3].1);
+        let y_reaches_x_b = || {
+            y_a.ns
+                .tcp_connect((x_b, 80), Duration::from_millis(500))
+                .is_reply()
+        };
+        // The shared sets' names (one per family) and how many rules look up the v4 one.
+        let peer_sets = |family: &str| -> (Vec<String>, usize) {
+            let table = c.nodes[0]
+                .nft(&["list", "table", family, "nodeplane"])
+                .unwrap_or_else(|e| panic!("list table {family} nodeplane: {e}"));
+            let names: Vec<String> = table
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("set np-peers-"))
+                .map(|s| format!("np-peers-{}", s.trim_end_matches(" {")))
+                .collect();
+            let uses = names
+                .first()
+                .map_or(0, |n| table.matches(&format!("ip saddr @{n} ")).count());
+            (names, uses)
+        };
+        let case = format!("{topology:?}");
+        let x_a = &c.pods[0].1;
+        eventually(Duration::from_secs(20), || {
+            let x_a_reaches_x_b = x_a
+                .ns
+                .tcp_connect((x_b, 80), Duration::from_millis(500))
+                .is_reply();
+            (!x_a_reaches_x_b && y_reaches_x_b())
+                .then_some(())
+                .ok_or_else(|| "the policies are not in force yet".to_string())
+        });
+        c.check(&format!("{case}: both allow y"), 4, TCP80, |from, to| {
+            !in_ns(to, "x") || (in_ns(from, "y") && to != "x/c")
+        });
+        let (shared, uses) = peer_sets("inet");
+        let base = shared[0].trim_end_matches("-v4");
+        assert_eq!(
+            shared,
+            [format!("{base}-v4"), format!("{base}-v6")],
+            "{case}: one peer set (per family) for both"
+        );
+        assert_eq!(uses, 2, "{case}: both policies look it up");
+        assert_eq!(peer_sets("bridge"), (shared.clone(), 2), "{case}: bridge");
+        // One of the two goes: x/b is isolated by `deny` alone, x/a still allows y.
+        c.write(&[deny.clone(), from_y("from-y-a", "a")]);
+        eventually(Duration::from_secs(20), || {
+            (!y_reaches_x_b())
+                .then_some(())
+                .ok_or_else(|| "y/a -> x/b still open".to_string())
+        });
+        c.check(&format!("{case}: x/a allows y"), 4, TCP80, |from, to| {
+            !in_ns(to, "x") || (in_ns(from, "y") && to == "x/a")
+        });
+        assert_eq!(
+            peer_sets("inet"),
+            (shared.clone(), 1),
+            "{case}: the set stays for x/a's policy"
+        );
+        // The last user goes: so does the set.
+        c.write(std::slice::from_ref(&deny));
+        eventually(Duration::from_secs(20), || {
+            let (left, _) = peer_sets("inet");
+            left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+        });
+        c.check(&format!("{case}: x denies all"), 4, TCP80, |_, to| {
+            !in_ns(to, "x")
+        });
+        for agent in agents {
+            let (status, logs) = agent.stop();
+            assert!(status.success(), "{case}: {status}:\n{logs}");
+        }
+    }
+}

@@ -1,10 +1,13 @@
 //! What makes a NetworkPolicy plan O(change): the pods and namespaces last plan saw (their
 //! `Arc`s), and per policy the part and selected addresses it produced. A policy is planned
-//! again only when it changed, or when a pod that changed is one it selects or names as a
-//! peer (before or after the change); a namespace change re-plans everything (rare).
+//! again only when it changed, when a pod that changed is one it selects (before or after
+//! the change) or resolves a named port on, or when a shared peer set it looks up gained or
+//! lost a family; a pod that is only a peer changes the shared sets it is in (`peers`); a
+//! namespace change re-plans everything (rare).
 
-use super::pods::NAMESPACE_NAME_LABEL;
-use crate::api::network_policy::{NamespaceScope, Peer, PortSpec, ValidatedPolicy};
+use super::peers::PeerKey;
+use super::pods::peer_matches;
+use crate::api::network_policy::{PortSpec, ValidatedPolicy};
 use crate::api::{Namespace, Pod};
 use crate::nft::ir::Part;
 use crate::snapshot::{self, ObjectKey, ObjectMap, Snapshot};
@@ -22,6 +25,8 @@ pub struct Planned {
     pub selected: Vec<IpAddr>,
     /// Its chain per direction it isolates.
     pub chains: Vec<(super::Direction, Arc<str>)>,
+    /// The shared peer sets its chains look up (distinct, counted in `PeerSets`).
+    pub peer_keys: Vec<Arc<PeerKey>>,
 }
 
 /// One policy set as last planned: the part key, the pods it governs, the part.
@@ -70,48 +75,26 @@ impl Seen {
 }
 
 /// Whether `pod` (one version of a changed pod) can change what `policy` plans: it is in
-/// the policy's namespace and selected, or a pod peer of one of its rules matches it, or a
-/// rule with every peer resolves named ports on peers (egress).
+/// the policy's namespace and selected, or it can own a named port an egress rule resolves
+/// on its peers (a peer of such a rule, or any pod for a rule without peers). Being one of a
+/// rule's peers otherwise changes the shared peer set, not the policy (`peers`).
 pub fn touches(policy: &ValidatedPolicy, snapshot: &Snapshot, pod: &Pod) -> bool {
     let Some(namespace) = pod.metadata.namespace.as_deref() else {
         return false;
     };
-    let labels = snapshot::labels(&pod.metadata);
-    if namespace == policy.namespace && policy.pods.matches(labels) {
+    if namespace == policy.namespace && policy.pods.matches(snapshot::labels(&pod.metadata)) {
         return true;
     }
-    let rules = policy.ingress.iter().chain(&policy.egress).flatten();
-    let egress_named = policy.egress.iter().flatten().any(|r| {
-        r.peers.is_none()
-            && r.ports
-                .iter()
-                .flatten()
-                .any(|p| matches!(p.port, PortSpec::Named(_)))
+    let named_egress = policy.egress.iter().flatten().filter(|r| {
+        r.ports
+            .iter()
+            .flatten()
+            .any(|p| matches!(p.port, PortSpec::Named(_)))
     });
-    if egress_named {
-        return true;
-    }
-    rules
-        .flat_map(|r| r.peers.iter().flatten())
-        .any(|peer| match peer {
-            Peer::Block { .. } => false,
-            // The pod selector first: it rejects most pods without reading namespace labels.
-            Peer::Pods { namespaces, pods } => {
-                pods.matches(labels)
-                    && match namespaces {
-                        NamespaceScope::Own => namespace == policy.namespace,
-                        NamespaceScope::Matching(selector) => {
-                            selector.is_everything() || {
-                                // The implied name label included, as `PodIndex` does.
-                                let mut ns_labels = snapshot
-                                    .namespace_labels(namespace)
-                                    .cloned()
-                                    .unwrap_or_default();
-                                ns_labels.insert(NAMESPACE_NAME_LABEL.into(), namespace.into());
-                                selector.matches(&ns_labels)
-                            }
-                        }
-                    }
-            }
-        })
+    named_egress.into_iter().any(|rule| match &rule.peers {
+        None => true,
+        Some(peers) => peers
+            .iter()
+            .any(|peer| peer_matches(&policy.namespace, peer, snapshot, pod)),
+    })
 }

@@ -2,6 +2,7 @@
 //! (the ones a policy isolates here), their labels, their namespace's labels, their IPs and
 //! their named container ports.
 
+use crate::api::Pod;
 use crate::api::Protocol;
 use crate::api::network_policy::{NamespaceScope, Peer};
 use crate::snapshot::{self, Snapshot};
@@ -107,6 +108,58 @@ impl<'a> PodIndex<'a> {
             };
             in_scope && selector.matches(p.labels)
         })
+    }
+}
+
+/// The [`PodIndex`], built the first time a plan needs it (a plan that re-plans nothing
+/// never does).
+pub struct LazyIndex<'a> {
+    snapshot: &'a Snapshot,
+    node: &'a str,
+    index: Option<PodIndex<'a>>,
+}
+
+impl<'a> LazyIndex<'a> {
+    pub fn new(snapshot: &'a Snapshot, node: &'a str) -> LazyIndex<'a> {
+        LazyIndex {
+            snapshot,
+            node,
+            index: None,
+        }
+    }
+
+    pub fn get(&mut self) -> &PodIndex<'a> {
+        let (snapshot, node) = (self.snapshot, self.node);
+        self.index
+            .get_or_insert_with(|| PodIndex::new(snapshot, node))
+    }
+}
+
+/// Whether `pod` is one of the pods `peer` of a policy in `namespace` designates.
+pub fn peer_matches(namespace: &str, peer: &Peer, snapshot: &Snapshot, pod: &Pod) -> bool {
+    let Some(pod_namespace) = pod.metadata.namespace.as_deref() else {
+        return false;
+    };
+    match peer {
+        Peer::Block { .. } => false,
+        // The pod selector first: it rejects most pods without reading namespace labels.
+        Peer::Pods { namespaces, pods } => {
+            pods.matches(snapshot::labels(&pod.metadata))
+                && match namespaces {
+                    NamespaceScope::Own => pod_namespace == namespace,
+                    NamespaceScope::Matching(selector) => {
+                        selector.is_everything() || {
+                            // The implied name label included, as `PodIndex` does.
+                            let mut ns_labels = snapshot
+                                .namespace_labels(pod_namespace)
+                                .cloned()
+                                .unwrap_or_default();
+                            ns_labels.insert(NAMESPACE_NAME_LABEL.into(), pod_namespace.into());
+                            selector.matches(&ns_labels)
+                        }
+                    }
+                }
+        }
     }
 }
 

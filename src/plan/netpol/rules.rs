@@ -4,7 +4,8 @@
 //! and family whatever the number of pods; pod churn changes set elements only.
 //!
 //! Per policy rule and family:
-//! - `ip saddr|daddr @peers [meta l4proto . th dport @ports] accept` for numeric ports
+//! - `ip saddr|daddr @np-peers-<hash>-v4 [meta l4proto . th dport @ports] accept` (the
+//!   peers' set, shared by every rule naming the same peers: `peers`) for numeric ports
 //!   (ranges, whole protocols) or no port list; a rule without peers looks up
 //!   `np-any-v4/v6` (every address of the family) instead, which works in the inet and the
 //!   bridge table alike;
@@ -14,12 +15,13 @@
 //!   peer pod's for egress (ipBlock peers have no container ports: a named port never
 //!   matches them).
 
+use super::peers::{Lookup, PeerKey, PeerSets, addr_type, suffix};
 use super::pods::{PodIndex, PodView};
 use crate::api::Protocol;
 use crate::api::network_policy::{Peer, PolicyRule, PortSpec, ValidatedPolicy};
 use crate::nft::ir::*;
-use ipnet::IpNet;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// Which way a policy rule allows traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,7 +42,9 @@ impl Direction {
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
 /// The chain of `policy` for `direction` (named `<base>-<in|eg>`, returned) and its sets
-/// into `part`.
+/// into `part`; the rules' peers are shared sets (`peers`), looked up or created through
+/// `shared`, their keys added to `keys`.
+#[allow(clippy::too_many_arguments)]
 pub fn add_direction(
     part: &mut Part,
     base: &str,
@@ -49,6 +53,7 @@ pub fn add_direction(
     rules: &[PolicyRule],
     index: &PodIndex,
     selected: &[&PodView],
+    shared: &mut Sharing,
 ) -> String {
     let chain_name = format!("{base}-{}", direction.suffix());
     let mut chain = Chain::regular(&chain_name);
@@ -64,30 +69,34 @@ pub fn add_direction(
             }
         );
         let (numeric, named) = split_ports(rule);
-        let peer_pods: Vec<&PodView> = match &rule.peers {
-            None => index.pods.iter().collect(),
-            Some(peers) => peer_pods(index, &policy.namespace, peers),
-        };
         let ports_set = numeric.as_ref().filter(|n| !n.is_empty()).map(|n| {
             let set = ports_set(&format!("{at}-ports"), n);
             let name = set.name.clone();
             part.add_set(set);
             name
         });
+        let peer_sets = rule.peers.as_ref().map(|peers| {
+            let lookup = shared.lookup(PeerKey::of(&policy.namespace, peers), index);
+            if !shared.keys.contains(&lookup.key) {
+                shared.keys.push(lookup.key.clone());
+            }
+            lookup
+        });
+        // Egress named ports resolve on the peer pods (every pod for a rule without peers).
+        let named_owners: Vec<&PodView> = match (&rule.peers, direction) {
+            _ if named.is_empty() => Vec::new(),
+            (_, Direction::Ingress) => selected.to_vec(),
+            (None, Direction::Egress) => index.pods.iter().collect(),
+            (Some(peers), Direction::Egress) => peer_pods(index, &policy.namespace, peers),
+        };
         for family in FAMILIES {
             let (peer_field, local_field) = fields(direction, family);
-            let peer_match = match &rule.peers {
+            let peer_match = match &peer_sets {
                 None => None,
-                Some(peers) => {
-                    let nets = peer_nets(peers, &peer_pods, family);
-                    if nets.is_empty() {
-                        continue; // no peer of this family: nothing allowed
-                    }
-                    let set = addr_set(&format!("{at}-peers-{}", suffix(family)), family, nets);
-                    let stmt = Stmt::in_set(vec![peer_field], set.name.clone());
-                    part.add_set(set);
-                    Some(stmt)
-                }
+                Some(lookup) => match lookup.set(family) {
+                    None => continue, // no peer of this family: nothing allowed
+                    Some(set) => Some(Stmt::in_set(vec![peer_field], set)),
+                },
             };
             let no_port_list = numeric.is_none() && named.is_empty();
             if no_port_list || ports_set.is_some() {
@@ -104,16 +113,11 @@ pub fn add_direction(
             if named.is_empty() {
                 continue;
             }
-            // Ingress: the selected (destination) pod's ports; egress: the peer pod's.
-            let owners: &[&PodView] = match direction {
-                Direction::Ingress => selected,
-                Direction::Egress => &peer_pods,
-            };
             let set = named_set(
                 &format!("{at}-named-{}", suffix(family)),
                 family,
                 &named,
-                owners,
+                &named_owners,
             );
             if set.elements.is_empty() {
                 continue;
@@ -135,6 +139,20 @@ pub fn add_direction(
     }
     part.add_chain(chain);
     chain_name
+}
+
+/// Where a policy's rules find their shared peer sets: the sets in use, the parts they are
+/// planned into, and the keys this policy looked up.
+pub struct Sharing<'m> {
+    pub sets: &'m mut PeerSets,
+    pub parts: &'m mut Parts,
+    pub keys: Vec<Arc<PeerKey>>,
+}
+
+impl Sharing<'_> {
+    fn lookup(&mut self, key: PeerKey, index: &PodIndex) -> Lookup {
+        self.sets.lookup(key, index, self.parts)
+    }
 }
 
 /// The destination address field: the selected pod for ingress, the peer for egress.
@@ -189,50 +207,6 @@ fn peer_pods<'i, 'a>(
         }
     }
     out
-}
-
-/// The addresses of `family` the peers stand for, as disjoint prefixes (interval sets reject
-/// overlapping elements): pod addresses and ipBlocks minus their excepts, aggregated.
-fn peer_nets(peers: &[Peer], pods: &[&PodView], family: IpFamily) -> Vec<IpNet> {
-    let mut nets: Vec<IpNet> = pods
-        .iter()
-        .flat_map(|p| &p.ips)
-        .filter(|ip| IpFamily::of(**ip) == family)
-        .map(|ip| IpNet::from(*ip))
-        .collect();
-    for peer in peers {
-        if let Peer::Block { cidr, except } = peer
-            && IpFamily::of(cidr.addr()) == family
-        {
-            nets.extend(subtract(*cidr, except));
-        }
-    }
-    IpNet::aggregate(&nets)
-}
-
-/// `net` without the `holes`, as prefixes.
-pub fn subtract(net: IpNet, holes: &[IpNet]) -> Vec<IpNet> {
-    if holes.iter().any(|h| h.contains(&net)) {
-        return Vec::new();
-    }
-    if !holes.iter().any(|h| net.contains(h)) {
-        return vec![net];
-    }
-    let halves = net
-        .subnets(net.prefix_len() + 1)
-        .expect("a hole inside makes net splittable");
-    halves.flat_map(|half| subtract(half, holes)).collect()
-}
-
-fn addr_set(name: &str, family: IpFamily, nets: Vec<IpNet>) -> Set {
-    let mut set = Set::new(name, vec![addr_type(family)], SetKind::Set).with_flags(SetFlags {
-        interval: true,
-        ..Default::default()
-    });
-    for net in nets {
-        set.insert(vec![KeyPart::Prefix(net)]);
-    }
-    set
 }
 
 /// `meta l4proto . th dport` with port ranges, merged per protocol so elements are disjoint.
@@ -307,19 +281,5 @@ pub fn any_addr_set(family: IpFamily) -> &'static str {
     match family {
         IpFamily::V4 => super::ANY_V4,
         IpFamily::V6 => super::ANY_V6,
-    }
-}
-
-pub fn addr_type(family: IpFamily) -> DataType {
-    match family {
-        IpFamily::V4 => DataType::Ipv4Addr,
-        IpFamily::V6 => DataType::Ipv6Addr,
-    }
-}
-
-pub fn suffix(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "v4",
-        IpFamily::V6 => "v6",
     }
 }

@@ -135,7 +135,14 @@ fn a_policy_isolates_its_local_pods_and_allows_its_peers_and_ports() {
     assert!(text.contains("fd00::2 : goto np-in-"), "{text}");
     assert!(!text.contains("10.0.1.2 : goto"), "{text}");
     // Peers: the web pod and the ipBlock minus its except.
-    let peers = &d.ruleset.part("np/shop/db").unwrap().sets[&format!("{base}-in0-peers-v4")];
+    // The rule's peers are a shared set of their own part.
+    let chain = &d.ruleset.part("np/shop/db").unwrap().chains[&format!("{base}-in")];
+    let peer_set = chain.rules[0].stmts[0].set_refs()[0];
+    let peers = &d
+        .ruleset
+        .part(&format!("np-peers/{}", peer_set.trim_end_matches("-v4")))
+        .unwrap()
+        .sets[peer_set];
     let nets: Vec<String> = peers
         .elements
         .keys()
@@ -284,7 +291,7 @@ fn host_network_pods_are_not_subject() {
 
 #[test]
 fn except_holes_are_cut_out_as_prefixes() {
-    let cut = rules::subtract(
+    let cut = peers::subtract(
         "10.0.0.0/8".parse().unwrap(),
         &[
             "10.128.0.0/9".parse().unwrap(),
@@ -337,8 +344,42 @@ fn incremental_plans_equal_fresh_plans() {
                     .object(),
             );
         }),
+        // Policy sets: a pod moves between them, policies come and go over shared pods.
+        Box::new(|b| {
+            b.insert(policy(
+                "shop",
+                "web-in",
+                "  podSelector: {matchLabels: {app: web}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: db}}}]}]\n",
+            ));
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "db")], &["10.0.0.33"]));
+        }),
+        Box::new(|b| {
+            b.insert(pod(
+                "shop",
+                "web-3",
+                &[("app", "web")],
+                &["10.0.0.34", "fd00::34"],
+            ));
+        }),
+        Box::new(|b| {
+            b.remove(Kind::NetworkPolicy, &ObjectKey::new("shop", "db"));
+        }),
+        Box::new(|b| {
+            b.remove(
+                Kind::NetworkPolicy,
+                &ObjectKey::new("shop", "from-tagged-ns"),
+            );
+        }),
+        Box::new(|b| {
+            b.insert(pod("shop", "web", &[("app", "web")], &["10.0.0.33"]));
+        }),
         Box::new(|b| {
             b.remove(Kind::Pod, &ObjectKey::new("shop", "db"));
+        }),
+        Box::new(|b| {
+            b.remove(Kind::NetworkPolicy, &ObjectKey::new("shop", "web-in"));
         }),
     ];
     for (i, step) in steps.iter().enumerate() {
@@ -576,4 +617,25 @@ fn pending_dns_queries_meet_the_forward_rules_on_prerouting() {
         assert_eq!(gate, "meta mark & 0x04000000 == 0x00000000 accept");
         assert_eq!(dns.rules[1..], forward.rules[..], "the forward rules");
     }
+}
+
+/// A pod change leaves the policies as they were (the same persistent map): their
+/// validation is reused, not run over every policy again, and reports the same statuses.
+#[test]
+fn a_pod_change_reuses_the_policies_validation() {
+    let cfg = Config::for_node(NODE);
+    let snapshot = cluster().build();
+    let first = plan_with(&snapshot, &cfg, &Memory::default());
+    let mut b = snapshot.to_builder();
+    b.insert(pod("shop", "web-9", &[("app", "web")], &["10.0.0.9"]));
+    let second = plan_with(&b.build(), &cfg, &first.memory);
+    let (a, z) = (&first.memory.netpol, &second.memory.netpol);
+    assert!(Arc::ptr_eq(&a.validated, &z.validated));
+    assert_eq!(first.statuses, second.statuses);
+    assert!(!second.statuses.is_empty());
+    // A policy edit validates again.
+    let mut b = snapshot.to_builder();
+    b.insert(policy("shop", "db", "  podSelector: {}\n"));
+    let third = plan_with(&b.build(), &cfg, &second.memory);
+    assert!(!Arc::ptr_eq(&z.validated, &third.memory.netpol.validated));
 }
