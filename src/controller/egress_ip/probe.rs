@@ -754,15 +754,7 @@ mod tests {
         assert!(!p.self_suspect());
     }
 
-    const NO_KEY: [u8; PAYLOAD_LEN] = {
-        let mut p = [0u8; PAYLOAD_LEN];
-        let mut i = 0;
-        while i < 8 {
-            p[i] = probe_auth::MAGIC[i];
-            i += 1;
-        }
-        p
-    };
+    use probe_auth::NO_KEY;
 
     #[test]
     fn with_a_key_each_echo_is_signed_for_its_target_with_a_new_counter() {

@@ -28,6 +28,18 @@ use sha2::Sha256;
 pub const MAGIC: &[u8; 8] = b"nodeplan";
 /// Magic, session, counter, timestamp, MAC.
 pub const PAYLOAD_LEN: usize = 8 + 8 + 8 + 8 + MAC_LEN;
+
+/// What the probes carry without a key: the magic and zeros (tests).
+#[cfg(test)]
+pub const NO_KEY: [u8; PAYLOAD_LEN] = {
+    let mut p = [0u8; PAYLOAD_LEN];
+    let mut i = 0;
+    while i < 8 {
+        p[i] = MAGIC[i];
+        i += 1;
+    }
+    p
+};
 const MAC_LEN: usize = 16;
 /// The shortest key accepted (e.g. `openssl rand -hex 32` gives 64).
 pub const MIN_KEY_LEN: usize = 32;

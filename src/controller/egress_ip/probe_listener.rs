@@ -175,16 +175,7 @@ mod tests {
     use super::*;
     use probe_auth::PAYLOAD_LEN;
 
-    /// What the probes carry without a key: the magic and zeros.
-    const NO_KEY: [u8; PAYLOAD_LEN] = {
-        let mut p = [0u8; PAYLOAD_LEN];
-        let mut i = 0;
-        while i < 8 {
-            p[i] = probe_auth::MAGIC[i];
-            i += 1;
-        }
-        p
-    };
+    use probe_auth::NO_KEY;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
