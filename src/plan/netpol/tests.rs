@@ -7,9 +7,9 @@ use crate::snapshot::{ObjectKey, Snapshot, SnapshotBuilder};
 use crate::testing::nft_check::nft_check;
 use crate::testing::objects;
 
-const NODE: &str = "worker-1";
+pub(super) const NODE: &str = "worker-1";
 
-fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::api::Pod {
+pub(super) fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::api::Pod {
     objects::pod(ns, name)
         .on(NODE)
         .labels(labels)
@@ -17,7 +17,7 @@ fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::ap
         .object()
 }
 
-fn policy(ns: &str, name: &str, spec: &str) -> NetworkPolicy {
+pub(super) fn policy(ns: &str, name: &str, spec: &str) -> NetworkPolicy {
     objects::network_policy(ns, name, spec).object()
 }
 

@@ -1,30 +1,17 @@
 use super::*;
-use crate::api::NetworkPolicy;
 use crate::api::network_policy::validate;
 use crate::config::Config;
 use crate::nft::diff::{Op, diff};
 use crate::nft::render::render_full;
+use crate::plan::netpol::tests::{NODE, pod, policy};
 use crate::plan::{Desired, Memory, plan_with};
 use crate::snapshot::{Kind, ObjectKey, SnapshotBuilder};
 use crate::testing::nft_check::nft_check;
 use crate::testing::objects;
 
-const NODE: &str = "worker-1";
 const FROM_MONITORING: &str = "  podSelector: {}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {purpose: monitoring}}}]\n    ports: [{port: 9090}]\n";
 const FROM_OWN_WEB: &str =
     "  podSelector: {}\n  ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]\n";
-
-fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::api::Pod {
-    objects::pod(ns, name)
-        .on(NODE)
-        .labels(labels)
-        .ips(ips)
-        .object()
-}
-
-fn policy(ns: &str, name: &str, spec: &str) -> NetworkPolicy {
-    objects::network_policy(ns, name, spec).object()
-}
 
 /// Namespaces `a` and `b` with a server and a web pod each, and `mon` (purpose=monitoring)
 /// with one pod.
