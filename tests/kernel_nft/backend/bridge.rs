@@ -51,19 +51,16 @@ fn bridge_table(second: bool) -> Table {
     );
     // Fragments: first fragments of accepted packets record the address pair, later
     // fragments (no ports) pass by it.
-    t.add_set(
-        Set::new(
-            "frags-v4",
-            vec![DataType::Ipv4Addr, DataType::Ipv4Addr],
-            SetKind::Set,
-        )
-        .with_flags(SetFlags {
-            timeout: true,
-            dynamic: true,
-            ..Default::default()
-        })
-        .with_timeout(30),
-    );
+    let frags = |name: &str, addr: DataType| {
+        Set::new(name, vec![addr, addr], SetKind::Set)
+            .with_flags(SetFlags {
+                timeout: true,
+                dynamic: true,
+                ..Default::default()
+            })
+            .with_timeout(30)
+    };
+    t.add_set(frags("frags-v4", DataType::Ipv4Addr));
     let frag_off = |mask: u16, value: u16, eq: bool| {
         Stmt::Match(Match {
             key: vec![Field::Ip4FragOff],
@@ -76,19 +73,7 @@ fn bridge_table(second: bool) -> Table {
     };
     let pair = vec![Field::Ip4Saddr, Field::Ip4Daddr];
     let pair6 = vec![Field::Ip6Saddr, Field::Ip6Daddr];
-    t.add_set(
-        Set::new(
-            "frags-v6",
-            vec![DataType::Ipv6Addr, DataType::Ipv6Addr],
-            SetKind::Set,
-        )
-        .with_flags(SetFlags {
-            timeout: true,
-            dynamic: true,
-            ..Default::default()
-        })
-        .with_timeout(30),
-    );
+    t.add_set(frags("frags-v6", DataType::Ipv6Addr));
     let frag6 = |offset: u16, eq: bool| {
         let v = vec![Value::Port(offset)];
         Stmt::Match(Match {
