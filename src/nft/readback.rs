@@ -48,11 +48,19 @@ pub trait KernelState {
     /// `None` if the kernel has no set of that name; `elements` are every element wanted
     /// in it (its own and those parts put in it).
     fn set(&mut self, want: &Set, elements: &[(&ElemKey, &ElemValue)]) -> Option<SetState>;
+    /// [`Self::set`] for many sets, answered in the order given (a backend may judge them in
+    /// parallel).
+    fn sets(&mut self, wanted: &[WantedSet]) -> Vec<Option<SetState>> {
+        wanted.iter().map(|(s, e)| self.set(s, e)).collect()
+    }
     /// Chains the kernel has that no desired chain asked about, with their hook.
     fn other_chains(&self) -> Vec<(String, Option<BaseChain>)>;
     /// Sets the kernel has that no desired set asked about.
     fn other_sets(&self) -> Vec<String>;
 }
+
+/// A desired set and every element wanted in it.
+pub type WantedSet<'a> = (&'a Set, Vec<(&'a ElemKey, &'a ElemValue)>);
 
 /// What the kernel holds, as the engine diffs against it.
 #[derive(Debug, Clone, Default)]
@@ -142,23 +150,39 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
         }
     }
 
-    for set in desired.sets.values() {
-        let from_parts = by_set.remove(set.name.as_str()).unwrap_or_default();
-        if let Some((held, _)) = mirror_set(kernel, set, &from_parts, &mut parts, &mut flush) {
-            cur.add_set(held);
-        }
-    }
+    // Every set is judged in one call, so that a backend may judge them in parallel:
+    // first the table's own sets (with the elements parts put in them), then the parts'.
+    let mut jobs: Vec<SetJob> = desired
+        .sets
+        .values()
+        .map(|set| {
+            let from_parts = by_set.remove(set.name.as_str()).unwrap_or_default();
+            (set, from_parts, None)
+        })
+        .collect();
     for (i, part) in desired.parts.values().enumerate() {
-        for set in part.sets.values() {
-            let held = mirror_set(kernel, set, &[], &mut parts, &mut flush);
-            let entry = &mut parts[i];
-            match held {
-                Some((held, whole)) => {
-                    entry.whole &= whole;
-                    entry.part.add_set(held);
-                }
-                None => entry.whole = false,
+        jobs.extend(part.sets.values().map(|set| (set, Vec::new(), Some(i))));
+    }
+    let wanted: Vec<WantedSet> = jobs
+        .iter()
+        .map(|(set, from_parts, _)| {
+            let mut wanted: Vec<_> = set.elements.iter().collect();
+            wanted.extend(from_parts.iter().map(|(k, v, _)| (*k, *v)));
+            (*set, wanted)
+        })
+        .collect();
+    let states = kernel.sets(&wanted);
+    drop(wanted);
+    for ((set, from_parts, owner), state) in jobs.into_iter().zip(states) {
+        let held = held_set(set, &from_parts, state, &mut parts, &mut flush);
+        match (owner, held) {
+            (None, Some((held, _))) => cur.add_set(held),
+            (None, None) => {}
+            (Some(i), Some((held, whole))) => {
+                parts[i].whole &= whole;
+                parts[i].part.add_set(held);
             }
+            (Some(i), None) => parts[i].whole = false,
         }
     }
 
@@ -190,20 +214,26 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     }
 }
 
-/// One desired set with its own elements and `from_parts` (the elements parts put in it):
-/// what the kernel holds of it and whether that is all of the set's own (`None`: no such
-/// set), with the parts' held elements noted in `parts` and a set to flush in `flush`.
-fn mirror_set<'a>(
-    kernel: &mut dyn KernelState,
+/// A set to judge: the set, the elements parts put in it with the index of the part
+/// putting them, and the part declaring it (`None`: the table itself).
+type SetJob<'a> = (
+    &'a Set,
+    Vec<(&'a ElemKey, &'a ElemValue, usize)>,
+    Option<usize>,
+);
+
+/// What the kernel holds of one desired set with its own elements and `from_parts` (the
+/// elements parts put in it), given the kernel's verdict on it (`None`: no such set), and
+/// whether that is all of the set's own; the parts' held elements are noted in `parts` and a
+/// set to flush in `flush`.
+fn held_set<'a>(
     set: &'a Set,
     from_parts: &[(&'a ElemKey, &'a ElemValue, usize)],
+    state: Option<SetState>,
     parts: &mut HeldParts<'a>,
     flush: &mut Vec<String>,
 ) -> Option<(Set, bool)> {
     let own = set.elements.len();
-    let mut wanted: Vec<(&ElemKey, &ElemValue)> = set.elements.iter().collect();
-    wanted.extend(from_parts.iter().map(|(k, v, _)| (*k, *v)));
-    let state = kernel.set(set, &wanted);
     let mut held = set.clone_declaration();
     let s = match &state {
         Some(s) if !s.declaration_differs => s,

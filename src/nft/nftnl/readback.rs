@@ -13,9 +13,15 @@ use super::set::{NFT_DATA_VERDICT, NFT_SET_ELEM_INTERVAL_END, named_set_spec};
 use super::types::type_info;
 use super::udata;
 use crate::nft::ir::*;
-use crate::nft::readback::{ChainState, KernelState, SetState};
+use crate::nft::readback::{ChainState, KernelState, SetState, WantedSet};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// Threads that judge a large table's sets at once.
+const JUDGES: usize = 4;
+
+/// Fewer wanted elements than this are judged on the calling thread.
+const PARALLEL_FROM: usize = 20_000;
 
 /// A read-back table being judged; remembers which kernel objects were asked about.
 pub struct Judge {
@@ -44,6 +50,40 @@ impl Judge {
     /// The sets the backend may treat as existing once the repair is applied.
     pub fn known(&self) -> &BTreeMap<String, KnownSet> {
         &self.known
+    }
+
+    /// The verdict on one set; `None` if the kernel has no set of that name.
+    fn judge_set(&self, want: &Set, elements: &[(&ElemKey, &ElemValue)]) -> Option<SetState> {
+        let have = self.kernel.sets.get(&want.name)?;
+        let differs = SetState {
+            declaration_differs: true,
+            ..Default::default()
+        };
+        let Ok(spec) = named_set_spec(want, 0) else {
+            return Some(differs);
+        };
+        let d = &have.decl;
+        // A verdict map's data length is the kernel's (sizeof struct nft_verdict).
+        let data =
+            |d: Option<(u32, u32)>| d.map(|(t, l)| (t, if t == NFT_DATA_VERDICT { 0 } else { l }));
+        let same_decl = d.flags == spec.flags
+            && d.key_type == spec.key_type
+            && d.key_len == spec.key_len
+            && data(d.data) == data(spec.data)
+            && d.timeout_ms == spec.timeout_ms
+            && same_size(d.size, &spec)
+            && d.concat_fields == spec.concat_fields
+            && d.udata == spec.udata
+            && d.counter == spec.counter;
+        if !same_decl {
+            tracing::debug!(set = %want.name, "kernel set declaration differs");
+            return Some(differs);
+        }
+        if want.flags.dynamic {
+            // Filled by the packet path (affinity): the kernel's elements are the truth.
+            return Some(SetState::default());
+        }
+        Some(judge_elements(want, have, elements))
     }
 
     fn rule_same(&self, have: &super::dump::KRule, want: &Rule) -> bool {
@@ -166,37 +206,51 @@ impl KernelState for Judge {
     }
 
     fn set(&mut self, want: &Set, elements: &[(&ElemKey, &ElemValue)]) -> Option<SetState> {
-        let have = self.kernel.sets.get(&want.name)?;
-        self.asked_sets.insert(want.name.clone());
-        let differs = SetState {
-            declaration_differs: true,
-            ..Default::default()
-        };
-        let Ok(spec) = named_set_spec(want, 0) else {
-            return Some(differs);
-        };
-        let d = &have.decl;
-        // A verdict map's data length is the kernel's (sizeof struct nft_verdict).
-        let data =
-            |d: Option<(u32, u32)>| d.map(|(t, l)| (t, if t == NFT_DATA_VERDICT { 0 } else { l }));
-        let same_decl = d.flags == spec.flags
-            && d.key_type == spec.key_type
-            && d.key_len == spec.key_len
-            && data(d.data) == data(spec.data)
-            && d.timeout_ms == spec.timeout_ms
-            && same_size(d.size, &spec)
-            && d.concat_fields == spec.concat_fields
-            && d.udata == spec.udata
-            && d.counter == spec.counter;
-        if !same_decl {
-            tracing::debug!(set = %want.name, "kernel set declaration differs");
-            return Some(differs);
+        if self.kernel.sets.contains_key(&want.name) {
+            self.asked_sets.insert(want.name.clone());
         }
-        if want.flags.dynamic {
-            // Filled by the packet path (affinity): the kernel's elements are the truth.
-            return Some(SetState::default());
+        self.judge_set(want, elements)
+    }
+
+    /// Judges the sets on up to [`JUDGES`] threads: encoding the wanted elements is most of
+    /// a large table's compare, and sets are independent.
+    fn sets(&mut self, wanted: &[WantedSet]) -> Vec<Option<SetState>> {
+        for (want, _) in wanted {
+            if self.kernel.sets.contains_key(&want.name) {
+                self.asked_sets.insert(want.name.clone());
+            }
         }
-        Some(judge_elements(want, have, elements))
+        let total: usize = wanted.iter().map(|(_, e)| e.len()).sum();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, JUDGES);
+        if threads == 1 || total < PARALLEL_FROM {
+            return wanted.iter().map(|(s, e)| self.judge_set(s, e)).collect();
+        }
+        // Contiguous runs of about equal element counts, one per thread, in order.
+        let mut runs = vec![Vec::new(); threads];
+        let mut seen = 0;
+        for (i, (_, e)) in wanted.iter().enumerate() {
+            runs[(seen * threads / total).min(threads - 1)].push(i);
+            seen += e.len();
+        }
+        let this = &*self;
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = runs
+                .iter()
+                .map(|run| {
+                    scope.spawn(move || {
+                        run.iter()
+                            .map(|i| this.judge_set(wanted[*i].0, &wanted[*i].1))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("a set judge panicked"))
+                .collect()
+        })
     }
 
     fn other_chains(&self) -> Vec<(String, Option<BaseChain>)> {

@@ -122,6 +122,43 @@ fn a_read_back_during_the_kernels_hash_resize_sees_every_element() {
     }
 }
 
+/// A table large enough that its sets are read by several threads and judged by several
+/// (`nftnl::dump::read_sets`, `nftnl::readback::Judge::sets`): eight sets of 5,000 elements,
+/// some of them edited by someone else before a restart. The restarted engine repairs exactly
+/// the edits, whichever thread read or judged the set.
+#[test]
+fn a_large_read_back_repairs_exactly_what_others_changed_in_any_set() {
+    let mut lab = Lab::new();
+    let ns = lab.add_host("rb-many");
+    let mut table = Table::new(T);
+    for s in 0..8u32 {
+        let mut set = Set::new(
+            format!("addresses-{s}"),
+            vec![DataType::Ipv4Addr],
+            SetKind::Set,
+        );
+        for i in 0..5_000u32 {
+            let addr = std::net::Ipv4Addr::from(0x0a00_0000 + (s << 16) + i);
+            set.insert(vec![Value::Ipv4(addr).into()]);
+        }
+        table.add_set(set);
+    }
+    let want = reference(&mut lab, "rb-many-ref", &table);
+    fresh_sync(&ns, &table);
+    // Two elements gone from the first set, one foreign element in the fifth and the last.
+    for edit in [
+        format!("delete element inet {T} addresses-0 {{ 10.0.0.1, 10.0.0.2 }}"),
+        format!("add element inet {T} addresses-4 {{ 192.0.2.4 }}"),
+        format!("add element inet {T} addresses-7 {{ 192.0.2.7 }}"),
+    ] {
+        nft_apply(&ns, &edit);
+    }
+    let stats = fresh_sync(&ns, &table);
+    assert_eq!(stats.ops, 4, "two re-adds and two deletes, nothing else");
+    assert_same_contents(&ns, &want);
+    assert_eq!(fresh_sync(&ns, &table), ApplyStats::default());
+}
+
 /// `nft -f -` run from the calling thread, so in the namespace that thread entered.
 fn nft_stdin(text: &str) {
     use std::io::Write;
