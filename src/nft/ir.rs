@@ -902,10 +902,13 @@ pub enum Stmt {
     MarkOr(u32),
     /// `meta mark set meta mark and MASK`: clears the bits not in MASK.
     MarkAnd(u32),
-    /// `update @set { key }`: add or refresh a dynamic set element from the packet.
+    /// `update @set { key }`: add or refresh a dynamic set element from the packet;
+    /// `update @set { key timeout Ns }` with a timeout of its own (seconds) instead of the
+    /// set's.
     SetUpdate {
         set: String,
         key: Vec<Field>,
+        timeout: Option<u32>,
     },
     Reject(Reject),
     /// `update @set { key limit rate over N/second burst B packets }`: a token bucket per

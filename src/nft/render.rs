@@ -287,7 +287,16 @@ fn stmt(s: &Stmt) -> String {
         },
         Stmt::MarkOr(m) => format!("meta mark set meta mark or {m:#010x}"),
         Stmt::MarkAnd(m) => format!("meta mark set meta mark and {m:#010x}"),
-        Stmt::SetUpdate { set, key } => format!("update @{set} {{ {} }}", fields(key)),
+        Stmt::SetUpdate {
+            set,
+            key,
+            timeout: None,
+        } => format!("update @{set} {{ {} }}", fields(key)),
+        Stmt::SetUpdate {
+            set,
+            key,
+            timeout: Some(t),
+        } => format!("update @{set} {{ {} timeout {t}s }}", fields(key)),
         Stmt::SetLimit { set, key, limit } => format!(
             "update @{set} {{ {} limit rate over {}/second burst {} packets }}",
             fields(key),

@@ -154,6 +154,7 @@ fn rich_table() -> Table {
     svc_a.push(Rule::new(vec![Stmt::SetUpdate {
         set: "affinity".into(),
         key: vec![Field::Ip4Saddr],
+        timeout: None,
     }]));
     svc_a.push(Rule::new(vec![Stmt::Vmap {
         key: vec![Field::NumgenRandom(2)],

@@ -213,6 +213,52 @@ fn a_denied_client_cannot_reuse_an_old_four_tuple() {
     truth(&b, "deny all", |f, t| f == t);
 }
 
+/// Without `br_netfilter`: a UDP client keeps its flow only as long as conntrack would keep
+/// an established UDP flow (`nf_conntrack_udp_timeout_stream`, 120 s), not the flow set's hour:
+/// once a policy denies it, an old 4-tuple idle for longer is judged by the policies again.
+/// Waiting out two minutes in a test is not worth it; the kernel's own expiry of the flow's
+/// entries is what decides, so the test reads it (on the code before, it was an hour).
+#[test]
+fn a_udp_flow_is_remembered_no_longer_than_conntrack_would() {
+    let b = bridged();
+    br_netfilter(&b.node, false);
+    let _server = b.pods[0].ns.udp_server("[::]:5353", "a");
+    b.agent.write("policies.yaml", &only("b", "a"));
+    b.agent.once(&[]);
+    let dst = SocketAddr::new(b.pods[0].addr, 5353);
+    let reply = b.pods[1].ns.udp_exchange(dst, Duration::from_secs(5));
+    assert!(reply.is_reply(), "allowed: {reply:?}");
+    let listing = b
+        .node
+        .nft(&["-j", "list", "table", "bridge", "nodeplane"])
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&listing).expect("JSON");
+    let udp_entries: Vec<(Option<u64>, Option<u64>)> = json["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.get("set"))
+        .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("np-fl")))
+        .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| {
+            let e = e.get("elem")?;
+            let concat = e["val"]["concat"].as_array()?;
+            // An entry without a timeout of its own shows none: the set's hour.
+            let times = (e["timeout"].as_u64(), e["expires"].as_u64());
+            (concat.get(1)? == "udp").then_some(times)
+        })
+        .collect();
+    assert_eq!(
+        udp_entries.len(),
+        2,
+        "both orientations recorded: {listing}"
+    );
+    for (timeout, expires) in udp_entries {
+        assert_eq!(timeout, Some(120), "{listing}");
+        assert!(expires.is_some_and(|e| e <= 120), "{listing}");
+    }
+}
+
 /// Without `br_netfilter`: pod c, which no policy selects, floods pod b (not isolated either)
 /// with 1,000,000 UDP datagrams to varying ports while b opens 1,000 connections to a, which
 /// is isolated both ways (only b may connect; no egress allowed, so a's answers pass only as

@@ -378,7 +378,10 @@ fn read_elements(
 
 /// Whether an element (key, range end and flags) appears twice.
 fn has_repeats(elems: &[KElem]) -> bool {
-    let mut seen = std::collections::HashSet::with_capacity(elems.len());
+    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
+        elems.len(),
+        foldhash::fast::RandomState::default(),
+    );
     !elems
         .iter()
         .all(|e| seen.insert((&e.key, &e.key_end, e.flags)))
@@ -570,11 +573,17 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
                 flags: l.be32(5).unwrap_or(0),
             }
         }
+        // NFTA_DYNSET_TIMEOUT (6): the element's own timeout in milliseconds, dumped always
+        // (0: the set's).
         "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() && d.get(7).is_none() => {
             Expr::DynsetUpdate {
                 set: d.get(1)?.string(),
                 sreg: d.be32(4)?,
                 set_id: None,
+                timeout_ms: match d.get(6) {
+                    Some(t) => Some(t.be64()?).filter(|ms| *ms != 0),
+                    None => None,
+                },
             }
         }
         "immediate" => parse_immediate(&d)?,

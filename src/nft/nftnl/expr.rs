@@ -75,6 +75,8 @@ pub enum Expr {
         sreg: u32,
         set: String,
         set_id: Option<u32>,
+        /// The element's own timeout (`NFTA_DYNSET_TIMEOUT`), if not the set's.
+        timeout_ms: Option<u64>,
     },
     /// `dynset update` with a `limit` expression per element: `rate` packets per `unit`
     /// seconds, `burst` packets, `NFT_LIMIT_F_INV` in `flags` for `over`.
@@ -169,10 +171,16 @@ impl Expr {
                 set_id: None,
                 invert,
             },
-            Expr::DynsetUpdate { sreg, set, .. } => Expr::DynsetUpdate {
+            Expr::DynsetUpdate {
+                sreg,
+                set,
+                timeout_ms,
+                ..
+            } => Expr::DynsetUpdate {
                 sreg,
                 set,
                 set_id: None,
+                timeout_ms,
             },
             Expr::DynsetLimit {
                 sreg,

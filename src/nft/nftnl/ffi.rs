@@ -233,15 +233,23 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
             .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
         Expr::Lookup { .. } => lookup(e),
-        Expr::DynsetUpdate { sreg, set, set_id } => {
-            let e = ExprObj::new(c"dynset")
+        Expr::DynsetUpdate {
+            sreg,
+            set,
+            set_id,
+            timeout_ms,
+        } => {
+            let mut e = ExprObj::new(c"dynset")
                 .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
                 .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
                 .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-            match set_id {
-                Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id),
-                None => e,
+            if let Some(id) = set_id {
+                e = e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id);
             }
+            if let Some(ms) = timeout_ms {
+                e = e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms);
+            }
+            e
         }
         Expr::DynsetLimit { .. } => dynset_limit(e),
         Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")

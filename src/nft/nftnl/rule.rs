@@ -161,7 +161,7 @@ impl RuleLowering<'_> {
                 self.mark_bitwise(*mask, 0);
                 Ok(())
             }
-            Stmt::SetUpdate { set, key } => {
+            Stmt::SetUpdate { set, key, timeout } => {
                 let fields = self.key_fields(key)?;
                 let sreg = self.load_key(&fields, false);
                 let set_id = self.sets.get(set).and_then(|s| s.id);
@@ -169,6 +169,7 @@ impl RuleLowering<'_> {
                     sreg,
                     set: set.clone(),
                     set_id,
+                    timeout_ms: timeout.map(|s| u64::from(s) * 1000),
                 });
                 Ok(())
             }

@@ -10,7 +10,8 @@
 //! in both orientations, in a timeout set (`np-flows-v4/v6`), and the
 //! first rule of the other two accepts a packet whose tuple is there: replies of an allowed
 //! connection pass, and so do later packets of it after a policy edit, as with conntrack in
-//! inet, until the flow is idle for [`FLOW_TIMEOUT_SECS`]. A TCP SYN (without ACK) is never
+//! inet, until the flow is idle for [`FLOW_TIMEOUT_SECS`] (UDP and SCTP: conntrack's
+//! timeouts, `FLOW_TIMEOUTS`). A TCP SYN (without ACK) is never
 //! accepted by the flow set: like conntrack, which judges a new connection on an old 4-tuple
 //! anew, the policies judge it. Per packet that is one set lookup and one update more than
 //! inet.
@@ -115,52 +116,72 @@ fn flow_set(f: &Flows) -> Set {
     .with_timeout(FLOW_TIMEOUT_SECS)
 }
 
+/// How long an idle flow's entry lasts, per protocol (`None`: the set's
+/// [`FLOW_TIMEOUT_SECS`]). UDP and SCTP take conntrack's timeouts for an established flow of
+/// each (kernel 6.18 defaults, read on the test machine: `nf_conntrack_udp_timeout_stream`
+/// 120 s, `nf_conntrack_sctp_timeout_established` 210 s): a client that a policy edit denies
+/// can go on using an old 4-tuple only while it is as busy as conntrack would let it be in
+/// inet, not for an hour. TCP keeps the hour: its connections are judged anew by their SYN.
+const FLOW_TIMEOUTS: [(u8, Option<u32>); 3] = [
+    (proto::TCP, None),
+    (proto::UDP, Some(120)),
+    (proto::SCTP, Some(210)),
+];
+
 /// The rules that accept a packet whose tuple is in the flow sets (a TCP SYN never: it opens
 /// a connection, and the policies judge it now, so a client denied since cannot reuse an
 /// old 4-tuple); with `refresh`, they also refresh the entries (a port's sets, whose lookup
 /// chain is also the recording chain's way to find where a flow is kept).
 fn known(families: &[Flows; 2], refresh: bool) -> Vec<Rule> {
     let mut rules = Vec::new();
+    // Without refreshing, one rule serves UDP and SCTP alike.
+    let groups: Vec<(Stmt, Option<u32>, bool)> = if refresh {
+        FLOW_TIMEOUTS
+            .iter()
+            .map(|(p, t)| (Stmt::matches(L4, Value::Proto(*p)), *t, *p == proto::TCP))
+            .collect()
+    } else {
+        vec![
+            (Stmt::matches(L4, Value::Proto(proto::TCP)), None, true),
+            (protocols(&[proto::UDP, proto::SCTP]), None, false),
+        ]
+    };
     for f in families {
-        let lookup = || Stmt::in_set(tuple(f), f.set.as_str());
-        let tail = || {
-            let mut stmts = Vec::new();
+        for (protocol, timeout, tcp) in &groups {
+            let (timeout, tcp) = (*timeout, *tcp);
+            let mut stmts = vec![protocol.clone()];
+            if tcp {
+                stmts.push(Stmt::Match(Match {
+                    key: vec![Field::TcpFlags],
+                    op: MatchOp::Masked {
+                        mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
+                        value: Value::TcpFlags(tcp_flags::SYN),
+                        eq: false,
+                    },
+                }));
+            }
+            stmts.push(Stmt::in_set(tuple(f), f.set.as_str()));
             if refresh {
-                stmts.extend(updates(f));
+                stmts.extend(updates(f, timeout));
             }
             stmts.push(Stmt::Verdict(Verdict::Accept));
-            stmts
-        };
-        let mut tcp = vec![
-            Stmt::matches(L4, Value::Proto(proto::TCP)),
-            Stmt::Match(Match {
-                key: vec![Field::TcpFlags],
-                op: MatchOp::Masked {
-                    mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
-                    value: Value::TcpFlags(tcp_flags::SYN),
-                    eq: false,
-                },
-            }),
-            lookup(),
-        ];
-        tcp.extend(tail());
-        rules.push(Rule::new(tcp));
-        let mut other = vec![protocols(&[proto::UDP, proto::SCTP]), lookup()];
-        other.extend(tail());
-        rules.push(Rule::new(other));
+            rules.push(Rule::new(stmts));
+        }
     }
     rules
 }
 
-fn updates(f: &Flows) -> [Stmt; 2] {
+fn updates(f: &Flows, timeout: Option<u32>) -> [Stmt; 2] {
     [
         Stmt::SetUpdate {
             set: f.set.clone(),
             key: tuple(f),
+            timeout,
         },
         Stmt::SetUpdate {
             set: f.set.clone(),
             key: reverse(f),
+            timeout,
         },
     ]
 }
@@ -173,21 +194,26 @@ fn updates(f: &Flows) -> [Stmt; 2] {
 /// peer's share.
 fn record(families: &[Flows; 2], full_drops: bool) -> Vec<Rule> {
     let mut rules = Vec::new();
-    let tracked = || protocols(&[proto::TCP, proto::UDP, proto::SCTP]);
     for f in families {
         for (end, verdict) in [(f.saddr, Some(Verdict::Accept)), (f.daddr, None)] {
-            let mut stmts = vec![tracked(), Stmt::in_set(vec![end, end], f.isolated)];
-            stmts.extend(updates(f));
-            let verdict = if full_drops {
-                Some(Verdict::Accept)
-            } else {
-                verdict
-            };
-            stmts.extend(verdict.map(Stmt::Verdict));
-            rules.push(Rule::new(stmts));
+            for (protocol, timeout) in FLOW_TIMEOUTS {
+                let mut stmts = vec![
+                    Stmt::matches(L4, Value::Proto(protocol)),
+                    Stmt::in_set(vec![end, end], f.isolated),
+                ];
+                stmts.extend(updates(f, timeout));
+                let verdict = if full_drops {
+                    Some(Verdict::Accept)
+                } else {
+                    verdict.clone()
+                };
+                stmts.extend(verdict.map(Stmt::Verdict));
+                rules.push(Rule::new(stmts));
+            }
         }
     }
     if full_drops {
+        let tracked = || protocols(&[proto::TCP, proto::UDP, proto::SCTP]);
         for f in families {
             for end in [f.saddr, f.daddr] {
                 rules.push(
@@ -261,6 +287,7 @@ fn fragments() -> (Vec<Rule>, Vec<Rule>) {
             Stmt::SetUpdate {
                 set: FRAGS_V4.into(),
                 key: v4.clone(),
+                timeout: None,
             },
         ]));
     }
@@ -271,6 +298,7 @@ fn fragments() -> (Vec<Rule>, Vec<Rule>) {
             Stmt::SetUpdate {
                 set: FRAGS_V6.into(),
                 key: v6.clone(),
+                timeout: None,
             },
         ]));
     }

@@ -306,6 +306,7 @@ fn endpoint_chain(
         c.push(Rule::new(vec![Stmt::SetUpdate {
             set,
             key: vec![saddr(fam)],
+            timeout: None,
         }]));
     }
     c.push(Rule::new(vec![

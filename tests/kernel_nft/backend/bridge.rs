@@ -93,6 +93,7 @@ fn bridge_table(second: bool) -> Table {
             Stmt::SetUpdate {
                 set: "frags-v4".into(),
                 key: pair,
+                timeout: None,
             },
         ]))
         .push(Rule::new(vec![
@@ -106,6 +107,7 @@ fn bridge_table(second: bool) -> Table {
             Stmt::SetUpdate {
                 set: "frags-v6".into(),
                 key: pair6,
+                timeout: None,
             },
         ]))
         .push(Rule::new(vec![
@@ -137,6 +139,7 @@ fn bridge_table(second: bool) -> Table {
         Stmt::SetUpdate {
             set: "replies-v4".into(),
             key: vec![Field::Ip4Daddr, l4, dp, Field::Ip4Saddr, sp],
+            timeout: Some(120),
         },
         Stmt::in_set(vec![Field::Ip4Saddr], "pods-v4"),
         Stmt::Verdict(Verdict::Accept),

@@ -292,6 +292,7 @@ pub fn forward(t: &mut Table) {
             Stmt::SetUpdate {
                 set: "affinity".into(),
                 key: vec![Field::Ip4Saddr],
+                timeout: None,
             },
             Stmt::in_set(vec![Field::ThDport], "timed"),
             verdict(jump("fw-log")),
