@@ -13,7 +13,7 @@ const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_GETSETELEM: u16 = 13;
 /// `NFTA_SET_ELEM_EXPR` (one expression) and `NFTA_SET_ELEM_EXPRESSIONS` (a list).
-const NFTA_SET_ELEM_EXPR: u16 = 9;
+const NFTA_SET_ELEM_EXPR: u16 = 7;
 const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
 /// A dump the ruleset changed under is read again this often, then the read fails (the
 /// caller keeps its last values: a rule missing from one read must not look like a reset).
