@@ -201,7 +201,8 @@ impl Index {
         let Firewall(ns) = &owner else {
             return;
         };
-        for set in part.sets.values().filter(|s| s.flags.counter) {
+        // A map without elements has no counter to read: no dump for it.
+        for set in (part.sets.values()).filter(|s| s.flags.counter && !s.elements.is_empty()) {
             let comments = set.elements.values().filter_map(|e| e.comment.as_deref());
             self.series.extend(
                 comments

@@ -134,3 +134,61 @@ fn elem_count(e: Attrs) -> Option<ElemCount> {
         counted,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A netlink attribute: length, type, payload, padding to 4 bytes.
+    fn attr(kind: u16, data: &[u8]) -> Vec<u8> {
+        let mut a = ((4 + data.len()) as u16).to_ne_bytes().to_vec();
+        a.extend_from_slice(&kind.to_ne_bytes());
+        a.extend_from_slice(data);
+        a.resize((a.len() + 3) & !3, 0);
+        a
+    }
+
+    /// `counter` with its NFTA_COUNTER_BYTES (1) and NFTA_COUNTER_PACKETS (2), big-endian.
+    fn counter(packets: u64, bytes: u64) -> Vec<u8> {
+        let data = [
+            attr(1, &bytes.to_be_bytes()),
+            attr(2, &packets.to_be_bytes()),
+        ]
+        .concat();
+        [attr(1, b"counter\0"), attr(2, &data)].concat()
+    }
+
+    /// The two ways the kernel lists an element's expressions: `NFTA_SET_ELEM_EXPR` (one) and
+    /// `NFTA_SET_ELEM_EXPRESSIONS` (a list); an element without a counter is left out.
+    #[test]
+    fn element_counts_and_comments_are_parsed_as_the_kernel_lists_them() {
+        let comment = super::super::udata::rule_comment("rule 4: Deny 0.0.0.0/0");
+        let one = [
+            attr(1, &attr(1, &[10, 0, 0, 1])),
+            attr(NFTA_SET_ELEM_EXPR, &counter(5, 640)),
+            attr(6, &comment),
+        ]
+        .concat();
+        let listed = attr(NFTA_SET_ELEM_EXPRESSIONS, &attr(1, &counter(2, 100)));
+        let many = [attr(1, &attr(1, &[10, 0, 0, 2])), listed].concat();
+        let plain = attr(1, &attr(1, &[10, 0, 0, 3]));
+        let parsed: Vec<_> = [one, many, plain]
+            .iter()
+            .filter_map(|e| elem_count(Attrs(e)))
+            .collect();
+        let count = |packets, bytes| Counted { packets, bytes };
+        assert_eq!(
+            parsed,
+            [
+                ElemCount {
+                    comment: Some("rule 4: Deny 0.0.0.0/0".into()),
+                    counted: count(5, 640),
+                },
+                ElemCount {
+                    comment: None,
+                    counted: count(2, 100),
+                },
+            ]
+        );
+    }
+}
