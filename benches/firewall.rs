@@ -26,26 +26,9 @@ use std::time::{Duration, Instant};
 const NODE: &str = "node-1";
 const SERVER: &str = "203.0.113.10:80";
 
-/// `n` rules that do not match the server (distinct /32s in 198.18.0.0/15, a quarter with a
-/// TCP port), then Allow the server's /24, then Deny all.
+/// `n` rules that do not match the server, then Allow its /24, then Deny all.
 fn rules(n: usize) -> String {
-    let mut r: Vec<String> = (0..n.saturating_sub(2) as u32)
-        .map(|i| {
-            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i);
-            let action = if i % 2 == 0 { "Allow" } else { "Deny" };
-            if i % 4 == 0 {
-                format!(
-                    "{{type: {action}, to: {{cidrSelector: {ip}/32}}, ports: [{{protocol: TCP, port: {}}}]}}",
-                    1 + i % 1000
-                )
-            } else {
-                format!("{{type: {action}, to: {{cidrSelector: {ip}/32}}}}")
-            }
-        })
-        .collect();
-    r.push("{type: Allow, to: {cidrSelector: 203.0.113.0/24}}".into());
-    r.push("{type: Deny, to: {cidrSelector: 0.0.0.0/0}}".into());
-    format!("[{}]", r.join(", "))
+    nodeplane::testing::large::firewall_rules(n)
 }
 
 fn pod_doc(ns: &str, name: &str, ip: &str) -> String {

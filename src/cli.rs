@@ -382,6 +382,18 @@ pub struct Opts {
     )]
     pub pod_traffic_check_seconds: Option<u64>,
 
+    /// Seconds between two reads of the kernel's per-rule counters for `/metrics` (packets
+    /// and bytes per EgressFirewall rule, EgressQoS rule and NetworkPolicy: one dump per
+    /// table and per EgressFirewall map, never per rule). 0 turns the per-rule series off:
+    /// for very large clusters, where they are one series pair per rule. Default: 15.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_RULE_COUNTERS_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub rule_counters_seconds: Option<u64>,
+
     /// Namespace of the election Lease. Default: the POD_NAMESPACE environment variable (the
     /// DaemonSet sets it from the downward API), then `nodeplane`.
     #[arg(

@@ -82,6 +82,9 @@ pub struct Metrics {
     egress_ip_cloud_attach: Histogram,
     egress_ip_dataplane: Histogram,
     egress_ip_address_conflicts: Counter,
+    /// Packets and bytes per EgressFirewall / EgressQoS rule and NetworkPolicy, published by
+    /// the reader of `super::rule_counters` (nothing while it is off).
+    pub rule_counters: Arc<super::rule_counters::RuleCounters>,
 }
 
 impl Default for Metrics {
@@ -119,6 +122,7 @@ impl Metrics {
             egress_ip_cloud_attach: crate::controller::egress_ip::cloud_sync::attach_histogram(),
             egress_ip_dataplane: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             egress_ip_address_conflicts: Counter::default(),
+            rule_counters: Arc::default(),
             registry: Registry::default(),
             kubeproxy,
         };
@@ -132,6 +136,7 @@ impl Metrics {
     /// Registers nodeplane's own series (kube-proxy's register themselves).
     fn register(&self, registry: &mut Registry) {
         self.dns_proxy.register(registry);
+        registry.register_collector(Box::new(self.rule_counters.clone()));
         registry.register(
             "sync_duration_seconds",
             "Time to plan and apply one sync (nftables and network)",

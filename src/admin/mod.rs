@@ -7,6 +7,7 @@ mod drift;
 pub mod egress_ip_dataplane;
 pub mod kubeproxy;
 pub mod metrics;
+pub mod rule_counters;
 mod server;
 
 use std::collections::BTreeMap;
@@ -212,6 +213,12 @@ impl AdminState {
 
     fn tasks(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, bool)>> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The table the last successful sync applied (an `Arc`: the caller holds it, not the
+    /// lock).
+    pub fn applied_table(&self) -> Option<Arc<Table>> {
+        self.last().applied.as_ref().map(|(table, _)| table.clone())
     }
 
     /// The last applied ruleset in `--dry-run` form.

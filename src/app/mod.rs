@@ -142,6 +142,12 @@ async fn run_with(
         observers.push(Box::new(seen));
         tasks.add(check);
     }
+    if let Some(every) = config.rule_counters {
+        let applied = admin.clone();
+        let counters = admin.metrics.rule_counters.clone();
+        let applied_table = move || applied.applied_table();
+        tasks.add(admin::rule_counters::reader(applied_table, counters, every));
+    }
     // The backends block on netlink: the loop runs on its own thread, off the async workers.
     let snapshots = Snapshots::Published(published);
     let stop = events.clone();

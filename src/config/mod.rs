@@ -40,6 +40,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/nodeplane";
 /// each served from the API server's watch cache (no list, no etcd read).
 /// `--pod-traffic-check-seconds`: long enough for a new node's pods to send something.
 pub const DEFAULT_POD_TRAFFIC_CHECK: Duration = Duration::from_secs(300);
+/// `--rule-counters-seconds`: about one read per Prometheus scrape (15 s to 1 min).
+pub const DEFAULT_RULE_COUNTERS: Duration = Duration::from_secs(15);
 pub const DEFAULT_API_WATCH_TIMEOUT: Duration = Duration::from_secs(25);
 /// The API server caps nothing, but a watch longer than this hides a stall for too long to be
 /// a setting anyone wants (client-go uses 5 to 10 minutes).
@@ -128,6 +130,9 @@ pub struct Config {
     /// How long pods may run before no pod packet in the forward hook is a warning
     /// (`app::pod_traffic`); `None`: no check.
     pub pod_traffic_check: Option<Duration>,
+    /// How often the per-rule counters are read for `/metrics` (`admin::rule_counters`);
+    /// `None`: no per-rule series.
+    pub rule_counters: Option<Duration>,
     /// Namespace of the election Lease.
     pub leader_elect_namespace: String,
     /// Lease duration, renew deadline and retry period of the election.
@@ -177,6 +182,7 @@ impl Config {
             egress_ip_assigner_candidate: true,
             pod_source_check: true,
             pod_traffic_check: Some(DEFAULT_POD_TRAFFIC_CHECK),
+            rule_counters: Some(DEFAULT_RULE_COUNTERS),
             leader_elect_namespace: DEFAULT_LEADER_ELECT_NAMESPACE.into(),
             leader_elect: Timings::DEFAULT,
             egress_ip_probe: probe::Settings::default(),
@@ -274,6 +280,11 @@ impl Config {
             pod_traffic_check: pod_traffic_check(
                 (opts.pod_traffic_check_seconds).or(file.pod_traffic_check_seconds),
             ),
+            rule_counters: match (opts.rule_counters_seconds).or(file.rule_counters_seconds) {
+                Some(0) => None,
+                Some(s) => Some(Duration::from_secs(s)),
+                None => Some(DEFAULT_RULE_COUNTERS),
+            },
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
@@ -522,6 +533,7 @@ struct FileConfig {
     egress_ip_assigner_candidate: Option<bool>,
     pod_source_check: Option<bool>,
     pod_traffic_check_seconds: Option<u64>,
+    rule_counters_seconds: Option<u64>,
     leader_elect_namespace: Option<String>,
     leader_elect_lease_duration: Option<DurationValue>,
     leader_elect_renew_deadline: Option<DurationValue>,
@@ -774,6 +786,27 @@ mod tests {
         o.api_watch_timeout_seconds = Some(0);
         let e = Config::resolve(&o).unwrap_err().to_string();
         assert!(e.contains("--api-watch-timeout-seconds"), "{e}");
+    }
+
+    #[test]
+    fn rule_counters_read_every_15_s_unless_set_and_0_turns_them_off() {
+        assert_eq!(
+            Config::resolve(&opts()).unwrap().rule_counters,
+            Some(Duration::from_secs(15))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "node-name: n\nrule-counters-seconds: 0\n").unwrap();
+        let mut o = Opts {
+            config: Some(path),
+            ..Default::default()
+        };
+        assert_eq!(Config::resolve(&o).unwrap().rule_counters, None);
+        o.rule_counters_seconds = Some(60);
+        assert_eq!(
+            Config::resolve(&o).unwrap().rule_counters,
+            Some(Duration::from_secs(60))
+        );
     }
 
     #[test]

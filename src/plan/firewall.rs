@@ -424,6 +424,8 @@ fn learned_rules(daddr: Field, set: &str, rule: &FirewallRule, v: &RuleVerdict) 
     let matched = |extra: Vec<Stmt>| {
         let mut stmts = vec![Stmt::in_set(vec![daddr], set)];
         stmts.extend(extra);
+        // The maps count per element; a rule counts with `counter` (the per-rule metrics).
+        stmts.push(Stmt::Counter);
         stmts.push(Stmt::Verdict(v.verdict.clone()));
         Rule::new(stmts).with_comment(v.comment.to_string())
     };

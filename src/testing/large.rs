@@ -57,3 +57,26 @@ pub fn large_table(chains: u32, elements: u32) -> Table {
     t.add_chain(pre);
     t
 }
+
+/// EgressFirewall rules (a YAML flow list), `n` in all: rules that do not match
+/// 203.0.113.0/24 (distinct /32s in 198.18.0.0/15, a quarter with a TCP port), then Allow
+/// 203.0.113.0/24, then Deny all: each namespace of the firewall and rule-counter benches.
+pub fn firewall_rules(n: usize) -> String {
+    let mut r: Vec<String> = (0..n.saturating_sub(2) as u32)
+        .map(|i| {
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i);
+            let action = if i % 2 == 0 { "Allow" } else { "Deny" };
+            if i % 4 == 0 {
+                format!(
+                    "{{type: {action}, to: {{cidrSelector: {ip}/32}}, ports: [{{protocol: TCP, port: {}}}]}}",
+                    1 + i % 1000
+                )
+            } else {
+                format!("{{type: {action}, to: {{cidrSelector: {ip}/32}}}}")
+            }
+        })
+        .collect();
+    r.push("{type: Allow, to: {cidrSelector: 203.0.113.0/24}}".into());
+    r.push("{type: Deny, to: {cidrSelector: 0.0.0.0/0}}".into());
+    format!("[{}]", r.join(", "))
+}

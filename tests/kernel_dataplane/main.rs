@@ -23,6 +23,7 @@ mod netpol_interplay;
 mod netpol_scenarios;
 mod probe;
 mod qos;
+mod rule_counters;
 mod sandbox;
 mod services;
 mod services_lb_status;

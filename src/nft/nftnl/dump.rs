@@ -320,18 +320,43 @@ pub fn rule_counts(
             return;
         }
         let total = found.get_or_insert_with(Counted::default);
-        for e in a.get(4).map(|l| l.nested()).into_iter().flatten() {
-            let e = e.nested();
-            if e.get(1).map(|n| n.string()).as_deref() != Some("counter") {
-                continue;
-            }
-            let d = e.get(2).map(|d| d.nested()).unwrap_or(Attrs(&[]));
-            // NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS.
-            total.bytes += d.get(1).and_then(|b| b.be64()).unwrap_or(0);
-            total.packets += d.get(2).and_then(|p| p.be64()).unwrap_or(0);
+        if let Some(c) = a.get(4).and_then(|l| counted_in(l.nested())) {
+            total.add(c);
         }
     })?;
     Ok(found)
+}
+
+impl Counted {
+    pub fn add(&mut self, other: Counted) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The sum of the `counter` expressions of an expression list (a rule's
+/// `NFTA_RULE_EXPRESSIONS`, an element's `NFTA_SET_ELEM_EXPRESSIONS`); `None` if it has none.
+pub(super) fn counted_in(list: Attrs) -> Option<Counted> {
+    let mut total = None;
+    for e in list {
+        if let Some(c) = counter_value(e.nested()) {
+            total.get_or_insert_with(Counted::default).add(c);
+        }
+    }
+    total
+}
+
+/// The packets and bytes of one expression if it is a `counter`.
+pub(super) fn counter_value(e: Attrs) -> Option<Counted> {
+    if e.get(1).map(|n| n.string()).as_deref() != Some("counter") {
+        return None;
+    }
+    let d = e.get(2).map(|d| d.nested()).unwrap_or(Attrs(&[]));
+    // NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS.
+    Some(Counted {
+        bytes: d.get(1).and_then(|b| b.be64()).unwrap_or(0),
+        packets: d.get(2).and_then(|p| p.be64()).unwrap_or(0),
+    })
 }
 
 /// Waits before a set's elements are read again after a dump that returned one twice: the
@@ -387,7 +412,7 @@ fn has_repeats(elems: &[KElem]) -> bool {
         .all(|e| seen.insert((&e.key, &e.key_end, e.flags)))
 }
 
-fn cstr(s: &str) -> Vec<u8> {
+pub(super) fn cstr(s: &str) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     v
@@ -658,7 +683,7 @@ fn parse_immediate(d: &Attrs) -> Option<Expr> {
 
 /// A NETLINK_NETFILTER socket for dumps (separate from the batch socket: a dump's replies
 /// must not mix with a batch's acks).
-struct DumpSocket {
+pub(super) struct DumpSocket {
     fd: OwnedFd,
     seq: std::cell::Cell<u32>,
     /// Every request names it: the kernel dumps only that family's objects.
@@ -666,7 +691,7 @@ struct DumpSocket {
 }
 
 impl DumpSocket {
-    fn open(family: Family) -> Result<DumpSocket, NftError> {
+    pub(super) fn open(family: Family) -> Result<DumpSocket, NftError> {
         let fd = super::socket::netfilter_socket(0)?;
         // Large dumps come in many datagrams; room for a burst of them.
         super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
@@ -681,7 +706,7 @@ impl DumpSocket {
 
     /// Sends one dump request and calls `each` with the attributes of every reply message.
     /// Returns whether the kernel flagged the dump as interrupted.
-    fn dump(
+    pub(super) fn dump(
         &self,
         msg: u16,
         attrs: &[(u16, Vec<u8>)],

@@ -13,6 +13,7 @@
 //! - `socket`, `reply`: one `sendmsg`, then every ack and error read back and mapped to the
 //!   op (and element or expression) that caused it.
 
+mod counters;
 mod dump;
 mod elems;
 mod expr;
@@ -27,6 +28,7 @@ pub(crate) mod socket;
 mod types;
 mod udata;
 
+pub use counters::{ElemCount, RuleCount, TableCounters, read_counters};
 pub use dump::{Counted, read_table, rule_counts};
 
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};

@@ -77,6 +77,21 @@ pub fn rule_comment(text: &str) -> Vec<u8> {
     u.into_bytes()
 }
 
+/// The comment in rule or element userdata (`NFTNL_UDATA_RULE_COMMENT` and
+/// `NFTNL_UDATA_SET_ELEM_COMMENT` are both type 0), without its NUL.
+pub fn comment_of(udata: &[u8]) -> Option<String> {
+    let mut rest = udata;
+    while let [kind, len, tail @ ..] = rest {
+        let value = tail.get(..usize::from(*len))?;
+        if *kind == RULE_COMMENT {
+            let text = value.split(|b| *b == 0).next().unwrap_or_default();
+            return Some(String::from_utf8_lossy(text).into_owned());
+        }
+        rest = &tail[usize::from(*len)..];
+    }
+    None
+}
+
 /// Appends an element comment TLV (sanitized like every comment, NUL-terminated) to `out`
 /// without allocating: the element encoder writes it straight into the batch. nft puts it
 /// before [`INTERVAL_OPEN`] when an element has both.
@@ -110,6 +125,19 @@ mod tests {
         put_elem_comment(&mut u, "ab");
         u.extend_from_slice(&INTERVAL_OPEN);
         assert_eq!(u, b"\x00\x03ab\x00\x01\x04\x01\x00\x00\x00");
+    }
+
+    #[test]
+    fn comments_are_read_back_from_rule_and_element_userdata() {
+        assert_eq!(
+            comment_of(&rule_comment("rule 3: Deny")).as_deref(),
+            Some("rule 3: Deny")
+        );
+        let mut u = INTERVAL_OPEN.to_vec();
+        put_elem_comment(&mut u, "rule 0: Allow");
+        assert_eq!(comment_of(&u).as_deref(), Some("rule 0: Allow"));
+        assert_eq!(comment_of(&INTERVAL_OPEN), None);
+        assert_eq!(comment_of(b"\x00\x09short"), None, "a length past the end");
     }
 
     #[test]

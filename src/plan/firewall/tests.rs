@@ -110,12 +110,18 @@ fn compiles_rules_into_interval_maps_behind_a_source_dispatch() {
         [
             format!("ip daddr . meta l4proto . th dport vmap @{c}-ports-v4"),
             format!("ip daddr vmap @{c}-v4"),
-            format!("ip daddr @{} accept {comment}", learned(IpFamily::V4)),
+            format!(
+                "ip daddr @{} counter accept {comment}",
+                learned(IpFamily::V4)
+            ),
             format!("ip daddr . meta l4proto . th dport vmap @{c}-r1-ports-v4"),
             format!("ip daddr vmap @{c}-r1-v4"),
             format!("ip6 daddr . meta l4proto . th dport vmap @{c}-ports-v6"),
             format!("ip6 daddr vmap @{c}-v6"),
-            format!("ip6 daddr @{} accept {comment}", learned(IpFamily::V6)),
+            format!(
+                "ip6 daddr @{} counter accept {comment}",
+                learned(IpFamily::V6)
+            ),
         ],
         "the v6 rules after the learned set match nothing: no second run"
     );
@@ -239,14 +245,15 @@ fn a_wildcard_rule_learns_only_and_keeps_its_ports_and_place() {
     let flat = d.ruleset.flatten();
     let chain: Vec<String> = flat.chains[&n.chain].rules.iter().map(rule_text).collect();
     let set = n.learned_set("*.example.com", IpFamily::V4);
-    let allow = "accept comment \"rule 0: Allow dnsName *.example.com ports TCP/443,UDP/53\"";
+    let allow =
+        "counter accept comment \"rule 0: Allow dnsName *.example.com ports TCP/443,UDP/53\"";
     assert_eq!(
         chain[2..6],
         [
             format!("ip daddr @{set} meta l4proto tcp th dport 443 {allow}"),
             format!("ip daddr @{set} meta l4proto udp th dport 53 {allow}"),
             // Both rules name the same set; the second consults it for the other ports.
-            format!("ip daddr @{set} drop comment \"rule 1: Deny dnsName *.example.com\""),
+            format!("ip daddr @{set} counter drop comment \"rule 1: Deny dnsName *.example.com\""),
             format!(
                 "ip daddr . meta l4proto . th dport vmap @{}-r1-ports-v4",
                 n.chain

@@ -107,6 +107,8 @@ pub fn add_direction(
                 if let Some(set) = &ports_set {
                     stmts.push(Stmt::in_set(vec![Field::L4Proto, Field::ThDport], set));
                 }
+                // What the policy allowed, for the per-policy metrics.
+                stmts.push(Stmt::Counter);
                 stmts.push(Stmt::Verdict(Verdict::Accept));
                 chain.push(Rule::new(stmts).with_comment(comment.clone()));
             }
@@ -132,6 +134,7 @@ pub fn add_direction(
                 Field::ThDport,
             ];
             stmts.push(Stmt::in_set(key, set.name.clone()));
+            stmts.push(Stmt::Counter);
             stmts.push(Stmt::Verdict(Verdict::Accept));
             part.add_set(set);
             chain.push(Rule::new(stmts).with_comment(comment.clone()));
