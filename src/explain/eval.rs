@@ -60,6 +60,7 @@ struct Place {
     chain: String,
     rule: Option<usize>,
     comment: Option<String>,
+    rule_text: Option<String>,
 }
 
 pub fn hook_name(hook: Hook) -> &'static str {
@@ -150,6 +151,7 @@ impl<'a> Walker<'a> {
             self.at.chain = chain.name.clone();
             self.at.rule = Some(next);
             self.at.comment = rule.comment.clone();
+            self.at.rule_text = Some(crate::nft::render::rule_text(rule));
             let (to, jump) = match self.run_rule(table, rule) {
                 Flow::Next | Flow::Verdict(Verdict::Continue) => {
                     next += 1;
@@ -185,6 +187,7 @@ impl<'a> Walker<'a> {
         if policy == Policy::Drop {
             self.at.rule = None;
             self.at.comment = Some("policy drop".into());
+            self.at.rule_text = None;
             self.record(None, Action::Drop);
             return Outcome::Drop;
         }
@@ -207,6 +210,7 @@ impl<'a> Walker<'a> {
             chain: at.chain.clone(),
             rule: at.rule,
             comment: at.comment.clone(),
+            rule_text: at.rule_text.clone(),
             element,
             action,
         });

@@ -17,6 +17,8 @@ pub struct Event {
     /// The rule's position in `chain` (0-based); `None` for the chain's policy.
     pub rule: Option<usize>,
     pub comment: Option<String>,
+    /// The rule as `--dry-run` prints it (`None` for the policy).
+    pub rule_text: Option<String>,
     pub element: Option<ElementHit>,
     pub action: Action,
 }

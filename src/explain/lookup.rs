@@ -51,34 +51,14 @@ pub fn find<'a>(
     elements.iter().find(|(k, _)| key_matches(k, values))
 }
 
-/// A key for output: `10.0.0.0/8 . tcp . 443`.
+/// A key as nft prints it (the renderer's words: one place for them).
 pub fn show_key(key: &ElemKey) -> String {
-    key.iter()
-        .map(|p| match p {
-            KeyPart::Value(v) => show_value(v),
-            KeyPart::Prefix(n) => n.to_string(),
-            KeyPart::Range(a, b) => format!("{}-{}", show_value(a), show_value(b)),
-        })
-        .collect::<Vec<_>>()
-        .join(" . ")
+    crate::nft::render::elem_key_text(key)
 }
 
-/// A value for output, in nft's words where it has them.
+/// A value as nft prints it.
 pub fn show_value(v: &Value) -> String {
-    match v {
-        Value::Ipv4(a) => a.to_string(),
-        Value::Ipv6(a) => a.to_string(),
-        Value::Proto(p) => super::packet::proto_name(*p),
-        Value::Port(p) => p.to_string(),
-        Value::Mark(m) => format!("{m:#010x}"),
-        Value::IfName(n) => format!("{n:?}"),
-        Value::NfProto(f) => format!("{f:?}").to_lowercase(),
-        Value::AddrType(_) => "local".into(),
-        Value::CtDir(d) => format!("{d:?}").to_lowercase(),
-        Value::Integer(i) => i.to_string(),
-        Value::Exists(e) => if *e { "exists" } else { "missing" }.into(),
-        Value::TcpFlags(f) => format!("{f:#04x}"),
-    }
+    crate::nft::render::value(v)
 }
 
 #[cfg(test)]

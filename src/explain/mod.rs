@@ -166,3 +166,6 @@ pub fn overall(paths: &[Path]) -> Option<Verdict> {
     let first = paths.first()?.verdict;
     paths.iter().all(|p| p.verdict == first).then_some(first)
 }
+
+#[cfg(test)]
+mod tests;

@@ -168,8 +168,10 @@ fn row(e: &Event, o: &Origin) -> [String; 5] {
     if let Some(el) = &e.element {
         detail.push(format!("@{} {}", el.set, el.key));
     }
-    if let Some(t) = &o.text {
-        detail.push(quote(t));
+    match (&o.text, &e.rule_text) {
+        (Some(t), _) => detail.push(quote(t)),
+        (None, Some(rule)) if e.element.is_none() => detail.push(format!("rule: {}", one_line(rule))),
+        _ => {}
     }
     if let Some(w) = &o.why {
         detail.push(w.clone());
