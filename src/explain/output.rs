@@ -170,7 +170,9 @@ fn row(e: &Event, o: &Origin) -> [String; 5] {
     }
     match (&o.text, &e.rule_text) {
         (Some(t), _) => detail.push(quote(t)),
-        (None, Some(rule)) if e.element.is_none() => detail.push(format!("rule: {}", one_line(rule))),
+        (None, Some(rule)) if e.element.is_none() => {
+            detail.push(format!("rule: {}", one_line(rule)))
+        }
         _ => {}
     }
     if let Some(w) = &o.why {
