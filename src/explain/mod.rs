@@ -121,10 +121,10 @@ fn walk_hooks(tables: &Tables, w: &mut Walker, query: &Query, hooks: &mut Vec<St
         }
     };
     if let Topology::Bridged { br_netfilter } = query.topology {
-        if let Some(bridge) = &tables.bridge {
-            if let Some(v) = run(w, bridge, Hook::Forward) {
-                return v;
-            }
+        if let Some(bridge) = &tables.bridge
+            && let Some(v) = run(w, bridge, Hook::Forward)
+        {
+            return v;
         }
         if br_netfilter {
             for hook in [Hook::Prerouting, Hook::Forward, Hook::Postrouting] {

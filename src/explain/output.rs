@@ -5,14 +5,16 @@
 use super::event::{Action, Event, Path, Verdict};
 use super::packet::{Packet, proto_name};
 use super::provenance::{Index, Origin};
-use crate::text::one_line;
+use crate::text::{one_line, quote};
 use serde::Serialize;
 use std::fmt::Write;
 
-/// A tenant-controlled string, quoted, with quotes, backslashes and every character that
-/// could break or disguise a line escaped.
-pub fn quote(s: &str) -> String {
-    one_line(&format!("{s:?}")).into_owned()
+/// One decision and its object.
+#[derive(Debug, Serialize)]
+pub struct Decision {
+    #[serde(flatten)]
+    pub event: Event,
+    pub origin: Origin,
 }
 
 /// The whole explanation, as printed with `--output json`.
@@ -28,9 +30,14 @@ pub struct Report {
 
 #[derive(Debug, Serialize)]
 pub struct PathReport {
-    #[serde(flatten)]
+    #[serde(skip)]
     pub path: Path,
-    pub origins: Vec<Origin>,
+    /// The `numgen` buckets this path took.
+    pub choices: Vec<super::event::Choice>,
+    pub hooks: Vec<String>,
+    pub verdict: Verdict,
+    /// Each decision with the object behind it.
+    pub decisions: Vec<Decision>,
     /// The packet as it leaves the last hook (after NAT).
     pub leaves_as: String,
     /// What the kernel does next.
@@ -42,11 +49,21 @@ pub fn report(node: &str, query_packet: &Packet, paths: Vec<Path>, index: &Index
     let paths = paths
         .into_iter()
         .map(|path| {
-            let origins = path.events.iter().map(|e| index.origin(e, &path)).collect();
+            let decisions = path
+                .events
+                .iter()
+                .map(|e| Decision {
+                    event: e.clone(),
+                    origin: index.origin(e, &path),
+                })
+                .collect();
             PathReport {
                 leaves_as: show_packet(&path.packet),
                 after: after(&path),
-                origins,
+                choices: path.choices.clone(),
+                hooks: path.hooks.clone(),
+                verdict: path.verdict,
+                decisions,
                 path,
             }
         })
@@ -136,11 +153,9 @@ pub fn text(report: &Report) -> String {
         }
         let _ = writeln!(out, ": {}", verdict_word(Some(p.path.verdict)));
         let rows: Vec<[String; 5]> = p
-            .path
-            .events
+            .decisions
             .iter()
-            .zip(&p.origins)
-            .map(|(e, o)| row(e, o))
+            .map(|d| row(&d.event, &d.origin))
             .collect();
         out.push_str(&aligned(&rows));
         let _ = writeln!(out, "  leaves as {}; {}", p.leaves_as, p.after);
@@ -214,7 +229,7 @@ fn aligned(rows: &[[String; 5]]) -> String {
     }
     let mut out = String::new();
     for r in rows {
-        out.push_str(" ");
+        out.push(' ');
         for (i, c) in r.iter().enumerate() {
             out.push(' ');
             out.push_str(c);
@@ -227,4 +242,39 @@ fn aligned(rows: &[[String; 5]]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names_cannot_forge_a_column_or_a_line() {
+        let event = Event {
+            table: "inet",
+            hook: "forward",
+            base: "filter-forward".into(),
+            chain: "fw-X-evil".into(),
+            rule: Some(0),
+            comment: None,
+            rule_text: None,
+            element: None,
+            action: Action::Drop,
+        };
+        let origin = Origin {
+            kind: "EgressFirewall",
+            namespace: Some("evil\"/\"default\" rule 0 accept\n  inet forward x".into()),
+            name: Some("default".into()),
+            rule: Some("rule 0".into()),
+            text: Some("Deny\u{202e}0.0.0.0/0".into()),
+            why: None,
+        };
+        let shown = aligned(&[row(&event, &origin)]);
+        assert_eq!(shown.lines().count(), 1, "{shown}");
+        assert!(
+            shown.contains(r#""evil\"/\"default\" rule 0 accept\n  inet forward x"/"default""#),
+            "{shown}"
+        );
+        assert!(shown.contains(r"Deny\u{202e}0.0.0.0/0"), "{shown}");
+    }
 }

@@ -119,7 +119,7 @@ impl Index {
                 let ip = to.split(':').next().unwrap_or(to);
                 self.egress_ips
                     .get(ip)
-                    .map(|n| format!("EgressIP {}", super::output::quote(n)))
+                    .map(|n| format!("EgressIP {}", crate::text::quote(n)))
             }
             Action::Masquerade => Some("source becomes the output interface's address".into()),
             _ => None,
@@ -141,7 +141,7 @@ impl Index {
                 let o = object_of(p, "");
                 let ns = o.namespace.as_deref().unwrap_or("");
                 let name = o.name.as_deref().unwrap_or("");
-                super::output::quote(&format!("{ns}/{name}"))
+                crate::text::quote(&format!("{ns}/{name}"))
             })
             .collect();
         policies.dedup();
@@ -204,21 +204,22 @@ fn kind_of_chain(chain: &str) -> &'static str {
 
 /// The rule index and text of a planner's comment.
 fn rule_of(comment: &str) -> (Option<String>, Option<String>) {
-    if let Some(rest) = comment.strip_prefix("rule ") {
-        if let Some((n, text)) = rest.split_once(": ") {
-            if n.chars().all(|c| c.is_ascii_digit()) {
-                return (Some(format!("rule {n}")), Some(text.to_string()));
-            }
-        }
+    if let Some((n, text)) = comment
+        .strip_prefix("rule ")
+        .and_then(|r| r.split_once(": "))
+        && n.chars().all(|c| c.is_ascii_digit())
+    {
+        return (Some(format!("rule {n}")), Some(text.to_string()));
     }
     if comment.starts_with("NetworkPolicy ") && comment.ends_with(']') {
         let last = comment.rsplit(' ').next().unwrap_or_default();
         return (Some(last.to_string()), Some(comment.to_string()));
     }
-    if let Some((_, n)) = comment.rsplit_once(" rule ") {
-        if comment.starts_with("EgressQoS ") && n.chars().all(|c| c.is_ascii_digit()) {
-            return (Some(format!("rule {n}")), Some(comment.to_string()));
-        }
+    if let Some((_, n)) = comment.rsplit_once(" rule ")
+        && comment.starts_with("EgressQoS ")
+        && n.chars().all(|c| c.is_ascii_digit())
+    {
+        return (Some(format!("rule {n}")), Some(comment.to_string()));
     }
     (None, Some(comment.to_string()))
 }
