@@ -89,6 +89,11 @@ pub struct ExplainArgs {
     /// `fib daddr type local` is true for these.
     #[arg(long = "local-addr", value_name = "IP")]
     pub local_addrs: Vec<std::net::IpAddr>,
+    /// Ask the running agent on this node instead (its admin endpoint, --admin-address):
+    /// the packet is explained against the table it applied, with its node's addresses.
+    /// Without --bridged (the live answer covers table inet nodeplane).
+    #[arg(long)]
+    pub live: bool,
     /// `text` (aligned, one decision a line) or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,

@@ -63,7 +63,15 @@ fn explain(config: &Config, args: &nodeplane::cli::ExplainArgs) -> anyhow::Resul
         br_netfilter: args.br_netfilter,
         local_addrs: args.local_addrs.clone(),
     };
-    let report = offline::offline(config, &req)?;
+    if args.live {
+        let json = args.output == "json";
+        let answer = nodeplane::explain::live::ask(config.admin_address, &req, json)?;
+        print!("{answer}");
+        return Ok(());
+    }
+    req.query()?;
+    let (snapshot, desired, _) = reconcile::planned(config)?;
+    let report = offline::explain_desired(&config.node_name, &snapshot, &desired, &req)?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

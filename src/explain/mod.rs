@@ -10,16 +10,19 @@
 //!
 //! Files: `packet` (the packet, node facts, what a rule loads), `lookup` (set and key
 //! matching), `eval` (chains, rules, statements), `event` (what is recorded), this file
-//! (hooks in order, one path per `numgen` bucket), `provenance`, `output`, `offline` (from
-//! manifests).
+//! (hooks in order, one path per `numgen` bucket), `provenance`, `output`, `request` (the question, also as a
+//! query string for `--live`), `live` (`--live`: asks the admin endpoint), `offline` (planned tables, and any tables, as the admin
+//! endpoint's `/explain` does).
 
 pub mod eval;
 pub mod event;
+pub mod live;
 pub mod lookup;
 pub mod offline;
 pub mod output;
 pub mod packet;
 pub mod provenance;
+pub mod request;
 
 use eval::{Outcome, Walker};
 pub use event::{Action, Event, Path, Verdict};
