@@ -324,12 +324,24 @@ impl<'a> Walker<'a> {
         key.iter()
             .map(|f| match f {
                 Field::NumgenRandom(n) => Some(Value::Integer(self.choose(*n))),
+                f if !self.has_interface(*f) => None,
                 f => match self.packet.load(*f, self.facts) {
                     Loaded::Value(v) => Some(v),
                     Loaded::Absent => None,
                 },
             })
             .collect()
+    }
+
+    /// Whether the packet has the interface `f` names at this hook: none in (`meta
+    /// iifname`) for what the node sends, none out (`meta oifname`) before routing; the
+    /// kernel's meta expression then breaks the rule.
+    fn has_interface(&self, f: Field) -> bool {
+        match f {
+            Field::IifName => !self.facts.is_local(self.packet.src) || self.at.table == "bridge",
+            Field::OifName => !matches!(self.at.hook, "prerouting" | "input"),
+            _ => true,
+        }
     }
 
     /// The bucket of a `numgen random mod n`: the forced one, recorded.

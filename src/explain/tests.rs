@@ -257,3 +257,18 @@ fn host_traffic_takes_output_and_local_traffic_input() {
         ["inet prerouting", "inet input"]
     );
 }
+
+#[test]
+fn a_packet_the_node_sends_has_no_input_interface_to_match() {
+    let mut t = Table::new("t");
+    let mut out = base("out", ChainType::Filter, Hook::Output, 0, Policy::Accept);
+    let ne = Stmt::not_matches(Field::IifName, Value::IfName("eth0".into()));
+    out.push(Rule::new(vec![ne, Stmt::Verdict(V::Drop)]));
+    t.add_chain(out);
+    let facts = NodeFacts {
+        local: [ip("192.168.1.1")].into(),
+    };
+    let q = tcp("192.168.1.1", "8.8.8.8", 80);
+    let paths = explain_paths(&Tables::new(&t, None), &facts, &q);
+    assert_eq!(paths[0].verdict, Verdict::Forwarded);
+}
