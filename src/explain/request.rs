@@ -25,7 +25,7 @@ pub struct Request {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
-    #[error("{0}")]
+    #[error(transparent)]
     Packet(#[from] PacketError),
     #[error("--{0} is required")]
     Missing(&'static str),
