@@ -36,6 +36,67 @@ pub enum Command {
     /// CloudPrivateIPConfigs. Nothing is programmed on this host. deploy/assigner.yaml runs it
     /// as a Deployment under its own ServiceAccount (see README "EgressIP assignment").
     Assigner,
+    /// Why was this packet dropped (or allowed)? Follows one packet through the tables the
+    /// agent plans for this node (the same IR `--dry-run` prints and the kernel receives),
+    /// hook by hook, and prints every decision it meets: the chain and rule, the set or map
+    /// element that matched, the object behind it (kind, namespace, name, the rule's index
+    /// and text) and the verdict, then what the kernel does next. Offline: with
+    /// `--manifests DIR --node-name N` it needs no privileges and changes nothing. A Service
+    /// with several backends gives one path per backend a random pick could choose. What the
+    /// kernel learns at run time (DNS answers of dnsName rules, session affinity, bridged
+    /// flows, conntrack) is reported as unknown with the assumption taken.
+    ///
+    /// Example: agent explain --manifests examples --node-name worker-1
+    /// --src 10.128.0.11 --dst 203.0.113.10 --proto tcp --dport 443
+    Explain(ExplainArgs),
+}
+
+/// The packet `agent explain` follows (a connection's first packet unless `--ct-state`).
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Source address (IPv4 or IPv6).
+    #[arg(long, value_name = "IP")]
+    pub src: std::net::IpAddr,
+    /// Destination address (same family as --src).
+    #[arg(long, value_name = "IP")]
+    pub dst: std::net::IpAddr,
+    /// L4 protocol: tcp, udp, sctp, icmp, icmpv6, or a number.
+    #[arg(long, default_value = "tcp", value_name = "PROTO")]
+    pub proto: String,
+    /// Source port (tcp, udp, sctp). Default: 40000.
+    #[arg(long, value_name = "PORT")]
+    pub sport: Option<u16>,
+    /// Destination port (tcp, udp, sctp).
+    #[arg(long, value_name = "PORT")]
+    pub dport: Option<u16>,
+    /// Input interface name (`meta iifname`); not given: an interface the table names nowhere.
+    #[arg(long, value_name = "IFNAME")]
+    pub iif: Option<String>,
+    /// Output interface name (`meta oifname`); not given: as for --iif.
+    #[arg(long, value_name = "IFNAME")]
+    pub oif: Option<String>,
+    /// Conntrack state: new (default), established, related, invalid, untracked.
+    #[arg(long, value_name = "STATE")]
+    pub ct_state: Option<String>,
+    /// The packet crosses a Linux bridge between two pods: the bridge table's forward hook
+    /// (and the inet hooks after it with --br-netfilter).
+    #[arg(long)]
+    pub bridged: bool,
+    /// With --bridged: br_netfilter hands bridged IP traffic to the inet hooks too.
+    #[arg(long)]
+    pub br_netfilter: bool,
+    /// Another address of this node (repeatable), besides its Node object's addresses:
+    /// `fib daddr type local` is true for these.
+    #[arg(long = "local-addr", value_name = "IP")]
+    pub local_addrs: Vec<std::net::IpAddr>,
+    /// Ask the running agent on this node instead (its admin endpoint, --admin-address):
+    /// the packet is explained against the table it applied, with its node's addresses.
+    /// Without --bridged (the live answer covers table inet nodeplane).
+    #[arg(long)]
+    pub live: bool,
+    /// `text` (aligned, one decision a line) or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
 }
 
 /// Options shared by every mode. All are optional here so that the config file can fill

@@ -12,6 +12,7 @@ pub mod conntrack;
 pub mod controller;
 pub mod dns;
 pub mod dnsproxy;
+pub mod explain;
 pub mod features;
 pub mod healthcheck;
 pub mod heap;

@@ -34,6 +34,9 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     if let Some(Command::Assigner) = cli.command {
         return Ok(tokio_runtime()?.block_on(app::assigner::run(config))?);
     }
+    if let Some(Command::Explain(args)) = &cli.command {
+        return explain(&config, args);
+    }
     if cli.opts.dry_run {
         print!("{}", reconcile::dry_run(&config)?);
         return Ok(());
@@ -42,6 +45,39 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
         return Ok(reconcile::once(&config)?);
     }
     Ok(tokio_runtime()?.block_on(app::run(config))?)
+}
+
+/// `agent explain`: prints the report; exit status 0 whatever the verdict.
+fn explain(config: &Config, args: &nodeplane::cli::ExplainArgs) -> anyhow::Result<()> {
+    use nodeplane::explain::{offline, output};
+    let req = offline::Request {
+        src: Some(args.src),
+        dst: Some(args.dst),
+        proto: args.proto.clone(),
+        sport: args.sport,
+        dport: args.dport,
+        iif: args.iif.clone(),
+        oif: args.oif.clone(),
+        ct_state: args.ct_state.clone(),
+        bridged: args.bridged,
+        br_netfilter: args.br_netfilter,
+        local_addrs: args.local_addrs.clone(),
+    };
+    if args.live {
+        let json = args.output == "json";
+        let answer = nodeplane::explain::live::ask(config.admin_address, &req, json)?;
+        print!("{answer}");
+        return Ok(());
+    }
+    req.query()?;
+    let (snapshot, desired, _) = reconcile::planned(config)?;
+    let report = offline::explain_desired(&config.node_name, &snapshot, &desired, &req)?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", output::text(&report));
+    }
+    Ok(())
 }
 
 fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -308,12 +308,7 @@ async fn list_kube_once(config: &Config) -> Result<Snapshot, ReconcileError> {
 /// kernel's interfaces to say which device an address would go on, and the state directory
 /// (read-only) for the last valid version of an invalid object; needs no privileges.
 pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
-    let snapshot = load_snapshot(config)?;
-    let path = config.state_dir.join(state::FILE_NAME);
-    let loaded = state::read(&path, &config.node_name);
-    loaded.log(&path);
-    let memory = loaded.last_valid.into_memory();
-    let desired = plan_with(&snapshot, config, &memory);
+    let (snapshot, desired, memory) = planned(config)?;
     // Every line before the table is one `#` comment, whatever the names in it hold.
     let mut out = String::new();
     let mut comment = |line: &str| {
@@ -355,6 +350,19 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         out.push_str(&render_full(bridge));
     }
     Ok(out)
+}
+
+/// What `--dry-run` plans (and `agent explain` evaluates): the objects read, the desired
+/// state planned from them with the last valid objects of the state directory, and that
+/// memory.
+pub fn planned(config: &Config) -> Result<(Snapshot, Desired, Memory), ReconcileError> {
+    let snapshot = load_snapshot(config)?;
+    let path = config.state_dir.join(state::FILE_NAME);
+    let loaded = state::read(&path, &config.node_name);
+    loaded.log(&path);
+    let memory = loaded.last_valid.into_memory();
+    let desired = plan_with(&snapshot, config, &memory);
+    Ok((snapshot, desired, memory))
 }
 
 /// `--once`: one sync against the real kernel.

@@ -40,6 +40,13 @@ pub fn one_line(s: &str) -> Cow<'_, str> {
     one_line_within(s, LINE_MAX)
 }
 
+/// `s` quoted as a Rust string literal (quotes and backslashes escaped) and on one line: a
+/// name printed beside others (columns of `agent explain`) can then pass for no other
+/// column, line or name.
+pub fn quote(s: &str) -> String {
+    one_line(&format!("{s:?}")).into_owned()
+}
+
 /// [`one_line`] in at most `max` bytes (at least 64): for fields with a limit of their own,
 /// such as the 1 KiB note of a Kubernetes Event.
 pub fn one_line_within(s: &str, max: usize) -> Cow<'_, str> {

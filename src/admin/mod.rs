@@ -63,6 +63,17 @@ struct Last {
     applied: Option<(Arc<Table>, String)>,
     /// Why the last sync failed, if it did.
     error: Option<String>,
+    /// The node's facts and EgressIP names when the applied table was planned, for
+    /// `/explain`.
+    explain: Option<Arc<ExplainFacts>>,
+}
+
+/// What `/explain` needs besides the applied table.
+#[derive(Default)]
+struct ExplainFacts {
+    node: String,
+    facts: crate::explain::packet::NodeFacts,
+    egress_ips: Vec<(String, Vec<String>)>,
 }
 
 impl AdminState {
@@ -221,6 +232,38 @@ impl AdminState {
         self.last().applied.as_ref().map(|(table, _)| table.clone())
     }
 
+    /// `/explain?src=..&dst=..[&format=json]`: `agent explain` against the table last
+    /// applied (the live state), answered as text or JSON; `Err` for a bad question.
+    pub fn explain(&self, query: &str) -> Result<Option<String>, String> {
+        use crate::explain::offline::{Live, Request, explain_tables};
+        let json = query.split('&').any(|p| p == "format=json");
+        let query: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.starts_with("format="))
+            .collect();
+        let req = Request::from_query_string(&query.join("&")).map_err(|e| e.to_string())?;
+        let (table, facts) = {
+            let last = self.last();
+            match (&last.applied, &last.explain) {
+                (Some((t, _)), Some(f)) => (t.clone(), f.clone()),
+                _ => return Ok(None),
+            }
+        };
+        let live = Live {
+            node: &facts.node,
+            inet: &table,
+            bridge: None,
+            facts: &facts.facts,
+            egress_ips: &facts.egress_ips,
+        };
+        let report = explain_tables(&live, &req).map_err(|e| e.to_string())?;
+        Ok(Some(if json {
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
+        } else {
+            crate::explain::output::text(&report)
+        }))
+    }
+
     /// The last applied ruleset in `--dry-run` form.
     pub fn ruleset(&self) -> Option<String> {
         let (table, header) = self.last().applied.clone()?;
@@ -283,8 +326,21 @@ impl SyncObserver for AdminObserver {
                 for s in &report.statuses {
                     header.push_str(&format!("# {}\n", status_line(s, None)));
                 }
+                let explain = sync.snapshot.map(|s| {
+                    let facts = crate::explain::offline::node_facts(s, &self.node_name, &[]);
+                    let egress_ips = crate::explain::offline::egress_ips(s);
+                    let node = self.node_name.clone();
+                    Arc::new(ExplainFacts {
+                        node,
+                        facts,
+                        egress_ips,
+                    })
+                });
                 let mut last = self.state.last();
                 last.applied = Some((Arc::new(table.clone()), header));
+                if explain.is_some() {
+                    last.explain = explain;
+                }
                 last.error = None;
             }
             (Ok(_), None) => {}

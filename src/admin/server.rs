@@ -103,9 +103,20 @@ async fn respond(
                 "# nothing applied yet\n".into(),
             ),
         },
+        "/explain" => match state.explain(req.uri().query().unwrap_or_default()) {
+            Ok(Some(report)) => text(StatusCode::OK, report),
+            Ok(None) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "nothing applied yet\n".into(),
+            ),
+            Err(e) => text(
+                StatusCode::BAD_REQUEST,
+                format!("{}\n", crate::text::one_line(&e)),
+            ),
+        },
         _ => text(
             StatusCode::NOT_FOUND,
-            "try /healthz /readyz /metrics /ruleset\n".into(),
+            "try /healthz /readyz /metrics /ruleset /explain\n".into(),
         ),
     }
 }

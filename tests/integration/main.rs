@@ -7,6 +7,7 @@ mod crd_upstream;
 mod deploy_crds;
 mod deploy_manifests;
 mod deploy_rbac;
+mod explain_examples;
 mod module_graph;
 mod nft_diff;
 mod render_golden;

@@ -7,6 +7,7 @@ mod egress_ip_assign;
 mod egress_ip_cloud;
 mod egress_ip_conflict;
 mod egress_ip_failover;
+mod explain_live;
 mod kube;
 mod lease;
 mod sandbox;

@@ -19,6 +19,7 @@ mod netpol;
 mod netpol_attacks;
 mod netpol_bridged;
 mod netpol_bridged_attacks;
+mod netpol_explain;
 mod netpol_interplay;
 mod netpol_scenarios;
 mod probe;

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 pub const NODES: [&str; 2] = ["node-1", "node-2"];
 /// (namespace, name, node index, IPv4, IPv6, port number of `web`).
-const PODS: [(&str, &str, usize, &str, &str, u16); 5] = [
+pub const PODS: [(&str, &str, usize, &str, &str, u16); 5] = [
     ("x", "a", 0, "10.128.0.10", "fd01::10", 80),
     ("x", "b", 0, "10.128.0.11", "fd01::11", 81),
     ("x", "c", 1, "10.128.1.12", "fd01:1::12", 81),
@@ -135,20 +135,8 @@ impl Cluster {
 
     /// Writes the manifests only (for agents in run mode).
     pub fn write(&self, policies: &[String]) {
-        let mut docs = vec![
-            objects::namespace("x", &[("ns", "x")]).to_string(),
-            objects::namespace("y", &[("ns", "y")]).to_string(),
-        ];
-        for (ns, name, node, v4, v6, web) in PODS {
-            let pod = objects::pod(ns, name)
-                .on(NODES[node])
-                .labels(&[("pod", name)])
-                .ips(&[v4, v6])
-                .named_ports(&[("web", "TCP", web)]);
-            docs.push(pod.to_string());
-        }
         for agent in &self.agents {
-            agent.write("cluster.yaml", &docs.join("---\n"));
+            agent.write("cluster.yaml", &cluster_docs());
             agent.write("policies.yaml", &policies.join("---\n"));
         }
     }
@@ -208,8 +196,25 @@ impl Cluster {
     }
 }
 
+/// The namespaces and pods of the cluster, as one manifest file.
+pub fn cluster_docs() -> String {
+    let mut docs = vec![
+        objects::namespace("x", &[("ns", "x")]).to_string(),
+        objects::namespace("y", &[("ns", "y")]).to_string(),
+    ];
+    for (ns, name, node, v4, v6, web) in PODS {
+        let pod = objects::pod(ns, name)
+            .on(NODES[node])
+            .labels(&[("pod", name)])
+            .ips(&[v4, v6])
+            .named_ports(&[("web", "TCP", web)]);
+        docs.push(pod.to_string());
+    }
+    docs.join("---\n")
+}
+
 /// What no policy can block: a pod to itself, a node to its own pods.
-fn always(from: &str, to: &str) -> bool {
+pub fn always(from: &str, to: &str) -> bool {
     from == to || node_of(from).is_some_and(|n| Some(n) == node_of(to) && NODES.contains(&from))
 }
 

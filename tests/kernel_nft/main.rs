@@ -4,5 +4,6 @@
 
 mod backend;
 mod drift;
+mod explain_vs_kernel;
 mod quiet;
 mod sandbox;

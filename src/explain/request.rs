@@ -1,0 +1,180 @@
+//! The question `agent explain` asks: the packet and the facts the command line gives,
+//! checked into a [`Query`]; and the same as a URL query string, for `--live` (the admin
+//! endpoint `/explain` answers it).
+
+use super::packet::{Packet, PacketError, parse_ct_state, parse_proto};
+use super::{Query, Topology};
+use std::net::IpAddr;
+
+/// The packet and node facts as the command line gives them.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    pub proto: String,
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+    pub iif: Option<String>,
+    pub oif: Option<String>,
+    pub ct_state: Option<String>,
+    pub bridged: bool,
+    pub br_netfilter: bool,
+    /// Addresses of this node besides its Node object's (for `fib daddr type local`).
+    pub local_addrs: Vec<IpAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error(transparent)]
+    Packet(#[from] PacketError),
+    #[error("--{0} is required")]
+    Missing(&'static str),
+    #[error("--br-netfilter needs --bridged")]
+    BrNetfilterWithoutBridge,
+    #[error("--bridged: this node has no table bridge nodeplane")]
+    NoBridgeTable,
+    #[error("query parameter {0:?}: {1}")]
+    Param(String, String),
+}
+
+impl Request {
+    /// The query this request asks, checked.
+    pub fn query(&self) -> Result<Query, ExplainError> {
+        let src = self.src.ok_or(ExplainError::Missing("src"))?;
+        let dst = self.dst.ok_or(ExplainError::Missing("dst"))?;
+        let proto = parse_proto(&self.proto)?;
+        let mut packet = Packet::new(src, dst, proto, self.sport, self.dport)?;
+        packet.iif = self.iif.clone();
+        packet.oif = self.oif.clone();
+        if let Some(s) = &self.ct_state {
+            packet.ct_state = parse_ct_state(s)?;
+        }
+        let topology = match (self.bridged, self.br_netfilter) {
+            (false, true) => return Err(ExplainError::BrNetfilterWithoutBridge),
+            (false, false) => Topology::Routed,
+            (true, br_netfilter) => Topology::Bridged { br_netfilter },
+        };
+        Ok(Query { packet, topology })
+    }
+}
+
+/// `application/x-www-form-urlencoded` escaping of one value.
+fn escape(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn unescape(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3).ok_or("truncated %-escape")?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad %-escape")?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8".to_string())
+}
+
+impl Request {
+    /// The request as a query string (`src=...&dst=...`).
+    pub fn to_query_string(&self) -> String {
+        let mut pairs: Vec<(&str, String)> = vec![("proto", self.proto.clone())];
+        let mut opt = |k, v: Option<String>| pairs.extend(v.map(|v| (k, v)));
+        opt("src", self.src.map(|a| a.to_string()));
+        opt("dst", self.dst.map(|a| a.to_string()));
+        opt("sport", self.sport.map(|p| p.to_string()));
+        opt("dport", self.dport.map(|p| p.to_string()));
+        opt("iif", self.iif.clone());
+        opt("oif", self.oif.clone());
+        opt("ct-state", self.ct_state.clone());
+        opt("bridged", self.bridged.then(|| "1".into()));
+        opt("br-netfilter", self.br_netfilter.then(|| "1".into()));
+        pairs.extend(
+            self.local_addrs
+                .iter()
+                .map(|a| ("local-addr", a.to_string())),
+        );
+        let pairs: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{k}={}", escape(v)))
+            .collect();
+        pairs.join("&")
+    }
+
+    /// Parses [`Request::to_query_string`]'s form; an unknown or bad parameter is an error
+    /// naming it.
+    pub fn from_query_string(q: &str) -> Result<Request, ExplainError> {
+        let mut req = Request {
+            proto: "tcp".into(),
+            ..Default::default()
+        };
+        for pair in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let bad = |e: String| ExplainError::Param(k.to_string(), e);
+            let v = unescape(v).map_err(bad)?;
+            let ip = |v: &str| v.parse::<IpAddr>().map_err(|e| bad(e.to_string()));
+            let port = |v: &str| v.parse::<u16>().map_err(|e| bad(e.to_string()));
+            match k {
+                "src" => req.src = Some(ip(&v)?),
+                "dst" => req.dst = Some(ip(&v)?),
+                "proto" => req.proto = v,
+                "sport" => req.sport = Some(port(&v)?),
+                "dport" => req.dport = Some(port(&v)?),
+                "iif" => req.iif = Some(v),
+                "oif" => req.oif = Some(v),
+                "ct-state" => req.ct_state = Some(v),
+                "bridged" => req.bridged = v == "1",
+                "br-netfilter" => req.br_netfilter = v == "1",
+                "local-addr" => req.local_addrs.push(ip(&v)?),
+                _ => return Err(bad("unknown parameter".into())),
+            }
+        }
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_survives_the_query_string() {
+        let req = Request {
+            src: Some("10.128.0.11".parse().unwrap()),
+            dst: Some("fd00::1".parse().unwrap()),
+            proto: "udp".into(),
+            dport: Some(53),
+            iif: Some("we&ird=\"if\"".into()),
+            bridged: true,
+            local_addrs: vec!["192.168.1.1".parse().unwrap()],
+            ..Default::default()
+        };
+        let back = Request::from_query_string(&req.to_query_string()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{req:?}"));
+        let err = Request::from_query_string("dport=70000")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"dport\""), "{err}");
+        assert!(Request::from_query_string("x=1").is_err());
+    }
+}
