@@ -870,8 +870,11 @@ pub enum Reject {
 pub enum Stmt {
     Match(Match),
     Counter,
+    /// `log prefix "..." [group N]`: to the kernel log, or with a group to NFLOG (where a
+    /// netlink listener bound to the group reads the packet and the prefix).
     Log {
         prefix: String,
+        group: Option<u16>,
     },
     /// `key vmap @map` or `key vmap { ... }`.
     Vmap {

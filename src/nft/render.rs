@@ -270,7 +270,10 @@ fn stmt(s: &Stmt) -> String {
     match s {
         Stmt::Match(m) => match_text(m),
         Stmt::Counter => "counter".into(),
-        Stmt::Log { prefix } => format!("log prefix {}", quoted(prefix)),
+        Stmt::Log { prefix, group } => match group {
+            Some(g) => format!("log prefix {} group {g}", quoted(prefix)),
+            None => format!("log prefix {}", quoted(prefix)),
+        },
         Stmt::Vmap { key, map } => format!("{} vmap {}", fields(key), map_ref(map)),
         Stmt::Nat(nat) => nat_text(nat),
         Stmt::Masquerade { fully_random } => if *fully_random {

@@ -112,9 +112,10 @@ impl RuleLowering<'_> {
                 self.push(Expr::Counter);
                 Ok(())
             }
-            Stmt::Log { prefix } => {
+            Stmt::Log { prefix, group } => {
                 let prefix = crate::nft::render::sanitize_text(prefix);
-                self.push(Expr::Log { prefix });
+                let group = *group;
+                self.push(Expr::Log { prefix, group });
                 Ok(())
             }
             Stmt::Vmap { key, map } => self.vmap(key, map),
