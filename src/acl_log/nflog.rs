@@ -112,3 +112,42 @@ fn logged(nlas: Vec<PacketNla>) -> Logged {
     }
     l
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_netfilter::NetfilterHeader;
+    use std::ffi::CString;
+
+    fn packet_message(prefix: &str, payload: &[u8]) -> Vec<u8> {
+        let nlas = vec![
+            PacketNla::Mark(0),
+            PacketNla::Prefix(CString::new(prefix).unwrap()),
+            PacketNla::Payload(payload.to_vec()),
+        ];
+        let mut m = NetlinkMessage::from(NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 100),
+            ULogMessage::Packet(nlas),
+        ));
+        m.finalize();
+        let mut buf = vec![0; m.buffer_len()];
+        m.serialize(&mut buf);
+        buf
+    }
+
+    #[test]
+    fn a_datagram_of_several_packets_decodes_each_and_stops_at_garbage() {
+        let mut datagram = packet_message("acl:0123456789abcdef", &[0x45, 1, 2]);
+        datagram.extend(packet_message("other", &[0x60]));
+        let got = decode(&datagram);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].prefix, "acl:0123456789abcdef");
+        assert_eq!(got[0].payload, [0x45, 1, 2]);
+        assert_eq!(got[1].prefix, "other");
+        // Truncated or garbage input ends decoding, it never panics.
+        datagram.extend([0xff; 7]);
+        assert_eq!(decode(&datagram).len(), 2);
+        assert!(decode(&datagram[..10]).is_empty());
+        assert!(decode(&[]).is_empty());
+    }
+}

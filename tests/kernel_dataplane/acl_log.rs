@@ -205,55 +205,79 @@ fn sync_times(logs: &str) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn a_flood_of_denied_packets_logs_at_most_the_rate_limit_and_syncs_go_on() {
-    let t = topo(r#"{"deny": "alert"}"#);
+/// Replaces beta's firewall with one whose rule names `port`: one more plan and commit.
+fn write_beta(t: &Topo, port: u32) {
+    let rules = format!(
+        "[{{type: Deny, to: {{cidrSelector: 198.51.100.0/24}}, ports: [{{protocol: TCP, port: {port}}}]}}]"
+    );
+    t.manifests.write(
+        "beta-fw.yaml",
+        &objects::egress_firewall("beta", &rules).to_string(),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Prints p50/p99 of `syncs` (panics on none).
+fn print_syncs(what: &str, mut syncs: Vec<f64>) {
+    assert!(!syncs.is_empty(), "no sync {what}");
+    syncs.sort_by(|a, b| a.total_cmp(b));
+    eprintln!(
+        "syncs {what}: {}, p50 {:.1} ms, p99 {:.1} ms",
+        syncs.len(),
+        percentile(&syncs, 0.5),
+        percentile(&syncs, 0.99)
+    );
+}
+
+/// Floods from `pod` while writing beta's firewall every 200 ms (from `port` on, at least 5
+/// times); returns the next port, the flood's length, and the sync times during it.
+fn flood_and_sync(t: &Topo, pod: &Pod, mut port: u32) -> (u32, f64, Vec<f64>) {
     let before = sync_times(&t.agent.logs()).len();
     let started = Instant::now();
-    let sender = flood(&t.a1, 100_000);
-    // Syncs during the flood: each write of beta's firewall is one more plan and commit.
-    let mut writes = 0;
-    while !sender.is_finished() || writes < 5 {
-        let port = 1000 + writes;
-        let rules = format!(
-            "[{{type: Deny, to: {{cidrSelector: 198.51.100.0/24}}, ports: [{{protocol: TCP, port: {port}}}]}}]"
-        );
-        t.manifests.write(
-            "beta-fw.yaml",
-            &objects::egress_firewall("beta", &rules).to_string(),
-        );
-        writes += 1;
-        std::thread::sleep(Duration::from_millis(200));
+    let sender = flood(pod, 100_000);
+    let first = port;
+    while !sender.is_finished() || port < first + 5 {
+        write_beta(t, port);
+        port += 1;
     }
     let sent_in = sender.join().unwrap();
-    let flood_secs = started.elapsed().as_secs_f64();
+    let secs = started.elapsed().as_secs_f64();
     // The last write is applied: the agent kept syncing through the flood.
-    let last = format!(". {} ", 1000 + writes - 1);
+    let last = format!(". {} ", port - 1);
     eventually(Duration::from_secs(20), || {
         let table = t.node.run(&["nft", "list", "table", "inet", "nodeplane"]);
         table.contains(&last).then_some(()).ok_or(last.clone())
     });
+    eprintln!("100000 datagrams sent in {:.2} s", sent_in.as_secs_f64());
+    (port, secs, sync_times(&t.agent.logs())[before..].to_vec())
+}
+
+#[test]
+fn a_flood_of_denied_packets_logs_at_most_the_rate_limit_and_syncs_go_on() {
+    let t = topo(r#"{"deny": "alert"}"#);
+    // Quiet syncs first, and a flood from the namespace that logs nothing, for comparison.
+    let first = sync_times(&t.agent.logs()).len();
+    let mut port = 1000;
+    for _ in 0..8 {
+        write_beta(&t, port);
+        port += 1;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let quiet = sync_times(&t.agent.logs())[first..].to_vec();
+    let (port, _, unlogged) = flood_and_sync(&t, &t.b1, port);
+    assert!(t.lines().is_empty(), "beta logs nothing: {:#?}", t.lines());
+    let (_, flood_secs, logged) = flood_and_sync(&t, &t.a1, port);
     std::thread::sleep(Duration::from_secs(2));
     let lines = t.lines();
     let bound = RATE + (RATE as f64 * (flood_secs + 1.0)).ceil() as u64;
-    eprintln!(
-        "flood: 100000 datagrams sent in {:.2} s, {} log lines (bound {bound})",
-        sent_in.as_secs_f64(),
-        lines.len()
-    );
+    eprintln!("flood of alpha: {} log lines (bound {bound})", lines.len());
     assert!(!lines.is_empty(), "the flood was logged at all");
     assert!(
         lines.len() as u64 <= bound,
         "{} lines in {flood_secs:.1} s, more than the rate limit lets through ({bound})",
         lines.len()
     );
-    let mut syncs: Vec<f64> = sync_times(&t.agent.logs())[before..].to_vec();
-    assert!(!syncs.is_empty(), "no sync during the flood");
-    syncs.sort_by(|a, b| a.total_cmp(b));
-    eprintln!(
-        "syncs during the flood: {} (of {writes} writes), p50 {:.1} ms, p99 {:.1} ms",
-        syncs.len(),
-        percentile(&syncs, 0.5),
-        percentile(&syncs, 0.99)
-    );
+    print_syncs("quiet", quiet);
+    print_syncs("during a flood from beta (not logged)", unlogged);
+    print_syncs("during a flood from alpha (logged)", logged);
 }

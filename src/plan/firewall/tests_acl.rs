@@ -134,3 +134,31 @@ fn an_invalid_annotation_is_reported_and_leaves_other_namespaces_logged() {
         .collect();
     assert_eq!(namespaces, ["other"]);
 }
+
+#[test]
+fn a_hostile_namespace_name_reaches_neither_the_prefix_nor_nft_syntax() {
+    let hostile = "x\"; flush ruleset; \n#";
+    // The builders write YAML: the name goes in afterwards.
+    let mut ns = namespace(
+        "placeholder",
+        Some(r#"{"deny": "alert", "allow": "debug"}"#),
+    );
+    ns.metadata.name = Some(hostile.into());
+    let mut fw: EgressFirewall = objects::egress_firewall("placeholder", RULES).object();
+    fw.metadata.namespace = Some(hostile.into());
+    let mut pod: crate::api::Pod = objects::pod("placeholder", "a")
+        .on(NODE)
+        .ips(&["10.128.0.5"])
+        .object();
+    pod.metadata.namespace = Some(hostile.into());
+    let b = Snapshot::builder().with(ns).with(fw).with(pod);
+    let d = run(b, &Memory::default());
+    let book = &d.outputs.firewall.acl;
+    assert_eq!(book.entries.len(), 2, "{book:?}");
+    let text = render_table(&d.ruleset);
+    for line in text.lines().filter(|l| l.contains("log prefix")) {
+        assert!(!line.contains("flush"), "tenant text in the prefix: {line}");
+    }
+    // The text `--dry-run` prints is what the kernel accepts.
+    crate::testing::nft_check::nft_check(&text);
+}
