@@ -33,7 +33,9 @@ pub struct AclBook(pub watch::Sender<Arc<crate::plan::acl_log::Book>>);
 impl SyncObserver for AclBook {
     fn observe(&mut self, sync: &SyncOutcome<'_>) {
         let Ok(report) = sync.result else { return };
-        let book = &report.outputs.firewall.acl;
+        let mut merged = (*report.outputs.firewall.acl).clone();
+        merged.merge(&report.outputs.netpol.acl);
+        let book = &Arc::new(merged);
         self.0.send_if_modified(|current| {
             if **current == **book {
                 return false;

@@ -188,6 +188,7 @@ pub fn data_type_name(t: DataType) -> &'static str {
         DataType::Mark => "mark",
         DataType::IfName => "ifname",
         DataType::NfProto => "nf_proto",
+        DataType::EtherType => "ether_type",
         DataType::CtState => "ct_state",
         DataType::CtDir => "ct_dir",
         DataType::AddrType => "fib_addrtype",
@@ -415,6 +416,7 @@ fn fields(key: &[Field]) -> String {
 pub fn field(f: Field) -> String {
     match f {
         Field::NfProto => "meta nfproto".into(),
+        Field::EtherType => "meta protocol".into(),
         Field::L4Proto => "meta l4proto".into(),
         Field::Ip4Saddr => "ip saddr".into(),
         Field::Ip4Daddr => "ip daddr".into(),

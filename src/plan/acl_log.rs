@@ -5,7 +5,7 @@
 //! `accept`/`drop` in place but goes to a chain of its own, `acl-<id>`:
 //!
 //! ```text
-//! update @acl-rate-<ns> { meta nfproto limit rate over R/second burst R packets } drop
+//! update @acl-rate-<ns> { meta protocol limit rate over R/second burst R packets } drop
 //! log prefix "acl:<id>" group G drop
 //! ```
 //!
@@ -143,7 +143,7 @@ pub fn rate_part_key(namespace: &str) -> String {
 pub fn rate_part(namespace: &str) -> Part {
     let mut part = Part::default();
     part.add_set(
-        Set::new(rate_set(namespace), vec![DataType::NfProto], SetKind::Set)
+        Set::new(rate_set(namespace), vec![DataType::EtherType], SetKind::Set)
             .with_flags(SetFlags {
                 dynamic: true,
                 ..Default::default()
@@ -161,7 +161,7 @@ pub fn chain(entry: &Entry, settings: &AclLogSettings) -> Chain {
     chain.push(Rule::new(vec![
         Stmt::SetLimit {
             set: rate_set(&entry.namespace),
-            key: vec![Field::NfProto],
+            key: vec![Field::EtherType],
             limit: Limit {
                 per_second: settings.rate_limit,
                 burst: settings.rate_limit,
@@ -258,7 +258,7 @@ mod tests {
             text,
             [
                 format!(
-                    "update @{set} {{ meta nfproto limit rate over 20/second burst 20 packets }} drop"
+                    "update @{set} {{ meta protocol limit rate over 20/second burst 20 packets }} drop"
                 ),
                 format!("log prefix \"acl:{:016x}\" group 7 drop", e.id()),
             ]

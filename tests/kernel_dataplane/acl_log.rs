@@ -281,3 +281,59 @@ fn a_flood_of_denied_packets_logs_at_most_the_rate_limit_and_syncs_go_on() {
     print_syncs("during a flood from beta (not logged)", unlogged);
     print_syncs("during a flood from alpha (logged)", logged);
 }
+
+#[test]
+fn network_policy_allow_and_isolation_deny_are_logged_with_the_policy_and_rule() {
+    let t = topo(r#"{"deny": "warning", "allow": "info"}"#);
+    let spec = "  podSelector: {}\n  policyTypes: [Egress]\n  egress:\n  - to:\n    \
+        - ipBlock: {cidr: 203.0.113.20/32}\n    ports: [{protocol: TCP, port: 80}]\n";
+    t.manifests.write(
+        "np.yaml",
+        &objects::network_policy("alpha", "web-out", spec).to_string(),
+    );
+    eventually(Duration::from_secs(30), || {
+        let table = t.node.run(&["nft", "list", "table", "inet", "nodeplane"]);
+        let logged_jump = table.contains("jump acl-");
+        logged_jump.then_some(()).ok_or("no policy set".to_string())
+    });
+    let short = Duration::from_millis(500);
+    // Allowed by the firewall (rule 0) and by the policy (egress[0]): two lines.
+    assert!(
+        t.a1.ns
+            .tcp_connect(format!("{ALLOWED}:80"), short)
+            .is_reply()
+    );
+    let lines = settle(&t, 2);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let np = lines
+        .iter()
+        .find(|l| l.contains("kind=\"NetworkPolicy\""))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(
+        np.contains("object=\"web-out\"")
+            && np.contains("rule=\"egress[0]\"")
+            && np.contains("verdict=\"allow\""),
+        "{np}"
+    );
+    // One UDP datagram to 443 (each would be judged: a dropped first packet confirms no
+    // flow): the firewall allows, the policy isolates: one allow and one deny line.
+    t.a1.ns
+        .spawn(|| {
+            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            socket
+                .send_to(b"x", format!("{ALLOWED}:443"))
+                .expect("send");
+        })
+        .join()
+        .unwrap();
+    let lines = settle(&t, 4);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let deny = &lines[3];
+    assert!(
+        deny.contains("kind=\"NetworkPolicy\"")
+            && deny.contains("rule=\"egress: isolated, no rule allows\"")
+            && deny.contains("verdict=\"deny\"")
+            && deny.contains("proto=udp"),
+        "{lines:#?}"
+    );
+}

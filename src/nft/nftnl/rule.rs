@@ -89,8 +89,7 @@ pub fn lower_rule(
     Ok(l.out)
 }
 
-/// `NFT_META_PROTOCOL`: the frame's ethertype (`meta protocol`).
-const NFT_META_PROTOCOL: u32 = 1;
+use super::types::NFT_META_PROTOCOL;
 
 /// ETH_P_IP / ETH_P_IPV6.
 fn ethertype(fam: IpFamily) -> u16 {
