@@ -611,6 +611,28 @@ pub struct Opts {
         value_name = "PER_SECOND"
     )]
     pub dns_rate_limit: Option<u32>,
+
+    /// The NFLOG group that ACL logging (namespaces annotated `k8s.ovn.org/acl-logging`)
+    /// sends the logged EgressFirewall and NetworkPolicy verdicts to; the agent reads it and
+    /// writes one log line per packet. Nothing else on the node may bind it. Default: 100.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_ACL_LOG_GROUP",
+        value_name = "GROUP"
+    )]
+    pub acl_log_group: Option<u16>,
+
+    /// ACL log lines per second per namespace (and IP family), also the burst; the kernel
+    /// drops the log (never the verdict) beyond it. At least 1. Default: 20 (OVN-Kubernetes'
+    /// `acl-logging-rate-limit`).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEPLANE_ACL_LOG_RATE_LIMIT",
+        value_name = "PER_SECOND"
+    )]
+    pub acl_log_rate_limit: Option<u32>,
     /// Where egress IPs live: `auto` (from the Nodes' `spec.providerID`: `aws://`,
     /// `azure://`, `gce://`, `openstack://`, anything else bare metal), `baremetal`, `aws`,
     /// `azure`, `gcp` or `openstack`. On a cloud the EgressIP assigner asks the cloud

@@ -3,6 +3,7 @@
 //! Data flows one way: sources -> snapshot -> planner -> desired state -> backends.
 //! See ARCHITECTURE.md for a paragraph on each module.
 
+pub mod acl_log;
 pub mod admin;
 pub mod api;
 pub mod app;

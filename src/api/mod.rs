@@ -31,6 +31,7 @@ macro_rules! namespaced_resource {
     };
 }
 
+pub mod acl_logging;
 pub mod cloud_private_ip_config;
 pub mod crds;
 pub mod egress_firewall;

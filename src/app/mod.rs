@@ -33,7 +33,7 @@ use crate::source::kube::SourceHealth;
 use crate::source::loader::{self, ManifestHealth};
 use crate::source::watch::watch_dir;
 use crate::task::{OnExit, Runtime, hold, once};
-use observers::{DnsLearning, HealthCheckServer, SyncHealth};
+use observers::{AclBook, DnsLearning, HealthCheckServer, SyncHealth};
 
 /// The cluster-wide role elected in Kubernetes mode (metrics label, `/readyz` line, logs).
 pub const EGRESS_IP_ASSIGNER: &str = "egress-ip-assigner";
@@ -121,11 +121,14 @@ async fn run_with(
     let quiet = add_drift_monitor(admin, &proxy_health, &events, tasks)?;
     let (learning_tx, learning_rx) = watch::channel(Arc::default());
     add_dns_proxy(&config, admin, learning_rx, tasks);
+    let (acl_tx, acl_rx) = watch::channel(Arc::default());
+    tasks.add(crate::acl_log::task(config.acl_log, acl_rx));
     // After every successful sync, in this order: the log, the drift repair (readiness
     // back), the health-check ports.
     observers.push(Box::new(LogReport));
     observers.push(Box::new(crate::memory_limit::MemoryWatch::start()));
     observers.push(Box::new(DnsLearning(learning_tx)));
+    observers.push(Box::new(AclBook(acl_tx)));
     observers.push(Box::new(dataplane_timer));
     observers.push(Box::new(DriftRepairs {
         state: admin.clone(),

@@ -26,6 +26,29 @@ impl SyncObserver for DnsLearning {
     }
 }
 
+/// Hands the ACL log reader the logged verdicts of each applied plan, and logs what is
+/// wrong with the namespaces' `k8s.ovn.org/acl-logging` annotations when that changes.
+pub struct AclBook(pub watch::Sender<Arc<crate::plan::acl_log::Book>>);
+
+impl SyncObserver for AclBook {
+    fn observe(&mut self, sync: &SyncOutcome<'_>) {
+        let Ok(report) = sync.result else { return };
+        let mut merged = (*report.outputs.firewall.acl).clone();
+        merged.merge(&report.outputs.netpol.acl);
+        let book = &Arc::new(merged);
+        self.0.send_if_modified(|current| {
+            if **current == **book {
+                return false;
+            }
+            for problem in book.problems.difference(&current.problems) {
+                tracing::warn!("ACL logging: {}", crate::text::one_line(problem));
+            }
+            *current = book.clone();
+            true
+        });
+    }
+}
+
 /// Serves the services' health-check ports of the last successful sync.
 pub struct HealthCheckServer(pub HealthServer);
 

@@ -1,6 +1,7 @@
 //! The resolved agent configuration: command line and environment over the config file over
 //! built-in defaults. Planners receive `&Config` and nothing else from the outside world.
 
+pub mod acl_log;
 mod dns_proxy;
 pub mod election;
 pub mod platform;
@@ -145,6 +146,8 @@ pub struct Config {
     pub egress_ip_probe_key_file: Option<PathBuf>,
     /// The transparent DNS proxy of `dnsName` rules (`--dns-proxy-port`, `--dns-min-ttl-seconds`).
     pub dns_proxy: DnsProxySettings,
+    /// ACL logging's NFLOG group and rate limit (`--acl-log-group`, `--acl-log-rate-limit`).
+    pub acl_log: acl_log::AclLogSettings,
     /// `--platform`: bare metal, a cloud, or detected from the Nodes.
     pub platform: PlatformChoice,
 }
@@ -188,6 +191,7 @@ impl Config {
             egress_ip_probe: probe::Settings::default(),
             egress_ip_probe_key_file: None,
             dns_proxy: DnsProxySettings::default(),
+            acl_log: acl_log::AclLogSettings::default(),
             platform: PlatformChoice::Auto,
         }
     }
@@ -217,6 +221,7 @@ impl Config {
         )?;
         // Checked in its place below (its options come last); read here while `file` is whole.
         let dns_proxy = dns_proxy::settings(opts, &file, &resolv_conf);
+        let acl_log = acl_log::settings(opts, &file);
         Ok(Config {
             node_name,
             manifests: opts.manifests.clone().or(file.manifests),
@@ -291,6 +296,7 @@ impl Config {
             egress_ip_probe_key_file: (opts.egress_ip_probe_key_file.clone())
                 .or(file.egress_ip_probe_key_file),
             dns_proxy: dns_proxy?,
+            acl_log,
             resolv_conf,
             platform,
         })
@@ -548,6 +554,8 @@ struct FileConfig {
     dns_max_addresses_per_name: Option<usize>,
     dns_max_addresses_per_namespace: Option<usize>,
     dns_rate_limit: Option<u32>,
+    acl_log_group: Option<u16>,
+    acl_log_rate_limit: Option<u32>,
     platform: Option<String>,
 }
 

@@ -241,7 +241,7 @@ impl<'a> Walker<'a> {
                 }
             }
             Stmt::Counter => Flow::Next,
-            Stmt::Log { prefix } => {
+            Stmt::Log { prefix, .. } => {
                 self.record(
                     None,
                     Action::Log {

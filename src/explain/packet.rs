@@ -178,6 +178,8 @@ impl Packet {
         let val = |v: Value| Loaded::Value(v);
         match field {
             Field::NfProto => val(Value::NfProto(self.family())),
+            // `meta protocol`: only ever a rate bucket's key (ACL logging), never compared.
+            Field::EtherType => val(Value::Integer(if v4 { 0x0800 } else { 0x86dd })),
             Field::L4Proto => val(Value::Proto(self.proto)),
             Field::Ip4Saddr => ip(self.src, true),
             Field::Ip4Daddr => ip(self.dst, true),

@@ -236,6 +236,7 @@ fn host_traffic_takes_output_and_local_traffic_input() {
         let mut c = base(name, ChainType::Filter, hook, 0, Policy::Accept);
         c.push(Rule::new(vec![Stmt::Log {
             prefix: name.into(),
+            group: None,
         }]));
         t.add_chain(c);
     }

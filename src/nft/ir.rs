@@ -430,6 +430,8 @@ pub enum Field {
     NfProto,
     /// `meta l4proto`.
     L4Proto,
+    /// `meta protocol`: the frame's ethertype (IPv4, IPv6), in the inet and bridge families.
+    EtherType,
     Ip4Saddr,
     Ip4Daddr,
     Ip6Saddr,
@@ -481,6 +483,7 @@ impl Field {
         match self {
             Field::NfProto => DataType::NfProto,
             Field::L4Proto => DataType::InetProto,
+            Field::EtherType => DataType::EtherType,
             Field::Ip4Saddr | Field::Ip4Daddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
             Field::ThSport | Field::ThDport | Field::Ip4FragOff | Field::Ip6FragOff => {
@@ -517,6 +520,8 @@ pub enum DataType {
     Mark,
     IfName,
     NfProto,
+    /// `ether_type`.
+    EtherType,
     CtState,
     /// `ct_dir`: a conntrack direction.
     CtDir,
@@ -870,8 +875,11 @@ pub enum Reject {
 pub enum Stmt {
     Match(Match),
     Counter,
+    /// `log prefix "..." [group N]`: to the kernel log, or with a group to NFLOG (where a
+    /// netlink listener bound to the group reads the packet and the prefix).
     Log {
         prefix: String,
+        group: Option<u16>,
     },
     /// `key vmap @map` or `key vmap { ... }`.
     Vmap {

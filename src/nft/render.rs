@@ -188,6 +188,7 @@ pub fn data_type_name(t: DataType) -> &'static str {
         DataType::Mark => "mark",
         DataType::IfName => "ifname",
         DataType::NfProto => "nf_proto",
+        DataType::EtherType => "ether_type",
         DataType::CtState => "ct_state",
         DataType::CtDir => "ct_dir",
         DataType::AddrType => "fib_addrtype",
@@ -270,7 +271,10 @@ fn stmt(s: &Stmt) -> String {
     match s {
         Stmt::Match(m) => match_text(m),
         Stmt::Counter => "counter".into(),
-        Stmt::Log { prefix } => format!("log prefix {}", quoted(prefix)),
+        Stmt::Log { prefix, group } => match group {
+            Some(g) => format!("log prefix {} group {g}", quoted(prefix)),
+            None => format!("log prefix {}", quoted(prefix)),
+        },
         Stmt::Vmap { key, map } => format!("{} vmap {}", fields(key), map_ref(map)),
         Stmt::Nat(nat) => nat_text(nat),
         Stmt::Masquerade { fully_random } => if *fully_random {
@@ -421,6 +425,7 @@ fn fields(key: &[Field]) -> String {
 pub fn field(f: Field) -> String {
     match f {
         Field::NfProto => "meta nfproto".into(),
+        Field::EtherType => "meta protocol".into(),
         Field::L4Proto => "meta l4proto".into(),
         Field::Ip4Saddr => "ip saddr".into(),
         Field::Ip4Daddr => "ip daddr".into(),

@@ -27,13 +27,16 @@ pub mod learning;
 pub mod steer;
 pub mod steps;
 
+use super::acl_log;
 use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
 use super::in_force::{self, Scope, Validated};
 use super::{Feature, Inputs, ObjectStatus, Planned};
+use crate::api::acl_logging::AclLogging;
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
 use crate::api::{EgressFirewall, ValidatedFirewall};
 use crate::config::Config;
+use crate::config::acl_log::AclLogSettings;
 use crate::dns::DnsAnswers;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
@@ -109,6 +112,8 @@ pub struct FirewallMemory {
 struct Built {
     inputs: PartInputs,
     part: Arc<Part>,
+    /// The logged verdicts of the part (ACL logging), by id.
+    logged: Arc<Vec<(u64, Arc<acl_log::Entry>)>>,
 }
 
 /// Everything a namespace's part is computed from.
@@ -119,6 +124,8 @@ struct PartInputs {
     resolved: Vec<(usize, Vec<IpAddr>)>,
     /// The namespace's local pod addresses (the dispatch elements).
     pods: Vec<IpAddr>,
+    /// The namespace's ACL logging (`k8s.ovn.org/acl-logging`), if it logs anything.
+    logging: Option<(AclLogging, AclLogSettings)>,
 }
 
 /// The EgressFirewall feature (see the module documentation).
@@ -129,6 +136,8 @@ pub struct Firewall;
 #[derive(Debug, Clone, Default)]
 pub struct FirewallOutput {
     pub learning: std::sync::Arc<learning::Learning>,
+    /// The logged verdicts of the plan, for the ACL log reader.
+    pub acl: Arc<acl_log::Book>,
 }
 
 impl super::Output for FirewallOutput {}
@@ -145,13 +154,14 @@ impl Feature for Firewall {
         out: &mut Planned,
         output: &mut FirewallOutput,
     ) -> FirewallMemory {
-        let (statuses, memory) = plan(
+        let (statuses, memory, acl) = plan(
             inputs.snapshot,
             inputs.config,
             inputs.dns,
             memory,
             &mut out.ruleset,
         );
+        output.acl = Arc::new(acl);
         out.statuses.extend(statuses);
         let mut memory = memory;
         memory.resolvers = steer::trusted_resolvers(inputs.snapshot, inputs.config);
@@ -178,7 +188,7 @@ fn plan(
     dns: &DnsAnswers,
     memory: &FirewallMemory,
     table: &mut Table,
-) -> (Vec<ObjectStatus>, FirewallMemory) {
+) -> (Vec<ObjectStatus>, FirewallMemory, acl_log::Book) {
     let outcome = objects_in_force(snapshot, memory);
     for (name, key) in [(PODS_V4, DataType::Ipv4Addr), (PODS_V6, DataType::Ipv6Addr)] {
         table.add_set(Set::new(name, vec![key], SetKind::VerdictMap));
@@ -194,25 +204,42 @@ fn plan(
     let in_force = &outcome.validated.in_force;
     let mut pods = local_pod_ips(snapshot, config, in_force);
     let mut built = BTreeMap::new();
+    let mut book = acl_log::Book::default();
     for (ns, fw) in in_force {
+        let logging = acl_log::namespace_logging(snapshot, ns, &mut book.problems);
         let inputs = PartInputs {
             firewall: fw.valid.clone(),
             resolved: resolve(&fw.valid, snapshot, dns),
             pods: pods.remove(ns.as_str()).unwrap_or_default(),
+            logging: logging.map(|l| (l, config.acl_log)),
         };
-        let part = match memory.built.get(ns) {
-            Some(b) if b.inputs == inputs => b.part.clone(),
-            _ => Arc::new(namespace_part(&inputs)),
+        let (part, logged) = match memory.built.get(ns) {
+            Some(b) if b.inputs == inputs => (b.part.clone(), b.logged.clone()),
+            _ => {
+                let (part, logged) = namespace_part(&inputs);
+                (Arc::new(part), Arc::new(logged))
+            }
         };
         table.insert_part(format!("{PREFIX}/{ns}"), part.clone());
-        built.insert(ns.clone(), Built { inputs, part });
+        if !logged.is_empty() {
+            let rate = acl_log::rate_part(ns);
+            table.insert_part(acl_log::rate_part_key(ns), Arc::new(rate));
+            book.entries
+                .extend(logged.iter().map(|(id, e)| (*id, e.clone())));
+        }
+        let b = Built {
+            inputs,
+            part,
+            logged,
+        };
+        built.insert(ns.clone(), b);
     }
     let memory = FirewallMemory {
         validated: outcome.validated,
         built,
         resolvers: steer::Trusted::default(),
     };
-    (outcome.statuses, memory)
+    (outcome.statuses, memory, book)
 }
 
 /// The DNS names the objects in force (or remembered) refer to: what the resolver must keep
@@ -292,12 +319,17 @@ fn local_pod_ips<'a>(
     by_ns
 }
 
-/// A namespace's chain and maps, and the dispatch elements of its pods.
-fn namespace_part(inputs: &PartInputs) -> Part {
+/// A namespace's chain and maps, and the dispatch elements of its pods; with ACL logging,
+/// the chains of its logged verdicts and their entries.
+fn namespace_part(inputs: &PartInputs) -> (Part, Vec<(u64, Arc<acl_log::Entry>)>) {
     let fw = &inputs.firewall;
     let names = Names::new(&fw.namespace);
-    let verdicts: Vec<RuleVerdict> = fw.rules.iter().enumerate().map(rule_verdict).collect();
+    let mut verdicts: Vec<RuleVerdict> = fw.rules.iter().enumerate().map(rule_verdict).collect();
     let mut f = Part::default();
+    let logged = match &inputs.logging {
+        Some((logging, settings)) => log_verdicts(fw, logging, settings, &mut verdicts, &mut f),
+        None => Vec::new(),
+    };
     let mut chain = Chain::regular(&names.chain);
     for family in [IpFamily::V4, IpFamily::V6] {
         let (daddr, addr_type) = match family {
@@ -355,7 +387,37 @@ fn namespace_part(inputs: &PartInputs) -> Part {
         f.add_mapping(map, vec![Value::ip(*ip).into()], goto);
     }
     f.add_chain(chain);
-    f
+    (f, logged)
+}
+
+/// Sends each verdict `logging` logs to its ACL log chain (added to `part`).
+fn log_verdicts(
+    fw: &ValidatedFirewall,
+    logging: &AclLogging,
+    settings: &AclLogSettings,
+    verdicts: &mut [RuleVerdict],
+    part: &mut Part,
+) -> Vec<(u64, Arc<acl_log::Entry>)> {
+    let mut logged = Vec::new();
+    for (rule, v) in fw.rules.iter().zip(verdicts.iter_mut()) {
+        let action = match rule.action {
+            Action::Allow => acl_log::Action::Allow,
+            Action::Deny => acl_log::Action::Deny,
+        };
+        let object = "default";
+        let text = v.comment.to_string();
+        let kind = "EgressFirewall";
+        let Some(entry) =
+            acl_log::Entry::logged(logging, &fw.namespace, kind, object, text, action)
+        else {
+            continue;
+        };
+        let id = entry.id();
+        part.add_chain(acl_log::chain(&entry, settings));
+        v.verdict = Verdict::Goto(acl_log::chain_name(id));
+        logged.push((id, Arc::new(entry)));
+    }
+    logged
 }
 
 /// The current addresses of each `dnsName` (DNS answers) and `nodeSelector` (every address
@@ -574,3 +636,5 @@ fn suffix(family: IpFamily) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_acl;

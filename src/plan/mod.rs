@@ -3,6 +3,7 @@
 //! ([`Feature`]) and one line in the registry below; each adds its parts to the base
 //! skeleton and reports per-object status.
 
+pub mod acl_log;
 pub mod base;
 pub mod egress_ip;
 pub mod feature;

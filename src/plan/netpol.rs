@@ -28,6 +28,7 @@
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
+mod acl;
 pub mod binding;
 mod bridge;
 mod dispatch;
@@ -106,6 +107,8 @@ pub struct NetpolMemory {
     /// Every part above, kept up to date by key: handed to the table in O(1) (see
     /// `Table::extend_parts`) instead of one insert per policy.
     parts: Parts,
+    /// The namespaces whose verdicts are logged (ACL logging parts in `parts`).
+    acl_namespaces: BTreeSet<String>,
 }
 
 type PolicyObjects = crate::snapshot::ObjectMap<crate::snapshot::ObjectKey, NetworkPolicy>;
@@ -123,7 +126,7 @@ impl Feature for NetworkPolicies {
         inputs: &Inputs,
         memory: &NetpolMemory,
         out: &mut Planned,
-        _: &mut NetpolOutput,
+        output: &mut NetpolOutput,
     ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
         let objects = snapshot.network_policies();
@@ -168,8 +171,10 @@ impl Feature for NetworkPolicies {
                 policies.remove(key);
             }
         }
+        let mut acl_lookup = acl::Lookup::default();
         for (key, in_force) in in_force {
             let policy = &in_force.valid;
+            let acl = acl_lookup.get(snapshot, &policy.namespace, inputs.config.acl_log);
             let last = memory.policies.get(key);
             let unchanged = last.is_some_and(|last| {
                 Arc::ptr_eq(&last.policy, policy)
@@ -189,9 +194,18 @@ impl Feature for NetworkPolicies {
                 sets: &mut peer_sets,
                 parts: &mut parts,
                 keys: Vec::new(),
+                acl,
+                logged: Vec::new(),
             };
             let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
-            let peer_keys = sharing.keys;
+            let (peer_keys, logged) = (sharing.keys, sharing.logged);
+            let deny = chains
+                .iter()
+                .filter_map(|(d, _)| {
+                    let chain = acl::deny_chain(acl.as_ref(), &policy.namespace, d.name())?;
+                    Some((*d, chain))
+                })
+                .collect();
             let part = match last {
                 Some(old) if *old.part == part => old.part.clone(),
                 _ => Arc::new(part),
@@ -217,10 +231,27 @@ impl Feature for NetworkPolicies {
                 selected,
                 chains,
                 peer_keys,
+                logged,
+                deny,
             };
             dispatch.add(key, &planned);
             policies.insert(key.clone(), Arc::new(planned));
         }
+        let settings = inputs.config.acl_log;
+        let before = &memory.acl_namespaces;
+        let logged = policies.values().map(|p| {
+            let p = &**p;
+            (p.policy.namespace.as_str(), &p.logged, !p.deny.is_empty())
+        });
+        let (book, acl_namespaces) = acl::finish(
+            logged,
+            before,
+            &mut acl_lookup,
+            snapshot,
+            settings,
+            &mut parts,
+        );
+        output.acl = Arc::new(book);
         peer_sets.finish(&mut parts);
         let dispatch = dispatch.finish(&mut parts);
         out.ruleset.extend_parts(&parts);
@@ -242,6 +273,7 @@ impl Feature for NetworkPolicies {
             dispatch,
             peer_sets,
             parts,
+            acl_namespaces,
         }
     }
 
@@ -296,6 +328,8 @@ pub fn bind_bridge_ports(
 #[derive(Debug, Clone, Default)]
 pub struct NetpolOutput {
     pub pod_binding: Vec<String>,
+    /// The logged verdicts of the plan, for the ACL log reader.
+    pub acl: Arc<crate::plan::acl_log::Book>,
 }
 
 /// The `/readyz` warning topic of [`NetpolOutput::pod_binding`].
@@ -511,3 +545,5 @@ fn neighbour_discovery() -> Rule {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_acl;

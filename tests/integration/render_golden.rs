@@ -126,6 +126,7 @@ fn rich_table() -> Table {
         Stmt::not_in_set(vec![Field::Ip4Saddr], "cidrs"),
         Stmt::Log {
             prefix: "nodeplane deny ".into(),
+            group: None,
         },
         Stmt::Reject(Reject::AdminProhibited),
     ]));

@@ -3,6 +3,7 @@
 //! One binary (one link) for all of them; they need root and fail, never skip, without it
 //! (see docs/testing.md).
 
+mod acl_log;
 mod dns;
 mod dns_attacks;
 mod dns_flood;

@@ -613,8 +613,12 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
         }
         "immediate" => parse_immediate(&d)?,
         "counter" => Expr::Counter,
+        // NFTA_LOG_GROUP (be16), NFTA_LOG_PREFIX.
         "log" => Expr::Log {
             prefix: d.get(2).map(|p| p.string()).unwrap_or_default(),
+            group: d
+                .get(1)
+                .and_then(|g| Some(u16::from_be_bytes(g.data.get(..2)?.try_into().ok()?))),
         },
         "nat" => Expr::Nat {
             kind: d.be32(1)?,

@@ -100,6 +100,8 @@ pub enum Expr {
     Counter,
     Log {
         prefix: String,
+        /// NFLOG group; `None`: the kernel log.
+        group: Option<u16>,
     },
     Nat {
         kind: u32,

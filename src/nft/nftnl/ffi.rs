@@ -116,6 +116,12 @@ impl ExprObj {
         self
     }
 
+    fn u16(self, attr: u32, v: u16) -> Self {
+        // SAFETY: as in `u32`.
+        unsafe { sys::nftnl_expr_set_u16(self.0.as_ptr(), attr as u16, v) };
+        self
+    }
+
     fn u8(self, attr: u32, v: u8) -> Self {
         // SAFETY: as in `u32`.
         unsafe { sys::nftnl_expr_set_u8(self.0.as_ptr(), attr as u16, v) };
@@ -265,7 +271,13 @@ fn build_expr(e: &Expr) -> ExprObj {
             }
         }
         Expr::Counter => ExprObj::new(c"counter"),
-        Expr::Log { prefix } => ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix),
+        Expr::Log { prefix, group } => {
+            let e = ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix);
+            match group {
+                Some(g) => e.u16(sys::NFTNL_EXPR_LOG_GROUP, *g),
+                None => e,
+            }
+        }
         Expr::Nat { .. } => nat(e),
         Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
         Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),

@@ -89,8 +89,7 @@ pub fn lower_rule(
     Ok(l.out)
 }
 
-/// `NFT_META_PROTOCOL`: the frame's ethertype (`meta protocol`).
-const NFT_META_PROTOCOL: u32 = 1;
+use super::types::NFT_META_PROTOCOL;
 
 /// ETH_P_IP / ETH_P_IPV6.
 fn ethertype(fam: IpFamily) -> u16 {
@@ -112,9 +111,10 @@ impl RuleLowering<'_> {
                 self.push(Expr::Counter);
                 Ok(())
             }
-            Stmt::Log { prefix } => {
+            Stmt::Log { prefix, group } => {
                 let prefix = crate::nft::render::sanitize_text(prefix);
-                self.push(Expr::Log { prefix });
+                let group = *group;
+                self.push(Expr::Log { prefix, group });
                 Ok(())
             }
             Stmt::Vmap { key, map } => self.vmap(key, map),

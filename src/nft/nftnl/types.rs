@@ -30,6 +30,7 @@ pub fn type_info(t: DataType) -> Result<TypeInfo, NftError> {
             ));
         }
         DataType::NfProto => (2, 1, ByteOrder::Invalid),
+        DataType::EtherType => (10, 2, ByteOrder::Host),
         DataType::Integer => (4, 4, ByteOrder::Host),
         DataType::Ipv4Addr => (7, 4, ByteOrder::Big),
         DataType::Ipv6Addr => (8, 16, ByteOrder::Big),
@@ -113,6 +114,8 @@ pub const IP6_FRAG_OFF_MASK: u16 = 0xfff8;
 pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_META_OIFNAME: u32 = 7;
 pub const NFT_META_NFPROTO: u32 = 15;
+/// `meta protocol` (the ethertype).
+pub const NFT_META_PROTOCOL: u32 = 1;
 pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFT_PAYLOAD_LL_HEADER: u32 = 0;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
@@ -178,6 +181,7 @@ pub fn field_info(f: Field) -> FieldInfo {
     };
     match f {
         Field::NfProto => info(Load::Meta(NFT_META_NFPROTO), 1, Host),
+        Field::EtherType => info(Load::Meta(NFT_META_PROTOCOL), 2, Big),
         Field::L4Proto => info(Load::Meta(NFT_META_L4PROTO), 1, Host),
         Field::Ip4Saddr => info(nh(12), 4, Big),
         Field::Ip4Daddr => info(nh(16), 4, Big),

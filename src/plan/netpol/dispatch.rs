@@ -21,6 +21,11 @@ type Group = (Direction, Vec<Arc<str>>);
 /// The policies governing one pod in one direction: policy key -> that policy's chain.
 type Governing = Arc<BTreeMap<String, Arc<str>>>;
 
+/// The member key of a namespace's logged deny chain (ACL logging): after every policy key
+/// (no string starts with a larger character), so the policy set jumps it last, just
+/// before its drop, and it logs only what no policy accepted.
+const DENY_KEY: &str = "\u{10FFFF}acl-deny";
+
 /// The dispatch state of last plan.
 #[derive(Debug, Clone, Default)]
 pub struct Dispatch {
@@ -74,7 +79,7 @@ impl Update<'_> {
                 let at = (*direction, *ip);
                 if let Some(members) = self.next.members.get_mut(&at) {
                     Arc::make_mut(members).remove(key);
-                    if members.is_empty() {
+                    if members.keys().all(|k| k == DENY_KEY) {
                         self.next.members.remove(&at);
                     }
                 }
@@ -88,8 +93,13 @@ impl Update<'_> {
         for (direction, chain) in &planned.chains {
             for ip in &planned.selected {
                 let at = (*direction, *ip);
-                let members = self.next.members.entry(at).or_default();
-                Arc::make_mut(members).insert(key.to_string(), chain.clone());
+                let members = Arc::make_mut(self.next.members.entry(at).or_default());
+                members.insert(key.to_string(), chain.clone());
+                let deny = planned.deny.iter().find(|(d, _)| d == direction);
+                match deny {
+                    Some((_, chain)) => members.insert(DENY_KEY.into(), chain.clone()),
+                    None => members.remove(DENY_KEY),
+                };
                 self.affected.insert(at);
             }
         }

@@ -27,6 +27,10 @@ pub struct Planned {
     pub chains: Vec<(super::Direction, Arc<str>)>,
     /// The shared peer sets its chains look up (distinct, counted in `PeerSets`).
     pub peer_keys: Vec<Arc<PeerKey>>,
+    /// Its logged allow verdicts (ACL logging, `super::acl`).
+    pub logged: super::acl::Logged,
+    /// Per direction it isolates, the namespace's logged deny chain, when it logs denies.
+    pub deny: Vec<(super::Direction, Arc<str>)>,
 }
 
 /// One policy set as last planned: the part key, the pods it governs, the part.

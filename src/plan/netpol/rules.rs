@@ -31,6 +31,14 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// `ingress`, `egress`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+
     pub fn suffix(self) -> &'static str {
         match self {
             Direction::Ingress => "in",
@@ -68,6 +76,11 @@ pub fn add_direction(
                 Direction::Egress => "egress",
             }
         );
+        let allow = |part: &mut Part, shared: &mut Sharing| {
+            let acl = shared.acl.as_ref();
+            let d = direction.name();
+            super::acl::allow_verdict(acl, policy, d, i, part, &mut shared.logged)
+        };
         let (numeric, named) = split_ports(rule);
         let ports_set = numeric.as_ref().filter(|n| !n.is_empty()).map(|n| {
             let set = ports_set(&format!("{at}-ports"), n);
@@ -109,7 +122,7 @@ pub fn add_direction(
                 }
                 // What the policy allowed, for the per-policy metrics.
                 stmts.push(Stmt::Counter);
-                stmts.push(Stmt::Verdict(Verdict::Accept));
+                stmts.push(Stmt::Verdict(allow(part, shared)));
                 chain.push(Rule::new(stmts).with_comment(comment.clone()));
             }
             if named.is_empty() {
@@ -135,7 +148,7 @@ pub fn add_direction(
             ];
             stmts.push(Stmt::in_set(key, set.name.clone()));
             stmts.push(Stmt::Counter);
-            stmts.push(Stmt::Verdict(Verdict::Accept));
+            stmts.push(Stmt::Verdict(allow(part, shared)));
             part.add_set(set);
             chain.push(Rule::new(stmts).with_comment(comment.clone()));
         }
@@ -150,6 +163,9 @@ pub struct Sharing<'m> {
     pub sets: &'m mut PeerSets,
     pub parts: &'m mut Parts,
     pub keys: Vec<Arc<PeerKey>>,
+    /// The policy's namespace's ACL logging, and the logged verdicts of the policy.
+    pub acl: Option<super::acl::Acl>,
+    pub logged: super::acl::Logged,
 }
 
 impl Sharing<'_> {

@@ -455,6 +455,7 @@ pub fn rich_table_changed() -> Table {
     let log = t.chains.get_mut("fw-log").unwrap();
     log.rules[0] = Rule::new(vec![Stmt::Log {
         prefix: "np changed ".into(),
+        group: None,
     }]);
     t.chains.remove("ep-3");
     let svc_a = t.chains.get_mut("svc-a").unwrap();

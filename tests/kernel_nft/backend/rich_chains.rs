@@ -77,6 +77,7 @@ pub fn forward(t: &mut Table) {
             Stmt::in_set(vec![Field::L4Proto], "protos"),
             Stmt::Log {
                 prefix: "nodeplane: deny ".into(),
+                group: Some(7),
             },
             verdict(Verdict::Drop),
         ]),
@@ -349,6 +350,7 @@ pub fn forward(t: &mut Table) {
         Stmt::Counter,
         Stmt::Log {
             prefix: "np \"x\"; y ".into(),
+            group: None,
         },
     ]));
     log.push(Rule::new(vec![Stmt::MarkSet(0x20)]));
