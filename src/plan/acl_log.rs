@@ -179,6 +179,19 @@ pub fn chain(entry: &Entry, settings: &AclLogSettings) -> Chain {
     chain
 }
 
+/// The chain of a logged verdict that its caller gives (a NetworkPolicy isolation drop,
+/// `jump`ed to from the policy set just before its counted `drop`): the log within the
+/// namespace's rate, then back, so the per-policy deny counters count logged namespaces too.
+pub fn log_only_chain(entry: &Entry, settings: &AclLogSettings) -> Chain {
+    let mut chain = chain(entry, settings);
+    for rule in &mut chain.rules {
+        if let Some(Stmt::Verdict(v)) = rule.stmts.last_mut() {
+            *v = Verdict::Return;
+        }
+    }
+    chain
+}
+
 /// A namespace's ACL logging from the snapshot (`None`: no namespace or nothing logged),
 /// its annotation's problems into `problems`.
 pub fn namespace_logging(

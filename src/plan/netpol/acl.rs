@@ -107,7 +107,7 @@ pub fn finish<'p>(
         if let Some(acl) = lookup.get(snapshot, ns, settings) {
             for d in ["ingress", "egress"] {
                 if let Some(e) = deny_entry(&acl, ns, d) {
-                    deny.add_chain(acl_log::chain(&e, &acl.1));
+                    deny.add_chain(acl_log::log_only_chain(&e, &acl.1));
                     book.entries.insert(e.id(), Arc::new(e));
                 }
             }
