@@ -47,6 +47,32 @@ pub fn quote(s: &str) -> String {
     one_line(&format!("{s:?}")).into_owned()
 }
 
+/// Decodes one `application/x-www-form-urlencoded` value (`%XX` escapes, `+` for a space);
+/// an error for a truncated or bad escape or bytes that are not UTF-8.
+pub fn form_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3).ok_or("truncated %-escape")?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad %-escape")?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8".to_string())
+}
+
 /// [`one_line`] in at most `max` bytes (at least 64): for fields with a limit of their own,
 /// such as the 1 KiB note of a Kubernetes Event.
 pub fn one_line_within(s: &str, max: usize) -> Cow<'_, str> {

@@ -71,30 +71,6 @@ fn escape(s: &str) -> String {
     out
 }
 
-fn unescape(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3).ok_or("truncated %-escape")?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad %-escape")?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| "not UTF-8".to_string())
-}
-
 impl Request {
     /// The request as a query string (`src=...&dst=...`).
     pub fn to_query_string(&self) -> String {
@@ -131,7 +107,7 @@ impl Request {
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let bad = |e: String| ExplainError::Param(k.to_string(), e);
-            let v = unescape(v).map_err(bad)?;
+            let v = crate::text::form_decode(v).map_err(bad)?;
             let ip = |v: &str| v.parse::<IpAddr>().map_err(|e| bad(e.to_string()));
             let port = |v: &str| v.parse::<u16>().map_err(|e| bad(e.to_string()));
             match k {

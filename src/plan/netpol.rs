@@ -30,7 +30,7 @@
 
 mod acl;
 pub mod binding;
-mod bridge;
+pub mod bridge;
 mod dispatch;
 mod memo;
 mod peers;

@@ -167,6 +167,15 @@ fn metrics_count_each_rules_packets_exactly() {
             lines.push(policy("packets", verdict, n));
             lines.push(policy("bytes", verdict, n * PACKET_BYTES));
         }
+        // The guards' node-wide series exist while a policy is in force; routed pods meet
+        // none of them.
+        for reason in ["flow_set_full", "source_not_bound", "unlisted_address"] {
+            for metric in ["packets", "bytes"] {
+                lines.push(format!(
+                    "nodeplane_network_policy_guard_drop_{metric}_total{{reason=\"{reason}\"}} 0"
+                ));
+            }
+        }
         lines
     };
     // Every rule's series is there at 0 before any packet.

@@ -23,6 +23,47 @@ pub enum PolicyVerdict {
     Deny,
 }
 
+/// Why a NetworkPolicy guard dropped a packet before any policy judged it (the counted drops
+/// of `plan::netpol::binding` and `plan::netpol::bridge`, found by their comments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GuardReason {
+    /// A source address not bound to the bridge port it came from (a spoofing pod).
+    SourceNotBound,
+    /// An isolated pod sending or receiving on an address it does not list (link-local,
+    /// SLAAC).
+    UnlistedAddress,
+    /// A new flow that its bridge port's flow set has no room for.
+    FlowSetFull,
+}
+
+impl GuardReason {
+    pub const ALL: [GuardReason; 3] = [
+        GuardReason::SourceNotBound,
+        GuardReason::UnlistedAddress,
+        GuardReason::FlowSetFull,
+    ];
+
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            GuardReason::SourceNotBound => "source_not_bound",
+            GuardReason::UnlistedAddress => "unlisted_address",
+            GuardReason::FlowSetFull => "flow_set_full",
+        }
+    }
+
+    /// The guard whose drop rule carries `comment`.
+    fn of(comment: &str) -> Option<GuardReason> {
+        use crate::plan::netpol::{binding, bridge};
+        match comment {
+            binding::SPOOF_COMMENT => Some(GuardReason::SourceNotBound),
+            binding::UNLISTED_COMMENT => Some(GuardReason::UnlistedAddress),
+            bridge::FULL_COMMENT => Some(GuardReason::FlowSetFull),
+            _ => None,
+        }
+    }
+}
+
 /// One exported series (a packets and a bytes metric each).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Series {
@@ -36,6 +77,8 @@ pub enum Series {
         direction: Direction,
         verdict: PolicyVerdict,
     },
+    /// A NetworkPolicy guard's drops, node-wide.
+    Guard(GuardReason),
 }
 
 /// Whose counters a chain holds.
@@ -90,6 +133,12 @@ impl Index {
             };
             index.add_part(owner, part);
         }
+        // While NetworkPolicy is in force the guards' series exist (reading 0, not absent);
+        // their drops are in the bridge table's chains and the ports' chains, which the
+        // applied (inet) table does not show, so they are found by comment at each read.
+        if !policy_sets.is_empty() {
+            index.series.extend(GuardReason::ALL.map(Series::Guard));
+        }
         for (direction, part) in policy_sets {
             index.add_policy_sets(direction, &part);
         }
@@ -143,7 +192,12 @@ impl Index {
     /// The series a counting rule of `chain` adds to (several for a policy set's drop).
     fn rule_series(&self, chain: &str, comment: Option<&str>) -> Vec<Series> {
         match self.chains.get(chain) {
-            None => Vec::new(),
+            // No object's chain: a guard's drop (in the base chains or a port's chain).
+            None => comment
+                .and_then(GuardReason::of)
+                .map(Series::Guard)
+                .into_iter()
+                .collect(),
             Some(ChainOwner::Firewall(ns)) => comment
                 .and_then(firewall_rule)
                 .map(|rule| firewall(ns, rule))

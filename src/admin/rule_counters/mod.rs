@@ -29,7 +29,7 @@ use crate::nft::engine::NftError;
 use crate::nft::ir::{Family, Table};
 use crate::nft::nftnl::{Counted, read_counters};
 use crate::task::{OnExit, Task, task};
-pub use index::{Direction, Index, PolicyVerdict, Series};
+pub use index::{Direction, GuardReason, Index, PolicyVerdict, Series};
 
 /// The last published counts, encoded at each scrape.
 #[derive(Debug, Default)]
@@ -60,7 +60,7 @@ struct Metric {
     value: fn(&Counted) -> u64,
 }
 
-const METRICS: [Metric; 6] = [
+const METRICS: [Metric; 8] = [
     Metric {
         name: "egress_firewall_rule_packets",
         help: "Packets an EgressFirewall rule decided (accepted or dropped): the packets that \
@@ -101,6 +101,21 @@ const METRICS: [Metric; 6] = [
         kind: |s| matches!(s, Series::Policy { .. }),
         value: |c| c.bytes,
     },
+    Metric {
+        name: "network_policy_guard_drop_packets",
+        help: "Packets a NetworkPolicy guard dropped before any policy judged them, node-wide, \
+               by reason: source_not_bound (a source address not bound to the bridge port it \
+               came from), unlisted_address (an isolated pod on an address it does not list), \
+               flow_set_full (a new flow its bridge port's flow set has no room for)",
+        kind: |s| matches!(s, Series::Guard(_)),
+        value: |c| c.packets,
+    },
+    Metric {
+        name: "network_policy_guard_drop_bytes",
+        help: "Bytes of the packets a NetworkPolicy guard dropped, by reason",
+        kind: |s| matches!(s, Series::Guard(_)),
+        value: |c| c.bytes,
+    },
 ];
 
 impl Collector for RuleCounters {
@@ -127,9 +142,10 @@ impl Collector for RuleCounters {
 }
 
 /// The label set of a series: namespace, object name, then rule index (EgressFirewall,
-/// EgressQoS) or direction and verdict (NetworkPolicy).
+/// EgressQoS) or direction and verdict (NetworkPolicy); a guard's drops only the reason.
 fn labels(series: &Series) -> Vec<(&'static str, String)> {
     match series {
+        Series::Guard(reason) => vec![("reason", reason.label().to_string())],
         Series::Firewall { namespace, rule } | Series::Qos { namespace, rule } => vec![
             ("namespace", namespace.to_string()),
             // Both objects must be named `default`: nothing else is ever applied.

@@ -215,3 +215,35 @@ fn rule_numbers_come_from_the_comments() {
     assert_eq!(qos_rule("EgressQoS a-b rule 3"), Some(3));
     assert_eq!(qos_rule("EgressQoS rule 3 x"), None);
 }
+
+#[test]
+fn guard_drops_are_counted_by_reason_node_wide() {
+    use crate::plan::netpol::{binding, bridge};
+    let table = applied(cluster());
+    let index = Index::of(&table);
+    // The guards' drops sit in base chains and in each bridge port's chain, in both tables.
+    let kernel = TableCounters {
+        rules: vec![
+            rule("np-forward-ingress", Some(binding::SPOOF_COMMENT), 3),
+            rule("np-fl-veth1", Some(bridge::FULL_COMMENT), 2),
+            rule("np-fl-veth2", Some(bridge::FULL_COMMENT), 5),
+        ],
+        ..Default::default()
+    };
+    let counters = RuleCounters::default();
+    counters.publish(index.tally(&[kernel]));
+    let guard = "nodeplane_network_policy_guard_drop_packets_total";
+    assert_eq!(
+        lines_of(&exposition(&counters), guard),
+        [
+            format!("{guard}{{reason=\"flow_set_full\"}} 7"),
+            format!("{guard}{{reason=\"source_not_bound\"}} 3"),
+            format!("{guard}{{reason=\"unlisted_address\"}} 0"),
+        ]
+    );
+    // Without NetworkPolicy there are no guards and no series.
+    let none = applied(Snapshot::builder().with(objects::namespace("shop", &[]).object()));
+    let counters = RuleCounters::default();
+    counters.publish(Index::of(&none).tally(&[]));
+    assert!(lines_of(&exposition(&counters), guard).is_empty());
+}
