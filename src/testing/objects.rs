@@ -258,23 +258,38 @@ impl Display for Node {
 
 typed!(Node => crate::api::Node);
 
-/// A Namespace with labels (what namespace selectors match).
+/// A Namespace with labels (what namespace selectors match) and, optionally, the
+/// `k8s.ovn.org/acl-logging` annotation.
 #[derive(Clone, Debug)]
 pub struct Namespace {
     name: String,
     labels: Vec<(String, String)>,
+    acl_logging: Option<String>,
 }
 
 pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
     Namespace {
         name: name.into(),
         labels: owned(labels),
+        acl_logging: None,
+    }
+}
+
+impl Namespace {
+    /// With `k8s.ovn.org/acl-logging: <value>` (`None`: without the annotation).
+    pub fn acl_logging(mut self, value: Option<&str>) -> Self {
+        self.acl_logging = value.map(str::to_string);
+        self
     }
 }
 
 impl Display for Namespace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let meta = metadata(&self.name, None, &self.labels);
+        let mut meta = metadata(&self.name, None, &self.labels);
+        if let Some(v) = &self.acl_logging {
+            let annotations = flow_map(&[(crate::api::acl_logging::ANNOTATION.into(), v.clone())]);
+            meta.insert_str(meta.len() - 1, &format!(", annotations: {annotations}"));
+        }
         write!(f, "apiVersion: v1\nkind: Namespace\n{meta}\n")
     }
 }

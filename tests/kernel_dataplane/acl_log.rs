@@ -31,10 +31,9 @@ struct Topo {
 }
 
 fn namespace(name: &str, acl_logging: Option<&str>) -> String {
-    let annotations = acl_logging
-        .map(|v| format!("\n  annotations: {{k8s.ovn.org/acl-logging: '{v}'}}"))
-        .unwrap_or_default();
-    format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{annotations}\n")
+    objects::namespace(name, &[])
+        .acl_logging(acl_logging)
+        .to_string()
 }
 
 fn topo(alpha_logging: &str) -> Topo {

@@ -13,15 +13,9 @@ const RULES: &str = "[\
     {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]";
 
 fn namespace(name: &str, acl_logging: Option<&str>) -> crate::api::Namespace {
-    let mut ns: crate::api::Namespace = objects::namespace(name, &[]).object();
-    ns.metadata.annotations = acl_logging.map(|v| {
-        [(
-            crate::api::acl_logging::ANNOTATION.to_string(),
-            v.to_string(),
-        )]
-        .into()
-    });
-    ns
+    objects::namespace(name, &[])
+        .acl_logging(acl_logging)
+        .object()
 }
 
 fn snapshot(web: Option<&str>, other: Option<&str>) -> SnapshotBuilder {

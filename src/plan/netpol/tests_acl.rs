@@ -14,15 +14,9 @@ const WEB_ONLY: &str = "  podSelector: {matchLabels: {app: db}}\n  ingress:\n  -
     - podSelector: {matchLabels: {app: web}}\n";
 
 fn namespace(name: &str, acl_logging: Option<&str>) -> crate::api::Namespace {
-    let mut ns: crate::api::Namespace = objects::namespace(name, &[]).object();
-    ns.metadata.annotations = acl_logging.map(|v| {
-        [(
-            crate::api::acl_logging::ANNOTATION.to_string(),
-            v.to_string(),
-        )]
-        .into()
-    });
-    ns
+    objects::namespace(name, &[])
+        .acl_logging(acl_logging)
+        .object()
 }
 
 fn cluster(shop: Option<&str>) -> SnapshotBuilder {
