@@ -48,7 +48,10 @@ pub enum Command {
     ///
     /// Example: agent explain --manifests examples --node-name worker-1
     /// --src 10.128.0.11 --dst 203.0.113.10 --proto tcp --dport 443
-    Explain(ExplainArgs),
+    ///
+    /// Live, with the kernel's own account of real packets:
+    /// agent explain --live --trace 10 --src 10.128.0.12 --dst 10.128.0.11 --dport 8443
+    Explain(Box<ExplainArgs>),
 }
 
 /// The packet `agent explain` follows (a connection's first packet unless `--ct-state`).
@@ -94,6 +97,17 @@ pub struct ExplainArgs {
     /// Without --bridged (the live answer covers table inet nodeplane).
     #[arg(long)]
     pub live: bool,
+    /// With --live: also trace real packets like this one in the kernel for up to SECONDS
+    /// (1-30): the agent adds a table `nodeplane-trace` that sets `meta nftrace` on packets
+    /// matching the addresses, protocol and the ports and --iif given, reports every rule of
+    /// its tables they meet with the object and rule behind it, and removes the table when
+    /// done (the kernel removes it too if the agent dies: it is owned by the agent's socket).
+    /// Send the packet while the trace runs. One trace at a time per agent.
+    #[arg(long, value_name = "SECONDS", requires = "live")]
+    pub trace: Option<u64>,
+    /// With --trace: stop after this many packets (1-20). Default: 1.
+    #[arg(long, value_name = "N", default_value = "1", requires = "trace")]
+    pub trace_packets: usize,
     /// `text` (aligned, one decision a line) or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,

@@ -62,6 +62,10 @@ fn explain(config: &Config, args: &nodeplane::cli::ExplainArgs) -> anyhow::Resul
         bridged: args.bridged,
         br_netfilter: args.br_netfilter,
         local_addrs: args.local_addrs.clone(),
+        trace: args
+            .trace
+            .map(|s| offline::TraceLimits::new(s, args.trace_packets))
+            .transpose()?,
     };
     if args.live {
         let json = args.output == "json";

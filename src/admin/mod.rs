@@ -46,6 +46,19 @@ pub struct AdminState {
     tasks: Mutex<BTreeMap<String, (String, bool)>>,
     /// `agent assigner`: no control loop, so no sync to wait for.
     no_syncs: bool,
+    /// Set while `/explain?trace=..` runs: one trace at a time.
+    tracing: std::sync::atomic::AtomicBool,
+}
+
+/// Why `/explain` gives no report.
+#[derive(Debug)]
+pub enum ExplainRefused {
+    /// A bad question (400), naming the parameter.
+    Bad(String),
+    /// A trace is already running (409).
+    Busy,
+    /// The trace could not run (500).
+    Failed(String),
 }
 
 /// Problems of the agent's environment, by what they concern (`capabilities`, `dns proxy`,
@@ -232,16 +245,18 @@ impl AdminState {
         self.last().applied.as_ref().map(|(table, _)| table.clone())
     }
 
-    /// `/explain?src=..&dst=..[&format=json]`: `agent explain` against the table last
-    /// applied (the live state), answered as text or JSON; `Err` for a bad question.
-    pub fn explain(&self, query: &str) -> Result<Option<String>, String> {
+    /// `/explain?src=..&dst=..[&trace=S][&format=json]`: `agent explain` against the table
+    /// last applied (the live state), answered as text or JSON; with `trace`, after tracing
+    /// real packets for up to S seconds (blocks: call it off the async runtime).
+    pub fn explain(&self, query: &str) -> Result<Option<String>, ExplainRefused> {
         use crate::explain::offline::{Live, Request, explain_tables};
         let json = query.split('&').any(|p| p == "format=json");
         let query: Vec<&str> = query
             .split('&')
             .filter(|p| !p.starts_with("format="))
             .collect();
-        let req = Request::from_query_string(&query.join("&")).map_err(|e| e.to_string())?;
+        let bad = |e: &dyn std::fmt::Display| ExplainRefused::Bad(e.to_string());
+        let req = Request::from_query_string(&query.join("&")).map_err(|e| bad(&e))?;
         let (table, facts) = {
             let last = self.last();
             match (&last.applied, &last.explain) {
@@ -256,9 +271,27 @@ impl AdminState {
             facts: &facts.facts,
             egress_ips: &facts.egress_ips,
         };
-        let report = explain_tables(&live, &req).map_err(|e| e.to_string())?;
+        let mut report = explain_tables(&live, &req).map_err(|e| bad(&e))?;
+        if let Some(limits) = req.trace {
+            use std::sync::atomic::{AtomicBool, Ordering};
+            /// Frees the slot however the trace ends.
+            struct Slot<'a>(&'a AtomicBool);
+            impl Drop for Slot<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            if self.tracing.swap(true, Ordering::AcqRel) {
+                return Err(ExplainRefused::Busy);
+            }
+            let _slot = Slot(&self.tracing);
+            let traced = crate::explain::trace::trace(&live, &req, limits);
+            report.trace = Some(traced.map_err(|e| ExplainRefused::Failed(e.to_string()))?);
+        }
         Ok(Some(if json {
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
+            serde_json::to_string_pretty(&report)
+                .map_err(|e| ExplainRefused::Failed(e.to_string()))?
+                + "\n"
         } else {
             crate::explain::output::text(&report)
         }))

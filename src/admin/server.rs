@@ -103,21 +103,32 @@ async fn respond(
                 "# nothing applied yet\n".into(),
             ),
         },
-        "/explain" => match state.explain(req.uri().query().unwrap_or_default()) {
-            Ok(Some(report)) => text(StatusCode::OK, report),
-            Ok(None) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "nothing applied yet\n".into(),
-            ),
-            Err(e) => text(
-                StatusCode::BAD_REQUEST,
-                format!("{}\n", crate::text::one_line(&e)),
-            ),
-        },
+        "/explain" => explain(state, req.uri().query().unwrap_or_default().to_string()).await,
         _ => text(
             StatusCode::NOT_FOUND,
             "try /healthz /readyz /metrics /ruleset /explain\n".into(),
         ),
+    }
+}
+
+/// `/explain` on a blocking thread: a trace waits for packets for seconds.
+async fn explain(state: Arc<AdminState>, query: String) -> Response<Full<Bytes>> {
+    use super::ExplainRefused;
+    let answer = tokio::task::spawn_blocking(move || state.explain(&query)).await;
+    let refused = |code, e: &str| text(code, format!("{}\n", crate::text::one_line(e)));
+    match answer {
+        Ok(Ok(Some(report))) => text(StatusCode::OK, report),
+        Ok(Ok(None)) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "nothing applied yet\n".into(),
+        ),
+        Ok(Err(ExplainRefused::Bad(e))) => refused(StatusCode::BAD_REQUEST, &e),
+        Ok(Err(ExplainRefused::Busy)) => refused(
+            StatusCode::CONFLICT,
+            "a trace is already running; try again after it",
+        ),
+        Ok(Err(ExplainRefused::Failed(e))) => refused(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => refused(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 

@@ -64,13 +64,7 @@ struct Place {
 }
 
 pub fn hook_name(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Prerouting => "prerouting",
-        Hook::Input => "input",
-        Hook::Forward => "forward",
-        Hook::Output => "output",
-        Hook::Postrouting => "postrouting",
-    }
+    hook.keyword()
 }
 
 /// The base chains of `table` at `hook`, in the order the kernel runs them. NAT chains
@@ -263,6 +257,8 @@ impl<'a> Walker<'a> {
             Stmt::MarkSet(m) => self.set_mark(*m),
             Stmt::MarkOr(m) => self.set_mark(self.packet.mark | m),
             Stmt::MarkAnd(m) => self.set_mark(self.packet.mark & m),
+            // Only reports what follows; it decides nothing.
+            Stmt::Trace => Flow::Next,
             Stmt::Tproxy { port, .. } => {
                 self.tproxied = true;
                 self.record(None, Action::Tproxy { port: *port });

@@ -70,6 +70,9 @@ pub enum Action {
     SetAdd {
         set: String,
     },
+    /// The rule matched and the walk went on (a trace's `continue`: its statements did
+    /// something that is no verdict, such as a counter or a mark).
+    Continue,
     /// The rule depends on what the evaluator cannot know offline; `assumed` says how it
     /// was taken.
     Unknown {

@@ -25,7 +25,9 @@ pub enum LiveError {
 pub fn ask(admin: SocketAddr, req: &Request, json: bool) -> Result<String, LiveError> {
     let io = |e| LiveError::Io(admin, e);
     let mut stream = TcpStream::connect_timeout(&admin, TIMEOUT).map_err(io)?;
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
+    // A trace answers once it is over.
+    let wait = TIMEOUT + Duration::from_secs(req.trace.map_or(0, |t| t.seconds));
+    stream.set_read_timeout(Some(wait)).map_err(io)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
     let format = if json { "&format=json" } else { "" };
     let path = format!("/explain?{}{format}", req.to_query_string());

@@ -12,7 +12,8 @@
 //! matching), `eval` (chains, rules, statements), `event` (what is recorded), this file
 //! (hooks in order, one path per `numgen` bucket), `provenance`, `output`, `request` (the question, also as a
 //! query string for `--live`), `live` (`--live`: asks the admin endpoint), `offline` (planned tables, and any tables, as the admin
-//! endpoint's `/explain` does).
+//! endpoint's `/explain` does), `trace` (`--live --trace`: the kernel's trace of real packets, mapped
+//! back to objects through the same provenance).
 
 pub mod eval;
 pub mod event;
@@ -23,6 +24,7 @@ pub mod output;
 pub mod packet;
 pub mod provenance;
 pub mod request;
+pub mod trace;
 
 use eval::{Outcome, Walker};
 pub use event::{Action, Event, Path, Verdict};

@@ -6,7 +6,7 @@
 use super::output::{Report, report};
 use super::packet::NodeFacts;
 use super::provenance::Index;
-pub use super::request::{ExplainError, Request};
+pub use super::request::{ExplainError, Request, TraceLimits};
 use super::{Tables, Topology, explain_paths};
 use crate::nft::ir::Table;
 use crate::plan::Desired;

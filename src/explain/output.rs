@@ -26,6 +26,9 @@ pub struct Report {
     /// The verdict every path agrees on; `None` (null) when the backend picked decides.
     pub verdict: Option<Verdict>,
     pub paths: Vec<PathReport>,
+    /// With `--trace`: what the kernel did with real packets like this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,6 +77,7 @@ pub fn report(node: &str, query_packet: &Packet, paths: Vec<Path>, index: &Index
         assumptions: query_packet.assumptions(),
         verdict,
         paths,
+        trace: None,
     }
 }
 
@@ -160,14 +164,19 @@ pub fn text(report: &Report) -> String {
         out.push_str(&aligned(&rows));
         let _ = writeln!(out, "  leaves as {}; {}", p.leaves_as, p.after);
     }
+    if let Some(t) = &report.trace {
+        out.push_str(&trace_text(t));
+    }
     out
 }
 
 fn row(e: &Event, o: &Origin) -> [String; 5] {
     let place = format!("{} {}", e.table, e.hook);
-    let at = match e.rule {
-        Some(r) => format!("{}[{r}]", e.chain),
-        None => format!("{} policy", e.chain),
+    let at = match (e.rule, &e.action) {
+        (Some(r), _) => format!("{}[{r}]", e.chain),
+        // A traced chain that ran out of rules.
+        (None, Action::Return) => format!("{} end", e.chain),
+        (None, _) => format!("{} policy", e.chain),
     };
     let mut object = o.kind.to_string();
     if let Some(ns) = &o.namespace {
@@ -215,6 +224,7 @@ fn action_word(a: &Action) -> String {
         Action::Tproxy { port } => format!("tproxy to :{port}"),
         Action::Log { prefix } => format!("log {}", quote(prefix)),
         Action::SetAdd { set } => format!("add to @{set}"),
+        Action::Continue => "continue".into(),
         Action::Unknown { .. } => "unknown offline".into(),
     }
 }
@@ -240,6 +250,84 @@ fn aligned(rows: &[[String; 5]]) -> String {
         let trimmed = out.trim_end().len();
         out.truncate(trimmed);
         out.push('\n');
+    }
+    out
+}
+
+/// What the trace saw.
+#[derive(Debug, Serialize)]
+pub struct TraceReport {
+    pub seconds: u64,
+    pub packets_asked: usize,
+    /// What the trace table matched, as nft prints it.
+    pub matched: String,
+    /// Trace messages the kernel could not queue for the agent (its buffer was full).
+    pub lost: u64,
+    pub packets: Vec<TracedPacket>,
+}
+
+/// One traced packet: what the kernel did with it, rule by rule.
+#[derive(Debug, Serialize)]
+pub struct TracedPacket {
+    /// The kernel's trace id.
+    pub id: String,
+    /// The packet as it entered the first hook.
+    pub packet: String,
+    pub dropped: bool,
+    /// The evaluator's verdict for this packet against the applied table.
+    pub predicted: Option<Verdict>,
+    /// Whether kernel and evaluator agree on dropped or not.
+    pub agrees: bool,
+    pub steps: Vec<Decision>,
+}
+
+/// The trace for people: per packet, the kernel's verdict beside the prediction, then one
+/// aligned line per rule the kernel reported.
+pub fn trace_text(t: &TraceReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ntrace    {} packet(s) traced in up to {} s (at most {}) matching: {}",
+        t.packets.len(),
+        t.seconds,
+        t.packets_asked,
+        t.matched
+    );
+    if t.lost > 0 {
+        let _ = writeln!(
+            out,
+            "trace    {} trace message(s) lost: the listener fell behind",
+            t.lost
+        );
+    }
+    if t.packets.is_empty() {
+        let _ = writeln!(
+            out,
+            "trace    no packet matched while the trace ran: send one during it"
+        );
+    }
+    for (i, p) in t.packets.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "\ntraced   packet {}/{} (trace id {}): {}",
+            i + 1,
+            t.packets.len(),
+            p.id,
+            p.packet
+        );
+        let kernel = if p.dropped {
+            "DROPPED"
+        } else {
+            "ACCEPTED by every hook it met"
+        };
+        let agree = if p.agrees { "agrees" } else { "DIFFERS" };
+        let _ = writeln!(
+            out,
+            "kernel   {kernel}; explain predicts {}: {agree}",
+            verdict_word(p.predicted)
+        );
+        let rows: Vec<[String; 5]> = p.steps.iter().map(|d| row(&d.event, &d.origin)).collect();
+        out.push_str(&aligned(&rows));
     }
     out
 }

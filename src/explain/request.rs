@@ -21,6 +21,39 @@ pub struct Request {
     pub br_netfilter: bool,
     /// Addresses of this node besides its Node object's (for `fib daddr type local`).
     pub local_addrs: Vec<IpAddr>,
+    /// `--trace`: also trace real packets like this one in the kernel (live only).
+    pub trace: Option<TraceLimits>,
+}
+
+/// How long a trace listens and how many packets it follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceLimits {
+    pub seconds: u64,
+    pub packets: usize,
+}
+
+impl TraceLimits {
+    /// The admin server ends a connection after 60 s: a trace ends well before.
+    pub const MAX_SECONDS: u64 = 30;
+    /// Enough to see a retransmission or a few backends; bounded so that a broad match on
+    /// a busy node stays a few hundred events.
+    pub const MAX_PACKETS: usize = 20;
+
+    pub fn new(seconds: u64, packets: usize) -> Result<TraceLimits, ExplainError> {
+        if !(1..=Self::MAX_SECONDS).contains(&seconds) {
+            return Err(ExplainError::Param(
+                "trace".into(),
+                format!("{seconds} s: expected 1 to {}", Self::MAX_SECONDS),
+            ));
+        }
+        if !(1..=Self::MAX_PACKETS).contains(&packets) {
+            return Err(ExplainError::Param(
+                "trace-packets".into(),
+                format!("{packets}: expected 1 to {}", Self::MAX_PACKETS),
+            ));
+        }
+        Ok(TraceLimits { seconds, packets })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +118,8 @@ impl Request {
         opt("ct-state", self.ct_state.clone());
         opt("bridged", self.bridged.then(|| "1".into()));
         opt("br-netfilter", self.br_netfilter.then(|| "1".into()));
+        opt("trace", self.trace.map(|t| t.seconds.to_string()));
+        opt("trace-packets", self.trace.map(|t| t.packets.to_string()));
         pairs.extend(
             self.local_addrs
                 .iter()
@@ -104,6 +139,7 @@ impl Request {
             proto: "tcp".into(),
             ..Default::default()
         };
+        let mut trace = (None, None);
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let bad = |e: String| ExplainError::Param(k.to_string(), e);
@@ -122,9 +158,23 @@ impl Request {
                 "bridged" => req.bridged = v == "1",
                 "br-netfilter" => req.br_netfilter = v == "1",
                 "local-addr" => req.local_addrs.push(ip(&v)?),
+                "trace" => trace.0 = Some(v.parse::<u64>().map_err(|e| bad(e.to_string()))?),
+                "trace-packets" => {
+                    trace.1 = Some(v.parse::<usize>().map_err(|e| bad(e.to_string()))?)
+                }
                 _ => return Err(bad("unknown parameter".into())),
             }
         }
+        req.trace = match trace {
+            (Some(seconds), packets) => Some(TraceLimits::new(seconds, packets.unwrap_or(1))?),
+            (None, Some(_)) => {
+                return Err(ExplainError::Param(
+                    "trace-packets".into(),
+                    "needs trace".into(),
+                ));
+            }
+            (None, None) => None,
+        };
         Ok(req)
     }
 }
@@ -143,6 +193,7 @@ mod tests {
             iif: Some("we&ird=\"if\"".into()),
             bridged: true,
             local_addrs: vec!["192.168.1.1".parse().unwrap()],
+            trace: Some(TraceLimits::new(5, 3).unwrap()),
             ..Default::default()
         };
         let back = Request::from_query_string(&req.to_query_string()).unwrap();
@@ -152,5 +203,26 @@ mod tests {
             .to_string();
         assert!(err.contains("\"dport\""), "{err}");
         assert!(Request::from_query_string("x=1").is_err());
+    }
+
+    #[test]
+    fn a_trace_is_bounded_in_time_and_packets() {
+        let req = Request::from_query_string("src=10.0.0.1&dst=10.0.0.2&trace=5").unwrap();
+        assert_eq!(
+            req.trace,
+            Some(TraceLimits {
+                seconds: 5,
+                packets: 1
+            })
+        );
+        for (q, param) in [
+            ("trace=0", "\"trace\""),
+            ("trace=31", "\"trace\""),
+            ("trace=5&trace-packets=21", "\"trace-packets\""),
+            ("trace-packets=2", "\"trace-packets\""),
+        ] {
+            let err = Request::from_query_string(q).unwrap_err().to_string();
+            assert!(err.contains(param), "{q}: {err}");
+        }
     }
 }

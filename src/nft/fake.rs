@@ -55,7 +55,7 @@ pub fn apply_to(table: &mut Option<Table>, tx: &Transaction) -> Result<(), Strin
 }
 
 fn apply_op(table: &mut Option<Table>, family: Family, name: &str, op: &Op) -> Result<(), String> {
-    if let Op::AddTable = op {
+    if let Op::AddTable | Op::AddOwnedTable = op {
         table.get_or_insert_with(|| Table::with_family(family, name));
         return Ok(());
     }
@@ -63,7 +63,7 @@ fn apply_op(table: &mut Option<Table>, family: Family, name: &str, op: &Op) -> R
         .as_mut()
         .ok_or_else(|| format!("table {} {name} does not exist", family.keyword()))?;
     match op {
-        Op::AddTable => {}
+        Op::AddTable | Op::AddOwnedTable => {}
         Op::DeleteTable => *table = None,
         Op::AddChain { name, base } => {
             t.chains.entry(name.clone()).or_insert_with(|| Chain {

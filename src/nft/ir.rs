@@ -330,6 +330,19 @@ pub enum Hook {
     Postrouting,
 }
 
+impl Hook {
+    /// The nft keyword (`hook prerouting`).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Policy {
     Accept,
@@ -928,6 +941,9 @@ pub enum Stmt {
         limit: Limit,
     },
     Verdict(Verdict),
+    /// `meta nftrace set 1`: from here on the kernel reports every rule the packet meets, in
+    /// every table and hook, to the trace netlink group (`agent explain --trace`).
+    Trace,
 }
 
 /// A packet rate: `limit rate over PER_SECOND/second burst BURST packets` (`over` only: the

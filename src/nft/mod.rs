@@ -10,6 +10,7 @@ pub mod names;
 pub mod nftnl;
 pub mod readback;
 pub mod render;
+pub mod trace;
 pub mod transaction;
 
 pub use diff::diff;

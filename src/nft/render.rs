@@ -47,6 +47,7 @@ pub fn render_transaction(tx: &Transaction) -> String {
     for op in &tx.ops {
         let _ = match op {
             Op::AddTable => writeln!(out, "add table {t}"),
+            Op::AddOwnedTable => writeln!(out, "add table {t} {{ flags owner; }}"),
             Op::DeleteTable => writeln!(out, "delete table {t}"),
             Op::AddChain { name, base } => match base {
                 Some(b) => writeln!(out, "add chain {t} {name} {{ {} }}", base_chain(b)),
@@ -242,13 +243,7 @@ fn base_chain(b: &BaseChain) -> String {
         ChainType::Nat => "nat",
         ChainType::Route => "route",
     };
-    let hook = match b.hook {
-        Hook::Prerouting => "prerouting",
-        Hook::Input => "input",
-        Hook::Forward => "forward",
-        Hook::Output => "output",
-        Hook::Postrouting => "postrouting",
-    };
+    let hook = b.hook.keyword();
     let policy = match b.policy {
         Policy::Accept => "accept",
         Policy::Drop => "drop",
@@ -290,6 +285,7 @@ fn stmt(s: &Stmt) -> String {
             IpFamily::V6 => format!("tproxy ip6 to :{port}"),
         },
         Stmt::MarkOr(m) => format!("meta mark set meta mark or {m:#010x}"),
+        Stmt::Trace => "meta nftrace set 1".into(),
         Stmt::MarkAnd(m) => format!("meta mark set meta mark and {m:#010x}"),
         Stmt::SetUpdate {
             set,

@@ -11,6 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     AddTable,
+    /// `add table ... { flags owner; }`: the kernel deletes the table when the netlink
+    /// socket that added it closes, so a process that dies cannot leave it behind (kernel
+    /// 5.12+; `agent explain --trace`'s table).
+    AddOwnedTable,
     DeleteTable,
     /// Create a chain (empty); rules follow as [`Op::AddRule`].
     AddChain {

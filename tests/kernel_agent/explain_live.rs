@@ -93,3 +93,104 @@ fn live_explains_with_the_applied_table_like_offline() {
     assert!(body.contains("\"dport\""), "{body}");
     agent.stop();
 }
+
+/// Whether the node holds the trace table.
+fn trace_table_exists(node: &nodeplane::testing::lab::Ns) -> bool {
+    let tables = node
+        .exec(&["nft", "list", "tables"])
+        .expect("nft list tables");
+    tables.contains("nodeplane-trace")
+}
+
+/// `--trace`: a real packet from the monitoring pod to the isolated API pod is refused, and
+/// the kernel's trace of it names the NetworkPolicy isolation that dropped it, agrees with
+/// the prediction, and leaves no trace table behind. A second trace while one runs is
+/// refused; an agent killed mid-trace leaves no table either (it is owned by the agent's
+/// socket).
+#[test]
+fn trace_names_the_policy_the_kernel_met_and_leaves_nothing_behind() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    lab.add_addr(&node, "lo", "192.168.50.11/32");
+    let monitoring = lab.add_pod(&node, "mon", &["10.128.0.12"]);
+    let api = lab.add_pod(&node, "api", &["10.128.0.11"]);
+    let _server = api.ns.tcp_server("10.128.0.11:8443", "api");
+    let common = ["--manifests", EXAMPLES, "--node-name", "worker-1"];
+    let agent = node.spawn_agent(&common);
+    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let wait = Duration::from_secs(10);
+    eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
+        Ok((200, body)) if body.contains("table inet nodeplane") => Ok(()),
+        other => Err(format!("{other:?}\n{}", agent.logs())),
+    });
+    let mut args = vec!["explain", "--live", "--trace", "20"];
+    args.extend(PACKET);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    let tracer = {
+        let node = node.clone();
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            node.run_agent(&args)
+        })
+    };
+    eventually(wait, || {
+        trace_table_exists(&node)
+            .then_some(())
+            .ok_or_else(|| "no trace table yet".to_string())
+    });
+    let busy = node
+        .http_get(admin, "/explain?src=10.0.0.1&dst=10.0.0.2&trace=1", wait)
+        .expect("an answer");
+    assert_eq!(busy.0, 409, "a second trace while one runs: {busy:?}");
+    let outcome = monitoring
+        .ns
+        .tcp_connect("10.128.0.11:8443", Duration::from_secs(2));
+    assert!(
+        !outcome.is_reply(),
+        "the isolated pod was reached: {outcome:?}"
+    );
+    let report = tracer
+        .join()
+        .expect("tracer thread")
+        .unwrap_or_else(|e| panic!("explain --live --trace: {e}"));
+    for needle in [
+        "traced   packet 1/1",
+        "tcp 10.128.0.12:",
+        "-> 10.128.0.11:8443",
+        "kernel   DROPPED; explain predicts DROPPED: agrees",
+        "ingress isolated by NetworkPolicy \"backend/api-from-web\": no rule allows",
+    ] {
+        assert!(report.contains(needle), "no {needle:?} in:\n{report}");
+    }
+    let traced = report
+        .split("traced   packet")
+        .nth(1)
+        .expect("a traced packet");
+    assert!(
+        traced
+            .lines()
+            .any(|l| l.starts_with("  inet forward") && l.contains(" drop")),
+        "no drop at the forward hook in the trace:\n{traced}"
+    );
+    assert!(!trace_table_exists(&node), "the trace table stayed");
+
+    // Killed mid-trace: the kernel removes the table with the agent's socket.
+    let background = {
+        let node = node.clone();
+        std::thread::spawn(move || {
+            node.http_get(admin, "/explain?src=10.0.0.1&dst=10.0.0.2&trace=30", wait)
+        })
+    };
+    eventually(wait, || {
+        trace_table_exists(&node)
+            .then_some(())
+            .ok_or_else(|| "no trace table yet".to_string())
+    });
+    agent.kill();
+    eventually(wait, || {
+        (!trace_table_exists(&node))
+            .then_some(())
+            .ok_or_else(|| "the trace table outlived its agent".to_string())
+    });
+    let _ = background.join();
+}

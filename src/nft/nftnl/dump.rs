@@ -291,6 +291,22 @@ fn read_sets<'a>(
     })
 }
 
+/// The rule handles of every chain of `table <family> <table>`, in the chain's order: what
+/// a trace event's rule handle is looked up in (`nft::trace`). One rule dump.
+pub fn rule_handles(family: Family, table: &str) -> Result<BTreeMap<String, Vec<u64>>, NftError> {
+    let sock = DumpSocket::open(family)?;
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    sock.dump(NFT_MSG_GETRULE, &[(1u16, cstr(table))], |a| {
+        if a.get(1).map(|x| x.string()).as_deref() != Some(table) {
+            return;
+        }
+        if let (Some(chain), Some(handle)) = (a.get(2), a.get(3).and_then(|h| h.be64())) {
+            out.entry(chain.string()).or_default().push(handle);
+        }
+    })?;
+    Ok(out)
+}
+
 /// The packets and bytes a rule's `counter` statements have counted, found by the rule's
 /// comment: what the kernel counts, which a read-back leaves out (see [`parse_expr`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

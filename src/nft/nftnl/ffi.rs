@@ -531,10 +531,13 @@ struct Writer<'a> {
     seq: Cell<u32>,
 }
 
+/// `NFT_TABLE_F_OWNER`: the table lives as long as the netlink socket that added it.
+const NFT_TABLE_F_OWNER: u32 = 2;
+
 /// (message type, netlink flags) exactly as nft 1.0.6 sends them.
 fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
     match body {
-        MsgBody::NewTable => (libc::NFT_MSG_NEWTABLE as u32, 0),
+        MsgBody::NewTable { .. } => (libc::NFT_MSG_NEWTABLE as u32, 0),
         MsgBody::DelTable => (libc::NFT_MSG_DELTABLE as u32, 0),
         MsgBody::NewChain { .. } => (libc::NFT_MSG_NEWCHAIN as u32, NLM_F_CREATE),
         MsgBody::DelChain(_) => (libc::NFT_MSG_DELCHAIN as u32, 0),
@@ -636,7 +639,7 @@ unsafe impl NlMsg for Writer<'_> {
             sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, self.family, flags, seq)
         };
         match &self.msg.body {
-            MsgBody::NewTable | MsgBody::DelTable => {
+            MsgBody::NewTable { .. } | MsgBody::DelTable => {
                 let t = TableObj::new();
                 put_str(
                     sys::nftnl_table_set_str,
@@ -644,9 +647,13 @@ unsafe impl NlMsg for Writer<'_> {
                     sys::NFTNL_TABLE_NAME,
                     self.table,
                 );
-                if matches!(self.msg.body, MsgBody::NewTable) {
-                    // SAFETY: valid table; nft always sends the (empty) flags on add.
-                    unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, 0) };
+                if let MsgBody::NewTable { owner } = self.msg.body {
+                    // nft always sends the flags on add (empty for the agent's own table).
+                    let flags = if owner { NFT_TABLE_F_OWNER } else { 0 };
+                    // SAFETY: valid table.
+                    unsafe {
+                        sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, flags)
+                    };
                 }
                 // SAFETY: `nlh` is the header just built in the batch buffer.
                 unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };

@@ -23,7 +23,9 @@ pub struct BaseSpec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MsgBody<'a> {
-    NewTable,
+    NewTable {
+        owner: bool,
+    },
     DelTable,
     NewChain {
         name: &'a str,
@@ -75,7 +77,8 @@ pub fn lower<'a>(
         let origin = Origin { op: i, anon: false };
         let mut push = |body| out.push(Msg { body, origin });
         match op {
-            Op::AddTable => push(MsgBody::NewTable),
+            Op::AddTable => push(MsgBody::NewTable { owner: false }),
+            Op::AddOwnedTable => push(MsgBody::NewTable { owner: true }),
             Op::DeleteTable => {
                 sets.clear();
                 push(MsgBody::DelTable);

@@ -29,7 +29,7 @@ mod types;
 mod udata;
 
 pub use counters::{ElemCount, RuleCount, TableCounters, read_counters};
-pub use dump::{Counted, read_table, rule_counts};
+pub use dump::{Counted, read_table, rule_counts, rule_handles};
 
 use crate::nft::engine::{ApplyStats, NftBackend, NftError};
 use crate::nft::ir::Set;

@@ -153,6 +153,18 @@ impl RuleLowering<'_> {
                 });
                 Ok(())
             }
+            Stmt::Trace => {
+                let sreg = kernel_reg(NFT_REG_1);
+                self.push(Expr::Immediate {
+                    dreg: sreg,
+                    data: vec![1],
+                });
+                self.push(Expr::MetaSet {
+                    key: super::types::NFT_META_NFTRACE,
+                    sreg,
+                });
+                Ok(())
+            }
             Stmt::MarkOr(bits) => {
                 self.mark_bitwise(!bits, *bits);
                 Ok(())

@@ -107,6 +107,8 @@ pub enum Load {
 }
 
 pub const NFT_META_MARK: u32 = 3;
+/// `meta nftrace`: the packet's trace bit (set from a one-byte register).
+pub const NFT_META_NFTRACE: u32 = 12;
 /// The IPv6 fragment header's next-header number.
 pub const IPPROTO_FRAGMENT: u8 = 44;
 /// `frag frag-off`'s bits in its 16-bit load (the low three are reserved and M).
