@@ -88,7 +88,7 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
 }
 
 /// The IPv6 link-local address of `eth0` in `ns` (once it has passed DAD).
-fn link_local(ns: &Ns) -> Ipv6Addr {
+pub fn link_local(ns: &Ns) -> Ipv6Addr {
     eventually(Duration::from_secs(10), || {
         let out = ns
             .exec(&[
@@ -105,7 +105,7 @@ fn link_local(ns: &Ns) -> Ipv6Addr {
 }
 
 /// `addr` on the link of `eth0` in `from` (the scope a link-local address needs).
-fn on_link(from: &Ns, addr: Ipv6Addr, port: u16) -> SocketAddr {
+pub fn on_link(from: &Ns, addr: Ipv6Addr, port: u16) -> SocketAddr {
     let out = from.run(&["cat", "/sys/class/net/eth0/ifindex"]);
     let index = out.trim().parse().expect("eth0's ifindex");
     SocketAddr::V6(SocketAddrV6::new(addr, port, 0, index))
