@@ -1,6 +1,7 @@
 //! The NetworkPolicy guards' drops in `/metrics` (`nodeplane_network_policy_guard_drop_*`,
 //! by `reason`) with real packets from a hostile bridged pod (the node of `netpol_bridged`:
-//! pods a, b, c on `br0`; a isolated for ingress, only b allowed).
+//! pods a, b, c on `br0`; a isolated for ingress, only b allowed). `flow_set_full` is
+//! checked by `netpol_bridged_attacks`, whose flood fills a port's flow set.
 
 use super::netpol_bridged::{Bridged, br_netfilter, bridged, only};
 use super::netpol_bridged_attacks::{link_local, on_link};
@@ -17,11 +18,17 @@ const QUIET: Duration = Duration::from_millis(1500);
 /// The payload of a forged datagram: what the sink reads as its sequence number.
 const FORGED_SEQ: u64 = 0x5f00f;
 
-/// The bridged node with policy `only` (b -> a) and the agent in run mode, reading the
-/// counters every second; returns once the guards' series are there.
+/// The bridged node with policy `only` (b -> a) and [`counting_agent`].
 fn start() -> (Bridged, AgentProcess) {
     let b = bridged();
     b.agent.write("policies.yaml", &only("b", "a"));
+    let agent = counting_agent(&b);
+    (b, agent)
+}
+
+/// The agent of `b` in run mode with the policies written, reading the counters every
+/// second; returns once the guards' series are there.
+pub fn counting_agent(b: &Bridged) -> AgentProcess {
     let flags = ["--admin-address", ADMIN, "--rule-counters-seconds", "1"];
     let mut agent = b.agent.spawn(&flags);
     agent.wait_ready(admin(), TIMEOUT);
@@ -30,7 +37,7 @@ fn start() -> (Bridged, AgentProcess) {
             .map(|_| ())
             .ok_or("no guard series".to_string())
     });
-    (b, agent)
+    agent
 }
 
 fn admin() -> SocketAddr {
@@ -44,7 +51,7 @@ fn guard(agent: &AgentProcess, metric: &str, reason: &str) -> Option<u64> {
 }
 
 /// Packets and bytes of `reason` (0 while not exported).
-fn guard_counts(agent: &AgentProcess, reason: &str) -> (u64, u64) {
+pub fn guard_counts(agent: &AgentProcess, reason: &str) -> (u64, u64) {
     let p = guard(agent, "packets", reason);
     (p.unwrap_or(0), guard(agent, "bytes", reason).unwrap_or(0))
 }
@@ -65,7 +72,7 @@ fn settled(agent: &AgentProcess, reason: &str) -> (u64, u64) {
 
 /// Waits until the packets and bytes of `reason` are `want`.
 #[track_caller]
-fn wait_for_guard(agent: &AgentProcess, reason: &str, want: (u64, u64)) {
+pub fn wait_for_guard(agent: &AgentProcess, reason: &str, want: (u64, u64)) {
     eventually(TIMEOUT, || {
         let got = guard_counts(agent, reason);
         (got == want)
