@@ -200,7 +200,7 @@ fn a_denied_ipv6_connection_logs_one_line_with_its_ipv6_five_tuple() {
     let src: SocketAddr = "[fd01::5]:40123".parse().unwrap();
     let dst: SocketAddr = format!("[{DENIED6}]:80").parse().unwrap();
     // One SYN: the connect gives up before the first retransmission (1 s).
-    let outcome = (t.a1.ns).tcp_connect_from_port(src, dst, Duration::from_millis(500));
+    let outcome = (t.a1.ns).tcp_connect_from_port(src, dst, Duration::from_millis(300));
     assert!(!outcome.is_reply(), "denied: {outcome:?}");
     let lines = settle(&t.agent, 1);
     assert_eq!(lines.len(), 1, "{lines:#?}");

@@ -26,7 +26,7 @@ fn one_more_line(
     );
     let allowed = client.name == "b";
     // A denied connect gives up before the first retransmission (1 s): one SYN.
-    let wait = Duration::from_millis(if allowed { 5000 } else { 500 });
+    let wait = Duration::from_millis(if allowed { 5000 } else { 300 });
     let outcome = client.ns.tcp_connect_from_port(src, dst, wait);
     assert_eq!(outcome.is_reply(), allowed, "{src} -> {dst}: {outcome:?}");
     let lines = settle(agent, seen + 1);
