@@ -1,22 +1,27 @@
 //! ACL logging (`k8s.ovn.org/acl-logging`) with real packets: the agent in run mode reads
 //! NFLOG and writes one `ACL verdict` line per logged packet, within the kernel's rate limit.
 //!
-//! Node `node-1` forwards for pod `a1` (namespace `alpha`, annotated) and `b1` (namespace
-//! `beta`, not annotated); both have the same EgressFirewall: allow 203.0.113.20, deny
-//! everything else. The external host serves TCP 80 and UDP 443 on 203.0.113.10 and .20.
+//! Node `node-1` forwards for pod `a1` (namespace `alpha`, annotated; dual-stack) and `b1`
+//! (namespace `beta`, not annotated); both have the same EgressFirewall: allow 203.0.113.20
+//! and 2001:db8::20, deny everything else. The external host serves TCP 80 and UDP 443 on
+//! 203.0.113.10 and .20, and TCP 80 on 2001:db8::10 and ::20.
 
 use nodeplane::acl_log::MESSAGE;
 use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
 use nodeplane::testing::objects;
 use nodeplane::testing::stats::percentile;
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 const NODE: &str = "node-1";
 const DENIED: &str = "203.0.113.10";
 const ALLOWED: &str = "203.0.113.20";
+const DENIED6: &str = "2001:db8::10";
+const ALLOWED6: &str = "2001:db8::20";
 const RULES: &str = "[{type: Allow, to: {cidrSelector: 203.0.113.20/32}}, \
-    {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]";
+    {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, \
+    {type: Allow, to: {cidrSelector: '2001:db8::20/128'}}, \
+    {type: Deny, to: {cidrSelector: '::/0'}}]";
 /// The default rate limit (OVN-Kubernetes' `acl-logging-rate-limit`), also the burst.
 const RATE: u64 = 20;
 
@@ -39,7 +44,7 @@ fn namespace(name: &str, acl_logging: Option<&str>) -> String {
 fn topo(alpha_logging: &str) -> Topo {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
+    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
     let ext = lab.add_uplink_host(&node, "ext");
     let mut servers = Vec::new();
@@ -48,8 +53,19 @@ fn topo(alpha_logging: &str) -> Topo {
         servers.push(ext.tcp_server(format!("{host}:80"), "ext"));
         servers.push(ext.udp_server(format!("{host}:443"), "ext"));
     }
+    for host in [DENIED6, ALLOWED6] {
+        lab.add_addr(&ext, "lo", &format!("{host}/128"));
+        servers.push(ext.tcp_server(format!("[{host}]:80"), "ext"));
+    }
     lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
-    let manifests = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
+    let flags = [
+        "--cluster-cidr",
+        "10.128.0.0/14",
+        "--cluster-cidr",
+        "fd01::/48",
+    ];
+    let manifests = ManifestAgent::new(&node, NODE, &flags);
     let docs = [
         namespace("alpha", Some(alpha_logging)),
         namespace("beta", None),
@@ -69,47 +85,51 @@ fn topo(alpha_logging: &str) -> Topo {
         _servers: servers,
         _lab: lab,
     };
-    t.wait_for_reader();
+    wait_for_reader(&t.node, &t.agent, "inet");
     t
 }
 
-impl Topo {
-    /// Until the logged chains are in the kernel and the reader bound its group.
-    fn wait_for_reader(&self) {
-        eventually(Duration::from_secs(30), || {
-            let table = (self
-                .node
-                .exec(&["nft", "list", "table", "inet", "nodeplane"]))
-            .unwrap_or_default();
-            let logs = self.agent.logs();
-            if table.contains("log prefix \"acl:") && logs.contains("reading NFLOG group") {
-                Ok(())
-            } else {
-                Err(format!("not ready:\n{logs}"))
-            }
-        });
-    }
+/// Until the logged chains are in `node`'s table of `family` (`inet`, `bridge`) and the
+/// agent's reader bound its group.
+pub fn wait_for_reader(node: &Ns, agent: &AgentProcess, family: &str) {
+    eventually(Duration::from_secs(30), || {
+        let table = (node.exec(&["nft", "list", "table", family, "nodeplane"])).unwrap_or_default();
+        let logs = agent.logs();
+        if table.contains("log prefix \"acl:") && logs.contains("reading NFLOG group") {
+            Ok(())
+        } else {
+            Err(format!("not ready:\n{logs}"))
+        }
+    });
+}
 
-    /// The agent's ACL verdict lines so far.
-    fn lines(&self) -> Vec<String> {
-        let logs = self.agent.logs();
-        logs.lines()
-            .filter(|l| l.contains(MESSAGE))
-            .map(String::from)
-            .collect()
-    }
+/// The agent's ACL verdict lines so far.
+pub fn acl_lines(agent: &AgentProcess) -> Vec<String> {
+    let logs = agent.logs();
+    logs.lines()
+        .filter(|l| l.contains(MESSAGE))
+        .map(String::from)
+        .collect()
 }
 
 /// Waits until `want` lines are there, then a while longer to see that no more come.
-fn settle(t: &Topo, want: usize) -> Vec<String> {
+pub fn settle(agent: &AgentProcess, want: usize) -> Vec<String> {
     eventually(Duration::from_secs(20), || {
-        let n = t.lines().len();
+        let n = acl_lines(agent).len();
         (n >= want)
             .then_some(())
             .ok_or(format!("{n} lines, want {want}"))
     });
     std::thread::sleep(Duration::from_secs(1));
-    t.lines()
+    acl_lines(agent)
+}
+
+/// Panics unless `line` has every one of `fields`.
+#[track_caller]
+pub fn assert_fields(line: &str, fields: &[&str]) {
+    for want in fields {
+        assert!(line.contains(want), "{want} missing in {line}");
+    }
 }
 
 #[test]
@@ -123,10 +143,9 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
             .tcp_connect(format!("{DENIED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t, 1);
+    let lines = settle(&t.agent, 1);
     assert_eq!(lines.len(), 1, "{lines:#?}");
-    let l = &lines[0];
-    for want in [
+    let fields = [
         "namespace=\"alpha\"",
         "kind=\"EgressFirewall\"",
         "object=\"default\"",
@@ -138,9 +157,8 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
         "dst=203.0.113.10",
         "dport=80",
         "WARN",
-    ] {
-        assert!(l.contains(want), "{want} missing in {l}");
-    }
+    ];
+    assert_fields(&lines[0], &fields);
     // Allowed: the connection's first packet is judged (and logged), the rest are
     // established.
     assert!(
@@ -148,7 +166,7 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
             .tcp_connect(format!("{ALLOWED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t, 2);
+    let lines = settle(&t.agent, 2);
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(
         lines[1].contains("verdict=\"allow\"")
@@ -170,8 +188,40 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
             .is_reply()
     );
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(t.lines().len(), 2, "{:#?}", t.lines());
+    assert_eq!(acl_lines(&t.agent).len(), 2, "{:#?}", acl_lines(&t.agent));
     let _ = &t.manifests;
+}
+
+/// IPv6: one denied connection of the dual-stack pod gives one line with its IPv6 5-tuple
+/// (source port pinned, so the line can be checked whole).
+#[test]
+fn a_denied_ipv6_connection_logs_one_line_with_its_ipv6_five_tuple() {
+    let t = topo(r#"{"deny": "warning"}"#);
+    let src: SocketAddr = "[fd01::5]:40123".parse().unwrap();
+    let dst: SocketAddr = format!("[{DENIED6}]:80").parse().unwrap();
+    // One SYN: the connect gives up before the first retransmission (1 s).
+    let outcome = (t.a1.ns).tcp_connect_from_port(src, dst, Duration::from_millis(300));
+    assert!(!outcome.is_reply(), "denied: {outcome:?}");
+    let lines = settle(&t.agent, 1);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let fields = [
+        "namespace=\"alpha\"",
+        "kind=\"EgressFirewall\"",
+        "object=\"default\"",
+        "rule=\"rule 3: Deny ::/0\"",
+        "verdict=\"deny\"",
+        "proto=tcp src=fd01::5 sport=40123 dst=2001:db8::10 dport=80",
+    ];
+    assert_fields(&lines[0], &fields);
+    // The IPv6 allow rule is not logged (allow has no severity here) and lets it through.
+    let allowed = format!("[{ALLOWED6}]:80");
+    assert!(
+        t.a1.ns
+            .tcp_connect(allowed, Duration::from_secs(5))
+            .is_reply()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(acl_lines(&t.agent), lines);
 }
 
 /// Sends `count` UDP datagrams from `pod` to the denied host as fast as it can.
@@ -264,10 +314,14 @@ fn a_flood_of_denied_packets_logs_at_most_the_rate_limit_and_syncs_go_on() {
     std::thread::sleep(Duration::from_secs(1));
     let quiet = sync_times(&t.agent.logs())[first..].to_vec();
     let (port, _, unlogged) = flood_and_sync(&t, &t.b1, port);
-    assert!(t.lines().is_empty(), "beta logs nothing: {:#?}", t.lines());
+    assert!(
+        acl_lines(&t.agent).is_empty(),
+        "beta logs nothing: {:#?}",
+        acl_lines(&t.agent)
+    );
     let (_, flood_secs, logged) = flood_and_sync(&t, &t.a1, port);
     std::thread::sleep(Duration::from_secs(2));
-    let lines = t.lines();
+    let lines = acl_lines(&t.agent);
     let bound = RATE + (RATE as f64 * (flood_secs + 1.0)).ceil() as u64;
     eprintln!("flood of alpha: {} log lines (bound {bound})", lines.len());
     assert!(!lines.is_empty(), "the flood was logged at all");
@@ -302,7 +356,7 @@ fn network_policy_allow_and_isolation_deny_are_logged_with_the_policy_and_rule()
             .tcp_connect(format!("{ALLOWED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t, 2);
+    let lines = settle(&t.agent, 2);
     assert_eq!(lines.len(), 2, "{lines:#?}");
     let np = lines
         .iter()
@@ -325,7 +379,7 @@ fn network_policy_allow_and_isolation_deny_are_logged_with_the_policy_and_rule()
         })
         .join()
         .unwrap();
-    let lines = settle(&t, 4);
+    let lines = settle(&t.agent, 4);
     assert_eq!(lines.len(), 4, "{lines:#?}");
     let deny = &lines[3];
     assert!(

@@ -4,6 +4,7 @@
 //! (see docs/testing.md).
 
 mod acl_log;
+mod acl_log_bridged;
 mod dns;
 mod dns_attacks;
 mod dns_flood;
@@ -21,6 +22,7 @@ mod netpol_attacks;
 mod netpol_bridged;
 mod netpol_bridged_attacks;
 mod netpol_explain;
+mod netpol_guard_metrics;
 mod netpol_interplay;
 mod netpol_scenarios;
 mod probe;

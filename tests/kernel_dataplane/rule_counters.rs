@@ -1,5 +1,5 @@
 //! Per-rule counters in `/metrics` with real packets: an allowed and a denied EgressFirewall
-//! rule and a NetworkPolicy's allow and deny, each counted exactly.
+//! rule, a NetworkPolicy's allow and deny, and EgressQoS rules, each counted exactly.
 //!
 //! Node `node-1` forwards for pods `a1`, `a2` (namespace `alpha`) and `b1` (namespace
 //! `beta`); the external host owns 203.0.113.10 and 203.0.113.20. Traffic is UDP datagrams
@@ -38,7 +38,8 @@ struct Topo {
     _lab: Lab,
 }
 
-fn topo() -> Topo {
+/// The lab and the pods, no policy objects yet.
+fn pods_only() -> Topo {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
     let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
@@ -69,12 +70,6 @@ fn topo() -> Topo {
         b1.manifest("beta", "b1", NODE),
     ];
     agent.write("pods.yaml", &pods.join("---\n"));
-    agent.write(
-        "fw.yaml",
-        &objects::egress_firewall("alpha", FIREWALL).to_string(),
-    );
-    let policy = objects::network_policy("alpha", "udp-9000", POLICY);
-    agent.write("np.yaml", &policy.to_string());
     Topo {
         a1,
         b1,
@@ -83,6 +78,16 @@ fn topo() -> Topo {
         sinks,
         _lab: lab,
     }
+}
+
+/// The pods, alpha's EgressFirewall and its policy `udp-9000`.
+fn topo() -> Topo {
+    let t = pods_only();
+    let firewall = objects::egress_firewall("alpha", FIREWALL);
+    t.agent.write("fw.yaml", &firewall.to_string());
+    let policy = objects::network_policy("alpha", "udp-9000", POLICY);
+    t.agent.write("np.yaml", &policy.to_string());
+    t
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -101,18 +106,18 @@ fn send(pod: &Pod, dst: &str, n: usize) {
     });
 }
 
-/// The `/metrics` lines of the per-rule series, sorted.
-fn rule_series(node: &Ns) -> Vec<String> {
+/// The metrics of the EgressFirewall and NetworkPolicy series (after `nodeplane_`).
+const FIREWALL_AND_POLICY: [&str; 2] = ["egress_firewall_rule_", "network_policy_"];
+
+/// The `/metrics` lines of the per-rule series of `metrics` (prefixes after `nodeplane_`),
+/// sorted.
+fn rule_series(node: &Ns, metrics: &[&str]) -> Vec<String> {
     let (code, body) = node
         .http_get(addr(ADMIN), "/metrics", Duration::from_secs(2))
         .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
     assert_eq!(code, 200, "{body}");
     let mut lines: Vec<String> = (body.lines())
-        .filter(|l| {
-            ["egress_firewall_rule_", "network_policy_"]
-                .iter()
-                .any(|m| l.starts_with(&format!("nodeplane_{m}")))
-        })
+        .filter(|l| (metrics.iter()).any(|m| l.starts_with(&format!("nodeplane_{m}"))))
         .map(String::from)
         .collect();
     lines.sort();
@@ -131,13 +136,13 @@ fn policy(metric: &str, verdict: &str, n: u64) -> String {
     )
 }
 
-/// Waits until the per-rule series are exactly `want`.
+/// Waits until the per-rule series of `metrics` are exactly `want`.
 #[track_caller]
-fn wait_for_series(t: &Topo, want: Vec<String>) {
+fn wait_for_series(t: &Topo, metrics: &[&str], want: Vec<String>) {
     let mut want = want;
     want.sort();
     eventually(TIMEOUT, || {
-        let got = rule_series(&t.node);
+        let got = rule_series(&t.node, metrics);
         if got == want {
             Ok(())
         } else {
@@ -179,12 +184,12 @@ fn metrics_count_each_rules_packets_exactly() {
         lines
     };
     // Every rule's series is there at 0 before any packet.
-    wait_for_series(&t, expected([0, 0], [0, 0]));
+    wait_for_series(&t, &FIREWALL_AND_POLICY, expected([0, 0], [0, 0]));
     send(&t.a1, ALLOWED, 3);
     send(&t.a1, DENIED, 5);
     send(&t.a1, A2_PORT, 4);
     send(&t.b1, A2_PORT, 2);
-    wait_for_series(&t, expected([3, 5], [4, 2]));
+    wait_for_series(&t, &FIREWALL_AND_POLICY, expected([3, 5], [4, 2]));
     // The packets did what the rules say (the counters count decisions, not attempts).
     let sinks = &t.sinks;
     let from = |sink: &DatagramSink, pod: &Pod| {
@@ -200,6 +205,57 @@ fn metrics_count_each_rules_packets_exactly() {
         .into_iter()
         .filter(|l| l.contains("egress_firewall"))
         .collect();
-    wait_for_series(&t, fw_only);
+    wait_for_series(&t, &FIREWALL_AND_POLICY, fw_only);
+    drop(agent);
+}
+
+/// alpha's EgressQoS: DSCP 46 to the first host, DSCP 10 for everything else its pods send.
+const QOS: &str = "[{dscp: 46, dstCIDR: 203.0.113.10/32}, {dscp: 10}]";
+
+fn qos(metric: &str, rule: u32, n: u64) -> String {
+    format!(
+        "nodeplane_egress_qos_rule_{metric}_total{{namespace=\"alpha\",name=\"default\",rule=\"{rule}\"}} {n}"
+    )
+}
+
+/// Exact counts of EgressQoS rules: every packet of a pod of the namespace is marked (not
+/// only a connection's first), by the first rule that matches; other namespaces' packets
+/// count nowhere.
+#[test]
+fn metrics_count_each_egress_qos_rules_packets_exactly() {
+    let t = pods_only();
+    t.agent
+        .write("qos.yaml", &objects::egress_qos("alpha", QOS).to_string());
+    let mut agent = t.agent.spawn(&[]);
+    agent.wait_ready(addr(ADMIN), TIMEOUT);
+    let expected = |n: [u64; 2]| {
+        let mut lines = Vec::new();
+        for (rule, n) in n.into_iter().enumerate() {
+            lines.push(qos("packets", rule as u32, n));
+            lines.push(qos("bytes", rule as u32, n * PACKET_BYTES));
+        }
+        lines
+    };
+    let metrics = ["egress_qos_rule_"];
+    wait_for_series(&t, &metrics, expected([0, 0]));
+    send(&t.a1, ALLOWED, 3);
+    send(&t.a1, DENIED, 5);
+    send(&t.a1, A2_PORT, 4);
+    send(&t.b1, ALLOWED, 2);
+    wait_for_series(&t, &metrics, expected([3, 9]));
+    // Delivered: nothing here drops (no firewall, no policy).
+    let from = |sink: &DatagramSink, pod: &Pod| {
+        (sink.arrivals().iter())
+            .filter(|a| a.src == pod.ip())
+            .count()
+    };
+    let sinks = &t.sinks;
+    let got = [
+        from(&sinks[0], &t.a1),
+        from(&sinks[1], &t.a1),
+        from(&sinks[2], &t.a1),
+        from(&sinks[0], &t.b1),
+    ];
+    assert_eq!(got, [3, 5, 4, 2]);
     drop(agent);
 }

@@ -360,3 +360,77 @@ pub fn send_raw(
     )?;
     Ok(())
 }
+
+/// Sends one UDP datagram with a forged IPv6 source from inside `ns` (a raw IPv6
+/// `IPPROTO_RAW` socket writes its own header, as with [`send_spoofed_udp`]).
+pub fn send_spoofed_udp6(
+    ns: &Ns,
+    src: std::net::SocketAddrV6,
+    dst: std::net::SocketAddrV6,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    use nix::sys::socket::{
+        AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn6, sendto, socket,
+    };
+    use std::os::fd::AsRawFd;
+    let packet = spoofed_udp6_packet(src, dst, payload);
+    ns.enter(move || {
+        let fd = socket(
+            AddressFamily::Inet6,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::Raw,
+        )?;
+        // A raw socket's destination port must be 0 (or its protocol).
+        let to = std::net::SocketAddrV6::new(*dst.ip(), 0, 0, dst.scope_id());
+        sendto(
+            fd.as_raw_fd(),
+            &packet,
+            &SockaddrIn6::from(to),
+            MsgFlags::empty(),
+        )?;
+        Ok(())
+    })
+}
+
+/// An IPv6 UDP datagram from `src` to `dst` with its own header and a correct checksum
+/// (mandatory over IPv6: a receiver drops a datagram without one).
+pub fn spoofed_udp6_packet(
+    src: std::net::SocketAddrV6,
+    dst: std::net::SocketAddrV6,
+    payload: &[u8],
+) -> Vec<u8> {
+    let udp_len = (8 + payload.len()) as u16;
+    let mut udp = Vec::with_capacity(udp_len.into());
+    udp.extend_from_slice(&src.port().to_be_bytes());
+    udp.extend_from_slice(&dst.port().to_be_bytes());
+    udp.extend_from_slice(&udp_len.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    // The checksum over the pseudo-header (addresses, length, next header) and the datagram.
+    let mut pseudo = Vec::with_capacity(40 + udp.len());
+    pseudo.extend_from_slice(&src.ip().octets());
+    pseudo.extend_from_slice(&dst.ip().octets());
+    pseudo.extend_from_slice(&u32::from(udp_len).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 17]);
+    pseudo.extend_from_slice(&udp);
+    let mut sum: u32 = (pseudo.chunks(2))
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let checksum = match !(sum as u16) {
+        0 => 0xffff, // 0 means "no checksum", which IPv6 does not allow
+        c => c,
+    };
+    udp[6..8].copy_from_slice(&checksum.to_be_bytes());
+    // IPv6 header: version 6, no traffic class or flow label, payload length, UDP, hop limit 64.
+    let mut packet = vec![0x60, 0, 0, 0];
+    packet.extend_from_slice(&udp_len.to_be_bytes());
+    packet.extend_from_slice(&[17, 64]);
+    packet.extend_from_slice(&src.ip().octets());
+    packet.extend_from_slice(&dst.ip().octets());
+    packet.extend_from_slice(&udp);
+    packet
+}
