@@ -93,8 +93,8 @@ pub struct ExplainArgs {
     #[arg(long = "local-addr", value_name = "IP")]
     pub local_addrs: Vec<std::net::IpAddr>,
     /// Ask the running agent on this node instead (its admin endpoint, --admin-address):
-    /// the packet is explained against the table it applied, with its node's addresses.
-    /// Without --bridged (the live answer covers table inet nodeplane).
+    /// the packet is explained against the tables it applied (inet, and bridge with
+    /// --bridged), with its node's addresses.
     #[arg(long)]
     pub live: bool,
     /// With --live: also trace real packets like this one in the kernel for up to SECONDS

@@ -668,6 +668,7 @@ mod tests {
                 result,
                 duration: Duration::from_millis(3),
                 applied: Some(&table),
+                applied_bridge: None,
                 drift_seq: 0,
                 full,
                 cleanup_failed,

@@ -74,6 +74,8 @@ struct Environment {
 struct Last {
     /// Applied table, header and status lines of the last successful sync.
     applied: Option<(Arc<Table>, String)>,
+    /// `table bridge nodeplane` as that sync left it (None while no pod is bridged).
+    applied_bridge: Option<Arc<Table>>,
     /// Why the last sync failed, if it did.
     error: Option<String>,
     /// The node's facts and EgressIP names when the applied table was planned, for
@@ -257,17 +259,17 @@ impl AdminState {
             .collect();
         let bad = |e: &dyn std::fmt::Display| ExplainRefused::Bad(e.to_string());
         let req = Request::from_query_string(&query.join("&")).map_err(|e| bad(&e))?;
-        let (table, facts) = {
+        let (table, bridge, facts) = {
             let last = self.last();
             match (&last.applied, &last.explain) {
-                (Some((t, _)), Some(f)) => (t.clone(), f.clone()),
+                (Some((t, _)), Some(f)) => (t.clone(), last.applied_bridge.clone(), f.clone()),
                 _ => return Ok(None),
             }
         };
         let live = Live {
             node: &facts.node,
             inet: &table,
-            bridge: None,
+            bridge: bridge.as_deref(),
             facts: &facts.facts,
             egress_ips: &facts.egress_ips,
         };
@@ -371,6 +373,7 @@ impl SyncObserver for AdminObserver {
                 });
                 let mut last = self.state.last();
                 last.applied = Some((Arc::new(table.clone()), header));
+                last.applied_bridge = sync.applied_bridge.map(|t| Arc::new(t.clone()));
                 if explain.is_some() {
                     last.explain = explain;
                 }

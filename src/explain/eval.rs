@@ -105,8 +105,20 @@ impl<'a> Walker<'a> {
 
     /// Runs every base chain of `table` at `hook`; the first drop or reject ends the hook.
     pub fn run_hook(&mut self, table: &Table, hook: Hook) -> Outcome {
+        self.run_hook_where(table, hook, |_| true)
+    }
+
+    /// The base chains of `hook` whose priority `keep` accepts (br_netfilter runs the inet
+    /// hooks in the middle of the bridge's: see `walk_hooks`).
+    pub fn run_hook_where(
+        &mut self,
+        table: &Table,
+        hook: Hook,
+        keep: impl Fn(i32) -> bool,
+    ) -> Outcome {
         let mut nat_done = false;
-        for chain in base_chains(table, hook) {
+        let chains = base_chains(table, hook).into_iter();
+        for chain in chains.filter(|c| c.base.is_some_and(|b| keep(b.priority))) {
             let base = chain.base.expect("base chains only");
             // NAT chains see only a connection's first packet, and only until one of them
             // sets up the translation of this hook (the kernel's `nf_nat_inet_fn`).

@@ -32,6 +32,11 @@ use packet::{NodeFacts, Packet};
 
 use crate::nft::ir::{Hook, Table};
 
+/// Where br_netfilter hands bridged IP traffic to the inet hooks, in the bridge's own
+/// priorities (`NF_BR_PRI_BRNF`: prerouting at 0, forward at -1).
+const BRNF_PREROUTING: i32 = 0;
+const BRNF_FORWARD: i32 = -1;
+
 /// Most paths explained (one per combination of `numgen` buckets met).
 pub const MAX_PATHS: usize = 64;
 
@@ -113,33 +118,52 @@ pub fn walk(tables: &Tables, facts: &NodeFacts, query: &Query, forced: Vec<u32>)
 }
 
 fn walk_hooks(tables: &Tables, w: &mut Walker, query: &Query, hooks: &mut Vec<String>) -> Verdict {
-    let mut run = |w: &mut Walker, table: &Table, hook: Hook| {
-        hooks.push(format!(
-            "{} {}",
-            table.family.keyword(),
-            eval::hook_name(hook)
-        ));
-        match w.run_hook(table, hook) {
+    let mut run_where = |w: &mut Walker, table: &Table, hook: Hook, keep: &dyn Fn(i32) -> bool| {
+        let name = format!("{} {}", table.family.keyword(), eval::hook_name(hook));
+        if hooks.last() != Some(&name) {
+            hooks.push(name);
+        }
+        match w.run_hook_where(table, hook, keep) {
             Outcome::Accept => None,
             Outcome::Drop => Some(Verdict::Dropped),
             Outcome::Reject => Some(Verdict::Rejected),
         }
     };
+    let all = |_: i32| true;
     if let Topology::Bridged { br_netfilter } = query.topology {
-        if let Some(bridge) = &tables.bridge
-            && let Some(v) = run(w, bridge, Hook::Forward)
-        {
-            return v;
-        }
-        if br_netfilter {
-            for hook in [Hook::Prerouting, Hook::Forward, Hook::Postrouting] {
-                if let Some(v) = run(w, &tables.inet, hook) {
-                    return v;
-                }
+        // The bridge's hooks run their chains by priority. br_netfilter hooks in at
+        // `NF_BR_PRI_BRNF` (0): it runs the inet prerouting hook inside bridge prerouting
+        // at 0, the inet forward hook inside bridge forward at -1, and inet postrouting
+        // last; bridge chains above those priorities run after the inet hooks.
+        let bridge = tables.bridge.as_ref();
+        let before = |at: i32| move |p: i32| p < at;
+        let after = |at: i32| move |p: i32| p >= at;
+        let steps: [(Option<&Table>, Hook, &dyn Fn(i32) -> bool); 6] = [
+            (bridge, Hook::Prerouting, &before(BRNF_PREROUTING)),
+            (br_netfilter.then_some(&tables.inet), Hook::Prerouting, &all),
+            (bridge, Hook::Prerouting, &after(BRNF_PREROUTING)),
+            (bridge, Hook::Forward, &before(BRNF_FORWARD)),
+            (br_netfilter.then_some(&tables.inet), Hook::Forward, &all),
+            (bridge, Hook::Forward, &after(BRNF_FORWARD)),
+        ];
+        for (table, hook, keep) in steps {
+            let has = |t: &&Table| {
+                eval::base_chains(t, hook)
+                    .iter()
+                    .any(|c| c.base.is_some_and(|b| keep(b.priority)))
+            };
+            if let Some(table) = table.filter(has)
+                && let Some(v) = run_where(w, table, hook, keep)
+            {
+                return v;
             }
+        }
+        if br_netfilter && let Some(v) = run_where(w, &tables.inet, Hook::Postrouting, &all) {
+            return v;
         }
         return Verdict::Bridged;
     }
+    let mut run = |w: &mut Walker, table: &Table, hook: Hook| run_where(w, table, hook, &all);
     let host = w.facts.is_local(query.packet.src);
     let first = if host { Hook::Output } else { Hook::Prerouting };
     if let Some(v) = run(w, &tables.inet, first) {

@@ -276,7 +276,7 @@ pub struct TracedPacket {
     pub dropped: bool,
     /// The evaluator's verdict for this packet against the applied table.
     pub predicted: Option<Verdict>,
-    /// Whether kernel and evaluator agree on dropped or not.
+    /// Whether kernel and evaluator agree on dropped or not, and on the rule that dropped.
     pub agrees: bool,
     pub steps: Vec<Decision>,
 }

@@ -123,7 +123,20 @@ impl Context<'_> {
         let seen = events
             .iter()
             .find_map(|e| headers(e.network.as_deref()?, e.transport.as_deref()));
-        let predicted = seen.as_ref().and_then(|p| self.predict(p));
+        let ours = |family| {
+            let theirs = events.iter().filter(|e| e.table == crate::nft::TABLE_NAME);
+            theirs.clone().any(|e| e.family == family)
+        };
+        // Bridged: the bridge table saw it; with br_netfilter the inet table did too.
+        let (bridged, inet) = (ours(7), ours(1));
+        let topology = bridged.then_some(inet);
+        let iif = events.iter().find_map(|e| e.iif).and_then(if_name);
+        let oif = events.iter().find_map(|e| e.oif).and_then(if_name);
+        let paths = match &seen {
+            Some(p) => self.predict(p, topology, iif, oif),
+            None => Vec::new(),
+        };
+        let predicted = most_alike(paths, events);
         let mut steps = Vec::new();
         let mut hook = BTreeMap::new();
         for ev in events.iter().filter(|e| e.table != TRACE_TABLE) {
@@ -136,6 +149,14 @@ impl Context<'_> {
         }
         let dropped = steps.iter().any(|d| d.event.action == Action::Drop);
         let verdict = predicted.as_ref().map(|p| p.verdict);
+        // Where each says the packet ended: the same rule of the same table, or not.
+        let kernel_end = steps.iter().rev().find(|d| d.event.action == Action::Drop);
+        let kernel_end = kernel_end.map(|d| (d.event.table, d.event.chain.as_str(), d.event.rule));
+        let predicted_end = predicted.as_ref().and_then(|p| {
+            let ends = |e: &&Event| matches!(e.action, Action::Drop | Action::Reject { .. });
+            let e = p.events.iter().rev().find(ends)?;
+            Some((e.table, e.chain.as_str(), e.rule))
+        });
         TracedPacket {
             id: format!("{id:#010x}"),
             packet: seen
@@ -145,7 +166,8 @@ impl Context<'_> {
             dropped,
             predicted: verdict,
             agrees: verdict
-                .is_some_and(|v| matches!(v, Verdict::Dropped | Verdict::Rejected) == dropped),
+                .is_some_and(|v| matches!(v, Verdict::Dropped | Verdict::Rejected) == dropped)
+                && kernel_end == predicted_end,
             steps,
         }
     }
@@ -163,19 +185,35 @@ impl Context<'_> {
     }
 
     /// The evaluator's walk of the traced packet that shares most places with the trace.
-    fn predict(&self, seen: &Packet) -> Option<Path> {
+    /// The evaluator's walks of the traced packet as it entered, on the interfaces and
+    /// topology the trace saw (`Some(br_netfilter)` for a bridged packet) where the
+    /// question did not give them.
+    fn predict(
+        &self,
+        seen: &Packet,
+        bridged: Option<bool>,
+        iif: Option<String>,
+        oif: Option<String>,
+    ) -> Vec<Path> {
         let mut req = self.req.clone();
         (req.src, req.dst, req.sport, req.dport) =
             (Some(seen.src), Some(seen.dst), seen.sport, seen.dport);
         req.proto = seen.proto.to_string();
         req.trace = None;
+        req.iif = req.iif.or(iif);
+        req.oif = req.oif.or(oif);
+        if let Some(br_netfilter) = bridged {
+            (req.bridged, req.br_netfilter) = (true, br_netfilter);
+        }
         if seen.proto == crate::nft::ir::proto::TCP {
             let syn = seen.tcp_flags & crate::nft::ir::tcp_flags::SYN != 0;
             let ack = seen.tcp_flags & crate::nft::ir::tcp_flags::ACK != 0;
             req.ct_state = Some(if syn && !ack { "new" } else { "established" }.into());
         }
-        let report = explain_tables(self.live, &req).ok()?;
-        report.paths.into_iter().map(|p| p.path).next()
+        match explain_tables(self.live, &req) {
+            Ok(report) => report.paths.into_iter().map(|p| p.path).collect(),
+            Err(_) => Vec::new(),
+        }
     }
 
     fn step(
@@ -262,6 +300,29 @@ impl Context<'_> {
         let origin = self.index.origin(&event, path);
         Decision { event, origin }
     }
+}
+
+/// The walk (one per `numgen` bucket) that meets most of the rules the kernel reported.
+fn most_alike(paths: Vec<Path>, events: &[TraceEvent]) -> Option<Path> {
+    let chains: Vec<&str> = events.iter().map(|e| e.chain.as_str()).collect();
+    paths
+        .into_iter()
+        .enumerate()
+        .max_by_key(|(i, p)| {
+            let shared = p
+                .events
+                .iter()
+                .filter(|e| chains.contains(&e.chain.as_str()));
+            // The first of equals: `max_by_key` keeps the last.
+            (shared.count(), std::cmp::Reverse(*i))
+        })
+        .map(|(_, p)| p)
+}
+
+/// An interface's name by index, in this network namespace (gone: `None`).
+fn if_name(index: u32) -> Option<String> {
+    let name = nix::net::if_::if_indextoname(index).ok()?;
+    name.into_string().ok()
 }
 
 /// A walk with no events, for a packet the evaluator could not follow.

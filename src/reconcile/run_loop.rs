@@ -101,6 +101,7 @@ pub fn run(
             result: &synced,
             duration: started.elapsed(),
             applied: rec.applied(),
+            applied_bridge: rec.applied_bridge(),
             drift_seq: repairing,
             full: rec.read_backs() > read_backs,
             cleanup_failed: rec.cleanup_failures() > cleanup_failures,

@@ -10,6 +10,7 @@ mod dns_attacks;
 mod dns_flood;
 mod dns_policy;
 mod egress_ip;
+mod explain_bridged;
 mod failclosed;
 mod fence;
 mod firewall;
