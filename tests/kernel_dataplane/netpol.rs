@@ -250,9 +250,57 @@ fn run_scenarios(c: &Cluster, topology: &str) {
     }
 }
 
+/// The upstream scenarios with both agents in run mode: each step is a live edit of the
+/// policies file the agents watch. The file also holds a Service whose cluster IP names the
+/// step: the sync whose table shows it applied the step's policies too (one file is read
+/// whole), so the checks start once both nodes show the step's marker.
+fn run_scenarios_live(c: &Cluster, topology: &str) {
+    const ADMIN: &str = "127.0.0.1:9942";
+    let admin: SocketAddr = ADMIN.parse().unwrap();
+    let wait = Duration::from_secs(60);
+    c.write(&[]);
+    let mut agents: Vec<_> = c
+        .agents
+        .iter()
+        .map(|a| a.spawn(&["--admin-address", ADMIN]))
+        .collect();
+    for agent in &mut agents {
+        agent.wait_ready(admin, wait);
+    }
+    for (i, step) in upstream().into_iter().enumerate() {
+        let marker = format!("10.96.200.{}", i + 1);
+        let ports = "{port: 80, protocol: TCP}";
+        let mut docs = step.policies.clone();
+        docs.push(objects::service(&format!("step-{i}"), &marker, ports).to_string());
+        c.write(&docs);
+        for (node, agent) in c.nodes.iter().zip(&agents) {
+            eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
+                Ok((200, body)) if body.contains(&format!("{marker} ")) => Ok(()),
+                other => Err(format!("step {i} not applied: {other:?}\n{}", agent.logs())),
+            });
+        }
+        for check in step.checks {
+            let case = format!("{topology}, run mode: {}", check.label);
+            c.check(&case, check.family, check.probe, check.allowed);
+        }
+    }
+    for agent in agents {
+        agent.stop();
+    }
+}
+
 #[test]
 fn truth_tables_same_node_and_cross_node() {
     run_scenarios(&cluster(), "routed");
+}
+
+#[test]
+fn truth_tables_with_live_edits_on_routed_and_bridged_nodes() {
+    run_scenarios_live(&cluster(), "routed");
+    for br_netfilter in [false, true] {
+        let c = cluster_on(Topology::Bridged { br_netfilter });
+        run_scenarios_live(&c, &format!("bridged, br_netfilter {br_netfilter}"));
+    }
 }
 
 #[test]
