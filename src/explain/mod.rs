@@ -37,6 +37,9 @@ use crate::nft::ir::{Hook, Table};
 const BRNF_PREROUTING: i32 = 0;
 const BRNF_FORWARD: i32 = -1;
 
+/// A table's base chains of a hook whose priority the function accepts (`None`: skipped).
+type HookStep<'t> = (Option<&'t Table>, Hook, &'t dyn Fn(i32) -> bool);
+
 /// Most paths explained (one per combination of `numgen` buckets met).
 pub const MAX_PATHS: usize = 64;
 
@@ -138,7 +141,7 @@ fn walk_hooks(tables: &Tables, w: &mut Walker, query: &Query, hooks: &mut Vec<St
         let bridge = tables.bridge.as_ref();
         let before = |at: i32| move |p: i32| p < at;
         let after = |at: i32| move |p: i32| p >= at;
-        let steps: [(Option<&Table>, Hook, &dyn Fn(i32) -> bool); 6] = [
+        let steps: [HookStep; 6] = [
             (bridge, Hook::Prerouting, &before(BRNF_PREROUTING)),
             (br_netfilter.then_some(&tables.inet), Hook::Prerouting, &all),
             (bridge, Hook::Prerouting, &after(BRNF_PREROUTING)),
