@@ -239,45 +239,14 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
             .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
         Expr::Lookup { .. } => lookup(e),
-        Expr::DynsetUpdate {
-            sreg,
-            set,
-            set_id,
-            timeout_ms,
-        } => {
-            let mut e = ExprObj::new(c"dynset")
-                .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
-                .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
-                .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-            if let Some(id) = set_id {
-                e = e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id);
-            }
-            if let Some(ms) = timeout_ms {
-                e = e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms);
-            }
-            e
-        }
+        Expr::DynsetUpdate { .. } => dynset_update(e),
         Expr::DynsetLimit { .. } => dynset_limit(e),
         Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")
             .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
             .data(sys::NFTNL_EXPR_IMM_DATA, data),
-        Expr::Verdict { code, chain } => {
-            let e = ExprObj::new(c"immediate")
-                .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
-                .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
-            match chain {
-                Some(c) => e.str(sys::NFTNL_EXPR_IMM_CHAIN, c),
-                None => e,
-            }
-        }
+        Expr::Verdict { .. } => verdict(e),
         Expr::Counter => ExprObj::new(c"counter"),
-        Expr::Log { prefix, group } => {
-            let e = ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix);
-            match group {
-                Some(g) => e.u16(sys::NFTNL_EXPR_LOG_GROUP, *g),
-                None => e,
-            }
-        }
+        Expr::Log { .. } => log(e),
         Expr::Nat { .. } => nat(e),
         Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
         Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),
@@ -317,6 +286,29 @@ fn payload_set(e: &Expr) -> ExprObj {
     }
 }
 
+fn dynset_update(e: &Expr) -> ExprObj {
+    let Expr::DynsetUpdate {
+        sreg,
+        set,
+        set_id,
+        timeout_ms,
+    } = e
+    else {
+        unreachable!("called for Expr::DynsetUpdate")
+    };
+    let mut e = ExprObj::new(c"dynset")
+        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
+        .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
+        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
+    if let Some(id) = set_id {
+        e = e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id);
+    }
+    if let Some(ms) = timeout_ms {
+        e = e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms);
+    }
+    e
+}
+
 fn dynset_limit(e: &Expr) -> ExprObj {
     let Expr::DynsetLimit {
         sreg,
@@ -350,6 +342,30 @@ fn dynset_limit(e: &Expr) -> ExprObj {
         None => e,
     };
     e.nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
+}
+
+fn verdict(e: &Expr) -> ExprObj {
+    let Expr::Verdict { code, chain } = e else {
+        unreachable!("called for Expr::Verdict")
+    };
+    let e = ExprObj::new(c"immediate")
+        .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
+        .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
+    match chain {
+        Some(c) => e.str(sys::NFTNL_EXPR_IMM_CHAIN, c),
+        None => e,
+    }
+}
+
+fn log(e: &Expr) -> ExprObj {
+    let Expr::Log { prefix, group } = e else {
+        unreachable!("called for Expr::Log")
+    };
+    let e = ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix);
+    match group {
+        Some(g) => e.u16(sys::NFTNL_EXPR_LOG_GROUP, *g),
+        None => e,
+    }
 }
 
 fn bitwise(e: &Expr) -> ExprObj {
