@@ -106,19 +106,15 @@ impl RuleLowering<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), NftError> {
         match s {
-            Stmt::Match(m) => self.matches(m),
-            Stmt::Counter => {
-                self.push(Expr::Counter);
-                Ok(())
-            }
+            Stmt::Match(m) => self.matches(m)?,
+            Stmt::Counter => self.push(Expr::Counter),
             Stmt::Log { prefix, group } => {
                 let prefix = crate::nft::render::sanitize_text(prefix);
                 let group = *group;
                 self.push(Expr::Log { prefix, group });
-                Ok(())
             }
-            Stmt::Vmap { key, map } => self.vmap(key, map),
-            Stmt::Nat(nat) => self.nat(nat),
+            Stmt::Vmap { key, map } => self.vmap(key, map)?,
+            Stmt::Nat(nat) => self.nat(nat)?,
             Stmt::Masquerade { fully_random } => {
                 let flags = if *fully_random {
                     NF_NAT_RANGE_PROTO_RANDOM_FULLY
@@ -126,85 +122,93 @@ impl RuleLowering<'_> {
                     0
                 };
                 self.push(Expr::Masq { flags });
-                Ok(())
             }
-            Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp),
-            Stmt::Tproxy { family, port } => {
-                let reg_port = kernel_reg(NFT_REG_1);
-                self.push(Expr::Immediate {
-                    dreg: reg_port,
-                    data: port.to_be_bytes().to_vec(),
-                });
-                self.push(Expr::Tproxy {
-                    family: u32::from(nfproto(*family)),
-                    reg_port,
-                });
-                Ok(())
-            }
-            Stmt::MarkSet(mark) => {
-                let sreg = kernel_reg(NFT_REG_1);
-                self.push(Expr::Immediate {
-                    dreg: sreg,
-                    data: mark.to_ne_bytes().to_vec(),
-                });
-                self.push(Expr::MetaSet {
-                    key: super::types::NFT_META_MARK,
-                    sreg,
-                });
-                Ok(())
-            }
-            Stmt::MarkOr(bits) => {
-                self.mark_bitwise(!bits, *bits);
-                Ok(())
-            }
-            Stmt::MarkAnd(mask) => {
-                self.mark_bitwise(*mask, 0);
-                Ok(())
-            }
-            Stmt::SetUpdate { set, key, timeout } => {
-                let fields = self.key_fields(key)?;
-                let sreg = self.load_key(&fields, false);
-                let set_id = self.sets.get(set).and_then(|s| s.id);
-                self.push(Expr::DynsetUpdate {
-                    sreg,
-                    set: set.clone(),
-                    set_id,
-                    timeout_ms: timeout.map(|s| u64::from(s) * 1000),
-                });
-                Ok(())
-            }
-            Stmt::SetLimit { set, key, limit } => {
-                if limit.per_second == 0 || limit.burst == 0 {
-                    // The kernel would turn a zero burst into 5 (and read back differently).
-                    return Err(encode_err(
-                        &format!("limit on @{set}"),
-                        "rate and burst must be at least 1".into(),
-                    ));
-                }
-                let fields = self.key_fields(key)?;
-                let sreg = self.load_key(&fields, false);
-                let set_id = self.sets.get(set).and_then(|s| s.id);
-                self.push(Expr::DynsetLimit {
-                    sreg,
-                    set: set.clone(),
-                    set_id,
-                    rate: u64::from(limit.per_second),
-                    unit: 1,
-                    burst: limit.burst,
-                    flags: NFT_LIMIT_F_INV,
-                });
-                Ok(())
-            }
-            Stmt::Reject(r) => self.reject(*r),
+            Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp)?,
+            Stmt::Tproxy { family, port } => self.tproxy(*family, *port),
+            Stmt::MarkSet(mark) => self.mark_set(*mark),
+            Stmt::MarkOr(bits) => self.mark_bitwise(!bits, *bits),
+            Stmt::MarkAnd(mask) => self.mark_bitwise(*mask, 0),
+            Stmt::SetUpdate { set, key, timeout } => self.set_update(set, key, *timeout)?,
+            Stmt::SetLimit { set, key, limit } => self.set_limit(set, key, limit)?,
+            Stmt::Reject(r) => self.reject(*r)?,
             Stmt::Verdict(v) => {
                 let (code, chain) = verdict_code(v);
                 self.push(Expr::Verdict {
                     code,
                     chain: chain.map(str::to_string),
                 });
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// `tproxy to :port`: the port in a register, then the tproxy expression.
+    fn tproxy(&mut self, family: IpFamily, port: u16) {
+        let reg_port = kernel_reg(NFT_REG_1);
+        self.push(Expr::Immediate {
+            dreg: reg_port,
+            data: port.to_be_bytes().to_vec(),
+        });
+        self.push(Expr::Tproxy {
+            family: u32::from(nfproto(family)),
+            reg_port,
+        });
+    }
+
+    /// `meta mark set MARK`: the mark in a register, then the meta write.
+    fn mark_set(&mut self, mark: u32) {
+        let sreg = kernel_reg(NFT_REG_1);
+        self.push(Expr::Immediate {
+            dreg: sreg,
+            data: mark.to_ne_bytes().to_vec(),
+        });
+        self.push(Expr::MetaSet {
+            key: super::types::NFT_META_MARK,
+            sreg,
+        });
+    }
+
+    /// `update @set { key [timeout T] }`.
+    fn set_update(
+        &mut self,
+        set: &str,
+        key: &[Field],
+        timeout: Option<u32>,
+    ) -> Result<(), NftError> {
+        let fields = self.key_fields(key)?;
+        let sreg = self.load_key(&fields, false);
+        let set_id = self.sets.get(set).and_then(|s| s.id);
+        self.push(Expr::DynsetUpdate {
+            sreg,
+            set: set.to_string(),
+            set_id,
+            timeout_ms: timeout.map(|s| u64::from(s) * 1000),
+        });
+        Ok(())
+    }
+
+    /// `update @set { key limit rate over N/second burst B packets }`.
+    fn set_limit(&mut self, set: &str, key: &[Field], limit: &Limit) -> Result<(), NftError> {
+        if limit.per_second == 0 || limit.burst == 0 {
+            // The kernel would turn a zero burst into 5 (and read back differently).
+            return Err(encode_err(
+                &format!("limit on @{set}"),
+                "rate and burst must be at least 1".into(),
+            ));
+        }
+        let fields = self.key_fields(key)?;
+        let sreg = self.load_key(&fields, false);
+        let set_id = self.sets.get(set).and_then(|s| s.id);
+        self.push(Expr::DynsetLimit {
+            sreg,
+            set: set.to_string(),
+            set_id,
+            rate: u64::from(limit.per_second),
+            unit: 1,
+            burst: limit.burst,
+            flags: NFT_LIMIT_F_INV,
+        });
+        Ok(())
     }
 
     /// Field infos of a key, with the `meta nfproto` dependency emitted first if needed.
