@@ -296,17 +296,24 @@ fn dynset_update(e: &Expr) -> ExprObj {
     else {
         unreachable!("called for Expr::DynsetUpdate")
     };
-    let mut e = ExprObj::new(c"dynset")
-        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
+    let e = dynset(*sreg, set, *set_id);
+    match timeout_ms {
+        Some(ms) => e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms),
+        None => e,
+    }
+}
+
+/// `update @set { key }` with the key in `sreg`; `set_id` names a set created in the same
+/// batch.
+fn dynset(sreg: u32, set: &str, set_id: Option<u32>) -> ExprObj {
+    let e = ExprObj::new(c"dynset")
+        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, sreg)
         .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
         .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-    if let Some(id) = set_id {
-        e = e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id);
+    match set_id {
+        Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, id),
+        None => e,
     }
-    if let Some(ms) = timeout_ms {
-        e = e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms);
-    }
-    e
 }
 
 fn dynset_limit(e: &Expr) -> ExprObj {
@@ -333,15 +340,7 @@ fn dynset_limit(e: &Expr) -> ExprObj {
         limit
     };
     let limit = limit.u32(sys::NFTNL_EXPR_LIMIT_FLAGS, *flags);
-    let e = ExprObj::new(c"dynset")
-        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
-        .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
-        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-    let e = match set_id {
-        Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id),
-        None => e,
-    };
-    e.nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
+    dynset(*sreg, set, *set_id).nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
 }
 
 fn verdict(e: &Expr) -> ExprObj {

@@ -168,6 +168,14 @@ impl RuleLowering<'_> {
         });
     }
 
+    /// Loads `key` for an update of `set`: its register, and the set's id when it is created
+    /// in the same batch.
+    fn dynset_key(&mut self, set: &str, key: &[Field]) -> Result<(u32, Option<u32>), NftError> {
+        let fields = self.key_fields(key)?;
+        let sreg = self.load_key(&fields, false);
+        Ok((sreg, self.sets.get(set).and_then(|s| s.id)))
+    }
+
     /// `update @set { key [timeout T] }`.
     fn set_update(
         &mut self,
@@ -175,9 +183,7 @@ impl RuleLowering<'_> {
         key: &[Field],
         timeout: Option<u32>,
     ) -> Result<(), NftError> {
-        let fields = self.key_fields(key)?;
-        let sreg = self.load_key(&fields, false);
-        let set_id = self.sets.get(set).and_then(|s| s.id);
+        let (sreg, set_id) = self.dynset_key(set, key)?;
         self.push(Expr::DynsetUpdate {
             sreg,
             set: set.to_string(),
@@ -196,9 +202,7 @@ impl RuleLowering<'_> {
                 "rate and burst must be at least 1".into(),
             ));
         }
-        let fields = self.key_fields(key)?;
-        let sreg = self.load_key(&fields, false);
-        let set_id = self.sets.get(set).and_then(|s| s.id);
+        let (sreg, set_id) = self.dynset_key(set, key)?;
         self.push(Expr::DynsetLimit {
             sreg,
             set: set.to_string(),
