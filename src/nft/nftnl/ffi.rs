@@ -565,6 +565,77 @@ fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
 }
 
 impl Writer<'_> {
+    /// Adds (`add`, with the empty flags nft always sends) or deletes the table.
+    fn table_msg(&self, nlh: *mut libc::nlmsghdr, add: bool) {
+        let t = TableObj::new();
+        put_str(
+            sys::nftnl_table_set_str,
+            t.ptr(),
+            sys::NFTNL_TABLE_NAME,
+            self.table,
+        );
+        if add {
+            // SAFETY: valid table.
+            unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, 0) };
+        }
+        // SAFETY: `nlh` is the header just built in the batch buffer.
+        unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
+    }
+
+    /// Adds the chain `name`, a base chain with its type, hook and policy when `base`.
+    fn new_chain(
+        &self,
+        nlh: *mut libc::nlmsghdr,
+        name: &str,
+        base: Option<&super::lower::BaseSpec>,
+    ) {
+        let c = chain_obj(self.table, self.family, name);
+        if let Some(b) = base {
+            let kind = cstring(b.kind);
+            put_str(
+                sys::nftnl_chain_set_str,
+                c.ptr(),
+                sys::NFTNL_CHAIN_TYPE,
+                &kind,
+            );
+        }
+        // SAFETY: header just built in the batch buffer; valid chain.
+        unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
+        if let Some(b) = base {
+            Self::chain_hook(nlh, b);
+        }
+    }
+
+    /// Deletes the set `name`.
+    fn del_set(&self, nlh: *mut libc::nlmsghdr, name: &str) {
+        let s = SetObj::new();
+        put_str(
+            sys::nftnl_set_set_str,
+            s.ptr(),
+            sys::NFTNL_SET_TABLE,
+            self.table,
+        );
+        put_str(
+            sys::nftnl_set_set_str,
+            s.ptr(),
+            sys::NFTNL_SET_NAME,
+            &cstring(name),
+        );
+        // SAFETY: header just built in the batch buffer; valid set.
+        unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
+    }
+
+    /// Deletes every element of the set `set`.
+    fn flush_set(&self, nlh: *mut libc::nlmsghdr, set: &str) {
+        let name = cstring(set);
+        // SAFETY: `nlh` is the message being built with room for a maximum-size message;
+        // the strings are valid C strings.
+        unsafe {
+            mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_TABLE, self.table.as_ptr());
+            mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
+        }
+    }
+
     /// Attributes nft writes itself, after libnftnl's: a base chain's policy and hook.
     fn chain_hook(nlh: *mut libc::nlmsghdr, b: &super::lower::BaseSpec) {
         let nlh = nlh.cast();
@@ -651,38 +722,9 @@ unsafe impl NlMsg for Writer<'_> {
             sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, self.family, flags, seq)
         };
         match &self.msg.body {
-            MsgBody::NewTable | MsgBody::DelTable => {
-                let t = TableObj::new();
-                put_str(
-                    sys::nftnl_table_set_str,
-                    t.ptr(),
-                    sys::NFTNL_TABLE_NAME,
-                    self.table,
-                );
-                if matches!(self.msg.body, MsgBody::NewTable) {
-                    // SAFETY: valid table; nft always sends the (empty) flags on add.
-                    unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, 0) };
-                }
-                // SAFETY: `nlh` is the header just built in the batch buffer.
-                unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
-            }
-            MsgBody::NewChain { name, base } => {
-                let c = chain_obj(self.table, self.family, name);
-                if let Some(b) = base {
-                    let kind = cstring(b.kind);
-                    put_str(
-                        sys::nftnl_chain_set_str,
-                        c.ptr(),
-                        sys::NFTNL_CHAIN_TYPE,
-                        &kind,
-                    );
-                }
-                // SAFETY: header just built in the batch buffer; valid chain.
-                unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
-                if let Some(b) = base {
-                    Self::chain_hook(nlh, b);
-                }
-            }
+            MsgBody::NewTable => self.table_msg(nlh, true),
+            MsgBody::DelTable => self.table_msg(nlh, false),
+            MsgBody::NewChain { name, base } => self.new_chain(nlh, name, base.as_ref()),
             MsgBody::DelChain(name) => {
                 let c = chain_obj(self.table, self.family, name);
                 // SAFETY: header just built in the batch buffer; valid chain.
@@ -694,39 +736,11 @@ unsafe impl NlMsg for Writer<'_> {
                 // SAFETY: header just built in the batch buffer; valid set.
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
-            MsgBody::DelSet(name) => {
-                let s = SetObj::new();
-                put_str(
-                    sys::nftnl_set_set_str,
-                    s.ptr(),
-                    sys::NFTNL_SET_TABLE,
-                    self.table,
-                );
-                put_str(
-                    sys::nftnl_set_set_str,
-                    s.ptr(),
-                    sys::NFTNL_SET_NAME,
-                    &cstring(name),
-                );
-                // SAFETY: header just built in the batch buffer; valid set.
-                unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
-            }
+            MsgBody::DelSet(name) => self.del_set(nlh, name),
             MsgBody::Elems {
                 set, set_id, chunk, ..
             } => self.elems(nlh, set, *set_id, &chunk.list),
-            MsgBody::FlushSet(set) => {
-                let name = cstring(set);
-                // SAFETY: `nlh` is the message being built with room for a maximum-size
-                // message; the strings are valid C strings.
-                unsafe {
-                    mnl_sys::mnl_attr_put_strz(
-                        nlh.cast(),
-                        NFTA_SET_ELEM_LIST_TABLE,
-                        self.table.as_ptr(),
-                    );
-                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
-                }
-            }
+            MsgBody::FlushSet(set) => self.flush_set(nlh, set),
         }
     }
 }

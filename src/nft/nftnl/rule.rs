@@ -701,89 +701,105 @@ impl RuleLowering<'_> {
             NatKind::Snat => NFT_NAT_SNAT,
             NatKind::Dnat => NFT_NAT_DNAT,
         };
-        let family = u32::from(nfproto(nat.family));
         let reg_addr = kernel_reg(NFT_REG_1);
-        let mut reg_proto = None;
-        let mut flags = 0;
-        match &nat.addr {
-            NatAddr::Fixed(addr, port) => {
-                let data = match (addr, nat.family) {
-                    (IpAddr::V4(a), IpFamily::V4) => a.octets().to_vec(),
-                    (IpAddr::V6(a), IpFamily::V6) => a.octets().to_vec(),
-                    _ => {
-                        return Err(encode_err(
-                            &format!("nat to {addr}"),
-                            "address family differs from the nat family".into(),
-                        ));
-                    }
-                };
-                self.push(Expr::Immediate {
-                    dreg: reg_addr,
-                    data,
-                });
-                if let Some(port) = port {
-                    if self.l4 == L4::Unknown {
-                        return Err(encode_err(
-                            &format!("nat to {addr} port {port}"),
-                            "transport protocol mapping is only valid after transport \
-                             protocol match"
-                                .into(),
-                        ));
-                    }
-                    // The next 128-bit register (slot 5).
-                    let reg = kernel_reg(NFT_REG_1 + 4);
-                    self.push(Expr::Immediate {
-                        dreg: reg,
-                        data: port.to_be_bytes().to_vec(),
-                    });
-                    reg_proto = Some(reg);
-                    flags = NF_NAT_RANGE_PROTO_SPECIFIED;
-                }
-            }
-            NatAddr::Map { key, map } => {
-                let fields = self.key_fields(key)?;
-                let known = self.sets.get(map);
-                if let Some(SetKind::Map(data)) = known.map(|s| &s.kind) {
-                    let (want, slots) = match nat.family {
-                        IpFamily::V4 => (DataType::Ipv4Addr, 1),
-                        IpFamily::V6 => (DataType::Ipv6Addr, 4),
-                    };
-                    match data.as_slice() {
-                        [a] if *a == want => {}
-                        // `addr . port` data: the port lands in the 32-bit register right
-                        // after the address.
-                        [a, DataType::InetService] if *a == want => {
-                            reg_proto = Some(kernel_reg(NFT_REG_1 + slots));
-                        }
-                        _ => {
-                            return Err(encode_err(
-                                &format!("nat map @{map}"),
-                                "map data must be an address of the nat family, \
-                                 optionally with a port"
-                                    .into(),
-                            ));
-                        }
-                    }
-                }
-                let interval = known.is_some_and(|s| s.interval);
-                let sreg = self.load_key(&fields, interval);
-                self.push(Expr::Lookup {
-                    sreg,
-                    dreg: Some(reg_addr),
-                    set: map.clone(),
-                    set_id: known.and_then(|s| s.id),
-                    invert: false,
-                });
-            }
-        }
+        let (reg_proto, flags) = match &nat.addr {
+            NatAddr::Fixed(addr, port) => self.nat_to(*addr, *port, nat.family, reg_addr)?,
+            NatAddr::Map { key, map } => (self.nat_map(key, map, nat.family, reg_addr)?, 0),
+        };
         self.push(Expr::Nat {
             kind,
-            family,
+            family: u32::from(nfproto(nat.family)),
             reg_addr,
             reg_proto,
             flags,
         });
         Ok(())
+    }
+
+    /// `to ADDR[:PORT]`: the address into `reg_addr`, the port into the next 128-bit
+    /// register; returns the port's register and the nat flags.
+    fn nat_to(
+        &mut self,
+        addr: IpAddr,
+        port: Option<u16>,
+        family: IpFamily,
+        reg_addr: u32,
+    ) -> Result<(Option<u32>, u32), NftError> {
+        let data = match (addr, family) {
+            (IpAddr::V4(a), IpFamily::V4) => a.octets().to_vec(),
+            (IpAddr::V6(a), IpFamily::V6) => a.octets().to_vec(),
+            _ => {
+                return Err(encode_err(
+                    &format!("nat to {addr}"),
+                    "address family differs from the nat family".into(),
+                ));
+            }
+        };
+        self.push(Expr::Immediate {
+            dreg: reg_addr,
+            data,
+        });
+        let Some(port) = port else {
+            return Ok((None, 0));
+        };
+        if self.l4 == L4::Unknown {
+            return Err(encode_err(
+                &format!("nat to {addr} port {port}"),
+                "transport protocol mapping is only valid after transport protocol match".into(),
+            ));
+        }
+        // The next 128-bit register (slot 5).
+        let reg = kernel_reg(NFT_REG_1 + 4);
+        self.push(Expr::Immediate {
+            dreg: reg,
+            data: port.to_be_bytes().to_vec(),
+        });
+        Ok((Some(reg), NF_NAT_RANGE_PROTO_SPECIFIED))
+    }
+
+    /// `to KEY map @MAP`: the lookup of `key` in `map` into `reg_addr`; returns the port's
+    /// register when the map's data is `addr . port`.
+    fn nat_map(
+        &mut self,
+        key: &[Field],
+        map: &str,
+        family: IpFamily,
+        reg_addr: u32,
+    ) -> Result<Option<u32>, NftError> {
+        let fields = self.key_fields(key)?;
+        let known = self.sets.get(map);
+        let mut reg_proto = None;
+        if let Some(SetKind::Map(data)) = known.map(|s| &s.kind) {
+            let (want, slots) = match family {
+                IpFamily::V4 => (DataType::Ipv4Addr, 1),
+                IpFamily::V6 => (DataType::Ipv6Addr, 4),
+            };
+            match data.as_slice() {
+                [a] if *a == want => {}
+                // `addr . port` data: the port lands in the 32-bit register right after the
+                // address.
+                [a, DataType::InetService] if *a == want => {
+                    reg_proto = Some(kernel_reg(NFT_REG_1 + slots));
+                }
+                _ => {
+                    return Err(encode_err(
+                        &format!("nat map @{map}"),
+                        "map data must be an address of the nat family, optionally with a port"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        let interval = known.is_some_and(|s| s.interval);
+        let sreg = self.load_key(&fields, interval);
+        self.push(Expr::Lookup {
+            sreg,
+            dreg: Some(reg_addr),
+            set: map.to_string(),
+            set_id: known.and_then(|s| s.id),
+            invert: false,
+        });
+        Ok(reg_proto)
     }
 
     /// `ip dscp set N` rewrites the 6 DSCP bits of the 16-bit word at the start of the
