@@ -147,6 +147,14 @@ impl ExprObj {
         self
     }
 
+    /// Sets an optional attribute: `set` with the value, when there is one.
+    fn maybe<T>(self, v: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match v {
+            Some(v) => set(self, v),
+            None => self,
+        }
+    }
+
     /// Hands `inner` to this expression (a dynset's per-element expression).
     fn nest(self, attr: u32, inner: ExprObj) -> Self {
         let p = inner.0.as_ptr();
@@ -278,12 +286,10 @@ fn payload_set(e: &Expr) -> ExprObj {
         .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
         .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
         .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
-    match csum {
-        Some((kind, off)) => e
-            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, *kind)
-            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
-        None => e,
-    }
+    e.maybe(*csum, |e, (kind, off)| {
+        e.u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, kind)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, off)
+    })
 }
 
 fn dynset_update(e: &Expr) -> ExprObj {
@@ -296,24 +302,19 @@ fn dynset_update(e: &Expr) -> ExprObj {
     else {
         unreachable!("called for Expr::DynsetUpdate")
     };
-    let e = dynset(*sreg, set, *set_id);
-    match timeout_ms {
-        Some(ms) => e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms),
-        None => e,
-    }
+    dynset(*sreg, set, *set_id).maybe(*timeout_ms, |e, ms| {
+        e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, ms)
+    })
 }
 
 /// `update @set { key }` with the key in `sreg`; `set_id` names a set created in the same
 /// batch.
 fn dynset(sreg: u32, set: &str, set_id: Option<u32>) -> ExprObj {
-    let e = ExprObj::new(c"dynset")
+    ExprObj::new(c"dynset")
         .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, sreg)
         .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
-        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-    match set_id {
-        Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, id),
-        None => e,
-    }
+        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
+        .maybe(set_id, |e, id| e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, id))
 }
 
 fn dynset_limit(e: &Expr) -> ExprObj {
@@ -347,24 +348,19 @@ fn verdict(e: &Expr) -> ExprObj {
     let Expr::Verdict { code, chain } = e else {
         unreachable!("called for Expr::Verdict")
     };
-    let e = ExprObj::new(c"immediate")
+    ExprObj::new(c"immediate")
         .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
-        .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
-    match chain {
-        Some(c) => e.str(sys::NFTNL_EXPR_IMM_CHAIN, c),
-        None => e,
-    }
+        .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32)
+        .maybe(chain.as_deref(), |e, c| e.str(sys::NFTNL_EXPR_IMM_CHAIN, c))
 }
 
 fn log(e: &Expr) -> ExprObj {
     let Expr::Log { prefix, group } = e else {
         unreachable!("called for Expr::Log")
     };
-    let e = ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix);
-    match group {
-        Some(g) => e.u16(sys::NFTNL_EXPR_LOG_GROUP, *g),
-        None => e,
-    }
+    ExprObj::new(c"log")
+        .str(sys::NFTNL_EXPR_LOG_PREFIX, prefix)
+        .maybe(*group, |e, g| e.u16(sys::NFTNL_EXPR_LOG_GROUP, g))
 }
 
 fn bitwise(e: &Expr) -> ExprObj {
@@ -404,13 +400,9 @@ fn lookup(e: &Expr) -> ExprObj {
     };
     let mut e = ExprObj::new(c"lookup")
         .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
-        .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
-    if let Some(d) = dreg {
-        e = e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, *d);
-    }
-    if let Some(id) = set_id {
-        e = e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, *id);
-    }
+        .str(sys::NFTNL_EXPR_LOOKUP_SET, set)
+        .maybe(*dreg, |e, d| e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, d))
+        .maybe(*set_id, |e, id| e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, id));
     if *invert {
         e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
     }
@@ -431,10 +423,10 @@ fn nat(e: &Expr) -> ExprObj {
     let mut e = ExprObj::new(c"nat")
         .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
         .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
-        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
-    if let Some(r) = reg_proto {
-        e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r);
-    }
+        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr)
+        .maybe(*reg_proto, |e, r| {
+            e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, r)
+        });
     if *flags != 0 {
         e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
     }
