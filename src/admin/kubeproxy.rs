@@ -120,8 +120,17 @@ impl KubeProxyMetrics {
     /// triggered before it are not observed (kube-proxy's rule: at start-up every object is
     /// new, and its trigger time may be days old).
     pub fn register(registry: &mut Registry, start: SystemTime) -> KubeProxyMetrics {
+        let m = KubeProxyMetrics::new(start);
+        m.start_at_zero();
+        m.register_sync(registry);
+        m.register_changes(registry);
+        m.register_conntrack_and_health(registry);
+        m
+    }
+
+    fn new(start: SystemTime) -> KubeProxyMetrics {
         let histograms = || Histograms::new_with_constructor(sync_histogram as fn() -> Histogram);
-        let m = KubeProxyMetrics {
+        KubeProxyMetrics {
             sync_duration: histograms(),
             full_sync_duration: histograms(),
             partial_sync_duration: histograms(),
@@ -141,102 +150,115 @@ impl KubeProxyMetrics {
             livez: Family::default(),
             latency: Arc::new(Mutex::new(ProgrammingLatency::new(start))),
             changes: Arc::new(Mutex::new(ChangeTracker::default())),
-        };
-        // Counters and the no-local gauges exist from the start, at 0, so that `rate()` and
-        // alerts see the first event.
-        for f in FAMILIES {
-            let _ = m.sync_failures.get_or_create(&family(f));
-            let _ = m.cleanup_failures.get_or_create(&family(f));
-            let _ = m.conntrack_deleted.get_or_create(&family(f));
         }
-        m.no_local_endpoints(&imbl::OrdMap::new());
-        let r = registry;
+    }
+
+    /// Counters and the no-local gauges exist from the start, at 0, so that `rate()` and
+    /// alerts see the first event.
+    fn start_at_zero(&self) {
+        for f in FAMILIES {
+            let _ = self.sync_failures.get_or_create(&family(f));
+            let _ = self.cleanup_failures.get_or_create(&family(f));
+            let _ = self.conntrack_deleted.get_or_create(&family(f));
+        }
+        self.no_local_endpoints(&imbl::OrdMap::new());
+    }
+
+    /// How long syncs took, when the last one ran or was queued, and how many failed.
+    fn register_sync(&self, r: &mut Registry) {
         r.register(
             "sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
-            m.sync_duration.clone(),
+            self.sync_duration.clone(),
         );
         r.register(
             "sync_full_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for full resyncs",
-            m.full_sync_duration.clone(),
+            self.full_sync_duration.clone(),
         );
         r.register(
             "sync_partial_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for partial resyncs",
-            m.partial_sync_duration.clone(),
+            self.partial_sync_duration.clone(),
         );
         r.register(
             "sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
-            m.last_sync.clone(),
+            self.last_sync.clone(),
         );
         r.register(
             "sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
-            m.last_queued.clone(),
+            self.last_queued.clone(),
         );
         r.register(
             "sync_proxy_rules_nftables_sync_failures",
             "Cumulative proxy nftables sync failures",
-            m.sync_failures.clone(),
+            self.sync_failures.clone(),
         );
         r.register(
             "sync_proxy_rules_nftables_cleanup_failures",
             "Cumulative proxy nftables cleanup failures",
-            m.cleanup_failures.clone(),
+            self.cleanup_failures.clone(),
         );
+    }
+
+    /// The programming latency and the pending and counted Service and endpoint changes.
+    fn register_changes(&self, r: &mut Registry) {
         r.register(
             "network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",
-            m.programming.clone(),
+            self.programming.clone(),
         );
         r.register(
             "sync_proxy_rules_endpoint_changes_pending",
             "Pending proxy rules Endpoint changes",
-            m.endpoint_changes_pending.clone(),
+            self.endpoint_changes_pending.clone(),
         );
         r.register(
             "sync_proxy_rules_endpoint_changes",
             "Cumulative proxy rules Endpoint changes",
-            m.endpoint_changes.clone(),
+            self.endpoint_changes.clone(),
         );
         r.register(
             "sync_proxy_rules_service_changes_pending",
             "Pending proxy rules Service changes",
-            m.service_changes_pending.clone(),
+            self.service_changes_pending.clone(),
         );
         r.register(
             "sync_proxy_rules_service_changes",
             "Cumulative proxy rules Service changes",
-            m.service_changes.clone(),
+            self.service_changes.clone(),
         );
         r.register(
             "sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
-            m.no_local.clone(),
+            self.no_local.clone(),
         );
+    }
+
+    /// The conntrack cleanup's time and deletions and the health servers' answers.
+    fn register_conntrack_and_health(&self, r: &mut Registry) {
         r.register(
             "conntrack_reconciler_sync_duration_seconds",
             "ReconcileConntrackFlowsLatency latency in seconds",
-            m.conntrack_duration.clone(),
+            self.conntrack_duration.clone(),
         );
         r.register(
             "conntrack_reconciler_deleted_entries",
             "Cumulative conntrack flows deleted by conntrack reconciler",
-            m.conntrack_deleted.clone(),
+            self.conntrack_deleted.clone(),
         );
         r.register(
             "proxy_healthz",
             "Cumulative proxy healthz HTTP status",
-            m.healthz.clone(),
+            self.healthz.clone(),
         );
         r.register(
             "proxy_livez",
             "Cumulative proxy livez HTTP status",
-            m.livez.clone(),
+            self.livez.clone(),
         );
-        m
     }
 
     fn observe_sync(&self, took: Duration, full: bool) {

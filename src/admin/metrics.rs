@@ -137,6 +137,14 @@ impl Metrics {
     fn register(&self, registry: &mut Registry) {
         self.dns_proxy.register(registry);
         registry.register_collector(Box::new(self.rule_counters.clone()));
+        self.register_sync(registry);
+        self.register_drift(registry);
+        self.register_tasks(registry);
+        self.register_egress_ip(registry);
+    }
+
+    /// What each sync took, applied and failed on, and what the snapshot held.
+    fn register_sync(&self, registry: &mut Registry) {
         registry.register(
             "sync_duration_seconds",
             "Time to plan and apply one sync (nftables and network)",
@@ -177,6 +185,10 @@ impl Metrics {
             "Objects in the current snapshot per kind",
             self.objects.clone(),
         );
+    }
+
+    /// Changes to the table by others and their repairs.
+    fn register_drift(&self, registry: &mut Registry) {
         registry.register(
             "drift_detected",
             "Changes to table inet nodeplane by another process (or lost notifications), by the \
@@ -193,6 +205,10 @@ impl Metrics {
             "Time from detecting the last repaired drift to the end of the sync that repaired it",
             self.drift_last_repair.clone(),
         );
+    }
+
+    /// The roles this agent leads and the background tasks that went down.
+    fn register_tasks(&self, registry: &mut Registry) {
         registry.register(
             "leader",
             "1 while this agent holds the cluster-wide role's Lease, else 0 (one series per \
@@ -205,6 +221,10 @@ impl Metrics {
              panicked, or reported that it cannot work), by task",
             self.task_down_count.clone(),
         );
+    }
+
+    /// The EgressIP control plane's and hosting node's timings and address conflicts.
+    fn register_egress_ip(&self, registry: &mut Registry) {
         registry.register(
             "egress_ip_cloud_attach_seconds",
             "EgressIP assigner on a cloud: from writing a CloudPrivateIPConfig (create or move) \

@@ -79,20 +79,7 @@ async fn run_with(
     add_admin_servers(&config, admin, tasks).await?;
     check_host(&config, admin);
     info!("features: {}", config.features);
-    // kube-proxy's proxy health: healthy and eligible while starting up; up before the first
-    // list, like kube-proxy's, so that load balancers see the node as soon as it can serve.
-    let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
-    if let Some(addr) =
-        (config.healthz_bind_address).filter(|_| config.features.on(Switch::Services))
-    {
-        let metrics = admin.metrics.clone();
-        let count = Arc::new(move |livez, code| metrics.kubeproxy.probe(livez, code));
-        tasks.add(healthcheck::proxy_health_task(
-            addr,
-            proxy_health.clone(),
-            count,
-        ));
-    }
+    let proxy_health = add_proxy_health(&config, admin, tasks);
     let mut observers: Vec<Box<dyn SyncObserver>> = vec![Box::new(AdminObserver {
         state: admin.clone(),
         node_name: config.node_name.clone(),
@@ -123,45 +110,96 @@ async fn run_with(
     add_dns_proxy(&config, admin, learning_rx, tasks);
     let (acl_tx, acl_rx) = watch::channel(Arc::default());
     tasks.add(crate::acl_log::task(config.acl_log, acl_rx));
-    // After every successful sync, in this order: the log, the drift repair (readiness
-    // back), the health-check ports.
-    observers.push(Box::new(LogReport));
-    observers.push(Box::new(crate::memory_limit::MemoryWatch::start()));
-    observers.push(Box::new(DnsLearning(learning_tx)));
-    observers.push(Box::new(AclBook(acl_tx)));
-    observers.push(Box::new(dataplane_timer));
-    observers.push(Box::new(DriftRepairs {
-        state: admin.clone(),
-    }));
-    observers.push(Box::new(SyncHealth {
-        health: proxy_health.clone(),
-        node_name: config.node_name.clone(),
-    }));
-    let health = HealthServer::new(tokio::runtime::Handle::current(), proxy_health);
-    observers.push(Box::new(HealthCheckServer(health)));
+    observers.extend(after_sync(
+        &config,
+        admin,
+        (DnsLearning(learning_tx), AclBook(acl_tx)),
+        dataplane_timer,
+        proxy_health,
+    ));
     if let Some((seen, check)) =
         pod_traffic::parts(admin, &config.node_name, config.pod_traffic_check)
     {
         observers.push(Box::new(seen));
         tasks.add(check);
     }
+    add_rule_counters(&config, admin, tasks);
+    // The backends block on netlink: the loop runs on its own thread, off the async workers.
+    let snapshots = Snapshots::Published(published);
+    let control =
+        move || run_loop::run(config, inbox, resolver, snapshots, fence, quiet, observers);
+    until_signal(control, events).await
+}
+
+/// kube-proxy's proxy health (with services): healthy and eligible while starting up; up
+/// before the first list, like kube-proxy's, so that load balancers see the node as soon as
+/// it can serve.
+fn add_proxy_health(config: &Config, admin: &AdminState, tasks: &mut Runtime) -> Arc<ProxyHealth> {
+    let proxy_health = Arc::new(ProxyHealth::new(HEALTH_TIMEOUT, Stamp::now()));
+    if let Some(addr) =
+        (config.healthz_bind_address).filter(|_| config.features.on(Switch::Services))
+    {
+        let metrics = admin.metrics.clone();
+        let count = Arc::new(move |livez, code| metrics.kubeproxy.probe(livez, code));
+        tasks.add(healthcheck::proxy_health_task(
+            addr,
+            proxy_health.clone(),
+            count,
+        ));
+    }
+    proxy_health
+}
+
+/// The observers after every successful sync, in this order: the log, the memory watch, the
+/// features' outputs (DNS learning, ACL log book), the dataplane timer, the drift repair
+/// (readiness back), the proxy health and the health-check ports.
+fn after_sync(
+    config: &Config,
+    admin: &Arc<AdminState>,
+    (learning, acl_book): (DnsLearning, AclBook),
+    dataplane_timer: admin::egress_ip_dataplane::DataplaneTimer,
+    proxy_health: Arc<ProxyHealth>,
+) -> Vec<Box<dyn SyncObserver>> {
+    let health = HealthServer::new(tokio::runtime::Handle::current(), proxy_health.clone());
+    vec![
+        Box::new(LogReport),
+        Box::new(crate::memory_limit::MemoryWatch::start()),
+        Box::new(learning),
+        Box::new(acl_book),
+        Box::new(dataplane_timer),
+        Box::new(DriftRepairs {
+            state: admin.clone(),
+        }),
+        Box::new(SyncHealth {
+            health: proxy_health,
+            node_name: config.node_name.clone(),
+        }),
+        Box::new(HealthCheckServer(health)),
+    ]
+}
+
+/// The per-rule counter reader (`--rule-counters-seconds`), on the applied table.
+fn add_rule_counters(config: &Config, admin: &Arc<AdminState>, tasks: &mut Runtime) {
     if let Some(every) = config.rule_counters {
         let applied = admin.clone();
         let counters = admin.metrics.rule_counters.clone();
         let applied_table = move || applied.applied_table();
         tasks.add(admin::rule_counters::reader(applied_table, counters, every));
     }
-    // The backends block on netlink: the loop runs on its own thread, off the async workers.
-    let snapshots = Snapshots::Published(published);
-    let stop = events.clone();
-    let worker = std::thread::spawn(move || {
-        run_loop::run(config, inbox, resolver, snapshots, fence, quiet, observers)
-    });
+}
+
+/// Runs `control` (the control loop) on a thread of its own until it ends, or until
+/// SIGTERM/SIGINT sends it `Event::Shutdown` on `events` and it has stopped.
+async fn until_signal(
+    control: impl FnOnce() -> Result<(), ReconcileError> + Send + 'static,
+    events: Events,
+) -> Result<(), ReconcileError> {
+    let worker = std::thread::spawn(control);
     let mut finished = tokio::task::spawn_blocking(move || worker.join());
     let joined = tokio::select! {
         joined = &mut finished => joined,
         _ = wait_for_signal() => {
-            let _ = stop.send(Event::Shutdown);
+            let _ = events.send(Event::Shutdown);
             finished.await
         }
     };

@@ -219,6 +219,7 @@ impl Config {
             &file.healthz_bind_address,
             DEFAULT_HEALTHZ_BIND_ADDRESS,
         )?;
+        let networks = networks(opts, &file)?;
         // Checked in its place below (its options come last); read here while `file` is whole.
         let dns_proxy = dns_proxy::settings(opts, &file, &resolv_conf);
         let acl_log = acl_log::settings(opts, &file);
@@ -227,39 +228,14 @@ impl Config {
             manifests: opts.manifests.clone().or(file.manifests),
             manifest_limits,
             kubeconfig: opts.kubeconfig.clone().or(file.kubeconfig),
-            api_server: parse_api_server(opts.api_server.clone().or(file.api_server))?,
-            cluster_cidrs: parse_cidrs(
-                "--cluster-cidr",
-                &pick(&opts.cluster_cidrs, file.cluster_cidr, DEFAULT_CLUSTER_CIDR),
-            )?,
-            service_cidrs: parse_cidrs(
-                "--service-cidr",
-                &pick(&opts.service_cidrs, file.service_cidr, DEFAULT_SERVICE_CIDR),
-            )?,
-            external_ip_allowed_cidrs: cidr_list(
-                "--external-ip-allowed-cidrs",
-                &opts.external_ip_allowed_cidrs,
-                file.external_ip_allowed_cidrs,
-            )?,
-            external_ip_rejected_cidrs: cidr_list(
-                "--external-ip-rejected-cidrs",
-                &opts.external_ip_rejected_cidrs,
-                file.external_ip_rejected_cidrs,
-            )?,
-            load_balancer_ip_allowed_cidrs: cidr_list(
-                "--load-balancer-ip-allowed-cidrs",
-                &opts.load_balancer_ip_allowed_cidrs,
-                file.load_balancer_ip_allowed_cidrs,
-            )?,
-            load_balancer_ip_rejected_cidrs: cidr_list(
-                "--load-balancer-ip-rejected-cidrs",
-                &opts.load_balancer_ip_rejected_cidrs,
-                file.load_balancer_ip_rejected_cidrs,
-            )?,
-            nodeport_addresses: NodePortAddresses::parse(&pick_list(
-                &opts.nodeport_addresses,
-                file.nodeport_addresses,
-            ))?,
+            api_server: networks.api_server,
+            cluster_cidrs: networks.cluster_cidrs,
+            service_cidrs: networks.service_cidrs,
+            external_ip_allowed_cidrs: networks.external_ip_allowed_cidrs,
+            external_ip_rejected_cidrs: networks.external_ip_rejected_cidrs,
+            load_balancer_ip_allowed_cidrs: networks.load_balancer_ip_allowed_cidrs,
+            load_balancer_ip_rejected_cidrs: networks.load_balancer_ip_rejected_cidrs,
+            nodeport_addresses: networks.nodeport_addresses,
             resync: resync(opts.resync_seconds.or(file.resync_seconds)),
             log_level: setting(opts.log_level.clone(), file.log_level, "info".into()),
             admin_address: (opts.admin_address.or(file.admin_address))
@@ -282,14 +258,14 @@ impl Config {
                 true,
             ),
             pod_source_check: setting(opts.pod_source_check, file.pod_source_check, true),
-            pod_traffic_check: pod_traffic_check(
+            pod_traffic_check: seconds_or_off(
                 (opts.pod_traffic_check_seconds).or(file.pod_traffic_check_seconds),
+                DEFAULT_POD_TRAFFIC_CHECK,
             ),
-            rule_counters: match (opts.rule_counters_seconds).or(file.rule_counters_seconds) {
-                Some(0) => None,
-                Some(s) => Some(Duration::from_secs(s)),
-                None => Some(DEFAULT_RULE_COUNTERS),
-            },
+            rule_counters: seconds_or_off(
+                (opts.rule_counters_seconds).or(file.rule_counters_seconds),
+                DEFAULT_RULE_COUNTERS,
+            ),
             leader_elect_namespace,
             leader_elect,
             egress_ip_probe,
@@ -365,13 +341,74 @@ fn resync(seconds: Option<u64>) -> Duration {
     Duration::from_secs(seconds.unwrap_or(DEFAULT_RESYNC.as_secs()).max(1))
 }
 
-/// `--pod-traffic-check-seconds`; 0 turns the check off.
-fn pod_traffic_check(seconds: Option<u64>) -> Option<Duration> {
+/// A period in seconds (`--pod-traffic-check-seconds`, `--rule-counters-seconds`), else
+/// `default`; 0 turns it off.
+fn seconds_or_off(seconds: Option<u64>, default: Duration) -> Option<Duration> {
     match seconds {
         Some(0) => None,
         Some(s) => Some(Duration::from_secs(s)),
-        None => Some(DEFAULT_POD_TRAFFIC_CHECK),
+        None => Some(default),
     }
+}
+
+/// The cluster's address options, checked in this order.
+struct Networks {
+    api_server: Option<hyper::Uri>,
+    cluster_cidrs: Vec<IpNet>,
+    service_cidrs: Vec<IpNet>,
+    external_ip_allowed_cidrs: Vec<IpNet>,
+    external_ip_rejected_cidrs: Vec<IpNet>,
+    load_balancer_ip_allowed_cidrs: Vec<IpNet>,
+    load_balancer_ip_rejected_cidrs: Vec<IpNet>,
+    nodeport_addresses: NodePortAddresses,
+}
+
+/// `--api-server`, the cluster and service CIDRs, the externalIP and load-balancer IP
+/// policies and `--nodeport-addresses`.
+fn networks(opts: &Opts, file: &FileConfig) -> Result<Networks, ConfigError> {
+    Ok(Networks {
+        api_server: parse_api_server(opts.api_server.clone().or(file.api_server.clone()))?,
+        cluster_cidrs: parse_cidrs(
+            "--cluster-cidr",
+            &pick(
+                &opts.cluster_cidrs,
+                file.cluster_cidr.clone(),
+                DEFAULT_CLUSTER_CIDR,
+            ),
+        )?,
+        service_cidrs: parse_cidrs(
+            "--service-cidr",
+            &pick(
+                &opts.service_cidrs,
+                file.service_cidr.clone(),
+                DEFAULT_SERVICE_CIDR,
+            ),
+        )?,
+        external_ip_allowed_cidrs: cidr_list(
+            "--external-ip-allowed-cidrs",
+            &opts.external_ip_allowed_cidrs,
+            file.external_ip_allowed_cidrs.clone(),
+        )?,
+        external_ip_rejected_cidrs: cidr_list(
+            "--external-ip-rejected-cidrs",
+            &opts.external_ip_rejected_cidrs,
+            file.external_ip_rejected_cidrs.clone(),
+        )?,
+        load_balancer_ip_allowed_cidrs: cidr_list(
+            "--load-balancer-ip-allowed-cidrs",
+            &opts.load_balancer_ip_allowed_cidrs,
+            file.load_balancer_ip_allowed_cidrs.clone(),
+        )?,
+        load_balancer_ip_rejected_cidrs: cidr_list(
+            "--load-balancer-ip-rejected-cidrs",
+            &opts.load_balancer_ip_rejected_cidrs,
+            file.load_balancer_ip_rejected_cidrs.clone(),
+        )?,
+        nodeport_addresses: NodePortAddresses::parse(&pick_list(
+            &opts.nodeport_addresses,
+            file.nodeport_addresses.clone(),
+        ))?,
+    })
 }
 
 /// A CIDR list option whose default is empty.

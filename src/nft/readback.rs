@@ -118,11 +118,49 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
             ..Default::default()
         })
         .collect();
+    let by_set = part_elements_by_set(desired, &mut parts);
+    mirror_chains(kernel, desired, &mut cur, &mut parts);
+    mirror_sets(kernel, desired, by_set, &mut cur, &mut parts, &mut flush);
+    for ((key, part), held) in desired.parts.iter().zip(parts) {
+        cur.parts.insert(key.clone(), held.into_part(part));
+    }
+    for (name, base) in kernel.other_chains() {
+        cur.add_chain(differing_chain(name, base));
+    }
+    for name in kernel.other_sets() {
+        cur.add_set(Set::new(name, Vec::new(), SetKind::Set));
+    }
+    Baseline {
+        table: Some(cur),
+        flush,
+        table_flags_differ: false,
+    }
+}
+
+impl Held<'_> {
+    /// The part as held: the desired `Arc` itself when held whole.
+    fn into_part(self, desired: &Arc<Part>) -> Arc<Part> {
+        if self.whole {
+            return desired.clone();
+        }
+        let mut p = self.part;
+        for (set, k, v) in self.elements {
+            p.elements
+                .entry(set.to_string())
+                .or_default()
+                .insert(k.clone(), v.clone());
+        }
+        Arc::new(p)
+    }
+}
+
+/// The elements the parts of `desired` put in its top-level sets; a part with elements for
+/// a set nobody declares cannot be held whole (noted in `parts`).
+fn part_elements_by_set<'a>(desired: &'a Table, parts: &mut HeldParts) -> PartElementsBySet<'a> {
     let mut by_set: PartElementsBySet = BTreeMap::new();
     for (i, part) in desired.parts.values().enumerate() {
         for (set, elements) in &part.elements {
             if !desired.sets.contains_key(set) {
-                // Elements for a set nobody declares cannot be held.
                 parts[i].whole = false;
                 continue;
             }
@@ -132,7 +170,16 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
                 .extend(elements.iter().map(|(k, v)| (k, v, i)));
         }
     }
+    by_set
+}
 
+/// The table's chains as the kernel holds them into `cur`, the parts' into `parts`.
+fn mirror_chains(
+    kernel: &mut dyn KernelState,
+    desired: &Table,
+    cur: &mut Table,
+    parts: &mut HeldParts,
+) {
     for chain in desired.chains.values() {
         if let Some(c) = mirror_chain(kernel, chain) {
             cur.add_chain(c);
@@ -149,9 +196,19 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
             }
         }
     }
+}
 
-    // Every set is judged in one call, so that a backend may judge them in parallel:
-    // first the table's own sets (with the elements parts put in them), then the parts'.
+/// Every set as the kernel holds it, judged in one call so that a backend may judge them
+/// in parallel: first the table's own sets (with the elements parts put in them, `by_set`)
+/// into `cur`, then the parts' into `parts`; sets to flush into `flush`.
+fn mirror_sets<'a>(
+    kernel: &mut dyn KernelState,
+    desired: &'a Table,
+    mut by_set: PartElementsBySet<'a>,
+    cur: &mut Table,
+    parts: &mut HeldParts<'a>,
+    flush: &mut Vec<String>,
+) {
     let mut jobs: Vec<SetJob> = desired
         .sets
         .values()
@@ -174,7 +231,7 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
     let states = kernel.sets(&wanted);
     drop(wanted);
     for ((set, from_parts, owner), state) in jobs.into_iter().zip(states) {
-        let held = held_set(set, &from_parts, state, &mut parts, &mut flush);
+        let held = held_set(set, &from_parts, state, parts, flush);
         match (owner, held) {
             (None, Some((held, _))) => cur.add_set(held),
             (None, None) => {}
@@ -184,33 +241,6 @@ pub fn mirror(kernel: &mut dyn KernelState, desired: &Table) -> Baseline {
             }
             (Some(i), None) => parts[i].whole = false,
         }
-    }
-
-    for ((key, part), held) in desired.parts.iter().zip(parts) {
-        let held = if held.whole {
-            part.clone()
-        } else {
-            let mut p = held.part;
-            for (set, k, v) in held.elements {
-                p.elements
-                    .entry(set.to_string())
-                    .or_default()
-                    .insert(k.clone(), v.clone());
-            }
-            Arc::new(p)
-        };
-        cur.parts.insert(key.clone(), held);
-    }
-    for (name, base) in kernel.other_chains() {
-        cur.add_chain(differing_chain(name, base));
-    }
-    for name in kernel.other_sets() {
-        cur.add_set(Set::new(name, Vec::new(), SetKind::Set));
-    }
-    Baseline {
-        table: Some(cur),
-        flush,
-        table_flags_differ: false,
     }
 }
 

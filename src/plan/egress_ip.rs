@@ -211,20 +211,13 @@ fn plan(
     let claims = claim_pods(snapshot, &mut entries);
 
     let mut part = Part::default();
-    let mut snat = [
-        map(SNAT_V4, DataType::Ipv4Addr),
-        map(SNAT_V6, DataType::Ipv6Addr),
-    ];
-    let mut steer = [
-        Set::new(STEER_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
-        Set::new(STEER_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
-    ];
+    let mut maps = Maps::new();
     let Routed {
         groups,
         steered,
         unreachable,
         mut dropped,
-    } = route_claims(snapshot, node, &claims, &entries, &mut snat);
+    } = route_claims(snapshot, node, &claims, &entries, &mut maps.snat);
     let mut groups: Vec<(Vec<String>, BTreeSet<Family>)> = groups.into_iter().collect();
     drop_unmarked_groups(
         &mut groups,
@@ -235,7 +228,67 @@ fn plan(
         node,
     );
     note_problems(&mut entries, unreachable, node);
-    for ((i, fam), ips) in &dropped {
+    fail_closed(&mut entries, &dropped, &mut maps, node);
+    let tunnel = tunnel_spec(snapshot, node, &entries, &groups);
+    if let Some(tunnel) = &tunnel {
+        steer_groups(
+            snapshot, tunnel, &groups, &steered, &mut part, &mut maps, net,
+        );
+    }
+    add_hosted_addresses(&entries, node, net);
+    if let Some(tunnel) = &tunnel {
+        return_routing(config, tunnel, net);
+    }
+    net.tunnel = tunnel;
+    if !dropped.is_empty() {
+        unreachable_chain(&mut part);
+    }
+    add_base_chains(&mut part);
+    for set in maps.snat.into_iter().chain(maps.steer) {
+        part.add_set(set);
+    }
+    table.insert_part(PART, Arc::new(part));
+    push_statuses(&mut statuses, snapshot, node, entries, &claims);
+    statuses.sort_by(|a, b| a.key.cmp(&b.key));
+    (statuses, validated)
+}
+
+/// The SNAT and steering maps, per family (index [`idx`]).
+struct Maps {
+    snat: [Set; 2],
+    steer: [Set; 2],
+}
+
+impl Maps {
+    fn new() -> Maps {
+        Maps {
+            snat: [
+                map(SNAT_V4, DataType::Ipv4Addr),
+                map(SNAT_V6, DataType::Ipv6Addr),
+            ],
+            steer: [
+                Set::new(STEER_V4, vec![DataType::Ipv4Addr], SetKind::VerdictMap),
+                Set::new(STEER_V6, vec![DataType::Ipv6Addr], SetKind::VerdictMap),
+            ],
+        }
+    }
+
+    /// Steers the pod `ip` to `chain`.
+    fn steer(&mut self, ip: IpAddr, chain: &str) {
+        self.steer[idx(&ip)]
+            .insert_mapping(key(ip), ElemData::Verdict(Verdict::Jump(chain.into())));
+    }
+}
+
+/// The pods that can use no egress IP of their family (`dropped`, by entry) fail closed:
+/// steered to [`UNREACHABLE`], and their EgressIPs say so.
+fn fail_closed(
+    entries: &mut [Entry],
+    dropped: &BTreeMap<(usize, Family), Vec<IpAddr>>,
+    maps: &mut Maps,
+    node: &str,
+) {
+    for ((i, fam), ips) in dropped {
         let family = match fam {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
@@ -248,47 +301,42 @@ fn plan(
             if ips.len() > 1 { ", ..." } else { "" },
         ));
         for ip in ips {
-            steer[idx(ip)].insert_mapping(
-                key(*ip),
-                ElemData::Verdict(Verdict::Jump(UNREACHABLE.into())),
-            );
+            maps.steer(*ip, UNREACHABLE);
         }
     }
-    let tunnel = tunnel_spec(snapshot, node, &entries, &groups);
+}
+
+/// Per group of hosting nodes: its steering chain, its pods (`steered`) steered there with
+/// an identity SNAT (the pod keeps its address through any later masquerade), and its
+/// routing through `tunnel`.
+fn steer_groups(
+    snapshot: &Snapshot,
+    tunnel: &TunnelSpec,
+    groups: &[(Vec<String>, BTreeSet<Family>)],
+    steered: &[(IpAddr, Vec<String>)],
+    part: &mut Part,
+    maps: &mut Maps,
+    net: &mut NetDesired,
+) {
     for (n, (nodes, families)) in groups.iter().enumerate() {
-        let Some(tunnel) = &tunnel else { break };
-        let chain = steer_chain(&mut part, n);
-        for (ip, g) in steered.iter().filter(|(_, g)| g == nodes) {
-            let _ = g;
-            steer[idx(ip)]
-                .insert_mapping(key(*ip), ElemData::Verdict(Verdict::Jump(chain.clone())));
-            // Identity SNAT: the pod keeps its address through any later masquerade.
-            snat[idx(ip)].insert_mapping(key(*ip), data(*ip));
+        let chain = steer_chain(part, n);
+        for (ip, _) in steered.iter().filter(|(_, g)| g == nodes) {
+            maps.steer(*ip, &chain);
+            maps.snat[idx(ip)].insert_mapping(key(*ip), data(*ip));
         }
         steer_routing(snapshot, tunnel, n, nodes, families, net);
     }
-    for e in &entries {
+}
+
+/// The egress IPs this node hosts, as host addresses of its interfaces.
+fn add_hosted_addresses(entries: &[Entry], node: &str, net: &mut NetDesired) {
+    for e in entries {
         for (ip, n) in &e.hosted {
             if n == node {
                 net.addresses.insert(AddressSpec::host(*ip));
             }
         }
     }
-    if let Some(tunnel) = &tunnel {
-        return_routing(config, tunnel, net);
-    }
-    net.tunnel = tunnel;
-    if !dropped.is_empty() {
-        unreachable_chain(&mut part);
-    }
-    add_base_chains(&mut part);
-    for set in snat.into_iter().chain(steer) {
-        part.add_set(set);
-    }
-    table.insert_part(PART, Arc::new(part));
-    push_statuses(&mut statuses, snapshot, node, entries, &claims);
-    statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    (statuses, validated)
 }
 
 /// No mark is left for the groups past [`MAX_GROUPS`]: their pods fail closed (into

@@ -38,7 +38,7 @@ mod pods;
 mod rules;
 
 use super::firewall::steer::{self, PENDING};
-use super::in_force::{Scope, Validated};
+use super::in_force::{InForceMap, Scope, Validated};
 use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
@@ -98,7 +98,7 @@ pub struct NetpolMemory {
     /// The policies `validated` was computed from and their statuses (`None`: not computed
     /// from a snapshot, e.g. restored from the state file).
     validated_from: Option<(PolicyObjects, Arc<Vec<ObjectStatus>>)>,
-    policies: imbl::OrdMap<String, Arc<memo::Planned>>,
+    policies: Policies,
     seen: memo::Seen,
     /// Which policies govern each local pod, and the policy-set parts.
     dispatch: dispatch::Dispatch,
@@ -112,6 +112,8 @@ pub struct NetpolMemory {
 }
 
 type PolicyObjects = crate::snapshot::ObjectMap<crate::snapshot::ObjectKey, NetworkPolicy>;
+/// Each policy's last plan, by `namespace/name`.
+type Policies = imbl::OrdMap<String, Arc<memo::Planned>>;
 
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
@@ -130,140 +132,38 @@ impl Feature for NetworkPolicies {
     ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
         let objects = snapshot.network_policies();
-        // The same policies as last plan (the same persistent map: a pod or namespace
-        // changed): the same validation, without a walk over every policy.
-        let (validated, statuses) = match &memory.validated_from {
-            Some((from, statuses)) if from.ptr_eq(objects) => {
-                (memory.validated.clone(), statuses.clone())
-            }
-            _ => {
-                let outcome = memory.validated.update(
-                    Kind::NetworkPolicy,
-                    Scope::Object,
-                    objects.iter().map(|(k, o)| (k.clone(), o)),
-                    network_policy::validate,
-                );
-                (Arc::new(outcome.validated), Arc::new(outcome.statuses))
-            }
-        };
+        let (validated, statuses) = validate(memory, objects);
         out.statuses.extend(statuses.iter().cloned());
         let in_force = &validated.in_force;
         let changes = memory.seen.changes(snapshot);
         let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
-        let mut policies = memory.policies.clone();
-        let mut dispatch = memory.dispatch.update();
-        let mut parts = memory.parts.clone();
-        let mut peer_sets = memory.peer_sets.clone();
+        let mut work = Work::from(memory);
         // The shared peer sets first: a policy whose sets gained or lost a family is planned
         // again (its rules of that family appear or go).
-        let flipped = peer_sets.refresh(
+        let flipped = work.peer_sets.refresh(
             changes.everything,
             &changes.pods,
             snapshot,
             &mut index,
-            &mut parts,
+            &mut work.parts,
         );
-        for (key, gone) in memory.policies.iter() {
-            if !in_force.contains_key(key) {
-                parts.remove(&gone.part_key);
-                peer_sets.release(&gone.peer_keys);
-                dispatch.remove(key, gone);
-                policies.remove(key);
-            }
-        }
+        work.retire_gone(&memory.policies, in_force);
         let mut acl_lookup = acl::Lookup::default();
         for (key, in_force) in in_force {
             let policy = &in_force.valid;
             let acl = acl_lookup.get(snapshot, &policy.namespace, inputs.config.acl_log);
             let last = memory.policies.get(key);
-            let unchanged = last.is_some_and(|last| {
-                Arc::ptr_eq(&last.policy, policy)
-                    && !changes.everything
-                    && !last.peer_keys.iter().any(|k| flipped.contains(k))
-                    && !changes.pods.iter().any(|(before, after)| {
-                        [before, after]
-                            .into_iter()
-                            .flatten()
-                            .any(|pod| memo::touches(policy, snapshot, pod))
-                    })
-            });
-            if unchanged {
+            if last.is_some_and(|last| still_current(last, policy, &changes, &flipped, snapshot)) {
                 continue;
             }
-            let mut sharing = Sharing {
-                sets: &mut peer_sets,
-                parts: &mut parts,
-                keys: Vec::new(),
-                acl,
-                logged: Vec::new(),
-            };
-            let (part, selected, chains) = policy_part(policy, index.get(), &mut sharing);
-            let (peer_keys, logged) = (sharing.keys, sharing.logged);
-            let deny = chains
-                .iter()
-                .filter_map(|(d, _)| {
-                    let chain = acl::deny_chain(acl.as_ref(), &policy.namespace, d.name())?;
-                    Some((*d, chain))
-                })
-                .collect();
-            let part = match last {
-                Some(old) if *old.part == part => old.part.clone(),
-                _ => Arc::new(part),
-            };
-            let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
-            // A policy selecting no pod of this node is other nodes' business: no chains
-            // here until it selects one.
-            if selected.is_empty() {
-                parts.remove(&part_key);
-            } else {
-                parts.insert(part_key.clone(), part.clone());
-            }
-            // Counted before the old version is released: a set both use stays.
-            peer_sets.acquire(&peer_keys);
-            if let Some(old) = last {
-                peer_sets.release(&old.peer_keys);
-                dispatch.remove(key, old);
-            }
-            let planned = memo::Planned {
-                policy: policy.clone(),
-                part_key,
-                part,
-                selected,
-                chains,
-                peer_keys,
-                logged,
-                deny,
-            };
-            dispatch.add(key, &planned);
-            policies.insert(key.clone(), Arc::new(planned));
+            work.replan(key, policy, last, acl, index.get());
         }
-        let settings = inputs.config.acl_log;
-        let before = &memory.acl_namespaces;
-        let logged = policies.values().map(|p| {
-            let p = &**p;
-            (p.policy.namespace.as_str(), &p.logged, !p.deny.is_empty())
-        });
-        let (book, acl_namespaces) = acl::finish(
-            logged,
-            before,
-            &mut acl_lookup,
-            snapshot,
-            settings,
-            &mut parts,
-        );
+        let (book, acl_namespaces) = work.log_namespaces(inputs, memory, &mut acl_lookup);
         output.acl = Arc::new(book);
-        peer_sets.finish(&mut parts);
-        let dispatch = dispatch.finish(&mut parts);
+        let (policies, dispatch, peer_sets, parts) = work.finish();
         out.ruleset.extend_parts(&parts);
         if !in_force.is_empty() {
-            let check = inputs.config.pod_source_check;
-            let source_check = check.then(source_check).into_iter().collect();
-            add_hooks(&mut out.ruleset, vec![established()], source_check);
-            add_dns_judges(&mut out.ruleset);
-            out.bridge = Some(bridge::table(&parts, check));
-            // The binding is settled once the backend read the bridge ports (`settle`).
-            let pods = binding::local_pods(snapshot, &inputs.config.node_name);
-            out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
+            add_shared(out, inputs, &parts);
         }
         NetpolMemory {
             validated,
@@ -288,6 +188,187 @@ impl Feature for NetworkPolicies {
             output.pod_binding =
                 bind_bridge_ports(table, inputs.snapshot, inputs.config, memory, ports);
         }
+    }
+}
+
+/// The policies in force and their statuses: last plan's when the policy map is the same
+/// persistent map (a pod or namespace changed), without a walk over every policy.
+#[allow(clippy::type_complexity)]
+fn validate(
+    memory: &NetpolMemory,
+    objects: &PolicyObjects,
+) -> (
+    Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
+    Arc<Vec<ObjectStatus>>,
+) {
+    match &memory.validated_from {
+        Some((from, statuses)) if from.ptr_eq(objects) => {
+            (memory.validated.clone(), statuses.clone())
+        }
+        _ => {
+            let outcome = memory.validated.update(
+                Kind::NetworkPolicy,
+                Scope::Object,
+                objects.iter().map(|(k, o)| (k.clone(), o)),
+                network_policy::validate,
+            );
+            (Arc::new(outcome.validated), Arc::new(outcome.statuses))
+        }
+    }
+}
+
+/// Whether last plan of `policy` (`last`) still holds: the same policy, no namespace
+/// changed, none of its peer sets gained or lost a family (`flipped`) and no changed pod
+/// touches it (`memo::touches`).
+fn still_current(
+    last: &memo::Planned,
+    policy: &Arc<ValidatedPolicy>,
+    changes: &memo::Changes,
+    flipped: &BTreeSet<Arc<peers::PeerKey>>,
+    snapshot: &crate::snapshot::Snapshot,
+) -> bool {
+    Arc::ptr_eq(&last.policy, policy)
+        && !changes.everything
+        && !last.peer_keys.iter().any(|k| flipped.contains(k))
+        && !changes.pods.iter().any(|(before, after)| {
+            [before, after]
+                .into_iter()
+                .flatten()
+                .any(|pod| memo::touches(policy, snapshot, pod))
+        })
+}
+
+/// The hooks, judges and bridge table every policy in force needs, and the bridged pods
+/// whose binding `settle` completes once the backend has read the bridge ports.
+fn add_shared(out: &mut Planned, inputs: &Inputs, parts: &Parts) {
+    let check = inputs.config.pod_source_check;
+    let source_check = check.then(source_check).into_iter().collect();
+    add_hooks(&mut out.ruleset, vec![established()], source_check);
+    add_dns_judges(&mut out.ruleset);
+    out.bridge = Some(bridge::table(parts, check));
+    let pods = binding::local_pods(inputs.snapshot, &inputs.config.node_name);
+    out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
+}
+
+/// What one plan updates in place, starting from last plan's memory.
+struct Work<'m> {
+    policies: Policies,
+    dispatch: dispatch::Update<'m>,
+    parts: Parts,
+    peer_sets: PeerSets,
+}
+
+impl<'m> Work<'m> {
+    fn from(memory: &'m NetpolMemory) -> Work<'m> {
+        Work {
+            policies: memory.policies.clone(),
+            dispatch: memory.dispatch.update(),
+            parts: memory.parts.clone(),
+            peer_sets: memory.peer_sets.clone(),
+        }
+    }
+
+    /// Takes out the policies of last plan (`before`) that are no longer in force.
+    fn retire_gone(
+        &mut self,
+        before: &Policies,
+        in_force: &InForceMap<NetworkPolicy, ValidatedPolicy>,
+    ) {
+        for (key, gone) in before.iter() {
+            if !in_force.contains_key(key) {
+                self.parts.remove(&gone.part_key);
+                self.peer_sets.release(&gone.peer_keys);
+                self.dispatch.remove(key, gone);
+                self.policies.remove(key);
+            }
+        }
+    }
+
+    /// Plans `policy` (key `key`, last planned as `last`) again: its part, its peer sets'
+    /// users and its pods' dispatch.
+    fn replan(
+        &mut self,
+        key: &str,
+        policy: &Arc<ValidatedPolicy>,
+        last: Option<&Arc<memo::Planned>>,
+        acl: Option<acl::Acl>,
+        index: &PodIndex,
+    ) {
+        let mut sharing = Sharing {
+            sets: &mut self.peer_sets,
+            parts: &mut self.parts,
+            keys: Vec::new(),
+            acl,
+            logged: Vec::new(),
+        };
+        let (part, selected, chains) = policy_part(policy, index, &mut sharing);
+        let (peer_keys, logged) = (sharing.keys, sharing.logged);
+        let deny = chains
+            .iter()
+            .filter_map(|(d, _)| {
+                let chain = acl::deny_chain(acl.as_ref(), &policy.namespace, d.name())?;
+                Some((*d, chain))
+            })
+            .collect();
+        let part = match last {
+            Some(old) if *old.part == part => old.part.clone(),
+            _ => Arc::new(part),
+        };
+        let part_key = format!("{PREFIX}/{}/{}", policy.namespace, policy.name);
+        // A policy selecting no pod of this node is other nodes' business: no chains
+        // here until it selects one.
+        if selected.is_empty() {
+            self.parts.remove(&part_key);
+        } else {
+            self.parts.insert(part_key.clone(), part.clone());
+        }
+        // Counted before the old version is released: a set both use stays.
+        self.peer_sets.acquire(&peer_keys);
+        if let Some(old) = last {
+            self.peer_sets.release(&old.peer_keys);
+            self.dispatch.remove(key, old);
+        }
+        let planned = memo::Planned {
+            policy: policy.clone(),
+            part_key,
+            part,
+            selected,
+            chains,
+            peer_keys,
+            logged,
+            deny,
+        };
+        self.dispatch.add(key, &planned);
+        self.policies.insert(key.to_string(), Arc::new(planned));
+    }
+
+    /// The ACL log book of the plan and the logged namespaces, their parts updated.
+    fn log_namespaces(
+        &mut self,
+        inputs: &Inputs,
+        memory: &NetpolMemory,
+        lookup: &mut acl::Lookup,
+    ) -> (crate::plan::acl_log::Book, BTreeSet<String>) {
+        let logged = self.policies.values().map(|p| {
+            let p = &**p;
+            (p.policy.namespace.as_str(), &p.logged, !p.deny.is_empty())
+        });
+        acl::finish(
+            logged,
+            &memory.acl_namespaces,
+            lookup,
+            inputs.snapshot,
+            inputs.config.acl_log,
+            &mut self.parts,
+        )
+    }
+
+    /// Completes the peer sets' and the dispatch's parts; what the next memory keeps.
+    #[allow(clippy::type_complexity)]
+    fn finish(mut self) -> (Policies, dispatch::Dispatch, PeerSets, Parts) {
+        self.peer_sets.finish(&mut self.parts);
+        let dispatch = self.dispatch.finish(&mut self.parts);
+        (self.policies, dispatch, self.peer_sets, self.parts)
     }
 }
 

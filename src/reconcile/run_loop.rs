@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use super::{ReconcileError, SyncObserver, SyncOutcome, real_reconciler};
+use super::{ReconcileError, Reconciler, SyncObserver, SyncOutcome, SyncReport, real_reconciler};
 use crate::config::Config;
 use crate::dns::DnsService;
+use crate::net::NetBackend;
 use crate::net::fence::Fence;
-use crate::nft::TABLE_NAME;
 use crate::nft::monitor::{Drift, Quiet};
+use crate::nft::{NftBackend, TABLE_NAME};
 use crate::snapshot::Snapshot;
 use crate::timing::Backoff;
 
@@ -78,37 +79,14 @@ pub fn run(
         // Every wake-up (change, retry, resync) re-plans from a fresh snapshot; a drift alone
         // re-plans the last one.
         let mut wait = next_resync.saturating_duration_since(Instant::now());
-        let started = Instant::now();
-        // What this sync repairs if it succeeds: detections seen before it started.
-        let repairing = drift_taken;
-        let (read_backs, cleanup_failures) = (rec.read_backs(), rec.cleanup_failures());
         let current = match last_snapshot.take() {
             Some(s) if !reload => Ok(s),
             _ => snapshots.current(),
         };
         reload = false;
-        let (snapshot, synced) = match current {
-            Ok(s) => {
-                let names = rec.dns_names(&s);
-                rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
-                let synced = rec.sync(&s);
-                (Some(s), synced)
-            }
-            Err(e) => (None, Err(e)),
-        };
-        let outcome = SyncOutcome {
-            snapshot: snapshot.as_ref(),
-            result: &synced,
-            duration: started.elapsed(),
-            applied: rec.applied(),
-            applied_bridge: rec.applied_bridge(),
-            drift_seq: repairing,
-            full: rec.read_backs() > read_backs,
-            cleanup_failed: rec.cleanup_failures() > cleanup_failures,
-        };
-        for o in &mut observers {
-            o.observe(&outcome);
-        }
+        // What this sync repairs if it succeeds: detections seen before it started.
+        let (snapshot, synced) =
+            sync_once(&mut rec, current, &resolver, drift_taken, &mut observers);
         last_snapshot = snapshot;
         match synced {
             // Logged, drift repairs and health-check ports: reactions of the observers.
@@ -145,6 +123,43 @@ pub fn run(
             }
         }
     }
+}
+
+/// One sync of `current` (with the DNS answers its names need, waiting a little for new
+/// ones), reported to every observer; `repairing`: the drift detections taken in before it.
+/// Returns the snapshot planned and the result.
+fn sync_once<N: NftBackend + Default, B: NetBackend>(
+    rec: &mut Reconciler<N, B>,
+    current: Result<Snapshot, ReconcileError>,
+    resolver: &DnsService,
+    repairing: u64,
+    observers: &mut [Box<dyn SyncObserver>],
+) -> (Option<Snapshot>, Result<SyncReport, ReconcileError>) {
+    let started = Instant::now();
+    let (read_backs, cleanup_failures) = (rec.read_backs(), rec.cleanup_failures());
+    let (snapshot, synced) = match current {
+        Ok(s) => {
+            let names = rec.dns_names(&s);
+            rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
+            let synced = rec.sync(&s);
+            (Some(s), synced)
+        }
+        Err(e) => (None, Err(e)),
+    };
+    let outcome = SyncOutcome {
+        snapshot: snapshot.as_ref(),
+        result: &synced,
+        duration: started.elapsed(),
+        applied: rec.applied(),
+        applied_bridge: rec.applied_bridge(),
+        drift_seq: repairing,
+        full: rec.read_backs() > read_backs,
+        cleanup_failed: rec.cleanup_failures() > cleanup_failures,
+    };
+    for o in observers {
+        o.observe(&outcome);
+    }
+    (snapshot, synced)
 }
 
 /// What a burst of queued events asks of the next sync.

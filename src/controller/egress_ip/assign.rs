@@ -218,21 +218,40 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
     let mut candidates: Vec<&NodeInfo> = nodes.iter().filter(|n| n.candidacy().is_ok()).collect();
     candidates.sort_by(|a, b| a.name.cmp(&b.name));
     candidates.dedup_by(|a, b| a.name == b.name);
+    let order = oldest_first(eips);
+    let mut count: BTreeMap<String, Load> = BTreeMap::new();
+    // Pass 1: refusals and the assignments that stay.
+    let rows = keep_current(&order, &candidates, &node_addresses(nodes), &mut count);
+    // Pass 2: place the rest, oldest EgressIP first, in spec order.
+    order
+        .iter()
+        .zip(rows)
+        .map(|(e, row)| (e.name.clone(), place_rest(e, row, &candidates, &mut count)))
+        .collect()
+}
+
+/// Per spec index of one EgressIP: the node or the problem; `None`: to place.
+type Row = Vec<Option<Result<String, Reason>>>;
+
+/// Pass 1, per EgressIP in `order`: the IPs refused (a node's own address, or one an older
+/// EgressIP has) and those that stay on their current node (still a fitting, unavoided
+/// `candidates` node, not used twice by the EgressIP, with cloud capacity), counted in
+/// `count`.
+fn keep_current(
+    order: &[&EgressIpInfo],
+    candidates: &[&NodeInfo],
+    node_of: &BTreeMap<IpAddr, &str>,
+    count: &mut BTreeMap<String, Load>,
+) -> Vec<Row> {
     let candidate = |name: &str| {
         candidates
             .binary_search_by(|c| c.name.as_str().cmp(name))
             .ok()
             .map(|i| candidates[i])
     };
-    let node_of = node_addresses(nodes);
-    let order = oldest_first(eips);
-
-    // Pass 1: refusals and the assignments that stay.
     let mut owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    let mut count: BTreeMap<String, Load> = BTreeMap::new();
-    // Per EgressIP (in `order`): per spec index, the node or the problem; None = to place.
-    let mut slots: Vec<Vec<Option<Result<String, Reason>>>> = Vec::with_capacity(order.len());
-    for e in &order {
+    let mut rows = Vec::with_capacity(order.len());
+    for e in order {
         let mut used: BTreeSet<&str> = BTreeSet::new();
         let mut row = Vec::with_capacity(e.ips.len());
         for ip in &e.ips {
@@ -254,7 +273,7 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
                 (n.fits(*ip) || !n.subnets_known)
                     && !avoided(n)
                     && !used.contains(n.name.as_str())
-                    && cloud_refusal(n, *ip, &count).is_none_or(|r| r.keeps())
+                    && cloud_refusal(n, *ip, count).is_none_or(|r| r.keeps())
             });
             match stays {
                 Some(n) => {
@@ -265,45 +284,50 @@ pub fn assign(eips: &[EgressIpInfo], nodes: &[NodeInfo]) -> BTreeMap<String, Ass
                 None => row.push(None),
             }
         }
-        slots.push(row);
+        rows.push(row);
     }
+    rows
+}
 
-    // Pass 2: place the rest, oldest EgressIP first, in spec order.
-    let mut out = BTreeMap::new();
-    for (e, row) in order.iter().zip(slots) {
-        let mut used: BTreeSet<String> = row
-            .iter()
-            .filter_map(|s| match s {
-                Some(Ok(n)) => Some(n.clone()),
-                _ => None,
-            })
-            .collect();
-        let mut a = Assignment::default();
-        for (i, (ip, slot)) in e.ips.iter().zip(row).enumerate() {
-            let result = match slot {
-                Some(r) => r,
-                None => {
-                    let avoid = e.avoid.get(ip).cloned().unwrap_or_default();
-                    let placed = place(*ip, &candidates, &used, &avoid, &count);
-                    if let Ok(node) = &placed {
-                        used.insert(node.clone());
-                        count.entry(node.clone()).or_default().add(*ip);
-                    }
-                    placed
+/// Pass 2 for one EgressIP: places the IPs of `row` that pass 1 left open on `candidates`,
+/// counted in `count`, and turns the row into its status.
+fn place_rest(
+    e: &EgressIpInfo,
+    row: Row,
+    candidates: &[&NodeInfo],
+    count: &mut BTreeMap<String, Load>,
+) -> Assignment {
+    let mut used: BTreeSet<String> = row
+        .iter()
+        .filter_map(|s| match s {
+            Some(Ok(n)) => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut a = Assignment::default();
+    for (i, (ip, slot)) in e.ips.iter().zip(row).enumerate() {
+        let result = match slot {
+            Some(r) => r,
+            None => {
+                let avoid = e.avoid.get(ip).cloned().unwrap_or_default();
+                let placed = place(*ip, candidates, &used, &avoid, count);
+                if let Ok(node) = &placed {
+                    used.insert(node.clone());
+                    count.entry(node.clone()).or_default().add(*ip);
                 }
-            };
-            match result {
-                Ok(node) => a.items.push((*ip, node)),
-                Err(reason) => a.problems.push(Problem {
-                    field: format!("spec.egressIPs[{i}]"),
-                    ip: *ip,
-                    reason,
-                }),
+                placed
             }
+        };
+        match result {
+            Ok(node) => a.items.push((*ip, node)),
+            Err(reason) => a.problems.push(Problem {
+                field: format!("spec.egressIPs[{i}]"),
+                ip: *ip,
+                reason,
+            }),
         }
-        out.insert(e.name.clone(), a);
     }
-    out
+    a
 }
 
 /// Every node's own addresses, the first node in name order naming it.

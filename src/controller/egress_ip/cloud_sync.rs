@@ -130,8 +130,16 @@ impl CloudSync {
 
     /// Writes the plan's CloudPrivateIPConfigs and returns the Events to publish.
     pub async fn apply(&mut self, plan: &Plan, now: Instant) -> Vec<Note> {
-        let mut notes = Vec::new();
         self.recheck = false;
+        self.take_confirmed(plan, now);
+        let mut notes = self.take_failures(plan, now);
+        notes.extend(self.write_all(plan, now).await);
+        notes.extend(requested_notes(plan));
+        notes
+    }
+
+    /// The IPs the cloud attached where asked: no longer refused, and how long it took.
+    fn take_confirmed(&mut self, plan: &Plan, now: Instant) {
         for (ip, node) in &plan.confirmed {
             self.refusals.remove(ip);
             if let Some((_, since)) = self.requested.remove(ip).filter(|(n, _)| n == node) {
@@ -140,6 +148,11 @@ impl CloudSync {
                 info!("egress IP {ip}: attached to node {node} by the cloud in {took:?}");
             }
         }
+    }
+
+    /// The cloud's new refusals (not those a later write superseded, nor one counted
+    /// already): each backs its node off for that IP and is a warning Event.
+    fn take_failures(&mut self, plan: &Plan, now: Instant) -> Vec<Note> {
         let refused_now: BTreeSet<IpAddr> = plan.refused.keys().copied().collect();
         self.superseded.retain(|ip, _| refused_now.contains(ip));
         let stale =
@@ -150,6 +163,7 @@ impl CloudSync {
             .filter(|f| !stale(f))
             .cloned()
             .collect();
+        let mut notes = Vec::new();
         for f in &failures {
             let r = self.refusals.entry(f.ip).or_insert_with(|| Refusal {
                 node: f.node.clone(),
@@ -179,6 +193,13 @@ impl CloudSync {
                 text,
             });
         }
+        notes
+    }
+
+    /// Sends the plan's writes, remembering what was asked of the cloud and when; a failed
+    /// write is retried (and may be an Event).
+    async fn write_all(&mut self, plan: &Plan, now: Instant) -> Vec<Note> {
+        let mut notes = Vec::new();
         self.write_failed = false;
         for w in &plan.writes {
             if let Err(e) = self.write(w).await {
@@ -199,20 +220,6 @@ impl CloudSync {
                 Write::Delete { ip } => {
                     self.requested.remove(ip);
                 }
-            }
-        }
-        for (eip, ip, node) in &plan.pending {
-            let just_asked = plan.writes.iter().any(|w| match w {
-                Write::Create { ip: i, .. } | Write::Move { ip: i, .. } => i == ip,
-                Write::Delete { .. } => false,
-            });
-            if just_asked {
-                notes.push(Note {
-                    egress_ip: eip.clone(),
-                    warning: false,
-                    reason: CLOUD_REQUESTED,
-                    text: format!("{ip} requested from the cloud on node {node}"),
-                });
             }
         }
         notes
@@ -272,6 +279,26 @@ impl CloudSync {
             }
         }
     }
+}
+
+/// An Event for each pending IP the plan has just asked the cloud for.
+fn requested_notes(plan: &Plan) -> Vec<Note> {
+    let mut notes = Vec::new();
+    for (eip, ip, node) in &plan.pending {
+        let just_asked = plan.writes.iter().any(|w| match w {
+            Write::Create { ip: i, .. } | Write::Move { ip: i, .. } => i == ip,
+            Write::Delete { .. } => false,
+        });
+        if just_asked {
+            notes.push(Note {
+                egress_ip: eip.clone(),
+                warning: false,
+                reason: CLOUD_REQUESTED,
+                text: format!("{ip} requested from the cloud on node {node}"),
+            });
+        }
+    }
+    notes
 }
 
 /// The Warning Event for a CloudPrivateIPConfig write the API server refused, on the

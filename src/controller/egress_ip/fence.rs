@@ -189,6 +189,15 @@ struct Gate {
 }
 
 impl Gate {
+    /// Takes the Node addresses of `snapshot`; whether this node's own changed (its uplinks
+    /// must be read again).
+    fn follow_peers(&mut self, snapshot: &Snapshot, node: &str) -> bool {
+        let peers = Peers::of(snapshot, node);
+        let moved = peers.own != self.peers.own;
+        self.peers = peers;
+        moved
+    }
+
     fn accept(&mut self, from: IpAddr, ifindex: u32, payload: &[u8]) -> bool {
         if !self.peers.nodes.contains(&from) {
             return false;
@@ -286,27 +295,8 @@ pub async fn run(
         return;
     }
     let mut dog = Watchdog::new(&settings, Instant::now());
-    let (listener, mut gate) = match proof {
-        Proof::Off => return,
-        Proof::ApiOnly => {
-            dog.arm(Instant::now());
-            (None, None)
-        }
-        Proof::Probes(key) => match Listener::open() {
-            Ok(l) => {
-                let gate = Gate {
-                    verifier: Verifier::new(key),
-                    peers: Peers::default(),
-                    uplinks: Uplinks::default(),
-                    skew_logged: false,
-                };
-                (Some(l), Some(gate))
-            }
-            Err(e) => {
-                warn!("EgressIP fencing off: cannot open a raw ICMP socket to see probes: {e}");
-                return;
-            }
-        },
+    let Some((listener, mut gate)) = probe_sight(proof, &mut dog) else {
+        return;
     };
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -317,15 +307,12 @@ pub async fn run(
     loop {
         if fresh {
             // O(nodes) once per snapshot; a probe costs a set lookup and a MAC or two.
-            let snap = snapshots.borrow_and_update();
-            if let Some(s) = snap.as_ref() {
+            if let Some(s) = snapshots.borrow_and_update().as_ref() {
                 ours = hosted_in(s, &node);
-                if let Some(g) = gate.as_mut() {
-                    let peers = Peers::of(s, &node);
-                    if peers.own != g.peers.own {
-                        uplinks_due = Instant::now();
-                    }
-                    g.peers = peers;
+                if let Some(g) = gate.as_mut()
+                    && g.follow_peers(s, &node)
+                {
+                    uplinks_due = Instant::now();
                 }
             }
             fresh = false;
@@ -336,29 +323,8 @@ pub async fn run(
             refresh_uplinks(l, g).await;
             uplinks_due = Instant::now() + host_cidrs::POLL;
         }
-        let now = Instant::now();
-        if dog.suspect(now, !ours.is_empty()) {
-            if api.reachable().await {
-                dog.api_answered(Instant::now());
-            } else {
-                dog.fence();
-                warn!(
-                    "EgressIP fencing: no probe from the assigner for {:?} and no answer from \
-                     the API server: withholding the egress IPs of this node ({})",
-                    dog.api_timeout(),
-                    ours.iter().cloned().collect::<Vec<_>>().join(", ")
-                );
-                set(true);
-            }
-        } else if dog.fenced() {
-            // At most one request per tick while fenced (a handful of nodes, for seconds).
-            if let Some(listed) = api.hosted(&node).await
-                && ours.is_subset(&listed)
-            {
-                dog.lift(Instant::now());
-                info!("EgressIP fencing lifted: the API server confirms what this node hosts");
-                set(false);
-            }
+        if let Some(fenced) = fence_or_lift(&api, &mut dog, &ours, &node).await {
+            set(fenced);
         }
         tokio::select! {
             r = request(listener.as_ref(), &mut b4, &mut b6) => {
@@ -376,6 +342,69 @@ pub async fn run(
             }
         }
     }
+}
+
+/// What sees the assigner's probes for `proof`: the listener and its checks, neither when
+/// the API check alone decides (and `dog` is armed from the start); `None` when the fence
+/// is off (no nodeplane assigner, or no raw ICMP socket).
+fn probe_sight(proof: Proof, dog: &mut Watchdog) -> Option<(Option<Listener>, Option<Gate>)> {
+    match proof {
+        Proof::Off => None,
+        Proof::ApiOnly => {
+            dog.arm(Instant::now());
+            Some((None, None))
+        }
+        Proof::Probes(key) => match Listener::open() {
+            Ok(l) => {
+                let gate = Gate {
+                    verifier: Verifier::new(key),
+                    peers: Peers::default(),
+                    uplinks: Uplinks::default(),
+                    skew_logged: false,
+                };
+                Some((Some(l), Some(gate)))
+            }
+            Err(e) => {
+                warn!("EgressIP fencing off: cannot open a raw ICMP socket to see probes: {e}");
+                None
+            }
+        },
+    }
+}
+
+/// One step of the watchdog: while the probes are quiet, fence (`Some(true)`) unless the
+/// API server answers; while fenced, lift (`Some(false)`) once the API server places on
+/// this node every egress IP it hosts (`ours`). `None`: no change.
+async fn fence_or_lift(
+    api: &impl ApiCheck,
+    dog: &mut Watchdog,
+    ours: &BTreeSet<String>,
+    node: &str,
+) -> Option<bool> {
+    if dog.suspect(Instant::now(), !ours.is_empty()) {
+        if api.reachable().await {
+            dog.api_answered(Instant::now());
+        } else {
+            dog.fence();
+            warn!(
+                "EgressIP fencing: no probe from the assigner for {:?} and no answer from \
+                 the API server: withholding the egress IPs of this node ({})",
+                dog.api_timeout(),
+                ours.iter().cloned().collect::<Vec<_>>().join(", ")
+            );
+            return Some(true);
+        }
+    } else if dog.fenced() {
+        // At most one request per tick while fenced (a handful of nodes, for seconds).
+        if let Some(listed) = api.hosted(node).await
+            && ours.is_subset(&listed)
+        {
+            dog.lift(Instant::now());
+            info!("EgressIP fencing lifted: the API server confirms what this node hosts");
+            return Some(false);
+        }
+    }
+    None
 }
 
 /// Reads this node's uplinks again; the listener's socket filter follows them.

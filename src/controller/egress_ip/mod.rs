@@ -255,6 +255,40 @@ pub struct Standby {
     pub dead: watch::Sender<BTreeSet<String>>,
 }
 
+impl Standby {
+    /// Adds the Lease holder's node to the probe `targets` (unless it is this agent,
+    /// `instance`, or a candidate already).
+    fn add_holder(&mut self, snap: &Snapshot, instance: &str, targets: &mut probe::Targets) {
+        let holder = self.holder.borrow_and_update().clone();
+        if let Some(h) = holder.filter(|h| *h != instance && !targets.contains_key(h)) {
+            let node = snap.nodes().get(&h).cloned();
+            let addrs = node.map(|n| snapshot::node_addresses(&n, &["InternalIP"]));
+            targets.insert(h, addrs.unwrap_or_default());
+        }
+    }
+
+    /// Publishes the nodes `verdicts` prove dead.
+    fn publish_dead(&self, verdicts: &probe::Verdicts) {
+        let dead: BTreeSet<String> = verdicts
+            .iter()
+            .filter(|(_, alive)| !**alive)
+            .map(|(n, _)| n.clone())
+            .collect();
+        publish(&self.dead, dead);
+    }
+}
+
+/// Sends `value` on `tx` unless it holds that already (no wake-up for an equal value).
+fn publish<T: PartialEq>(tx: &watch::Sender<T>, value: T) {
+    tx.send_if_modified(|old| {
+        let differ = *old != value;
+        if differ {
+            *old = value;
+        }
+        differ
+    });
+}
+
 /// Runs the assigner: probes the candidates ([`probe_targets`], and with a [`Standby`] the
 /// Lease holder) for as long as it runs, signing the probes only while `leading`; while
 /// leading, recomputes on every snapshot and verdict change and writes what differs.
@@ -306,34 +340,12 @@ pub async fn run(
         if let Some(snap) = snap {
             let mut targets = probe_targets(&snap);
             if let Some(s) = standby.as_mut() {
-                let holder = s.holder.borrow_and_update().clone();
-                if let Some(h) = holder.filter(|h| *h != instance && !targets.contains_key(h)) {
-                    let node = snap.nodes().get(&h).cloned();
-                    let addrs = node.map(|n| snapshot::node_addresses(&n, &["InternalIP"]));
-                    targets.insert(h, addrs.unwrap_or_default());
-                }
+                s.add_holder(&snap, &instance, &mut targets);
             }
-            targets_tx.send_if_modified(|t| {
-                let differ = *t != targets;
-                if differ {
-                    *t = targets;
-                }
-                differ
-            });
+            publish(&targets_tx, targets);
             let v = verdicts.borrow_and_update().clone();
             if let Some(s) = &standby {
-                let dead: BTreeSet<String> = v
-                    .iter()
-                    .filter(|(_, alive)| !**alive)
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                s.dead.send_if_modified(|d| {
-                    let differ = *d != dead;
-                    if differ {
-                        *d = dead;
-                    }
-                    differ
-                });
+                s.publish_dead(&v);
             }
             if let Some(term) = term.as_mut() {
                 term.sync(&snap, &leading, &v).await;

@@ -318,14 +318,7 @@ pub async fn run(
                         info!("EgressIP probe: most nodes answer again");
                     }
                 }
-                let v = probes.verdicts();
-                verdicts.send_if_modified(|old| {
-                    let differ = *old != v;
-                    if differ {
-                        *old = v;
-                    }
-                    differ
-                });
+                super::publish(&verdicts, probes.verdicts());
                 if verdicts.is_closed() {
                     return;
                 }

@@ -530,18 +530,37 @@ fn value_of(a: Option<Attr>) -> Option<Vec<u8>> {
 /// kernel adds on its own (counter values, a zero lookup flag, the bitwise op) are
 /// normalised away by [`Expr::canonical`].
 fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
-    Some(match name {
-        "meta" => match d.be32(3) {
-            Some(sreg) => Expr::MetaSet {
-                key: d.be32(2)?,
-                sreg,
-            },
-            None => Expr::Meta {
-                key: d.be32(2)?,
-                dreg: d.be32(1)?,
-            },
+    match name {
+        "meta" => parse_meta(&d),
+        "payload" => parse_payload(&d),
+        "ct" | "fib" | "numgen" | "exthdr" => parse_load(name, &d),
+        "cmp" | "bitwise" | "byteorder" | "lookup" => parse_data_op(name, &d),
+        "dynset" => parse_dynset(&d),
+        "immediate" => parse_immediate(&d),
+        "counter" => Some(Expr::Counter),
+        "log" | "nat" | "masq" | "tproxy" | "reject" => parse_action(name, &d),
+        _ => None,
+    }
+}
+
+/// A meta load, or a meta write (`NFTA_META_SREG`).
+fn parse_meta(d: &Attrs) -> Option<Expr> {
+    Some(match d.be32(3) {
+        Some(sreg) => Expr::MetaSet {
+            key: d.be32(2)?,
+            sreg,
         },
-        "payload" => parse_payload(&d)?,
+        None => Expr::Meta {
+            key: d.be32(2)?,
+            dreg: d.be32(1)?,
+        },
+    })
+}
+
+/// A load into a register from conntrack, a FIB lookup, a number generator or an IPv6
+/// extension header.
+fn parse_load(name: &str, d: &Attrs) -> Option<Expr> {
+    Some(match name {
         "ct" if d.get(3).is_none() && d.get(4).is_none() => Expr::Ct {
             key: d.be32(2)?,
             dreg: d.be32(1)?,
@@ -570,6 +589,13 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
                 dreg: d.be32(1)?,
             }
         }
+        _ => return None,
+    })
+}
+
+/// A comparison, bit operation, byte-order conversion or set lookup on registers.
+fn parse_data_op(name: &str, d: &Attrs) -> Option<Expr> {
+    Some(match name {
         "cmp" => Expr::Cmp {
             sreg: d.be32(1)?,
             op: d.be32(2)?,
@@ -594,41 +620,53 @@ fn parse_expr(name: &str, d: Attrs) -> Option<Expr> {
             set_id: None,
             invert: d.be32(5).unwrap_or(0) & 1 != 0,
         },
-        // NFTA_DYNSET_EXPR: one `limit` per element (`update @s { key limit rate ... }`).
-        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() && d.get(7).is_some() => {
-            let inner = d.get(7)?.nested();
-            if inner.get(1)?.string() != "limit" {
-                return None;
-            }
-            let l = inner.get(2)?.nested();
-            if l.be32(4) != Some(super::expr::NFT_LIMIT_PKTS) {
-                return None;
-            }
-            Expr::DynsetLimit {
-                set: d.get(1)?.string(),
-                sreg: d.be32(4)?,
-                set_id: None,
-                rate: l.get(1)?.be64()?,
-                unit: l.get(2)?.be64()?,
-                burst: l.be32(3).unwrap_or(0),
-                flags: l.be32(5).unwrap_or(0),
-            }
-        }
+        _ => return None,
+    })
+}
+
+/// A set update from the packet path: with a per-element `limit`, or refreshing the
+/// element's timeout.
+fn parse_dynset(d: &Attrs) -> Option<Expr> {
+    // NFTA_DYNSET_OP update (1), and no NFTA_DYNSET_SREG_DATA: not a map update.
+    if d.be32(3) != Some(1) || d.get(5).is_some() {
+        return None;
+    }
+    let Some(expr) = d.get(7) else {
         // NFTA_DYNSET_TIMEOUT (6): the element's own timeout in milliseconds, dumped always
         // (0: the set's).
-        "dynset" if d.be32(3) == Some(1) && d.get(5).is_none() && d.get(7).is_none() => {
-            Expr::DynsetUpdate {
-                set: d.get(1)?.string(),
-                sreg: d.be32(4)?,
-                set_id: None,
-                timeout_ms: match d.get(6) {
-                    Some(t) => Some(t.be64()?).filter(|ms| *ms != 0),
-                    None => None,
-                },
-            }
-        }
-        "immediate" => parse_immediate(&d)?,
-        "counter" => Expr::Counter,
+        return Some(Expr::DynsetUpdate {
+            set: d.get(1)?.string(),
+            sreg: d.be32(4)?,
+            set_id: None,
+            timeout_ms: match d.get(6) {
+                Some(t) => Some(t.be64()?).filter(|ms| *ms != 0),
+                None => None,
+            },
+        });
+    };
+    // NFTA_DYNSET_EXPR: one `limit` per element (`update @s { key limit rate ... }`).
+    let inner = expr.nested();
+    if inner.get(1)?.string() != "limit" {
+        return None;
+    }
+    let l = inner.get(2)?.nested();
+    if l.be32(4) != Some(super::expr::NFT_LIMIT_PKTS) {
+        return None;
+    }
+    Some(Expr::DynsetLimit {
+        set: d.get(1)?.string(),
+        sreg: d.be32(4)?,
+        set_id: None,
+        rate: l.get(1)?.be64()?,
+        unit: l.get(2)?.be64()?,
+        burst: l.be32(3).unwrap_or(0),
+        flags: l.be32(5).unwrap_or(0),
+    })
+}
+
+/// A statement that logs, translates addresses, hands the packet to a socket or rejects it.
+fn parse_action(name: &str, d: &Attrs) -> Option<Expr> {
+    Some(match name {
         // NFTA_LOG_GROUP (be16), NFTA_LOG_PREFIX.
         "log" => Expr::Log {
             prefix: d.get(2).map(|p| p.string()).unwrap_or_default(),

@@ -147,6 +147,14 @@ impl ExprObj {
         self
     }
 
+    /// Sets an optional attribute: `set` with the value, when there is one.
+    fn maybe<T>(self, v: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match v {
+            Some(v) => set(self, v),
+            None => self,
+        }
+    }
+
     /// Hands `inner` to this expression (a dynset's per-element expression).
     fn nest(self, attr: u32, inner: ExprObj) -> Self {
         let p = inner.0.as_ptr();
@@ -239,45 +247,14 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
             .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
         Expr::Lookup { .. } => lookup(e),
-        Expr::DynsetUpdate {
-            sreg,
-            set,
-            set_id,
-            timeout_ms,
-        } => {
-            let mut e = ExprObj::new(c"dynset")
-                .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
-                .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
-                .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-            if let Some(id) = set_id {
-                e = e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id);
-            }
-            if let Some(ms) = timeout_ms {
-                e = e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, *ms);
-            }
-            e
-        }
+        Expr::DynsetUpdate { .. } => dynset_update(e),
         Expr::DynsetLimit { .. } => dynset_limit(e),
         Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")
             .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
             .data(sys::NFTNL_EXPR_IMM_DATA, data),
-        Expr::Verdict { code, chain } => {
-            let e = ExprObj::new(c"immediate")
-                .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
-                .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32);
-            match chain {
-                Some(c) => e.str(sys::NFTNL_EXPR_IMM_CHAIN, c),
-                None => e,
-            }
-        }
+        Expr::Verdict { .. } => verdict(e),
         Expr::Counter => ExprObj::new(c"counter"),
-        Expr::Log { prefix, group } => {
-            let e = ExprObj::new(c"log").str(sys::NFTNL_EXPR_LOG_PREFIX, prefix);
-            match group {
-                Some(g) => e.u16(sys::NFTNL_EXPR_LOG_GROUP, *g),
-                None => e,
-            }
-        }
+        Expr::Log { .. } => log(e),
         Expr::Nat { .. } => nat(e),
         Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
         Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),
@@ -309,12 +286,35 @@ fn payload_set(e: &Expr) -> ExprObj {
         .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
         .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
         .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
-    match csum {
-        Some((kind, off)) => e
-            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, *kind)
-            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, *off),
-        None => e,
-    }
+    e.maybe(*csum, |e, (kind, off)| {
+        e.u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, kind)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, off)
+    })
+}
+
+fn dynset_update(e: &Expr) -> ExprObj {
+    let Expr::DynsetUpdate {
+        sreg,
+        set,
+        set_id,
+        timeout_ms,
+    } = e
+    else {
+        unreachable!("called for Expr::DynsetUpdate")
+    };
+    dynset(*sreg, set, *set_id).maybe(*timeout_ms, |e, ms| {
+        e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, ms)
+    })
+}
+
+/// `update @set { key }` with the key in `sreg`; `set_id` names a set created in the same
+/// batch.
+fn dynset(sreg: u32, set: &str, set_id: Option<u32>) -> ExprObj {
+    ExprObj::new(c"dynset")
+        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, sreg)
+        .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
+        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
+        .maybe(set_id, |e, id| e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, id))
 }
 
 fn dynset_limit(e: &Expr) -> ExprObj {
@@ -341,15 +341,26 @@ fn dynset_limit(e: &Expr) -> ExprObj {
         limit
     };
     let limit = limit.u32(sys::NFTNL_EXPR_LIMIT_FLAGS, *flags);
-    let e = ExprObj::new(c"dynset")
-        .u32(sys::NFTNL_EXPR_DYNSET_SREG_KEY, *sreg)
-        .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
-        .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
-    let e = match set_id {
-        Some(id) => e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, *id),
-        None => e,
+    dynset(*sreg, set, *set_id).nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
+}
+
+fn verdict(e: &Expr) -> ExprObj {
+    let Expr::Verdict { code, chain } = e else {
+        unreachable!("called for Expr::Verdict")
     };
-    e.nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
+    ExprObj::new(c"immediate")
+        .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
+        .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32)
+        .maybe(chain.as_deref(), |e, c| e.str(sys::NFTNL_EXPR_IMM_CHAIN, c))
+}
+
+fn log(e: &Expr) -> ExprObj {
+    let Expr::Log { prefix, group } = e else {
+        unreachable!("called for Expr::Log")
+    };
+    ExprObj::new(c"log")
+        .str(sys::NFTNL_EXPR_LOG_PREFIX, prefix)
+        .maybe(*group, |e, g| e.u16(sys::NFTNL_EXPR_LOG_GROUP, g))
 }
 
 fn bitwise(e: &Expr) -> ExprObj {
@@ -389,13 +400,9 @@ fn lookup(e: &Expr) -> ExprObj {
     };
     let mut e = ExprObj::new(c"lookup")
         .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
-        .str(sys::NFTNL_EXPR_LOOKUP_SET, set);
-    if let Some(d) = dreg {
-        e = e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, *d);
-    }
-    if let Some(id) = set_id {
-        e = e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, *id);
-    }
+        .str(sys::NFTNL_EXPR_LOOKUP_SET, set)
+        .maybe(*dreg, |e, d| e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, d))
+        .maybe(*set_id, |e, id| e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, id));
     if *invert {
         e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
     }
@@ -416,10 +423,10 @@ fn nat(e: &Expr) -> ExprObj {
     let mut e = ExprObj::new(c"nat")
         .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
         .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
-        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr);
-    if let Some(r) = reg_proto {
-        e = e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, *r);
-    }
+        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr)
+        .maybe(*reg_proto, |e, r| {
+            e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, r)
+        });
     if *flags != 0 {
         e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
     }
@@ -553,6 +560,78 @@ fn kind_and_flags(body: &MsgBody) -> (u32, u16) {
 }
 
 impl Writer<'_> {
+    /// Adds the table with `add_flags` (`Some`) or deletes it (`None`).
+    fn table_msg(&self, nlh: *mut libc::nlmsghdr, add_flags: Option<u32>) {
+        let t = TableObj::new();
+        put_str(
+            sys::nftnl_table_set_str,
+            t.ptr(),
+            sys::NFTNL_TABLE_NAME,
+            self.table,
+        );
+        // nft always sends the flags on add (empty for the agent's own table).
+        if let Some(flags) = add_flags {
+            // SAFETY: valid table.
+            unsafe { sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, flags) };
+        }
+        // SAFETY: `nlh` is the header just built in the batch buffer.
+        unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
+    }
+
+    /// Adds the chain `name`, a base chain with its type, hook and policy when `base`.
+    fn new_chain(
+        &self,
+        nlh: *mut libc::nlmsghdr,
+        name: &str,
+        base: Option<&super::lower::BaseSpec>,
+    ) {
+        let c = chain_obj(self.table, self.family, name);
+        if let Some(b) = base {
+            let kind = cstring(b.kind);
+            put_str(
+                sys::nftnl_chain_set_str,
+                c.ptr(),
+                sys::NFTNL_CHAIN_TYPE,
+                &kind,
+            );
+        }
+        // SAFETY: header just built in the batch buffer; valid chain.
+        unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
+        if let Some(b) = base {
+            Self::chain_hook(nlh, b);
+        }
+    }
+
+    /// Deletes the set `name`.
+    fn del_set(&self, nlh: *mut libc::nlmsghdr, name: &str) {
+        let s = SetObj::new();
+        put_str(
+            sys::nftnl_set_set_str,
+            s.ptr(),
+            sys::NFTNL_SET_TABLE,
+            self.table,
+        );
+        put_str(
+            sys::nftnl_set_set_str,
+            s.ptr(),
+            sys::NFTNL_SET_NAME,
+            &cstring(name),
+        );
+        // SAFETY: header just built in the batch buffer; valid set.
+        unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
+    }
+
+    /// Deletes every element of the set `set`.
+    fn flush_set(&self, nlh: *mut libc::nlmsghdr, set: &str) {
+        let name = cstring(set);
+        // SAFETY: `nlh` is the message being built with room for a maximum-size message;
+        // the strings are valid C strings.
+        unsafe {
+            mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_TABLE, self.table.as_ptr());
+            mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
+        }
+    }
+
     /// Attributes nft writes itself, after libnftnl's: a base chain's policy and hook.
     fn chain_hook(nlh: *mut libc::nlmsghdr, b: &super::lower::BaseSpec) {
         let nlh = nlh.cast();
@@ -639,42 +718,12 @@ unsafe impl NlMsg for Writer<'_> {
             sys::nftnl_nlmsg_build_hdr(buf.cast::<c_char>(), kind as u16, self.family, flags, seq)
         };
         match &self.msg.body {
-            MsgBody::NewTable { .. } | MsgBody::DelTable => {
-                let t = TableObj::new();
-                put_str(
-                    sys::nftnl_table_set_str,
-                    t.ptr(),
-                    sys::NFTNL_TABLE_NAME,
-                    self.table,
-                );
-                if let MsgBody::NewTable { owner } = self.msg.body {
-                    // nft always sends the flags on add (empty for the agent's own table).
-                    let flags = if owner { NFT_TABLE_F_OWNER } else { 0 };
-                    // SAFETY: valid table.
-                    unsafe {
-                        sys::nftnl_table_set_u32(t.ptr(), sys::NFTNL_TABLE_FLAGS as u16, flags)
-                    };
-                }
-                // SAFETY: `nlh` is the header just built in the batch buffer.
-                unsafe { sys::nftnl_table_nlmsg_build_payload(nlh, t.ptr()) };
+            MsgBody::NewTable { owner } => {
+                let flags = if *owner { NFT_TABLE_F_OWNER } else { 0 };
+                self.table_msg(nlh, Some(flags))
             }
-            MsgBody::NewChain { name, base } => {
-                let c = chain_obj(self.table, self.family, name);
-                if let Some(b) = base {
-                    let kind = cstring(b.kind);
-                    put_str(
-                        sys::nftnl_chain_set_str,
-                        c.ptr(),
-                        sys::NFTNL_CHAIN_TYPE,
-                        &kind,
-                    );
-                }
-                // SAFETY: header just built in the batch buffer; valid chain.
-                unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
-                if let Some(b) = base {
-                    Self::chain_hook(nlh, b);
-                }
-            }
+            MsgBody::DelTable => self.table_msg(nlh, None),
+            MsgBody::NewChain { name, base } => self.new_chain(nlh, name, base.as_ref()),
             MsgBody::DelChain(name) => {
                 let c = chain_obj(self.table, self.family, name);
                 // SAFETY: header just built in the batch buffer; valid chain.
@@ -686,39 +735,11 @@ unsafe impl NlMsg for Writer<'_> {
                 // SAFETY: header just built in the batch buffer; valid set.
                 unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
             }
-            MsgBody::DelSet(name) => {
-                let s = SetObj::new();
-                put_str(
-                    sys::nftnl_set_set_str,
-                    s.ptr(),
-                    sys::NFTNL_SET_TABLE,
-                    self.table,
-                );
-                put_str(
-                    sys::nftnl_set_set_str,
-                    s.ptr(),
-                    sys::NFTNL_SET_NAME,
-                    &cstring(name),
-                );
-                // SAFETY: header just built in the batch buffer; valid set.
-                unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
-            }
+            MsgBody::DelSet(name) => self.del_set(nlh, name),
             MsgBody::Elems {
                 set, set_id, chunk, ..
             } => self.elems(nlh, set, *set_id, &chunk.list),
-            MsgBody::FlushSet(set) => {
-                let name = cstring(set);
-                // SAFETY: `nlh` is the message being built with room for a maximum-size
-                // message; the strings are valid C strings.
-                unsafe {
-                    mnl_sys::mnl_attr_put_strz(
-                        nlh.cast(),
-                        NFTA_SET_ELEM_LIST_TABLE,
-                        self.table.as_ptr(),
-                    );
-                    mnl_sys::mnl_attr_put_strz(nlh.cast(), NFTA_SET_ELEM_LIST_SET, name.as_ptr());
-                }
-            }
+            MsgBody::FlushSet(set) => self.flush_set(nlh, set),
         }
     }
 }

@@ -106,19 +106,15 @@ impl RuleLowering<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), NftError> {
         match s {
-            Stmt::Match(m) => self.matches(m),
-            Stmt::Counter => {
-                self.push(Expr::Counter);
-                Ok(())
-            }
+            Stmt::Match(m) => self.matches(m)?,
+            Stmt::Counter => self.push(Expr::Counter),
             Stmt::Log { prefix, group } => {
                 let prefix = crate::nft::render::sanitize_text(prefix);
                 let group = *group;
                 self.push(Expr::Log { prefix, group });
-                Ok(())
             }
-            Stmt::Vmap { key, map } => self.vmap(key, map),
-            Stmt::Nat(nat) => self.nat(nat),
+            Stmt::Vmap { key, map } => self.vmap(key, map)?,
+            Stmt::Nat(nat) => self.nat(nat)?,
             Stmt::Masquerade { fully_random } => {
                 let flags = if *fully_random {
                     NF_NAT_RANGE_PROTO_RANDOM_FULLY
@@ -126,97 +122,95 @@ impl RuleLowering<'_> {
                     0
                 };
                 self.push(Expr::Masq { flags });
-                Ok(())
             }
-            Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp),
-            Stmt::Tproxy { family, port } => {
-                let reg_port = kernel_reg(NFT_REG_1);
-                self.push(Expr::Immediate {
-                    dreg: reg_port,
-                    data: port.to_be_bytes().to_vec(),
-                });
-                self.push(Expr::Tproxy {
-                    family: u32::from(nfproto(*family)),
-                    reg_port,
-                });
-                Ok(())
-            }
+            Stmt::DscpSet { family, dscp } => self.dscp(*family, *dscp)?,
+            Stmt::Tproxy { family, port } => self.tproxy(*family, *port),
             Stmt::MarkSet(mark) => {
-                let sreg = kernel_reg(NFT_REG_1);
-                self.push(Expr::Immediate {
-                    dreg: sreg,
-                    data: mark.to_ne_bytes().to_vec(),
-                });
-                self.push(Expr::MetaSet {
-                    key: super::types::NFT_META_MARK,
-                    sreg,
-                });
-                Ok(())
+                self.meta_set(super::types::NFT_META_MARK, mark.to_ne_bytes().to_vec())
             }
-            Stmt::Trace => {
-                let sreg = kernel_reg(NFT_REG_1);
-                self.push(Expr::Immediate {
-                    dreg: sreg,
-                    data: vec![1],
-                });
-                self.push(Expr::MetaSet {
-                    key: super::types::NFT_META_NFTRACE,
-                    sreg,
-                });
-                Ok(())
-            }
-            Stmt::MarkOr(bits) => {
-                self.mark_bitwise(!bits, *bits);
-                Ok(())
-            }
-            Stmt::MarkAnd(mask) => {
-                self.mark_bitwise(*mask, 0);
-                Ok(())
-            }
-            Stmt::SetUpdate { set, key, timeout } => {
-                let fields = self.key_fields(key)?;
-                let sreg = self.load_key(&fields, false);
-                let set_id = self.sets.get(set).and_then(|s| s.id);
-                self.push(Expr::DynsetUpdate {
-                    sreg,
-                    set: set.clone(),
-                    set_id,
-                    timeout_ms: timeout.map(|s| u64::from(s) * 1000),
-                });
-                Ok(())
-            }
-            Stmt::SetLimit { set, key, limit } => {
-                if limit.per_second == 0 || limit.burst == 0 {
-                    // The kernel would turn a zero burst into 5 (and read back differently).
-                    return Err(encode_err(
-                        &format!("limit on @{set}"),
-                        "rate and burst must be at least 1".into(),
-                    ));
-                }
-                let fields = self.key_fields(key)?;
-                let sreg = self.load_key(&fields, false);
-                let set_id = self.sets.get(set).and_then(|s| s.id);
-                self.push(Expr::DynsetLimit {
-                    sreg,
-                    set: set.clone(),
-                    set_id,
-                    rate: u64::from(limit.per_second),
-                    unit: 1,
-                    burst: limit.burst,
-                    flags: NFT_LIMIT_F_INV,
-                });
-                Ok(())
-            }
-            Stmt::Reject(r) => self.reject(*r),
+            Stmt::Trace => self.meta_set(super::types::NFT_META_NFTRACE, vec![1]),
+            Stmt::MarkOr(bits) => self.mark_bitwise(!bits, *bits),
+            Stmt::MarkAnd(mask) => self.mark_bitwise(*mask, 0),
+            Stmt::SetUpdate { set, key, timeout } => self.set_update(set, key, *timeout)?,
+            Stmt::SetLimit { set, key, limit } => self.set_limit(set, key, limit)?,
+            Stmt::Reject(r) => self.reject(*r)?,
             Stmt::Verdict(v) => {
                 let (code, chain) = verdict_code(v);
                 self.push(Expr::Verdict {
                     code,
                     chain: chain.map(str::to_string),
                 });
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// `tproxy to :port`: the port in a register, then the tproxy expression.
+    fn tproxy(&mut self, family: IpFamily, port: u16) {
+        let reg_port = kernel_reg(NFT_REG_1);
+        self.push(Expr::Immediate {
+            dreg: reg_port,
+            data: port.to_be_bytes().to_vec(),
+        });
+        self.push(Expr::Tproxy {
+            family: u32::from(nfproto(family)),
+            reg_port,
+        });
+    }
+
+    /// `meta KEY set VALUE` (`mark`, `nftrace`): the value in a register, then the meta
+    /// write.
+    fn meta_set(&mut self, key: u32, data: Vec<u8>) {
+        let sreg = kernel_reg(NFT_REG_1);
+        self.push(Expr::Immediate { dreg: sreg, data });
+        self.push(Expr::MetaSet { key, sreg });
+    }
+
+    /// Loads `key` for an update of `set`: its register, and the set's id when it is created
+    /// in the same batch.
+    fn dynset_key(&mut self, set: &str, key: &[Field]) -> Result<(u32, Option<u32>), NftError> {
+        let fields = self.key_fields(key)?;
+        let sreg = self.load_key(&fields, false);
+        Ok((sreg, self.sets.get(set).and_then(|s| s.id)))
+    }
+
+    /// `update @set { key [timeout T] }`.
+    fn set_update(
+        &mut self,
+        set: &str,
+        key: &[Field],
+        timeout: Option<u32>,
+    ) -> Result<(), NftError> {
+        let (sreg, set_id) = self.dynset_key(set, key)?;
+        self.push(Expr::DynsetUpdate {
+            sreg,
+            set: set.to_string(),
+            set_id,
+            timeout_ms: timeout.map(|s| u64::from(s) * 1000),
+        });
+        Ok(())
+    }
+
+    /// `update @set { key limit rate over N/second burst B packets }`.
+    fn set_limit(&mut self, set: &str, key: &[Field], limit: &Limit) -> Result<(), NftError> {
+        if limit.per_second == 0 || limit.burst == 0 {
+            // The kernel would turn a zero burst into 5 (and read back differently).
+            return Err(encode_err(
+                &format!("limit on @{set}"),
+                "rate and burst must be at least 1".into(),
+            ));
+        }
+        let (sreg, set_id) = self.dynset_key(set, key)?;
+        self.push(Expr::DynsetLimit {
+            sreg,
+            set: set.to_string(),
+            set_id,
+            rate: u64::from(limit.per_second),
+            unit: 1,
+            burst: limit.burst,
+            flags: NFT_LIMIT_F_INV,
+        });
+        Ok(())
     }
 
     /// Field infos of a key, with the `meta nfproto` dependency emitted first if needed.
@@ -705,89 +699,105 @@ impl RuleLowering<'_> {
             NatKind::Snat => NFT_NAT_SNAT,
             NatKind::Dnat => NFT_NAT_DNAT,
         };
-        let family = u32::from(nfproto(nat.family));
         let reg_addr = kernel_reg(NFT_REG_1);
-        let mut reg_proto = None;
-        let mut flags = 0;
-        match &nat.addr {
-            NatAddr::Fixed(addr, port) => {
-                let data = match (addr, nat.family) {
-                    (IpAddr::V4(a), IpFamily::V4) => a.octets().to_vec(),
-                    (IpAddr::V6(a), IpFamily::V6) => a.octets().to_vec(),
-                    _ => {
-                        return Err(encode_err(
-                            &format!("nat to {addr}"),
-                            "address family differs from the nat family".into(),
-                        ));
-                    }
-                };
-                self.push(Expr::Immediate {
-                    dreg: reg_addr,
-                    data,
-                });
-                if let Some(port) = port {
-                    if self.l4 == L4::Unknown {
-                        return Err(encode_err(
-                            &format!("nat to {addr} port {port}"),
-                            "transport protocol mapping is only valid after transport \
-                             protocol match"
-                                .into(),
-                        ));
-                    }
-                    // The next 128-bit register (slot 5).
-                    let reg = kernel_reg(NFT_REG_1 + 4);
-                    self.push(Expr::Immediate {
-                        dreg: reg,
-                        data: port.to_be_bytes().to_vec(),
-                    });
-                    reg_proto = Some(reg);
-                    flags = NF_NAT_RANGE_PROTO_SPECIFIED;
-                }
-            }
-            NatAddr::Map { key, map } => {
-                let fields = self.key_fields(key)?;
-                let known = self.sets.get(map);
-                if let Some(SetKind::Map(data)) = known.map(|s| &s.kind) {
-                    let (want, slots) = match nat.family {
-                        IpFamily::V4 => (DataType::Ipv4Addr, 1),
-                        IpFamily::V6 => (DataType::Ipv6Addr, 4),
-                    };
-                    match data.as_slice() {
-                        [a] if *a == want => {}
-                        // `addr . port` data: the port lands in the 32-bit register right
-                        // after the address.
-                        [a, DataType::InetService] if *a == want => {
-                            reg_proto = Some(kernel_reg(NFT_REG_1 + slots));
-                        }
-                        _ => {
-                            return Err(encode_err(
-                                &format!("nat map @{map}"),
-                                "map data must be an address of the nat family, \
-                                 optionally with a port"
-                                    .into(),
-                            ));
-                        }
-                    }
-                }
-                let interval = known.is_some_and(|s| s.interval);
-                let sreg = self.load_key(&fields, interval);
-                self.push(Expr::Lookup {
-                    sreg,
-                    dreg: Some(reg_addr),
-                    set: map.clone(),
-                    set_id: known.and_then(|s| s.id),
-                    invert: false,
-                });
-            }
-        }
+        let (reg_proto, flags) = match &nat.addr {
+            NatAddr::Fixed(addr, port) => self.nat_to(*addr, *port, nat.family, reg_addr)?,
+            NatAddr::Map { key, map } => (self.nat_map(key, map, nat.family, reg_addr)?, 0),
+        };
         self.push(Expr::Nat {
             kind,
-            family,
+            family: u32::from(nfproto(nat.family)),
             reg_addr,
             reg_proto,
             flags,
         });
         Ok(())
+    }
+
+    /// `to ADDR[:PORT]`: the address into `reg_addr`, the port into the next 128-bit
+    /// register; returns the port's register and the nat flags.
+    fn nat_to(
+        &mut self,
+        addr: IpAddr,
+        port: Option<u16>,
+        family: IpFamily,
+        reg_addr: u32,
+    ) -> Result<(Option<u32>, u32), NftError> {
+        let data = match (addr, family) {
+            (IpAddr::V4(a), IpFamily::V4) => a.octets().to_vec(),
+            (IpAddr::V6(a), IpFamily::V6) => a.octets().to_vec(),
+            _ => {
+                return Err(encode_err(
+                    &format!("nat to {addr}"),
+                    "address family differs from the nat family".into(),
+                ));
+            }
+        };
+        self.push(Expr::Immediate {
+            dreg: reg_addr,
+            data,
+        });
+        let Some(port) = port else {
+            return Ok((None, 0));
+        };
+        if self.l4 == L4::Unknown {
+            return Err(encode_err(
+                &format!("nat to {addr} port {port}"),
+                "transport protocol mapping is only valid after transport protocol match".into(),
+            ));
+        }
+        // The next 128-bit register (slot 5).
+        let reg = kernel_reg(NFT_REG_1 + 4);
+        self.push(Expr::Immediate {
+            dreg: reg,
+            data: port.to_be_bytes().to_vec(),
+        });
+        Ok((Some(reg), NF_NAT_RANGE_PROTO_SPECIFIED))
+    }
+
+    /// `to KEY map @MAP`: the lookup of `key` in `map` into `reg_addr`; returns the port's
+    /// register when the map's data is `addr . port`.
+    fn nat_map(
+        &mut self,
+        key: &[Field],
+        map: &str,
+        family: IpFamily,
+        reg_addr: u32,
+    ) -> Result<Option<u32>, NftError> {
+        let fields = self.key_fields(key)?;
+        let known = self.sets.get(map);
+        let mut reg_proto = None;
+        if let Some(SetKind::Map(data)) = known.map(|s| &s.kind) {
+            let (want, slots) = match family {
+                IpFamily::V4 => (DataType::Ipv4Addr, 1),
+                IpFamily::V6 => (DataType::Ipv6Addr, 4),
+            };
+            match data.as_slice() {
+                [a] if *a == want => {}
+                // `addr . port` data: the port lands in the 32-bit register right after the
+                // address.
+                [a, DataType::InetService] if *a == want => {
+                    reg_proto = Some(kernel_reg(NFT_REG_1 + slots));
+                }
+                _ => {
+                    return Err(encode_err(
+                        &format!("nat map @{map}"),
+                        "map data must be an address of the nat family, optionally with a port"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        let interval = known.is_some_and(|s| s.interval);
+        let sreg = self.load_key(&fields, interval);
+        self.push(Expr::Lookup {
+            sreg,
+            dreg: Some(reg_addr),
+            set: map.to_string(),
+            set_id: known.and_then(|s| s.id),
+            invert: false,
+        });
+        Ok(reg_proto)
     }
 
     /// `ip dscp set N` rewrites the 6 DSCP bits of the 16-bit word at the start of the

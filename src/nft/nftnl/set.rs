@@ -59,38 +59,10 @@ pub fn verdict_code(v: &Verdict) -> (i32, Option<&str>) {
 
 /// The declaration of a named set (`add set` / `add map`).
 pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
-    let data_types = match &set.kind {
-        SetKind::Map(types) => types.as_slice(),
-        _ => &[],
-    };
-    if set.typeof_decl.is_none()
-        && set
-            .key
-            .iter()
-            .chain(data_types)
-            .any(|t| *t == DataType::Integer)
-    {
-        // `type integer` has no length; nft 1.0.6 wants `typeof` there.
-        return Err(encode_err(
-            &format!("set {}", set.name),
-            "unqualified type integer cannot be declared (use typeof)".into(),
-        ));
-    }
+    refuse_untyped_integer(set)?;
     let key = concat_info(&set.key).map_err(|e| in_set(&set.name, e))?;
     let concat = set.key.len() > 1;
-    let mut flags = 0;
-    if set.flags.interval {
-        flags |= NFT_SET_INTERVAL;
-        if concat {
-            flags |= NFT_SET_CONCAT;
-        }
-    }
-    if set.flags.timeout {
-        flags |= NFT_SET_TIMEOUT;
-    }
-    if set.flags.dynamic {
-        flags |= NFT_SET_EVAL;
-    }
+    let mut flags = key_flags(set, concat);
     let mut u = Udata::default();
     u.put_byteorder(udata::SET_KEYBYTEORDER, key.byteorder);
     let data = match &set.kind {
@@ -107,21 +79,7 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
             Some((d.id, d.len as u32))
         }
     };
-    if let Some(decl) = &set.typeof_decl {
-        u.nest(udata::SET_KEY_TYPEOF, |u| key_typeof(&decl.key, u));
-        if !decl.data.is_empty() {
-            u.nest(udata::SET_DATA_TYPEOF, |u| key_typeof(&decl.data, u));
-        }
-    } else {
-        if concat {
-            u.nest(udata::SET_KEY_TYPEOF, concat_typeof);
-        }
-        if let SetKind::Map(types) = &set.kind
-            && types.len() > 1
-        {
-            u.nest(udata::SET_DATA_TYPEOF, concat_typeof);
-        }
-    }
+    put_typeof(set, concat, &mut u);
     if data.is_some() {
         u.put_u32(udata::SET_DATA_INTERVAL, 0);
     }
@@ -143,6 +101,65 @@ pub fn named_set_spec(set: &Set, id: u32) -> Result<SetSpec, NftError> {
         udata: u.into_bytes(),
         counter: set.flags.counter,
     })
+}
+
+/// `type integer` has no length; nft 1.0.6 wants `typeof` there.
+fn refuse_untyped_integer(set: &Set) -> Result<(), NftError> {
+    let data_types = match &set.kind {
+        SetKind::Map(types) => types.as_slice(),
+        _ => &[],
+    };
+    let integer = set
+        .key
+        .iter()
+        .chain(data_types)
+        .any(|t| *t == DataType::Integer);
+    if set.typeof_decl.is_none() && integer {
+        return Err(encode_err(
+            &format!("set {}", set.name),
+            "unqualified type integer cannot be declared (use typeof)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The set's flags but the map flag: interval (with concat for a `concat` key), timeout,
+/// dynamic.
+fn key_flags(set: &Set, concat: bool) -> u32 {
+    let mut flags = 0;
+    if set.flags.interval {
+        flags |= NFT_SET_INTERVAL;
+        if concat {
+            flags |= NFT_SET_CONCAT;
+        }
+    }
+    if set.flags.timeout {
+        flags |= NFT_SET_TIMEOUT;
+    }
+    if set.flags.dynamic {
+        flags |= NFT_SET_EVAL;
+    }
+    flags
+}
+
+/// The key's and data's `typeof` in the set's user data, as nft writes them: the declared
+/// expressions, else the concatenation marker for a concatenated key or data.
+fn put_typeof(set: &Set, concat: bool, u: &mut Udata) {
+    if let Some(decl) = &set.typeof_decl {
+        u.nest(udata::SET_KEY_TYPEOF, |u| key_typeof(&decl.key, u));
+        if !decl.data.is_empty() {
+            u.nest(udata::SET_DATA_TYPEOF, |u| key_typeof(&decl.data, u));
+        }
+    } else {
+        if concat {
+            u.nest(udata::SET_KEY_TYPEOF, concat_typeof);
+        }
+        if let SetKind::Map(types) = &set.kind
+            && types.len() > 1
+        {
+            u.nest(udata::SET_DATA_TYPEOF, concat_typeof);
+        }
+    }
 }
 
 pub fn field_lengths(types: &[DataType]) -> Result<Vec<u32>, NftError> {

@@ -181,6 +181,7 @@ pub fn field_info(f: Field) -> FieldInfo {
         base: NFT_PAYLOAD_TRANSPORT_HEADER,
         offset,
     };
+    let fib = |flags, result| info(Load::Fib { flags, result }, 4, Host);
     match f {
         Field::NfProto => info(Load::Meta(NFT_META_NFPROTO), 1, Host),
         Field::EtherType => info(Load::Meta(NFT_META_PROTOCOL), 2, Big),
@@ -217,31 +218,13 @@ pub fn field_info(f: Field) -> FieldInfo {
         Field::CtState => info(Load::Ct(NFT_CT_STATE), 4, Host),
         Field::CtMark => info(Load::Ct(NFT_CT_MARK), 4, Host),
         Field::CtDirection => info(Load::Ct(NFT_CT_DIRECTION), 1, Host),
-        Field::FibDaddrType => info(
-            Load::Fib {
-                flags: NFTA_FIB_F_DADDR,
-                result: NFT_FIB_RESULT_ADDRTYPE,
-            },
-            4,
-            Host,
-        ),
-        Field::FibSaddrType => info(
-            Load::Fib {
-                flags: NFTA_FIB_F_SADDR,
-                result: NFT_FIB_RESULT_ADDRTYPE,
-            },
-            4,
-            Host,
-        ),
+        Field::FibDaddrType => fib(NFTA_FIB_F_DADDR, NFT_FIB_RESULT_ADDRTYPE),
+        Field::FibSaddrType => fib(NFTA_FIB_F_SADDR, NFT_FIB_RESULT_ADDRTYPE),
         // With `present`, the kernel stores whether there is such a route in the register's
         // first byte (the rest zeroed); nft compares the whole 4-byte register.
-        Field::FibSaddrIifOif => info(
-            Load::Fib {
-                flags: NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT,
-                result: NFT_FIB_RESULT_OIF,
-            },
-            4,
-            Host,
+        Field::FibSaddrIifOif => fib(
+            NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT,
+            NFT_FIB_RESULT_OIF,
         ),
         Field::NumgenRandom(modulus) => info(Load::Numgen { modulus }, 4, Host),
     }

@@ -182,140 +182,186 @@ pub fn plan(
     }
     let mut chain = Chain::base(CHAIN, prerouting(priority::MANGLE));
     let mut tproxy = Chain::base(TPROXY_CHAIN, prerouting(TPROXY_PRIORITY));
-    for (family, saddr, daddr, set, resolvers_set, rate_set, key) in [
-        (
-            IpFamily::V4,
-            Field::Ip4Saddr,
-            Field::Ip4Daddr,
-            PODS_V4,
-            RESOLVERS_V4,
-            RATE_V4,
-            DataType::Ipv4Addr,
-        ),
-        (
-            IpFamily::V6,
-            Field::Ip6Saddr,
-            Field::Ip6Daddr,
-            PODS_V6,
-            RESOLVERS_V6,
-            RATE_V6,
-            DataType::Ipv6Addr,
-        ),
-    ] {
-        let mut pods = Set::new(set, vec![key], SetKind::Set);
-        for pod in learning.pods().filter(|p| IpFamily::of(*p) == family) {
+    for names in [FamilyNames::V4, FamilyNames::V6] {
+        // A family no steered pod or no trusted resolver has gets no rules, set or routing.
+        let Some((pods, resolvers)) = names.sets(learning) else {
+            continue;
+        };
+        table.add_set(pods);
+        table.add_set(resolvers);
+        if rate_limit > 0 {
+            names.add_rate_limit(rate_limit, table, &mut chain);
+        }
+        names.add_steering(proxy_port, &mut chain, &mut tproxy);
+        add_local_route(names.family, net);
+    }
+    table.add_chain(chain);
+    table.add_chain(tproxy);
+    table.add_chain(judge_chain());
+}
+
+/// One family's fields, sets and key type.
+struct FamilyNames {
+    family: IpFamily,
+    saddr: Field,
+    daddr: Field,
+    pods: &'static str,
+    resolvers: &'static str,
+    rate: &'static str,
+    key: DataType,
+}
+
+impl FamilyNames {
+    const V4: FamilyNames = FamilyNames {
+        family: IpFamily::V4,
+        saddr: Field::Ip4Saddr,
+        daddr: Field::Ip4Daddr,
+        pods: PODS_V4,
+        resolvers: RESOLVERS_V4,
+        rate: RATE_V4,
+        key: DataType::Ipv4Addr,
+    };
+    const V6: FamilyNames = FamilyNames {
+        family: IpFamily::V6,
+        saddr: Field::Ip6Saddr,
+        daddr: Field::Ip6Daddr,
+        pods: PODS_V6,
+        resolvers: RESOLVERS_V6,
+        rate: RATE_V6,
+        key: DataType::Ipv6Addr,
+    };
+
+    /// The family's steered pods and trusted resolvers, or `None` when either is empty.
+    fn sets(&self, learning: &Learning) -> Option<(Set, Set)> {
+        let mut pods = Set::new(self.pods, vec![self.key], SetKind::Set);
+        for pod in learning.pods().filter(|p| IpFamily::of(*p) == self.family) {
             pods.insert(vec![Value::ip(pod).into()]);
         }
-        let mut resolvers = Set::new(resolvers_set, vec![key], SetKind::Set);
+        let mut resolvers = Set::new(self.resolvers, vec![self.key], SetKind::Set);
         for r in learning
             .resolvers()
             .iter()
-            .filter(|r| IpFamily::of(**r) == family)
+            .filter(|r| IpFamily::of(**r) == self.family)
         {
             resolvers.insert(vec![Value::ip(*r).into()]);
         }
-        // A family no steered pod or no trusted resolver has gets no rules, set or routing.
         if pods.elements.is_empty() || resolvers.elements.is_empty() {
-            continue;
+            return None;
         }
-        table.add_set(pods);
-        table.add_set(resolvers);
-        let steered = |proto: u8| {
-            vec![
-                Stmt::in_set(vec![saddr], set),
-                Stmt::in_set(vec![daddr], resolvers_set),
-                Stmt::matches(Field::L4Proto, Value::Proto(proto)),
-                Stmt::matches(Field::ThDport, Value::Port(DNS_PORT)),
-            ]
+        Some((pods, resolvers))
+    }
+
+    /// The matches of a steered pod's query over `proto` to a trusted resolver.
+    fn steered(&self, proto: u8) -> Vec<Stmt> {
+        vec![
+            Stmt::in_set(vec![self.saddr], self.pods),
+            Stmt::in_set(vec![self.daddr], self.resolvers),
+            Stmt::matches(Field::L4Proto, Value::Proto(proto)),
+            Stmt::matches(Field::ThDport, Value::Port(DNS_PORT)),
+        ]
+    }
+
+    /// The rate buckets and the rules in `chain` that drop a pod's queries (UDP) and
+    /// connection openings (TCP) beyond `rate_limit` per second.
+    fn add_rate_limit(&self, rate_limit: u32, table: &mut Table, chain: &mut Chain) {
+        table.add_set(
+            Set::new(self.rate, vec![DataType::IfName, self.key], SetKind::Set)
+                .with_flags(SetFlags {
+                    timeout: true,
+                    dynamic: true,
+                    ..Default::default()
+                })
+                .with_timeout(RATE_IDLE_SECS)
+                .with_size(RATE_SET_SIZE),
+        );
+        let over = Stmt::SetLimit {
+            set: self.rate.into(),
+            key: vec![Field::IifName, self.saddr],
+            limit: Limit {
+                per_second: rate_limit,
+                burst: rate_limit,
+            },
         };
-        if rate_limit > 0 {
-            table.add_set(
-                Set::new(rate_set, vec![DataType::IfName, key], SetKind::Set)
-                    .with_flags(SetFlags {
-                        timeout: true,
-                        dynamic: true,
-                        ..Default::default()
-                    })
-                    .with_timeout(RATE_IDLE_SECS)
-                    .with_size(RATE_SET_SIZE),
-            );
-            let over = Stmt::SetLimit {
-                set: rate_set.into(),
-                key: vec![Field::IifName, saddr],
-                limit: Limit {
-                    per_second: rate_limit,
-                    burst: rate_limit,
+        let mut udp = self.steered(proto::UDP);
+        udp.extend([over.clone(), Stmt::Verdict(Verdict::Drop)]);
+        chain.push(Rule::new(udp));
+        // TCP: connection openings only (a long answer's ACKs are not queries).
+        let mut tcp = self.steered(proto::TCP);
+        tcp.extend([
+            Stmt::Match(Match {
+                key: vec![Field::TcpFlags],
+                op: MatchOp::Masked {
+                    mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
+                    value: Value::TcpFlags(tcp_flags::SYN),
+                    eq: true,
                 },
-            };
-            let mut udp = steered(proto::UDP);
-            udp.extend([over.clone(), Stmt::Verdict(Verdict::Drop)]);
-            chain.push(Rule::new(udp));
-            // TCP: connection openings only (a long answer's ACKs are not queries).
-            let mut tcp = steered(proto::TCP);
-            tcp.extend([
-                Stmt::Match(Match {
-                    key: vec![Field::TcpFlags],
-                    op: MatchOp::Masked {
-                        mask: Value::TcpFlags(tcp_flags::SYN | tcp_flags::ACK),
-                        value: Value::TcpFlags(tcp_flags::SYN),
-                        eq: true,
-                    },
-                }),
-                over,
-                Stmt::Verdict(Verdict::Drop),
-            ]);
-            chain.push(Rule::new(tcp));
-        }
+            }),
+            over,
+            Stmt::Verdict(Verdict::Drop),
+        ]);
+        chain.push(Rule::new(tcp));
+    }
+
+    /// Per protocol: the rule in `chain` that marks a query pending, and the one in `tproxy`
+    /// that hands the judged query to the proxy's socket at `proxy_port`.
+    fn add_steering(&self, proxy_port: u16, chain: &mut Chain, tproxy: &mut Chain) {
         for proto in [proto::UDP, proto::TCP] {
-            let mut stmts = steered(proto);
+            let mut stmts = self.steered(proto);
             stmts.push(Stmt::MarkOr(PENDING));
             chain.push(Rule::new(stmts));
             // Judged by now (a denied query is dropped): the pending bit goes, then the
             // proxy's socket, if there is one, takes the query.
             tproxy.push(Rule::new(vec![
-                Stmt::matches(Field::NfProto, Value::NfProto(family)),
+                Stmt::matches(Field::NfProto, Value::NfProto(self.family)),
                 pending(),
                 Stmt::matches(Field::L4Proto, Value::Proto(proto)),
                 Stmt::MarkAnd(!PENDING),
                 Stmt::Tproxy {
-                    family,
+                    family: self.family,
                     port: proxy_port,
                 },
                 Stmt::MarkOr(MARK),
                 Stmt::Verdict(Verdict::Accept),
             ]));
         }
-        let (net_family, any) = match family {
-            IpFamily::V4 => (Family::V4, "0.0.0.0/0"),
-            IpFamily::V6 => (Family::V6, "::/0"),
-        };
-        net.rules.insert(RuleSpec {
-            priority: RULE_PRIORITY,
-            fwmark: Some((MARK, MARK)),
-            from: None,
-            table: ROUTE_TABLE,
-            family: net_family,
-        });
-        net.routes.insert(RouteSpec {
-            table: ROUTE_TABLE,
-            dst: any.parse().expect("valid"),
-            nexthops: vec![NextHop {
-                via: None,
-                dev: Some("lo".into()),
-                weight: 1,
-                onlink: false,
-            }],
-            local: true,
-        });
     }
-    table.add_chain(chain);
-    table.add_chain(tproxy);
+}
+
+/// The `ip rule` that sends `MARK`ed packets of `family` to `ROUTE_TABLE`, whose local
+/// default route delivers them to the proxy's socket.
+fn add_local_route(family: IpFamily, net: &mut NetDesired) {
+    let (net_family, any) = match family {
+        IpFamily::V4 => (Family::V4, "0.0.0.0/0"),
+        IpFamily::V6 => (Family::V6, "::/0"),
+    };
+    net.rules.insert(RuleSpec {
+        priority: RULE_PRIORITY,
+        fwmark: Some((MARK, MARK)),
+        from: None,
+        table: ROUTE_TABLE,
+        family: net_family,
+    });
+    net.routes.insert(RouteSpec {
+        table: ROUTE_TABLE,
+        dst: any.parse().expect("valid"),
+        nexthops: vec![NextHop {
+            via: None,
+            dev: Some("lo".into()),
+            weight: 1,
+            onlink: false,
+        }],
+        local: true,
+    });
+}
+
+/// `fw-dns-judge`: a pending query goes through the EgressFirewall dispatch.
+fn judge_chain() -> Chain {
     let mut judge = Chain::base(JUDGE_CHAIN, prerouting(JUDGE_PRIORITY));
     judge.push(Rule::new(vec![
         pending(),
         Stmt::Verdict(Verdict::Jump(super::DISPATCH.into())),
     ]));
-    table.add_chain(judge);
+    judge
 }
 
 fn prerouting(priority: i32) -> BaseChain {

@@ -188,7 +188,39 @@ pub fn bind(
         .iter()
         .flat_map(|(name, ips)| ips.iter().map(move |ip| (*ip, name.as_str())))
         .collect();
-    // Every port claiming each address: a pod's port is one whose peer has a listed address.
+    let claims = claims(&pods, ports);
+    let disputed = disputed(&claims);
+    let mut binding = Binding::default();
+    for (addr, claimants) in &claims {
+        let [port] = claimants.iter().collect::<Vec<_>>()[..] else {
+            binding
+                .problems
+                .push(behind_several_ports(*addr, &pods, claimants));
+            continue;
+        };
+        let judged = !disputed.contains(port);
+        add_bound(
+            &mut binding.part,
+            *addr,
+            port,
+            judged,
+            isolated.contains(addr),
+        );
+    }
+    binding
+        .problems
+        .extend(behind_no_port(&pods, &claims, ports));
+    binding.flow_ports = flow_ports(&claims);
+    binding.part.shrink_to_fit();
+    binding
+}
+
+/// Every port claiming each address: a pod's port is one whose peer has a listed address
+/// (of `pods`); it claims those and its link-local ones.
+fn claims<'p>(
+    pods: &BTreeMap<IpAddr, &str>,
+    ports: &'p BridgePorts,
+) -> BTreeMap<IpAddr, BTreeSet<&'p str>> {
     let mut claims: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
     for port in &ports.ports {
         let Some(addrs) = &port.peer_addrs else {
@@ -204,54 +236,73 @@ pub fn bind(
             claims.entry(*a).or_default().insert(&port.name);
         }
     }
-    // A port with an address another port claims too is not judged by port (neither for
-    // its sources nor as an isolated pod's port): its pod's own traffic on that address,
-    // now unbound, would be dropped, and a neighbour that can add addresses to its own
-    // interface could cut it off that way.
-    let disputed: BTreeSet<&str> = claims
+    claims
+}
+
+/// The ports with an address another port claims too. Such a port is not judged by port
+/// (neither for its sources nor as an isolated pod's port): its pod's own traffic on that
+/// address, now unbound, would be dropped, and a neighbour that can add addresses to its
+/// own interface could cut it off that way.
+fn disputed<'p>(claims: &BTreeMap<IpAddr, BTreeSet<&'p str>>) -> BTreeSet<&'p str> {
+    claims
         .values()
         .filter(|c| c.len() > 1)
         .flat_map(|c| c.iter().copied())
-        .collect();
-    let mut binding = Binding::default();
-    let part = &mut binding.part;
-    for (addr, claimants) in &claims {
-        let [port] = claimants.iter().collect::<Vec<_>>()[..] else {
-            let owner = pods
-                .get(addr)
-                .map(|p| format!(" (pod {p})"))
-                .unwrap_or_default();
-            let list: Vec<&str> = claimants.iter().copied().collect();
-            binding.problems.push(format!(
-                "address {addr}{owner} is behind bridge ports {}: bound to neither",
-                list.join(", ")
-            ));
-            continue;
-        };
-        let judged = !disputed.contains(port);
-        let port = Value::IfName(port.to_string());
-        let (bound, addrs, isolated_set) = match addr {
-            IpAddr::V4(_) => (BOUND_V4, BOUND_ADDRS_V4, ISOLATED_V4),
-            IpAddr::V6(_) => (BOUND_V6, BOUND_ADDRS_V6, ISOLATED_V6),
-        };
-        let ip = Value::ip(*addr);
-        part.add_element(bound, vec![ip.clone().into(), port.clone().into()]);
-        part.add_element(addrs, vec![ip.clone().into()]);
-        if judged {
-            part.add_element(BOUND_PORTS, vec![port.clone().into()]);
-        }
-        if judged && isolated.contains(addr) {
-            part.add_element(isolated_set, vec![ip.into(), port.clone().into()]);
-            part.add_element(ISOLATED_PORTS, vec![port.into()]);
-        }
+        .collect()
+}
+
+/// The elements that bind `addr` to `port`; a `judged` port is checked by port, and for an
+/// `isolated` address also as an isolated pod's port.
+fn add_bound(part: &mut Part, addr: IpAddr, port: &str, judged: bool, isolated: bool) {
+    let port = Value::IfName(port.to_string());
+    let (bound, addrs, isolated_set) = match addr {
+        IpAddr::V4(_) => (BOUND_V4, BOUND_ADDRS_V4, ISOLATED_V4),
+        IpAddr::V6(_) => (BOUND_V6, BOUND_ADDRS_V6, ISOLATED_V6),
+    };
+    let ip = Value::ip(addr);
+    part.add_element(bound, vec![ip.clone().into(), port.clone().into()]);
+    part.add_element(addrs, vec![ip.clone().into()]);
+    if judged {
+        part.add_element(BOUND_PORTS, vec![port.clone().into()]);
     }
+    if judged && isolated {
+        part.add_element(isolated_set, vec![ip.into(), port.clone().into()]);
+        part.add_element(ISOLATED_PORTS, vec![port.into()]);
+    }
+}
+
+/// The problem of an address claimed by several ports (`claimants`): bound to neither.
+fn behind_several_ports(
+    addr: IpAddr,
+    pods: &BTreeMap<IpAddr, &str>,
+    claimants: &BTreeSet<&str>,
+) -> String {
+    let owner = pods
+        .get(&addr)
+        .map(|p| format!(" (pod {p})"))
+        .unwrap_or_default();
+    let list: Vec<&str> = claimants.iter().copied().collect();
+    format!(
+        "address {addr}{owner} is behind bridge ports {}: bound to neither",
+        list.join(", ")
+    )
+}
+
+/// The problems of the bridged pods' addresses (inside a bridge's subnet) that no port
+/// claims: not bound.
+fn behind_no_port(
+    pods: &BTreeMap<IpAddr, &str>,
+    claims: &BTreeMap<IpAddr, BTreeSet<&str>>,
+    ports: &BridgePorts,
+) -> Vec<String> {
     let unpaired: Vec<&str> = ports
         .ports
         .iter()
         .filter(|p| p.peer_addrs.is_none())
         .map(|p| p.name.as_str())
         .collect();
-    for (addr, pod) in &pods {
+    let mut problems = Vec::new();
+    for (addr, pod) in pods {
         let Some((bridge, _)) = ports.subnets.iter().find(|(_, net)| net.contains(addr)) else {
             continue; // not a bridged pod (routed: the inet table's fib check covers it)
         };
@@ -267,9 +318,14 @@ pub fn bind(
                 unpaired.join(", ")
             ));
         }
-        binding.problems.push(why);
+        problems.push(why);
     }
-    // Each bound port keeps the flows its pod opens (see `bridge`).
+    problems
+}
+
+/// The ports with an address of their own: each keeps the flows its pod opens (see
+/// `bridge`).
+fn flow_ports(claims: &BTreeMap<IpAddr, BTreeSet<&str>>) -> Vec<String> {
     let ports: BTreeSet<&str> = claims
         .values()
         .filter_map(|c| match c.iter().collect::<Vec<_>>()[..] {
@@ -277,9 +333,7 @@ pub fn bind(
             _ => None,
         })
         .collect();
-    binding.flow_ports = ports.into_iter().map(String::from).collect();
-    part.shrink_to_fit();
-    binding
+    ports.into_iter().map(String::from).collect()
 }
 
 /// Adds what [`bind`] found to the bridge table `t` as part [`PART`]; returns the problems.

@@ -66,44 +66,62 @@ pub fn add_direction(
     let chain_name = format!("{base}-{}", direction.suffix());
     let mut chain = Chain::regular(&chain_name);
     for (i, rule) in rules.iter().enumerate() {
-        let at = format!("{chain_name}{i}");
-        let comment = format!(
-            "NetworkPolicy {}/{} {}[{i}]",
-            policy.namespace,
-            policy.name,
-            match direction {
-                Direction::Ingress => "ingress",
-                Direction::Egress => "egress",
-            }
-        );
-        let allow = |part: &mut Part, shared: &mut Sharing| {
-            let acl = shared.acl.as_ref();
-            let d = direction.name();
-            super::acl::allow_verdict(acl, policy, d, i, part, &mut shared.logged)
+        let at = RuleAt {
+            policy,
+            direction,
+            i,
+            sets: format!("{chain_name}{i}"),
+            comment: format!(
+                "NetworkPolicy {}/{} {}[{i}]",
+                policy.namespace,
+                policy.name,
+                direction.name()
+            ),
         };
+        at.add(rule, &mut chain, part, index, selected, shared);
+    }
+    part.add_chain(chain);
+    chain_name
+}
+
+/// Rule `i` of `policy`'s rules for `direction`, planned into the direction's chain.
+struct RuleAt<'p> {
+    policy: &'p ValidatedPolicy,
+    direction: Direction,
+    i: usize,
+    /// The prefix of the names of the rule's own sets.
+    sets: String,
+    /// The comment on its chain rules.
+    comment: String,
+}
+
+impl RuleAt<'_> {
+    /// The chain rules of `rule` for each family (with its peers), numeric ports and named
+    /// ports apart, and their sets into `part`.
+    fn add(
+        &self,
+        rule: &PolicyRule,
+        chain: &mut Chain,
+        part: &mut Part,
+        index: &PodIndex,
+        selected: &[&PodView],
+        shared: &mut Sharing,
+    ) {
         let (numeric, named) = split_ports(rule);
         let ports_set = numeric.as_ref().filter(|n| !n.is_empty()).map(|n| {
-            let set = ports_set(&format!("{at}-ports"), n);
+            let set = ports_set(&format!("{}-ports", self.sets), n);
             let name = set.name.clone();
             part.add_set(set);
             name
         });
-        let peer_sets = rule.peers.as_ref().map(|peers| {
-            let lookup = shared.lookup(PeerKey::of(&policy.namespace, peers), index);
-            if !shared.keys.contains(&lookup.key) {
-                shared.keys.push(lookup.key.clone());
-            }
-            lookup
-        });
-        // Egress named ports resolve on the peer pods (every pod for a rule without peers).
-        let named_owners: Vec<&PodView> = match (&rule.peers, direction) {
-            _ if named.is_empty() => Vec::new(),
-            (_, Direction::Ingress) => selected.to_vec(),
-            (None, Direction::Egress) => index.pods.iter().collect(),
-            (Some(peers), Direction::Egress) => peer_pods(index, &policy.namespace, peers),
-        };
+        let namespace = &self.policy.namespace;
+        let peer_sets = rule
+            .peers
+            .as_ref()
+            .map(|peers| shared.use_peers(PeerKey::of(namespace, peers), index));
+        let owners = named_port_owners(rule, self.direction, &named, namespace, index, selected);
         for family in FAMILIES {
-            let (peer_field, local_field) = fields(direction, family);
+            let (peer_field, local_field) = fields(self.direction, family);
             let peer_match = match &peer_sets {
                 None => None,
                 Some(lookup) => match lookup.set(family) {
@@ -120,41 +138,70 @@ pub fn add_direction(
                 if let Some(set) = &ports_set {
                     stmts.push(Stmt::in_set(vec![Field::L4Proto, Field::ThDport], set));
                 }
-                // What the policy allowed, for the per-policy metrics.
-                stmts.push(Stmt::Counter);
-                stmts.push(Stmt::Verdict(allow(part, shared)));
-                chain.push(Rule::new(stmts).with_comment(comment.clone()));
+                self.push_allow(stmts, chain, part, shared);
             }
             if named.is_empty() {
                 continue;
             }
             let set = named_set(
-                &format!("{at}-named-{}", suffix(family)),
+                &format!("{}-named-{}", self.sets, suffix(family)),
                 family,
                 &named,
-                &named_owners,
+                &owners,
             );
             if set.elements.is_empty() {
                 continue;
             }
-            let mut stmts: Vec<Stmt> = match direction {
+            let mut stmts: Vec<Stmt> = match self.direction {
                 Direction::Ingress => peer_match.into_iter().collect(),
                 Direction::Egress => Vec::new(),
             };
             let key = vec![
-                local_or_peer_daddr(direction, local_field, peer_field),
+                local_or_peer_daddr(self.direction, local_field, peer_field),
                 Field::L4Proto,
                 Field::ThDport,
             ];
             stmts.push(Stmt::in_set(key, set.name.clone()));
-            stmts.push(Stmt::Counter);
-            stmts.push(Stmt::Verdict(allow(part, shared)));
+            self.push_allow(stmts, chain, part, shared);
             part.add_set(set);
-            chain.push(Rule::new(stmts).with_comment(comment.clone()));
         }
     }
-    part.add_chain(chain);
-    chain_name
+
+    /// Pushes onto `chain` the rule that counts (for the per-policy metrics) and allows
+    /// what `matches` match: `accept`, or `goto` its logged chain (into `part`).
+    fn push_allow(
+        &self,
+        mut matches: Vec<Stmt>,
+        chain: &mut Chain,
+        part: &mut Part,
+        shared: &mut Sharing,
+    ) {
+        let acl = shared.acl.as_ref();
+        let d = self.direction.name();
+        let verdict =
+            super::acl::allow_verdict(acl, self.policy, d, self.i, part, &mut shared.logged);
+        matches.push(Stmt::Counter);
+        matches.push(Stmt::Verdict(verdict));
+        chain.push(Rule::new(matches).with_comment(self.comment.clone()));
+    }
+}
+
+/// The pods whose container ports resolve `rule`'s named ports: the selected pods for
+/// ingress; for egress the peer pods (every pod for a rule without peers).
+fn named_port_owners<'i, 'a>(
+    rule: &'i PolicyRule,
+    direction: Direction,
+    named: &[(Protocol, &str)],
+    namespace: &'i str,
+    index: &'i PodIndex<'a>,
+    selected: &[&'i PodView<'a>],
+) -> Vec<&'i PodView<'a>> {
+    match (&rule.peers, direction) {
+        _ if named.is_empty() => Vec::new(),
+        (_, Direction::Ingress) => selected.to_vec(),
+        (None, Direction::Egress) => index.pods.iter().collect(),
+        (Some(peers), Direction::Egress) => peer_pods(index, namespace, peers),
+    }
 }
 
 /// Where a policy's rules find their shared peer sets: the sets in use, the parts they are
@@ -169,8 +216,13 @@ pub struct Sharing<'m> {
 }
 
 impl Sharing<'_> {
-    fn lookup(&mut self, key: PeerKey, index: &PodIndex) -> Lookup {
-        self.sets.lookup(key, index, self.parts)
+    /// The shared sets of the peers `key`, its key recorded as one the policy uses.
+    fn use_peers(&mut self, key: PeerKey, index: &PodIndex) -> Lookup {
+        let lookup = self.sets.lookup(key, index, self.parts);
+        if !self.keys.contains(&lookup.key) {
+            self.keys.push(lookup.key.clone());
+        }
+        lookup
     }
 }
 

@@ -50,14 +50,30 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
         balancer(part, &n, &n.local, m, &pb.local, fam, p);
         n.local.clone()
     });
-    let dispatch = names::dispatch(fam);
-
-    // Cluster traffic: clusterIPs.
     let cluster_target = if m.internal_local {
         lb_local.as_deref()
     } else {
         lb_all.as_deref()
     };
+    let any_endpoint = lb_all.is_some();
+    cluster_frontends(part, &n, key, m, pb, cluster_target, any_endpoint);
+    let (local, all) = (lb_local.as_deref(), lb_all.as_deref());
+    external_frontends(part, &n, m, pb, cluster_target, local, all);
+}
+
+/// Cluster traffic: the clusterIPs of the port's family, dispatched to the cluster chain
+/// (masquerade from outside the cluster, then `cluster_target`, the balancer of the
+/// traffic policy), or dropped when the policy has no endpoint and others do.
+fn cluster_frontends(
+    part: &mut Part,
+    n: &names::PortNames,
+    key: &str,
+    m: &Model,
+    pb: &PortBackends,
+    cluster_target: Option<&str>,
+    any_endpoint: bool,
+) {
+    let (p, fam) = (pb.port, pb.family);
     let cluster_verdict = match cluster_target {
         Some(lb) => {
             let mut c = Chain::regular(&n.cluster);
@@ -72,7 +88,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
             Some(Verdict::Goto(n.cluster.clone()))
         }
         // iTP=Local without a local endpoint: dropped, as kube-proxy does.
-        None if m.internal_local && lb_all.is_some() => Some(Verdict::Drop),
+        None if m.internal_local && any_endpoint => Some(Verdict::Drop),
         // No endpoint at all: not dispatched; the filter check rejects it.
         None => None,
     };
@@ -82,11 +98,26 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
             vec![KeyPart::Value(Value::ip(*ip))],
         );
         if let Some(v) = &cluster_verdict {
+            let dispatch = names::dispatch(fam);
             part.add_mapping(dispatch, frontend_key(*ip, p), ElemData::Verdict(v.clone()));
         }
     }
+}
 
-    // External traffic: NodePort, externalIPs, LoadBalancer IPs.
+/// External traffic: NodePort, externalIPs, LoadBalancer IPs of the port's family, to the
+/// external chain (over `local` or `all` endpoints, `cluster_target` for traffic from the
+/// cluster), behind the source ranges' filter for LoadBalancer IPs; rejected without an
+/// endpoint.
+fn external_frontends(
+    part: &mut Part,
+    n: &names::PortNames,
+    m: &Model,
+    pb: &PortBackends,
+    cluster_target: Option<&str>,
+    local: Option<&str>,
+    all: Option<&str>,
+) {
+    let (p, fam) = (pb.port, pb.family);
     let externals: Vec<IpAddr> = m
         .external_ips
         .iter()
@@ -98,11 +129,12 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
     if externals.is_empty() && node_port.is_none() {
         return;
     }
-    let Some(all) = lb_all.as_deref() else {
+    let Some(all) = all else {
         reject_externals(part, fam, p, &externals);
         return;
     };
-    external_chain(part, &n, m, fam, cluster_target, lb_local.as_deref(), all);
+    external_chain(part, n, m, fam, cluster_target, local, all);
+    let dispatch = names::dispatch(fam);
     let ext = Verdict::Goto(n.external.clone());
     for ip in m.external_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         part.add_mapping(
@@ -111,7 +143,7 @@ fn port_objects(part: &mut Part, key: &str, m: &Model, pb: &PortBackends) {
             ElemData::Verdict(ext.clone()),
         );
     }
-    let lb_target = lb_source_filter(part, &n, m, fam, &ext);
+    let lb_target = lb_source_filter(part, n, m, fam, &ext);
     for ip in m.lb_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         if !m.external_ips.contains(ip) {
             part.add_mapping(

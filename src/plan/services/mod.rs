@@ -642,6 +642,39 @@ fn plan_service(
     } else {
         Sources::Slices(&slices)
     };
+    let node = &config.node_name;
+    let (ports, local_ready, served) = port_backends(&model, &sources, node, zone, &mut entry);
+    entry.udp.sort();
+    entry.udp.dedup();
+    entry.udp_frontends = udp_frontends(&model, served);
+    entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
+    let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
+        chains::service_part(&key.to_string(), &model, &ports)
+    } else {
+        let planned = maps::service_part(&model, &ports);
+        entry.pools = planned.pools;
+        entry.hairpin = planned.hairpin;
+        planned.part
+    };
+    entry.want = Some(Arc::new(part));
+    entry
+}
+
+/// Each port's backends per family, noted in `entry` as kube-proxy counts them (UDP
+/// backends, each port of each family whose Local policy finds no endpoint on this node);
+/// with this node's ready endpoints and the UDP ports (port, NodePort) that have a backend.
+#[allow(clippy::type_complexity)]
+fn port_backends<'m>(
+    model: &'m model::Model,
+    sources: &Sources,
+    node: &str,
+    zone: Option<&str>,
+    entry: &mut Entry,
+) -> (
+    Vec<model::PortBackends<'m>>,
+    BTreeSet<IpAddr>,
+    BTreeSet<(u16, Option<u16>)>,
+) {
     let mut ports = Vec::new();
     let mut local_ready = BTreeSet::new();
     let mut served = BTreeSet::new();
@@ -651,7 +684,7 @@ fn plan_service(
                 all,
                 local,
                 local_ready: ready,
-            } = model::backends(&sources, p, fam, &config.node_name, zone);
+            } = model::backends(sources, p, fam, node, zone);
             if p.proto == proto::UDP {
                 entry.udp.extend(all.iter().map(|b| (b.ip, b.port)));
                 if !all.is_empty() {
@@ -659,8 +692,6 @@ fn plan_service(
                 }
             }
             local_ready.extend(ready);
-            // kube-proxy's count: each port of each family whose Local policy finds no
-            // endpoint on this node.
             if local.is_empty() {
                 let policies = [(model.internal_local, false), (model.external_local, true)];
                 for (_, external) in policies.into_iter().filter(|(on, _)| *on) {
@@ -676,20 +707,7 @@ fn plan_service(
             });
         }
     }
-    entry.udp.sort();
-    entry.udp.dedup();
-    entry.udp_frontends = udp_frontends(&model, served);
-    entry.health = model.health_check_node_port.map(|p| (p, local_ready.len()));
-    let part = if model.affinity.is_some() || !model.lb_source_ranges.is_empty() {
-        chains::service_part(&key.to_string(), &model, &ports)
-    } else {
-        let planned = maps::service_part(&model, &ports);
-        entry.pools = planned.pools;
-        entry.hairpin = planned.hairpin;
-        planned.part
-    };
-    entry.want = Some(Arc::new(part));
-    entry
+    (ports, local_ready, served)
 }
 
 /// The fixed chains and maps every service shares, and the jumps from the base chains.

@@ -169,19 +169,7 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
     if spec.type_.as_deref() == Some("ExternalName") {
         return Ok(None);
     }
-    let raw_ips: Vec<(String, &str)> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
-            .collect(),
-        _ => spec
-            .cluster_ip
-            .as_deref()
-            .map(|ip| ("spec.clusterIP".to_string(), ip))
-            .into_iter()
-            .collect(),
-    };
+    let raw_ips = cluster_ip_fields(spec);
     if raw_ips.iter().any(|(_, ip)| *ip == "None" || ip.is_empty()) {
         return Ok(None);
     }
@@ -200,36 +188,8 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
             .map(|(i, ip)| (format!("spec.externalIPs[{i}]"), ip.as_str())),
         Frontend::External,
     );
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
-    let lb_ips = addrs.take(
-        ingress
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .filter(|(_, i)| i.ip_mode.as_deref() != Some("Proxy"))
-            .filter_map(|(n, i)| {
-                let ip = i.ip.as_deref()?;
-                Some((format!("status.loadBalancer.ingress[{n}].ip"), ip))
-            }),
-        Frontend::LoadBalancer,
-    );
-    let mut lb_source_ranges = Vec::new();
-    for (i, r) in spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        let net: IpNet = r
-            .trim()
-            .parse()
-            .map_err(|e| format!("spec.loadBalancerSourceRanges[{i}]: invalid CIDR {r:?}: {e}"))?;
-        lb_source_ranges.push(net.trunc());
-    }
+    let lb_ips = addrs.take(lb_ingress_fields(svc), Frontend::LoadBalancer);
+    let mut lb_source_ranges = parse_source_ranges(spec)?;
     let from_node = node_may_use_lb_ips(&lb_source_ranges, &lb_ips, rules.node_primary);
     lb_source_ranges.extend(from_node);
     let ports = parse_ports(spec)?;
@@ -255,6 +215,56 @@ pub fn parse(svc: &Service, rules: &AddressRules) -> Result<Option<Model>, Strin
         refused: addrs.refused,
         node_refused: addrs.node_refused,
     }))
+}
+
+/// The cluster IPs with their fields: `spec.clusterIPs`, else `spec.clusterIP`.
+fn cluster_ip_fields(spec: &ServiceSpec) -> Vec<(String, &str)> {
+    match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
+            .collect(),
+        _ => spec
+            .cluster_ip
+            .as_deref()
+            .map(|ip| ("spec.clusterIP".to_string(), ip))
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The LoadBalancer ingress IPs with their fields, but those with `ipMode: Proxy` (the load
+/// balancer does not send their traffic to the IP: kube-proxy leaves them out too).
+fn lb_ingress_fields(svc: &Service) -> impl Iterator<Item = (String, &str)> {
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    ingress
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, i)| i.ip_mode.as_deref() != Some("Proxy"))
+        .filter_map(|(n, i)| {
+            let ip = i.ip.as_deref()?;
+            Some((format!("status.loadBalancer.ingress[{n}].ip"), ip))
+        })
+}
+
+/// `spec.loadBalancerSourceRanges`, truncated to their prefixes; an error names the field.
+fn parse_source_ranges(spec: &ServiceSpec) -> Result<Vec<IpNet>, String> {
+    let ranges = spec.load_balancer_source_ranges.iter().flatten();
+    ranges
+        .enumerate()
+        .map(|(i, r)| {
+            let net: IpNet = r.trim().parse().map_err(|e| {
+                format!("spec.loadBalancerSourceRanges[{i}]: invalid CIDR {r:?}: {e}")
+            })?;
+            Ok(net.trunc())
+        })
+        .collect()
 }
 
 /// `spec.ports`: protocol, port and NodePort of each, errors naming the field.

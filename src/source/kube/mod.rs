@@ -130,34 +130,7 @@ async fn store_task(
     rejections: mpsc::Sender<Rejection>,
     health: SourceHealth,
 ) {
-    let handle = |msg: Msg, store: &mut Store| -> Change {
-        match msg {
-            Msg::Update(u) => store.apply(u),
-            Msg::Rejected(r) => {
-                // The previous version of the object (if any) stays: a broken update must not
-                // make a namespace fall open.
-                warn!("skipped {r}");
-                let _ = rejections.try_send(r);
-                Change::None
-            }
-            Msg::Error(kind, e) => {
-                if e.is_not_served() && !store.is_synced(kind) {
-                    warn!(
-                        "{kind} is not served by this API server (CRD not installed?); treating it as empty"
-                    );
-                    store.mark_absent(kind);
-                    return Change::Changed;
-                }
-                debug!("watch {kind}: {e}");
-                if store.is_synced(kind) {
-                    info!("watch {kind} interrupted, retrying: {e}");
-                } else {
-                    warn!("cannot list {kind}, retrying: {e}");
-                }
-                Change::None
-            }
-        }
-    };
+    let handle = |msg: Msg, store: &mut Store| take_in(msg, store, &rejections);
     // When the last snapshot went out: a change after a quiet spell goes out at once.
     let mut published: Option<Instant> = None;
     loop {
@@ -191,18 +164,60 @@ async fn store_task(
                 Err(_) => break,
             }
         }
-        let unsynced = store.unsynced();
-        health.set_unsynced(unsynced.clone());
-        if unsynced.is_empty() {
-            if snapshots.borrow().is_none() {
-                info!("every initial list synced");
-            }
-            snapshots.send_replace(Some(store.snapshot()));
+        if publish(&store, &snapshots, &health) {
             published = Some(Instant::now());
-        } else {
-            debug!(?unsynced, "waiting for initial lists");
         }
     }
+}
+
+/// Takes one message of the watches into `store`; a rejected object goes to `rejections`.
+fn take_in(msg: Msg, store: &mut Store, rejections: &mpsc::Sender<Rejection>) -> Change {
+    match msg {
+        Msg::Update(u) => store.apply(u),
+        Msg::Rejected(r) => {
+            // The previous version of the object (if any) stays: a broken update must not
+            // make a namespace fall open.
+            warn!("skipped {r}");
+            let _ = rejections.try_send(r);
+            Change::None
+        }
+        Msg::Error(kind, e) => {
+            if e.is_not_served() && !store.is_synced(kind) {
+                warn!(
+                    "{kind} is not served by this API server (CRD not installed?); treating it as empty"
+                );
+                store.mark_absent(kind);
+                return Change::Changed;
+            }
+            debug!("watch {kind}: {e}");
+            if store.is_synced(kind) {
+                info!("watch {kind} interrupted, retrying: {e}");
+            } else {
+                warn!("cannot list {kind}, retrying: {e}");
+            }
+            Change::None
+        }
+    }
+}
+
+/// Publishes the store's snapshot once every kind has synced (until then `health` says
+/// which have not); whether it did.
+fn publish(
+    store: &Store,
+    snapshots: &watch::Sender<Option<Snapshot>>,
+    health: &SourceHealth,
+) -> bool {
+    let unsynced = store.unsynced();
+    health.set_unsynced(unsynced.clone());
+    if !unsynced.is_empty() {
+        debug!(?unsynced, "waiting for initial lists");
+        return false;
+    }
+    if snapshots.borrow().is_none() {
+        info!("every initial list synced");
+    }
+    snapshots.send_replace(Some(store.snapshot()));
+    true
 }
 
 /// How urgent a change is, given whether the store was and is synced and whether the
