@@ -639,3 +639,68 @@ fn a_pod_change_reuses_the_policies_validation() {
     let third = plan_with(&b.build(), &cfg, &second.memory);
     assert!(!Arc::ptr_eq(&z.validated, &third.memory.netpol.validated));
 }
+
+/// The mark bits the agent uses are disjoint: one feature's bit never reads as another's.
+#[test]
+fn the_agents_mark_bits_are_disjoint() {
+    use crate::plan::{egress_ip, services::names::MASQ_BIT};
+    let bits = [
+        ("services masquerade", MASQ_BIT),
+        ("EgressIP steering", egress_ip::MARK_MASK),
+        ("EgressIP tunnel", egress_ip::TUNNELED),
+        ("DNS steering", steer::MARK),
+        ("DNS pending", PENDING),
+        ("bridge judged", BRIDGE_JUDGED),
+    ];
+    for (i, (a, x)) in bits.iter().enumerate() {
+        for (b, y) in &bits[i + 1..] {
+            assert_eq!(x & y, 0, "{a} {x:#x} and {b} {y:#x} overlap");
+        }
+    }
+}
+
+/// Bridged packets are judged once: the bridge table's chains run before `br_netfilter`'s
+/// forward hook (priority 0, which runs the inet one) and mark what both policy chains
+/// accepted; the inet forward chains accept a marked packet after the source check, before
+/// any policy rule.
+#[test]
+fn the_bridge_table_judges_first_and_the_inet_forward_chains_skip_what_it_judged() {
+    let d = run(cluster(), &Memory::default());
+    let bridge = d.bridge.as_ref().expect("a bridge table").flatten();
+    let mut priorities = Vec::new();
+    for name in [
+        chains::FORWARD_EGRESS,
+        chains::FORWARD_INGRESS,
+        bridge::FORWARD_FLOWS,
+    ] {
+        let base = bridge.chains[name].base.as_ref().expect("a base chain");
+        assert_eq!(base.hook, Hook::Forward);
+        priorities.push(base.priority);
+    }
+    assert_eq!(priorities, [-190, -189, -188]);
+    let recorder = &bridge.chains[bridge::FORWARD_FLOWS].rules;
+    let mark = crate::nft::render::rule_text(&recorder[0]);
+    assert_eq!(mark, "meta mark set meta mark or 0x08000000");
+    let inet = d.ruleset.flatten();
+    let skip = "meta mark & 0x08000000 == 0x08000000 accept";
+    for (name, at) in [(chains::FORWARD_EGRESS, 1), (chains::FORWARD_INGRESS, 0)] {
+        let rules: Vec<String> = (inet.chains[name].rules.iter())
+            .map(crate::nft::render::rule_text)
+            .collect();
+        assert_eq!(rules[at], skip, "{name}: {rules:#?}");
+        assert_eq!(
+            rules.iter().filter(|r| *r == skip).count(),
+            1,
+            "{name}: {rules:#?}"
+        );
+        if at == 1 {
+            assert!(
+                rules[0].contains("fib saddr . iif oif missing"),
+                "{rules:#?}"
+            );
+        }
+    }
+    // The bridge table never skips: it is the judge.
+    let bridge_text = render_full(d.bridge.as_ref().unwrap());
+    assert!(!bridge_text.contains("== 0x08000000"), "{bridge_text}");
+}
