@@ -704,3 +704,43 @@ fn the_bridge_table_judges_first_and_the_inet_forward_chains_skip_what_it_judged
     let bridge_text = render_full(d.bridge.as_ref().unwrap());
     assert!(!bridge_text.contains("== 0x08000000"), "{bridge_text}");
 }
+
+/// `explain --bridged --br-netfilter` (the bridge table, then the inet hooks, the mark
+/// carried across) gives what the kernel does: an allowed packet between bridged pods meets
+/// the policy's allow rule once, in the bridge table, and the inet policy chains' skip.
+#[test]
+fn explain_bridged_with_br_netfilter_judges_an_allowed_packet_once() {
+    use crate::explain::packet::{NodeFacts, Packet};
+    use crate::explain::{Query, Tables, Topology, Verdict as Walked, explain_paths};
+    let d = run(cluster(), &Memory::default());
+    let (web, db) = ("10.0.0.3".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let packet = Packet::new(web, db, proto::TCP, None, Some(5432)).unwrap();
+    let query = Query {
+        packet,
+        topology: Topology::Bridged { br_netfilter: true },
+    };
+    let tables = Tables::new(&d.ruleset, d.bridge.as_ref());
+    let paths = explain_paths(&tables, &NodeFacts::default(), &query);
+    assert_eq!(paths.len(), 1);
+    let path = &paths[0];
+    assert_eq!(path.verdict, Walked::Bridged, "{:#?}", path.events);
+    let allows: Vec<&str> = (path.events.iter())
+        .filter(|e| (e.comment.as_deref()).is_some_and(|c| c.starts_with("NetworkPolicy shop/db")))
+        .map(|e| e.table)
+        .collect();
+    assert_eq!(allows, ["bridge"], "{:#?}", path.events);
+    let skip = "meta mark & 0x08000000 == 0x08000000 accept";
+    let skipped: Vec<(&str, &str)> = (path.events.iter())
+        .filter(|e| e.rule_text.as_deref() == Some(skip))
+        .map(|e| (e.table, e.base.as_str()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("inet", chains::FORWARD_EGRESS),
+            ("inet", chains::FORWARD_INGRESS)
+        ],
+        "{:#?}",
+        path.events
+    );
+}
