@@ -24,7 +24,9 @@
 //! rules again on prerouting (`np-dns-egress`/`-ingress`) for the DNS queries the
 //! EgressFirewall's proxy takes, which never reach forward (they carry its pending mark). Forward
 //! sees routed pods and bridged pods with `br_netfilter`; `bridge` puts the same parts into
-//! `table bridge nodeplane` for pods bridged without it. Input and output are not hooked on
+//! `table bridge nodeplane` for bridged pods, which judges them first, with `br_netfilter`
+//! or without: the inet forward chains accept a packet it marked as judged
+//! ([`BRIDGE_JUDGED`]) as it is. Input and output are not hooked on
 //! purpose: upstream, traffic between a pod and its own node is always allowed (kubelet
 //! probes), and that traffic is exactly what those hooks see.
 
@@ -82,6 +84,14 @@ pub mod chains {
 }
 /// After EgressFirewall's `filter-forward` (filter priority).
 const PRIORITY: i32 = priority::FILTER + 10;
+/// The mark bit of a packet `table bridge nodeplane` judged and accepted (set by
+/// `bridge::FORWARD_FLOWS`, after both its policy chains). With `br_netfilter` the inet
+/// forward hook sees a bridged packet after the bridge table; its policy chains accept a
+/// packet with this bit without judging it again (one verdict, one ACL log line, one count).
+/// No pod can set it: a packet crossing a veth into the node's namespace has its mark
+/// cleared. The agent's other bits: services' masquerade 0x4000, EgressIP 0x00ff0000 and
+/// 0x02000000, EgressFirewall DNS steering 0x01000000 and 0x04000000.
+pub const BRIDGE_JUDGED: u32 = 0x0800_0000;
 /// A query to a trusted resolver that the EgressFirewall DNS proxy is about to take (mark
 /// `PENDING`) never reaches forward: these chains judge it on prerouting instead, after
 /// service DNAT and the EgressFirewall's judge, before the proxy's `tproxy`
@@ -243,9 +253,11 @@ fn still_current(
 fn add_shared(out: &mut Planned, inputs: &Inputs, parts: &Parts) {
     let check = inputs.config.pod_source_check;
     let source_check = check.then(source_check).into_iter().collect();
-    add_hooks(&mut out.ruleset, vec![established()], source_check);
+    let state = vec![bridge_judged(), established()];
+    add_hooks(&mut out.ruleset, PRIORITY, state, source_check);
     add_dns_judges(&mut out.ruleset);
     out.bridge = Some(bridge::table(parts, check));
+    // The binding is settled once the backend read the bridge ports (`settle`).
     let pods = binding::local_pods(inputs.snapshot, &inputs.config.node_name);
     out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();
 }
@@ -456,10 +468,11 @@ fn policy_part(
     (part, ips, chains)
 }
 
-/// The dispatch maps, the self sets and the two base chains; `state` are the rules that
-/// pass packets of allowed connections first (conntrack in inet, see `bridge` otherwise),
-/// after `first` in the egress chain (the first chain a pod's packet meets: anti-spoofing).
-fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
+/// The dispatch maps, the self sets and the two base chains, at `priority` and the next;
+/// `state` are the rules that pass packets of allowed connections first (conntrack in inet,
+/// see `bridge` otherwise), after `first` in the egress chain (the first chain a pod's
+/// packet meets: anti-spoofing).
+fn add_hooks(table: &mut Table, priority: i32, state: Vec<Rule>, first: Vec<Rule>) {
     for (name, addr) in [
         (INGRESS_V4, DataType::Ipv4Addr),
         (INGRESS_V6, DataType::Ipv6Addr),
@@ -492,8 +505,8 @@ fn add_hooks(table: &mut Table, state: Vec<Rule>, first: Vec<Rule>) {
     let egress = [(Field::Ip4Saddr, EGRESS_V4), (Field::Ip6Saddr, EGRESS_V6)];
     let ingress = [(Field::Ip4Daddr, INGRESS_V4), (Field::Ip6Daddr, INGRESS_V6)];
     for (name, prio, lookups) in [
-        (chains::FORWARD_EGRESS, PRIORITY, egress),
-        (chains::FORWARD_INGRESS, PRIORITY + 1, ingress),
+        (chains::FORWARD_EGRESS, priority, egress),
+        (chains::FORWARD_INGRESS, priority + 1, ingress),
     ] {
         let mut chain = Chain::base(
             name,
@@ -591,6 +604,26 @@ fn source_check() -> Rule {
         Stmt::Verdict(Verdict::Drop),
     ])
     .with_comment(SOURCE_CHECK_COMMENT)
+}
+
+/// `meta mark & BRIDGE_JUDGED == BRIDGE_JUDGED accept`: a bridged packet that reached the
+/// inet forward hook through `br_netfilter` after `table bridge nodeplane` judged and
+/// accepted it (see [`BRIDGE_JUDGED`]) is not judged, logged and counted a second time.
+/// After the source check: only the policies' judgement is left out. In the prerouting copies
+/// (`add_dns_judges`) it never matches (the bridge forward hook comes later) and keeps them
+/// copies.
+fn bridge_judged() -> Rule {
+    Rule::new(vec![
+        Stmt::Match(Match {
+            key: vec![Field::Mark],
+            op: MatchOp::Masked {
+                mask: Value::Mark(BRIDGE_JUDGED),
+                value: Value::Mark(BRIDGE_JUDGED),
+                eq: true,
+            },
+        }),
+        Stmt::Verdict(Verdict::Accept),
+    ])
 }
 
 /// `ct state established,related accept`.

@@ -46,11 +46,9 @@ fn one_more_line(
 
 /// Pod a isolated for ingress, only b allowed (policy `only`); c is denied. A denied
 /// connection gives one `deny` line (warning) naming the rule, an allowed one one `allow`
-/// line (info) naming the policy and its rule.
-///
-/// With `br_netfilter` only the deny is checked: the inet table judges an allowed bridged
-/// packet again after the bridge table and logs it a second time (it cannot tell a packet
-/// the bridge table judged); a denied one the bridge table drops first.
+/// line (info) naming the policy and its rule. With `br_netfilter` the inet table's forward
+/// hook sees the bridged packets too, after the bridge table: it leaves the packets the
+/// bridge table judged alone, so an allowed connection still logs one line, not two.
 #[test]
 fn bridged_policy_verdicts_log_one_line_each_with_and_without_br_netfilter() {
     let b = bridged();
@@ -84,5 +82,6 @@ fn bridged_policy_verdicts_log_one_line_each_with_and_without_br_netfilter() {
     assert_fields(&one_more_line(&b, &agent, 1, 41001, 1), &allow);
     br_netfilter(&b.node, true);
     assert_fields(&one_more_line(&b, &agent, 2, 41002, 2), &deny);
-    assert_eq!(acl_lines(&agent).len(), 3);
+    assert_fields(&one_more_line(&b, &agent, 1, 41002, 3), &allow);
+    assert_eq!(acl_lines(&agent).len(), 4);
 }

@@ -139,3 +139,96 @@ fn a_routed_pods_unlisted_addresses_are_out_of_other_pods_reach() {
         }
     }
 }
+
+/// Sends `n` datagrams from `ns` to `dst` on a socket that marks its packets with `mark`
+/// (`SO_MARK`, which a pod's root can set: it has `CAP_NET_ADMIN` in its own namespace).
+fn send_marked(ns: &Ns, mark: u32, dst: SocketAddr, n: usize) {
+    use socket2::{Domain, Socket, Type};
+    ns.enter(|| {
+        let socket = Socket::new(Domain::for_address(dst), Type::DGRAM, None).expect("socket");
+        socket.set_mark(mark).expect("SO_MARK");
+        for _ in 0..n {
+            socket.send_to(b"marked", &dst.into()).expect("send");
+        }
+    });
+}
+
+/// The packets `ns` sent to UDP port `port` carrying `bit`, counted by a table of the test's
+/// own on the pod's output hook (created on first use).
+fn marked_sent(ns: &Ns, bit: u32, port: u16) -> u64 {
+    let rules = format!(
+        "table inet attacker {{\n  chain out {{\n    type filter hook output priority 0;\n    \
+         udp dport {port} meta mark & {bit:#x} == {bit:#x} counter\n  }}\n}}\n"
+    );
+    if ns.nft(&["list", "table", "inet", "attacker"]).is_err() {
+        ns.exec_stdin(&["nft", "-f", "-"], &rules).expect("nft -f");
+    }
+    let listed = ns.nft(&["list", "table", "inet", "attacker"]).unwrap();
+    let count = listed
+        .split("packets ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next());
+    count.and_then(|n| n.parse().ok()).expect("the counter")
+}
+
+/// Routed pods: y/a (same node as x/a, not allowed by policy `only-b`) marks its datagrams
+/// to isolated x/a with the bit by which the bridge table tells the inet table it judged a
+/// packet (`BRIDGE_JUDGED`). The mark does not leave the pod: a packet crossing the veth
+/// into the node's namespace has its mark cleared, so the inet table judges it, and drops
+/// it, IPv4 and IPv6. Control: the same bit set on y/a's packets in the node (a test table
+/// on prerouting) would let them through, so the veth's clearing is what this proves.
+#[test]
+fn a_routed_pod_cannot_mark_its_packets_past_network_policy() {
+    use nodeplane::plan::netpol::BRIDGE_JUDGED;
+    let c = cluster();
+    c.apply(&[policy("x", "only-b", ONLY_B_TO_A)]);
+    let (x_a, x_b, y_a) = (&c.pods[0].1, &c.pods[1].1, &c.pods[3].1);
+    let port = 5303;
+    for (dst, from_b, from_y) in [
+        (x_a.ip(), x_b.ip(), y_a.ip()),
+        (x_a.ip6().unwrap(), x_b.ip6().unwrap(), y_a.ip6().unwrap()),
+    ] {
+        let dst = SocketAddr::new(dst, port);
+        let sink = DatagramSink::start(&x_a.ns, dst);
+        let since = Instant::now();
+        // The allowed peer gets through (so the sink does listen).
+        eventually(Duration::from_secs(10), || {
+            send_marked(&x_b.ns, 0, dst, 1);
+            std::thread::sleep(Duration::from_millis(100));
+            (sink.first_from(from_b, since).map(|_| ()))
+                .ok_or(format!("x/b's datagrams to {dst} never arrived"))
+        });
+        let sent = marked_sent(&y_a.ns, BRIDGE_JUDGED, port);
+        send_marked(&y_a.ns, BRIDGE_JUDGED, dst, 5);
+        let sent = marked_sent(&y_a.ns, BRIDGE_JUDGED, port) - sent;
+        assert_eq!(sent, 5, "y/a's datagrams left without the mark");
+        // Wait well past the time a delivered datagram takes.
+        std::thread::sleep(Duration::from_millis(500));
+        let got = sink.sources_since(since).get(&from_y).copied();
+        assert_eq!(
+            got, None,
+            "marked datagrams of y/a reached isolated x/a at {dst}"
+        );
+    }
+    // Control: the bit set in the node (where no pod can set it) is what the inet table's
+    // NetworkPolicy chains skip.
+    let control = format!(
+        "table inet control {{\n  chain pre {{\n    type filter hook prerouting priority -300;\n    \
+         iifname \"{}\" meta mark set meta mark | {BRIDGE_JUDGED:#x}\n  }}\n}}\n",
+        y_a.host_iface
+    );
+    c.nodes[0]
+        .exec_stdin(&["nft", "-f", "-"], &control)
+        .expect("nft -f");
+    let dst = SocketAddr::new(x_a.ip(), port);
+    let sink = DatagramSink::start(&x_a.ns, dst);
+    let since = Instant::now();
+    eventually(Duration::from_secs(10), || {
+        send_marked(&y_a.ns, 0, dst, 1);
+        std::thread::sleep(Duration::from_millis(100));
+        (sink.first_from(y_a.ip(), since).map(|_| ())).ok_or(format!(
+            "control: y/a marked in the node never reached {dst}"
+        ))
+    });
+    c.nodes[0].run(&["nft", "delete", "table", "inet", "control"]);
+}

@@ -60,13 +60,18 @@ pub fn guard_counts(agent: &AgentProcess, reason: &str) -> (u64, u64) {
 /// listener reports (IPv6 MLD, sent when an interface comes up) to or from isolated a are
 /// dropped and counted as `unlisted_address` too.
 fn settled(agent: &AgentProcess, reason: &str) -> (u64, u64) {
-    let mut last = guard_counts(agent, reason);
+    steady(reason, || guard_counts(agent, reason))
+}
+
+/// What `read` gives once it stays the same for [`QUIET`]; `what` names it in a failure.
+fn steady<T: PartialEq + Copy + std::fmt::Debug>(what: &str, read: impl Fn() -> T) -> T {
+    let mut last = read();
     eventually(TIMEOUT, || {
         std::thread::sleep(QUIET);
-        let now = guard_counts(agent, reason);
+        let now = read();
         let same = std::mem::replace(&mut last, now) == now;
         same.then_some(now)
-            .ok_or(format!("{reason} still moving: {now:?}"))
+            .ok_or(format!("{what} still moving: {now:?}"))
     })
 }
 
@@ -200,5 +205,66 @@ fn an_isolated_bridged_pod_on_its_link_local_address_raises_unlisted_address() {
             from_a, None,
             "br_netfilter {on}: a's link-local datagrams reached b"
         );
+    }
+}
+
+/// `nodeplane_network_policy_packets_total` of policy `only`'s allows (0 while not exported).
+fn allowed_packets(agent: &AgentProcess) -> u64 {
+    let name = "nodeplane_network_policy_packets_total{namespace=\"x\",name=\"only\",\
+                direction=\"ingress\",verdict=\"allow\"}";
+    agent.metric(admin(), name).map_or(0, |v| v as u64)
+}
+
+/// b sends datagrams to isolated a (policy `only` allows b), each from a socket of its own
+/// (a new flow each, so each is judged), IPv4 and IPv6, without `br_netfilter` and with it:
+/// all arrive, and the policy's `allow` count rises by exactly their number. With
+/// `br_netfilter` the inet table's forward hook sees them too, after the bridge table: a
+/// packet is judged and counted once, not once per table.
+#[test]
+fn allowed_bridged_datagrams_count_once_each_with_and_without_br_netfilter() {
+    let (b, agent) = start();
+    for on in [false, true] {
+        br_netfilter(&b.node, on);
+        for (pods, count) in [(&b.pods, 3usize), (&b.pods6, 4)] {
+            let (a, b_pod) = (&pods[0], &pods[1]);
+            let dst = SocketAddr::new(a.addr, 5302);
+            let sink = DatagramSink::start(&a.ns, dst);
+            let any = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+            let send = |n: usize| {
+                b_pod.ns.enter(|| {
+                    for _ in 0..n {
+                        let socket = UdpSocket::bind(any).expect("bind");
+                        socket.send_to(b"allowed", dst).expect("send");
+                    }
+                })
+            };
+            // The path is open and a's neighbours are resolved.
+            let warm = Instant::now();
+            eventually(Duration::from_secs(10), || {
+                send(1);
+                std::thread::sleep(Duration::from_millis(100));
+                (sink.first_from(b_pod.addr, warm).map(|_| ())).ok_or(format!(
+                    "br_netfilter {on}: b's datagrams to {dst} never arrived"
+                ))
+            });
+            let before = steady("allowed packets", || allowed_packets(&agent));
+            let since = Instant::now();
+            send(count);
+            let want = before + count as u64;
+            eventually(TIMEOUT, || {
+                let got = allowed_packets(&agent);
+                (got == want).then_some(()).ok_or(format!(
+                    "br_netfilter {on}, {dst}: allowed packets {got}, want {want}"
+                ))
+            });
+            std::thread::sleep(QUIET);
+            assert_eq!(
+                allowed_packets(&agent),
+                want,
+                "br_netfilter {on}, {dst}: counted more than once"
+            );
+            let arrived = sink.sources_since(since).get(&b_pod.addr).copied();
+            assert_eq!(arrived, Some(count), "br_netfilter {on}, {dst}");
+        }
     }
 }

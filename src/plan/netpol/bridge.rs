@@ -1,9 +1,11 @@
-//! `table bridge nodeplane`: NetworkPolicy for pods on one Linux bridge without
-//! `br_netfilter`, whose frames only the bridge family's forward hook sees.
+//! `table bridge nodeplane`: NetworkPolicy for pods on one Linux bridge. Without
+//! `br_netfilter` only the bridge family's forward hook sees their frames; with it the inet
+//! forward hook sees them too, after this table (see [`PRIORITY`]), and its policy chains
+//! accept what this table marked as judged ([`BRIDGE_JUDGED`]): one judgement either way.
 //!
 //! The same parts as the inet table (shared `Arc`s: the policies' chains and sets, the
-//! policy-set chains and the dispatch elements) and the same two base chains, at the same
-//! priorities on the bridge forward hook. The difference is state: a bridge table cannot use
+//! policy-set chains and the dispatch elements) and the same two base chains on the bridge
+//! forward hook. The difference is state: a bridge table cannot use
 //! `ct` without `nf_conntrack_bridge`, which kernels may lack (the test kernel does), so a
 //! third base chain (`np-forward-flows`, after both) records every packet both accepted that
 //! has an isolated end (`np-self-v4/v6` holds the isolated pods), as its TCP/UDP/SCTP tuple
@@ -26,7 +28,7 @@
 //! shared `np-flows-v4/v6` keep the flows of ports that are not bound (an uplink in the
 //! bridge, a pod that could not be bound).
 
-use super::{PRIORITY, SELF_V4, SELF_V6, add_hooks};
+use super::{BRIDGE_JUDGED, SELF_V4, SELF_V6, add_hooks};
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
 
@@ -43,6 +45,13 @@ pub const FRAG_TIMEOUT_SECS: u32 = 30;
 /// An idle flow's entry expires after this (conntrack keeps established TCP for days; a
 /// bridged flow idle longer is judged again as new, in each direction).
 pub const FLOW_TIMEOUT_SECS: u32 = 3600;
+
+/// The bridge family's filter priority (`NF_BR_PRI_FILTER_BRIDGED`) + 10: before
+/// `br_netfilter`'s forward hook (`NF_BR_PRI_BRNF`, 0), which runs the inet forward hook.
+/// So with `br_netfilter` this table judges a bridged packet first and marks it
+/// ([`BRIDGE_JUDGED`]), and the inet table's policy chains leave it alone; at 10 (after it)
+/// both tables judged, logged and counted every allowed packet.
+const PRIORITY: i32 = -200 + 10;
 
 /// A port's flow sets and chains are named after this and the port.
 const PORT_PREFIX: &str = "np-fl";
@@ -348,6 +357,9 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
             policy: Policy::Accept,
         },
     );
+    // Judged here (both policy chains accepted): the inet policy chains that `br_netfilter`
+    // runs next accept the packet as it is.
+    recorder.push(Rule::new(vec![Stmt::MarkOr(BRIDGE_JUDGED)]));
     for rule in record_fragments {
         recorder.push(rule);
     }
@@ -365,7 +377,7 @@ pub fn table(parts: &Parts, source_check: bool) -> Table {
     }
     // No fib in the bridge family: bridged pods' addresses are bound to their ports instead.
     super::binding::add_sets(&mut t);
-    add_hooks(&mut t, state, super::binding::rules(source_check));
+    add_hooks(&mut t, PRIORITY, state, super::binding::rules(source_check));
     t.add_chain(recorder);
     t
 }

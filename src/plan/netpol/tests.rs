@@ -639,3 +639,108 @@ fn a_pod_change_reuses_the_policies_validation() {
     let third = plan_with(&b.build(), &cfg, &second.memory);
     assert!(!Arc::ptr_eq(&z.validated, &third.memory.netpol.validated));
 }
+
+/// The mark bits the agent uses are disjoint: one feature's bit never reads as another's.
+#[test]
+fn the_agents_mark_bits_are_disjoint() {
+    use crate::plan::{egress_ip, services::names::MASQ_BIT};
+    let bits = [
+        ("services masquerade", MASQ_BIT),
+        ("EgressIP steering", egress_ip::MARK_MASK),
+        ("EgressIP tunnel", egress_ip::TUNNELED),
+        ("DNS steering", steer::MARK),
+        ("DNS pending", PENDING),
+        ("bridge judged", BRIDGE_JUDGED),
+    ];
+    for (i, (a, x)) in bits.iter().enumerate() {
+        for (b, y) in &bits[i + 1..] {
+            assert_eq!(x & y, 0, "{a} {x:#x} and {b} {y:#x} overlap");
+        }
+    }
+}
+
+/// Bridged packets are judged once: the bridge table's chains run before `br_netfilter`'s
+/// forward hook (priority 0, which runs the inet one) and mark what both policy chains
+/// accepted; the inet forward chains accept a marked packet after the source check, before
+/// any policy rule.
+#[test]
+fn the_bridge_table_judges_first_and_the_inet_forward_chains_skip_what_it_judged() {
+    let d = run(cluster(), &Memory::default());
+    let bridge = d.bridge.as_ref().expect("a bridge table").flatten();
+    let mut priorities = Vec::new();
+    for name in [
+        chains::FORWARD_EGRESS,
+        chains::FORWARD_INGRESS,
+        bridge::FORWARD_FLOWS,
+    ] {
+        let base = bridge.chains[name].base.as_ref().expect("a base chain");
+        assert_eq!(base.hook, Hook::Forward);
+        priorities.push(base.priority);
+    }
+    assert_eq!(priorities, [-190, -189, -188]);
+    let recorder = &bridge.chains[bridge::FORWARD_FLOWS].rules;
+    let mark = crate::nft::render::rule_text(&recorder[0]);
+    assert_eq!(mark, "meta mark set meta mark or 0x08000000");
+    let inet = d.ruleset.flatten();
+    let skip = "meta mark & 0x08000000 == 0x08000000 accept";
+    for (name, at) in [(chains::FORWARD_EGRESS, 1), (chains::FORWARD_INGRESS, 0)] {
+        let rules: Vec<String> = (inet.chains[name].rules.iter())
+            .map(crate::nft::render::rule_text)
+            .collect();
+        assert_eq!(rules[at], skip, "{name}: {rules:#?}");
+        assert_eq!(
+            rules.iter().filter(|r| *r == skip).count(),
+            1,
+            "{name}: {rules:#?}"
+        );
+        if at == 1 {
+            assert!(
+                rules[0].contains("fib saddr . iif oif missing"),
+                "{rules:#?}"
+            );
+        }
+    }
+    // The bridge table never skips: it is the judge.
+    let bridge_text = render_full(d.bridge.as_ref().unwrap());
+    assert!(!bridge_text.contains("== 0x08000000"), "{bridge_text}");
+}
+
+/// `explain --bridged --br-netfilter` (the bridge table, then the inet hooks, the mark
+/// carried across) gives what the kernel does: an allowed packet between bridged pods meets
+/// the policy's allow rule once, in the bridge table, and the inet policy chains' skip.
+#[test]
+fn explain_bridged_with_br_netfilter_judges_an_allowed_packet_once() {
+    use crate::explain::packet::{NodeFacts, Packet};
+    use crate::explain::{Query, Tables, Topology, Verdict as Walked, explain_paths};
+    let d = run(cluster(), &Memory::default());
+    let (web, db) = ("10.0.0.3".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let packet = Packet::new(web, db, proto::TCP, None, Some(5432)).unwrap();
+    let query = Query {
+        packet,
+        topology: Topology::Bridged { br_netfilter: true },
+    };
+    let tables = Tables::new(&d.ruleset, d.bridge.as_ref());
+    let paths = explain_paths(&tables, &NodeFacts::default(), &query);
+    assert_eq!(paths.len(), 1);
+    let path = &paths[0];
+    assert_eq!(path.verdict, Walked::Bridged, "{:#?}", path.events);
+    let allows: Vec<&str> = (path.events.iter())
+        .filter(|e| (e.comment.as_deref()).is_some_and(|c| c.starts_with("NetworkPolicy shop/db")))
+        .map(|e| e.table)
+        .collect();
+    assert_eq!(allows, ["bridge"], "{:#?}", path.events);
+    let skip = "meta mark & 0x08000000 == 0x08000000 accept";
+    let skipped: Vec<(&str, &str)> = (path.events.iter())
+        .filter(|e| e.rule_text.as_deref() == Some(skip))
+        .map(|e| (e.table, e.base.as_str()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("inet", chains::FORWARD_EGRESS),
+            ("inet", chains::FORWARD_INGRESS)
+        ],
+        "{:#?}",
+        path.events
+    );
+}
