@@ -11,6 +11,17 @@ pub fn json(ns: &Ns, table: &str) -> Json {
     json_of(ns, "inet", table)
 }
 
+/// Whether `ns` holds a table named `table` (any family): e.g. `agent explain --trace`'s
+/// `nodeplane-trace`, there only while a trace runs.
+pub fn has_table(ns: &Ns, table: &str) -> bool {
+    let tables = ns
+        .nft(&["list", "tables"])
+        .unwrap_or_else(|e| panic!("list tables in {}: {e}", ns.name()));
+    tables
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some(table))
+}
+
 /// [`json`] of `table <family> <table>`.
 pub fn json_of(ns: &Ns, family: &str, table: &str) -> Json {
     let out = ns

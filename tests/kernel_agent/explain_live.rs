@@ -7,7 +7,8 @@
 //! interface of the lab node, so the running agent steers the selected pods' traffic to
 //! `eip-unreachable` (dropped), which the offline plan cannot know.
 
-use nodeplane::testing::lab::{Lab, eventually};
+use nodeplane::testing::lab::{AgentProcess, Lab, Ns, eventually};
+use nodeplane::testing::listing;
 use std::time::Duration;
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cluster");
@@ -23,26 +24,36 @@ const PACKET: [&str; 8] = [
     "8443",
 ];
 
-#[test]
-fn live_explains_with_the_applied_table_like_offline() {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    lab.add_addr(&node, "lo", "192.168.50.11/32");
-    let common = ["--manifests", EXAMPLES, "--node-name", "worker-1"];
-    let agent = node.spawn_agent(&common);
-    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+const COMMON: [&str; 4] = ["--manifests", EXAMPLES, "--node-name", "worker-1"];
+const ADMIN: &str = "127.0.0.1:9942";
+
+/// The example cluster's agent on `node` (as worker-1), once it applied its table.
+fn examples_agent(node: &Ns) -> AgentProcess {
+    let agent = node.spawn_agent(&COMMON);
+    let admin: std::net::SocketAddr = ADMIN.parse().unwrap();
     let wait = Duration::from_secs(10);
     eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
         Ok((200, body)) if body.contains("table inet nodeplane") => Ok(()),
         other => Err(format!("{other:?}\n{}", agent.logs())),
     });
+    agent
+}
+
+#[test]
+fn live_explains_with_the_applied_table_like_offline() {
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    lab.add_addr(&node, "lo", "192.168.50.11/32");
+    let agent = examples_agent(&node);
+    let admin: std::net::SocketAddr = ADMIN.parse().unwrap();
+    let wait = Duration::from_secs(10);
     let mut live_args = vec!["explain", "--live"];
     live_args.extend(PACKET);
     let live = node
         .run_agent(&live_args)
         .unwrap_or_else(|e| panic!("explain --live: {e}"));
     let mut offline_args = vec!["explain"];
-    offline_args.extend(common);
+    offline_args.extend(COMMON);
     offline_args.extend(PACKET);
     let offline = node.run_agent(&offline_args).expect("explain offline");
     for needle in [
@@ -94,12 +105,8 @@ fn live_explains_with_the_applied_table_like_offline() {
     agent.stop();
 }
 
-/// Whether the node holds the trace table.
-fn trace_table_exists(node: &nodeplane::testing::lab::Ns) -> bool {
-    let tables = node
-        .exec(&["nft", "list", "tables"])
-        .expect("nft list tables");
-    tables.contains("nodeplane-trace")
+fn trace_table_exists(node: &Ns) -> bool {
+    listing::has_table(node, "nodeplane-trace")
 }
 
 /// `--trace`: a real packet from the monitoring pod to the isolated API pod is refused, and
@@ -115,14 +122,9 @@ fn trace_names_the_policy_the_kernel_met_and_leaves_nothing_behind() {
     let monitoring = lab.add_pod(&node, "mon", &["10.128.0.12"]);
     let api = lab.add_pod(&node, "api", &["10.128.0.11"]);
     let _server = api.ns.tcp_server("10.128.0.11:8443", "api");
-    let common = ["--manifests", EXAMPLES, "--node-name", "worker-1"];
-    let agent = node.spawn_agent(&common);
-    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let agent = examples_agent(&node);
+    let admin: std::net::SocketAddr = ADMIN.parse().unwrap();
     let wait = Duration::from_secs(10);
-    eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
-        Ok((200, body)) if body.contains("table inet nodeplane") => Ok(()),
-        other => Err(format!("{other:?}\n{}", agent.logs())),
-    });
     let mut args = vec!["explain", "--live", "--trace", "20"];
     args.extend(PACKET);
     let args: Vec<String> = args.into_iter().map(String::from).collect();
