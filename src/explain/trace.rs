@@ -123,12 +123,12 @@ impl Context<'_> {
         let seen = events
             .iter()
             .find_map(|e| headers(e.network.as_deref()?, e.transport.as_deref()));
-        let ours = |family| {
-            let theirs = events.iter().filter(|e| e.table == crate::nft::TABLE_NAME);
-            theirs.clone().any(|e| e.family == family)
+        let met = |family| {
+            let ours = |e: &&TraceEvent| e.table == crate::nft::TABLE_NAME;
+            events.iter().filter(ours).any(|e| e.family == family)
         };
         // Bridged: the bridge table saw it; with br_netfilter the inet table did too.
-        let (bridged, inet) = (ours(7), ours(1));
+        let (bridged, inet) = (met(NFPROTO_BRIDGE), met(NFPROTO_INET));
         let topology = bridged.then_some(inet);
         let iif = events.iter().find_map(|e| e.iif).and_then(if_name);
         let oif = events.iter().find_map(|e| e.oif).and_then(if_name);
@@ -172,19 +172,23 @@ impl Context<'_> {
         }
     }
 
-    fn is_base(&self, ev: &TraceEvent) -> bool {
-        let table = match ev.family {
-            1 => Some(&self.tables.inet),
-            7 => self.tables.bridge.as_ref(),
+    /// The applied table an event comes from; `None` for other tables of the node.
+    fn our_table(&self, ev: &TraceEvent) -> Option<&Table> {
+        if ev.table != crate::nft::TABLE_NAME {
+            return None;
+        }
+        match ev.family {
+            NFPROTO_INET => Some(&self.tables.inet),
+            NFPROTO_BRIDGE => self.tables.bridge.as_ref(),
             _ => None,
-        };
-        ev.table == crate::nft::TABLE_NAME
-            && table
-                .and_then(|t| t.chains.get(&ev.chain))
-                .is_some_and(|c| c.base.is_some())
+        }
     }
 
-    /// The evaluator's walk of the traced packet that shares most places with the trace.
+    fn is_base(&self, ev: &TraceEvent) -> bool {
+        let chain = self.our_table(ev).and_then(|t| t.chains.get(&ev.chain));
+        chain.is_some_and(|c| c.base.is_some())
+    }
+
     /// The evaluator's walks of the traced packet as it entered, on the interfaces and
     /// topology the trace saw (`Some(br_netfilter)` for a bridged packet) where the
     /// question did not give them.
@@ -223,12 +227,7 @@ impl Context<'_> {
         predicted: Option<&Path>,
     ) -> Decision {
         let family = family_name(ev.family);
-        let ours = ev.table == crate::nft::TABLE_NAME;
-        let table = match ev.family {
-            1 if ours => Some(&self.tables.inet),
-            7 if ours => self.tables.bridge.as_ref(),
-            _ => None,
-        };
+        let table = self.our_table(ev);
         let action = action_of(ev);
         let Some(table) = table else {
             let event = Event {
@@ -337,13 +336,17 @@ fn no_path() -> Path {
     }
 }
 
+/// `NFPROTO_*` of the trace events' families.
+const NFPROTO_INET: u8 = 1;
+const NFPROTO_BRIDGE: u8 = 7;
+
 fn family_name(nfproto: u8) -> &'static str {
     match nfproto {
-        1 => "inet",
+        NFPROTO_INET => "inet",
         2 => "ip",
         3 => "arp",
         5 => "netdev",
-        7 => "bridge",
+        NFPROTO_BRIDGE => "bridge",
         10 => "ip6",
         _ => "?",
     }
