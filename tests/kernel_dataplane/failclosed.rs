@@ -9,8 +9,9 @@
 //! is ~24k operations, the size at which replacing the table let denied connections through.
 //!
 //! The agent runs in run mode on `--manifests`; "synced" means its `/readyz` answers 200.
-//! The tests take a lock so that they run one after the other: their agents would otherwise
-//! compete for the CPU and blur each other's numbers.
+//! They run beside the other kernel tests: what they assert (not one connection to the
+//! denied host gets through, the stream ran, both verdicts hold) does not depend on timing.
+//! The restart times they print are those of a shared machine, not benchmark figures.
 
 use nodeplane::testing::lab::{
     self, AgentProcess, Lab, ManifestAgent, Ns, Outcome, Pod, Server, StreamTally, eventually,
@@ -303,7 +304,6 @@ fn wait_resyncs(agent: &AgentProcess, n: usize, timeout: Duration) {
 
 #[test]
 fn denied_connections_stay_denied_through_restarts_and_resyncs() {
-    let _alone = lab::exclusive();
     let test_start = Instant::now();
     let t = topo(true);
     let (mut agent, first) = t.start(&[]);
@@ -400,7 +400,6 @@ fn sticky_backends(t: &Topo) -> std::collections::BTreeSet<String> {
 
 #[test]
 fn client_ip_affinity_keeps_its_backend_through_restarts_and_resyncs() {
-    let _alone = lab::exclusive();
     let t = topo(false);
     let (mut agent, _) = t.start(&[]);
     let first = eventually(Duration::from_secs(10), || {
@@ -544,7 +543,6 @@ impl Drop for Monitor {
 
 #[test]
 fn nft_monitor_sees_no_change_for_a_restart_or_resync_with_nothing_changed() {
-    let _alone = lab::exclusive();
     let t = topo(true);
     let (agent, _) = t.start(&[]);
     let mut results = Vec::new();
@@ -600,7 +598,6 @@ fn nft_monitor_sees_no_change_for_a_restart_or_resync_with_nothing_changed() {
 /// under the stream: nothing gets through.
 #[test]
 fn repeated_once_runs_let_no_denied_connection_through() {
-    let _alone = lab::exclusive();
     let t = topo(true);
     t.node
         .run_agent(&t.agent.args(&["--once"]))

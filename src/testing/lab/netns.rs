@@ -16,8 +16,8 @@ use nix::sched::{CloneFlags, setns};
 static NETNS_LOCK: Mutex<()> = Mutex::new(());
 static LAB_COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// Kernel tests share a few binaries, so libtest runs two at a time. A timing-sensitive test
-/// (fail-closed restarts, drift repair latency) holds `exclusive()` for its whole run: it
+/// Kernel tests share a few binaries, so libtest runs several at a time. A test whose
+/// assertions depend on timing (drift repair latency, failover) holds `exclusive()` for its whole run: it
 /// starts once no lab exists and no other lab is created until it ends. Every `Lab` holds a
 /// shared pass (`shared()`).
 struct Gate {
