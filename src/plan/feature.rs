@@ -113,8 +113,8 @@ pub trait Feature {
     const SWITCH: crate::features::Switch;
 
     /// What the feature carries from one plan to the next (kept by the reconciler after each
-    /// successful apply).
-    type Memory: Clone + Debug + Default + Send + Sync;
+    /// successful apply), and what of it is kept across restarts ([`Remember`]).
+    type Memory: Remember + Clone + Debug + Default + Send + Sync;
 
     /// What the feature hands to the world besides its table (see [`Output`]).
     type Output: Output;
@@ -182,3 +182,37 @@ pub trait Output: Clone + Debug + Default + Send + Sync + 'static {
 
 /// For features with nothing beside their table.
 impl Output for () {}
+
+/// What a feature's memory keeps across restarts: the objects in force, whose last valid
+/// versions `state` saves and reads back (all features' together: [`super::Kept`]).
+pub trait Remember: Sized {
+    /// `()` for a memory that keeps nothing.
+    type Kept: Keep;
+
+    /// What is kept (cheap: `Arc`s).
+    fn kept(&self) -> Self::Kept;
+
+    /// A memory that plans from `kept` (an invalid object from its last valid version).
+    fn restore(kept: Self::Kept) -> Self;
+
+    /// Whether this memory keeps the same objects as `kept` (pointer comparisons when
+    /// nothing changed).
+    fn keeps(&self, kept: &Self::Kept) -> bool;
+}
+
+/// What a feature keeps across restarts ([`Remember::Kept`]).
+pub trait Keep: Clone + Debug + Default + Send + Sync {
+    /// The number of objects kept.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// For features that keep nothing.
+impl Keep for () {
+    fn len(&self) -> usize {
+        0
+    }
+}

@@ -123,6 +123,38 @@ impl<T, V> Validated<T, V> {
     }
 }
 
+/// The objects in force, by key: what the features of custom resources keep.
+impl<T, V> super::Keep for InForceMap<T, V>
+where
+    T: std::fmt::Debug + Send + Sync,
+    V: std::fmt::Debug + Send + Sync,
+{
+    fn len(&self) -> usize {
+        std::collections::BTreeMap::len(self)
+    }
+}
+
+/// The objects in force are what a feature of custom resources keeps across restarts.
+impl<T, V> super::Remember for Validated<T, V>
+where
+    T: PartialEq + std::fmt::Debug + Send + Sync,
+    V: std::fmt::Debug + Send + Sync,
+{
+    type Kept = InForceMap<T, V>;
+
+    fn kept(&self) -> InForceMap<T, V> {
+        self.in_force.clone()
+    }
+
+    fn restore(kept: InForceMap<T, V>) -> Self {
+        Validated::from_in_force(kept)
+    }
+
+    fn keeps(&self, kept: &InForceMap<T, V>) -> bool {
+        same_objects(kept, &self.in_force)
+    }
+}
+
 /// What [`Validated::update`] found.
 pub struct Outcome<T, V> {
     /// One per object: `Ok`, or `Err("<field>: <problem>")` (the status line names the

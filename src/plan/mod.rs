@@ -18,7 +18,9 @@ use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::{Family, Table};
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-pub use feature::{AppliedReport, BackendReport, ExtraTables, Feature, Inputs, Output, Planned};
+pub use feature::{
+    AppliedReport, BackendReport, ExtraTables, Feature, Inputs, Keep, Output, Planned, Remember,
+};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -34,6 +36,44 @@ macro_rules! features {
         #[derive(Debug, Clone, Default)]
         pub struct Memory {
             $($(#[$doc])* pub $field: <$feature as Feature>::Memory,)*
+        }
+
+        /// What every feature keeps across restarts ([`Remember`]: the last valid objects,
+        /// which `state` saves and reads back).
+        #[derive(Debug, Clone, Default)]
+        pub struct Kept {
+            $(pub $field: <<$feature as Feature>::Memory as Remember>::Kept,)*
+        }
+
+        impl Kept {
+            /// What `memory` keeps (cheap: the maps hold `Arc`s).
+            pub fn of(memory: &Memory) -> Kept {
+                Kept {
+                    $($field: memory.$field.kept(),)*
+                }
+            }
+
+            /// A planner memory that plans an invalid object from the kept versions.
+            pub fn into_memory(self) -> Memory {
+                Memory {
+                    $($field: Remember::restore(self.$field),)*
+                }
+            }
+
+            /// True when `memory` keeps the same objects (O(objects) pointer comparisons
+            /// when nothing changed).
+            pub fn same_as(&self, memory: &Memory) -> bool {
+                true $(&& memory.$field.keeps(&self.$field))*
+            }
+
+            /// The number of objects kept.
+            pub fn len(&self) -> usize {
+                0 $(+ self.$field.len())*
+            }
+
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
         }
 
         /// Every feature's [`Output`] of one plan, carried unread by the reconciler and the

@@ -41,7 +41,7 @@ mod rules;
 
 use super::firewall::steer::{self, PENDING};
 use super::in_force::{InForceMap, Scope, Validated};
-use super::{Feature, Inputs, ObjectStatus, Planned};
+use super::{Feature, Inputs, ObjectStatus, Planned, Remember};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::net::bridge_ports::BridgePorts;
@@ -127,6 +127,26 @@ type Policies = imbl::OrdMap<String, Arc<memo::Planned>>;
 
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
+
+/// The policies in force are kept across restarts; the rest is rebuilt by the first plan.
+impl Remember for NetpolMemory {
+    type Kept = <Validated<NetworkPolicy, ValidatedPolicy> as Remember>::Kept;
+
+    fn kept(&self) -> Self::Kept {
+        self.validated.kept()
+    }
+
+    fn restore(kept: Self::Kept) -> Self {
+        NetpolMemory {
+            validated: Arc::new(Validated::restore(kept)),
+            ..Default::default()
+        }
+    }
+
+    fn keeps(&self, kept: &Self::Kept) -> bool {
+        self.validated.keeps(kept)
+    }
+}
 
 impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
