@@ -31,7 +31,7 @@ use super::acl_log;
 use super::base::chains::FILTER_FORWARD;
 use super::base::sets;
 use super::in_force::{self, Scope, Validated};
-use super::{Feature, Inputs, ObjectStatus, Planned, Remember};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::acl_logging::AclLogging;
 use crate::api::egress_firewall::{Action, Destination, FirewallRule};
 use crate::api::{EgressFirewall, ValidatedFirewall};
@@ -142,25 +142,8 @@ pub struct FirewallOutput {
 
 impl super::Output for FirewallOutput {}
 
-/// The objects in force are kept across restarts; the rest is rebuilt by the first plan.
-impl Remember for FirewallMemory {
-    type Kept = <Validated<EgressFirewall, ValidatedFirewall> as Remember>::Kept;
-
-    fn kept(&self) -> Self::Kept {
-        self.validated.kept()
-    }
-
-    fn restore(kept: Self::Kept) -> Self {
-        FirewallMemory {
-            validated: Validated::restore(kept),
-            ..Default::default()
-        }
-    }
-
-    fn keeps(&self, kept: &Self::Kept) -> bool {
-        self.validated.keeps(kept)
-    }
-}
+// The objects in force are kept across restarts; the rest is rebuilt by the first plan.
+in_force::remember_through!(FirewallMemory, validated: Validated<EgressFirewall, ValidatedFirewall>);
 
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;

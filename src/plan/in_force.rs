@@ -155,6 +155,35 @@ where
     }
 }
 
+/// [`super::Remember`] for a feature memory whose kept objects are those of its `Validated`
+/// field (held directly or in an `Arc`); the rest of the memory is rebuilt by the first plan.
+macro_rules! remember_through {
+    ($memory:ty, $field:ident: $validated:ty) => {
+        impl $crate::plan::Remember for $memory {
+            type Kept = <$validated as $crate::plan::Remember>::Kept;
+
+            fn kept(&self) -> Self::Kept {
+                let validated: &$validated = std::borrow::Borrow::borrow(&self.$field);
+                $crate::plan::Remember::kept(validated)
+            }
+
+            fn restore(kept: Self::Kept) -> Self {
+                let validated: $validated = $crate::plan::Remember::restore(kept);
+                Self {
+                    $field: validated.into(),
+                    ..Default::default()
+                }
+            }
+
+            fn keeps(&self, kept: &Self::Kept) -> bool {
+                let validated: &$validated = std::borrow::Borrow::borrow(&self.$field);
+                $crate::plan::Remember::keeps(validated, kept)
+            }
+        }
+    };
+}
+pub(crate) use remember_through;
+
 /// What [`Validated::update`] found.
 pub struct Outcome<T, V> {
     /// One per object: `Ok`, or `Err("<field>: <problem>")` (the status line names the

@@ -41,7 +41,7 @@ mod rules;
 
 use super::firewall::steer::{self, PENDING};
 use super::in_force::{InForceMap, Scope, Validated};
-use super::{Feature, Inputs, ObjectStatus, Planned, Remember};
+use super::{Feature, Inputs, ObjectStatus, Planned};
 use crate::api::NetworkPolicy;
 use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::net::bridge_ports::BridgePorts;
@@ -128,25 +128,8 @@ type Policies = imbl::OrdMap<String, Arc<memo::Planned>>;
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
 
-/// The policies in force are kept across restarts; the rest is rebuilt by the first plan.
-impl Remember for NetpolMemory {
-    type Kept = <Validated<NetworkPolicy, ValidatedPolicy> as Remember>::Kept;
-
-    fn kept(&self) -> Self::Kept {
-        self.validated.kept()
-    }
-
-    fn restore(kept: Self::Kept) -> Self {
-        NetpolMemory {
-            validated: Arc::new(Validated::restore(kept)),
-            ..Default::default()
-        }
-    }
-
-    fn keeps(&self, kept: &Self::Kept) -> bool {
-        self.validated.keeps(kept)
-    }
-}
+// The policies in force are kept across restarts; the rest is rebuilt by the first plan.
+super::in_force::remember_through!(NetpolMemory, validated: Validated<NetworkPolicy, ValidatedPolicy>);
 
 impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
