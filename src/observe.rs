@@ -56,8 +56,9 @@ pub struct SyncOutcome<'a> {
     pub duration: Duration,
     /// The table the kernel holds (None until a first successful apply).
     pub applied: Option<&'a Table>,
-    /// `table bridge nodeplane` as the kernel holds it (None while no pod is bridged).
-    pub applied_bridge: Option<&'a Table>,
+    /// The features' other tables as the kernel holds them (NetworkPolicy's bridge table
+    /// while a pod is bridged).
+    pub applied_extra: Vec<&'a Table>,
     /// The highest drift detection (the `seq` of the run loop's drift events) taken in before
     /// this sync started; a successful sync repaired every detection up to it. 0: none yet.
     pub drift_seq: u64,
@@ -83,7 +84,7 @@ impl<'a> SyncOutcome<'a> {
             result,
             duration: Duration::ZERO,
             applied,
-            applied_bridge: None,
+            applied_extra: Vec::new(),
             drift_seq: 0,
             full: false,
             cleanup_failed: false,

@@ -4,19 +4,19 @@
 //! resyncs), wired up by [`crate::app`].
 
 pub mod run_loop;
+mod tables;
 
 use crate::config::Config;
 use crate::dns::{self, DnsAnswers};
-use crate::net::fence::{Fence, Fenced};
 use crate::net::{NetBackend, NetChanges, NetConfig, RtnlBackend};
 use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
 use crate::nft::render::render_full;
-use crate::nft::{ApplyStats, Engine, Family, NftBackend, NftError, TABLE_NAME, Table};
+use crate::nft::{Engine, Family, NftBackend, TABLE_NAME, Table};
 use crate::observe::{
     ReconcileError, SyncObserver, SyncOutcome, SyncReport, SyncTimes, status_line,
 };
-use crate::plan::{self, BackendReport, Desired, Memory, plan_with, plan_with_dns};
+use crate::plan::{self, AppliedReport, BackendReport, Desired, Memory, plan_with, plan_with_dns};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
@@ -24,20 +24,19 @@ use crate::state::{self, StateStore};
 use crate::text::one_line;
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tables::ExtraEngines;
 use tracing::{info, warn};
 
 /// Owns the backends and what they were last told.
 pub struct Reconciler<N: NftBackend, B: NetBackend> {
     config: Config,
     engine: Engine<N>,
-    /// `table bridge nodeplane` (NetworkPolicy for bridged pods): an engine per table.
-    bridge: Engine<N>,
-    /// The kernel is known to hold no bridge table of ours (since the last invalidation).
-    bridge_absent: bool,
+    /// The tables the features plan beside the main one: an engine per table.
+    extra: ExtraEngines<N>,
     net: B,
     /// Last valid objects, as of the last successful apply.
     memory: Memory,
-    /// Current answers for EgressFirewall dnsName rules (a planner input).
+    /// Current answers for the DNS names the features asked for (a planner input).
     dns: DnsAnswers,
     /// Run the features' kernel side effects after each commit ([`plan::Output`]; off for
     /// fake backends).
@@ -55,8 +54,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         Reconciler {
             config,
             engine: Engine::new(nft).with_chunks(CREATE_CHUNK_OPS, crate::plan::is_bulk_map),
-            bridge: Engine::new(N::default()),
-            bridge_absent: false,
+            extra: ExtraEngines::new(&plan::extra_tables()),
             net,
             memory: Memory::default(),
             dns: DnsAnswers::default(),
@@ -114,31 +112,24 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         for r in &refused {
             warn!("address {}: {}", r.addr, r.reason);
         }
-        // Read-only too: what a feature asked to know of the node's bridge ports.
-        let bridge_pods = &desired.net.bridge_pods;
-        let ports = (!bridge_pods.is_empty()).then(|| {
-            self.net
-                .bridge_ports(bridge_pods)
-                .map_err(|e| e.to_string())
-        });
-        let report = BackendReport {
-            refused: &refused,
-            bridge_ports: ports.as_ref(),
-        };
+        // Read-only too: what a feature asked to know of the node.
+        let facts = self.net.read_facts(&desired.net);
+        let report = BackendReport::new(&refused, &facts);
         plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
         let Desired {
             ruleset,
-            bridge,
+            extra_tables,
             mut statuses,
             memory,
             mut outputs,
             ..
         } = desired;
         let planned_at = std::time::Instant::now();
-        // The bridge table first: the inet table's policy chains never exist without it.
-        let bridged = self.sync_bridge(bridge)?;
+        // The other tables first: the main table may rely on what they decide (and mark), so
+        // it never holds rules without them.
+        let extra = (self.extra).sync(extra_tables, &mut self.cleanup_failures)?;
         let mut nft = self.engine.sync(ruleset)?;
-        nft += bridged;
+        nft += extra;
         let committed_at = std::time::Instant::now();
         if self.kernel_effects {
             for (feature, e) in outputs.after_commit() {
@@ -147,14 +138,12 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         }
         let changes = planned?;
         self.net.apply(&changes)?;
-        // Found while adding addresses: reported with the EgressIP, as long as it lasts.
+        // Found while adding addresses: reported by the feature, as long as it lasts.
         let conflicts = self.net.conflicts();
-        plan::egress_ip::report_conflicts(
-            snapshot,
-            &self.config.node_name,
-            &conflicts,
-            &mut statuses,
-        );
+        let applied = AppliedReport {
+            conflicts: &conflicts,
+        };
+        plan::report_applied(snapshot, &self.config, &applied, &mut statuses);
         let now: BTreeSet<std::net::IpAddr> = conflicts.iter().map(|c| c.addr).collect();
         let new_address_conflicts = now.difference(&self.conflicts).count();
         self.conflicts = now;
@@ -186,35 +175,6 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         }
     }
 
-    /// Brings `table bridge nodeplane` to `desired`; `None` deletes a table the kernel holds
-    /// (read back once after each invalidation, so a leftover one goes too).
-    fn sync_bridge(&mut self, desired: Option<Table>) -> Result<ApplyStats, NftError> {
-        let Some(table) = desired else {
-            if self.bridge_absent {
-                return Ok(ApplyStats::default());
-            }
-            let stats = self
-                .delete_bridge()
-                .inspect_err(|_| self.cleanup_failures += 1)?;
-            self.bridge_absent = true;
-            return Ok(stats);
-        };
-        self.bridge_absent = false;
-        self.bridge.sync(table)
-    }
-
-    /// Deletes `table bridge nodeplane` if the kernel holds it.
-    fn delete_bridge(&mut self) -> Result<ApplyStats, NftError> {
-        let none = Table::with_family(Family::Bridge, TABLE_NAME);
-        let held = self.bridge.current().is_some()
-            || self.bridge.backend_mut().read_back(&none)?.table.is_some();
-        if held {
-            self.bridge.delete_table(Family::Bridge, TABLE_NAME)
-        } else {
-            Ok(ApplyStats::default())
-        }
-    }
-
     /// Times the main table was read back (a sync that does is a full one, see
     /// [`SyncOutcome::full`]).
     pub fn read_backs(&self) -> u64 {
@@ -231,16 +191,15 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         self.engine.current()
     }
 
-    /// The bridge table the kernel holds as far as the engine knows.
-    pub fn applied_bridge(&self) -> Option<&crate::nft::ir::Table> {
-        self.bridge.current()
+    /// The other tables the kernel holds as far as their engines know.
+    pub fn applied_extra(&self) -> Vec<&crate::nft::ir::Table> {
+        self.extra.applied()
     }
 
-    /// Forces the next sync to read both tables back and repair them (drift, resync).
+    /// Forces the next sync to read every table back and repair it (drift, resync).
     pub fn invalidate(&mut self) {
         self.engine.invalidate();
-        self.bridge.invalidate();
-        self.bridge_absent = false;
+        self.extra.invalidate();
     }
 }
 
@@ -346,8 +305,8 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         comment(&status_line(status, None));
     }
     out.push_str(&render_full(&desired.ruleset));
-    if let Some(bridge) = &desired.bridge {
-        out.push_str(&render_full(bridge));
+    for table in desired.extra_tables.iter() {
+        out.push_str(&render_full(table));
     }
     Ok(out)
 }
@@ -368,7 +327,8 @@ pub fn planned(config: &Config) -> Result<(Snapshot, Desired, Memory), Reconcile
 /// `--once`: one sync against the real kernel.
 pub fn once(config: &Config) -> Result<(), ReconcileError> {
     let snapshot = load_snapshot(config)?;
-    let mut rec = real_reconciler(config, Fence::default(), None)?;
+    let net = RtnlBackend::new(NetConfig::default())?;
+    let mut rec = real_reconciler(config, net, None)?;
     let names = rec.dns_names(&snapshot);
     match dns::resolve_once(&config.resolv_conf, &names) {
         Ok(answers) => rec.set_dns(answers),
@@ -379,19 +339,24 @@ pub fn once(config: &Config) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// `agent cleanup`: delete the tables (inet, and bridge if present) and every marked
-/// address, route and rule.
+/// `agent cleanup`: delete the tables (inet, and the features' other tables if present) and
+/// every marked address, route and rule.
 pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     let mut engine = Engine::new(NftnlBackend::new());
     engine.delete_table(Family::Inet, TABLE_NAME)?;
-    // Only if present: a kernel without the bridge family refuses even `add table bridge`.
-    let bridge = Table::with_family(Family::Bridge, TABLE_NAME);
-    if engine.backend_mut().read_back(&bridge)?.table.is_some() {
-        engine.delete_table(Family::Bridge, TABLE_NAME)?;
+    let mut extra = Vec::new();
+    for (family, name) in plan::extra_tables() {
+        // Only if present: a kernel without a family refuses even `add table` in it.
+        let table = Table::with_family(family, name);
+        if engine.backend_mut().read_back(&table)?.table.is_some() {
+            engine.delete_table(family, name)?;
+        }
+        extra.push(format!("{} {name}", family.keyword()));
     }
     let removed: NetChanges = RtnlBackend::new(NetConfig::default())?.cleanup()?;
     info!(
-        "removed table inet {TABLE_NAME} (and bridge {TABLE_NAME} if present) and {} network objects",
+        "removed table inet {TABLE_NAME} (and {} if present) and {} network objects",
+        extra.join(", "),
         removed.len()
     );
     for line in removed.describe() {
@@ -400,15 +365,13 @@ pub fn cleanup(_config: &Config) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-fn real_reconciler(
+/// A reconciler of the kernel's tables and `net` (the real backend, or one the run mode
+/// wraps), with the features' kernel side effects and the state directory.
+fn real_reconciler<B: NetBackend>(
     config: &Config,
-    fence: Fence,
+    net: B,
     quiet: Option<Quiet>,
-) -> Result<Reconciler<NftnlBackend, Fenced<RtnlBackend>>, ReconcileError> {
-    let net = Fenced {
-        inner: RtnlBackend::new(NetConfig::default())?,
-        fence,
-    };
+) -> Result<Reconciler<NftnlBackend, B>, ReconcileError> {
     Ok(
         Reconciler::new(config.clone(), NftnlBackend::new().with_quiet(quiet), net)
             .with_kernel_effects()
@@ -459,129 +422,4 @@ impl SyncObserver for LogReport {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::net::{FakeNetBackend, NetConfig};
-    use crate::nft::FakeBackend;
-
-    const CLUSTER: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
-status: {addresses: [{type: InternalIP, address: 192.168.50.11}]}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: a, labels: {team: a}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p, namespace: a}
-spec: {nodeName: n1, containers: []}
-status: {phase: Running, podIP: 10.128.0.5}
----
-apiVersion: k8s.ovn.org/v1
-kind: EgressQoS
-metadata: {name: default, namespace: a}
-spec: {egress: [{dscp: 46}]}
----
-apiVersion: k8s.ovn.org/v1
-kind: EgressIP
-metadata: {name: e}
-spec: {egressIPs: [192.168.99.9], namespaceSelector: {matchLabels: {team: a}}}
-status: {items: [{egressIP: 192.168.99.9, node: n1}]}
-"#;
-
-    fn snapshot() -> Snapshot {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("c.yaml"), CLUSTER).unwrap();
-        manifests::load_dir(dir.path()).unwrap().snapshot
-    }
-
-    fn node() -> FakeNetBackend {
-        FakeNetBackend::new(NetConfig::default())
-            .with_link("eth0")
-            .with_address("eth0", "192.168.50.11/24")
-    }
-
-    #[test]
-    fn the_bridge_table_follows_network_policies_and_a_leftover_goes() {
-        use crate::testing::objects;
-        let pod = objects::pod("a", "p")
-            .on("n1")
-            .ips(&["10.128.0.5"])
-            .object();
-        let deny = objects::network_policy("a", "deny", "  podSelector: {}\n  ingress: []\n");
-        let with = Snapshot::builder()
-            .with(pod.clone())
-            .with(deny.object())
-            .build();
-        let without = Snapshot::builder().with(pod).build();
-        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
-        rec.sync(&with).unwrap();
-        let held = rec
-            .bridge
-            .backend()
-            .table
-            .as_ref()
-            .expect("bridge table applied");
-        assert_eq!(held.family, Family::Bridge);
-        assert!(held.chains.contains_key("np-forward-flows"));
-        rec.sync(&without).unwrap();
-        assert!(
-            rec.bridge.backend().table.is_none(),
-            "deleted without policies"
-        );
-        // A leftover (a restart after the last policy went): deleted after a read-back.
-        rec.bridge.backend_mut().table = Some(Table::with_family(Family::Bridge, TABLE_NAME));
-        rec.invalidate();
-        rec.sync(&without).unwrap();
-        assert!(rec.bridge.backend().table.is_none(), "leftover deleted");
-    }
-
-    #[test]
-    fn an_unplaceable_egress_ip_is_reported_and_gets_no_snat() {
-        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), node());
-        let report = rec.sync(&snapshot()).unwrap();
-        let eip = report.statuses.iter().find(|s| s.key.name == "e").unwrap();
-        assert_eq!(
-            eip.result,
-            Err(
-                "spec.egressIPs[0]: 192.168.99.9: no interface subnet contains it; the traffic \
-                 of its 1 selected pod address(es) to destinations outside the cluster is \
-                 dropped on node n1"
-                    .into()
-            )
-        );
-        let table = rec.engine.current().unwrap().flatten();
-        assert!(table.sets["eip-snat-v4"].elements.is_empty());
-        // Fail closed: the pod is not left to leave with the node's address.
-        let steer: Vec<_> = table.sets["eip-steer-v4"].elements.values().collect();
-        assert_eq!(steer.len(), 1);
-        assert_eq!(
-            steer[0].data,
-            Some(crate::nft::ir::ElemData::Verdict(
-                crate::nft::ir::Verdict::Jump("eip-unreachable".into())
-            ))
-        );
-        assert!(table.chains.contains_key("eip-unreachable"));
-        assert!(
-            table.sets["qos-pods-v4"].elements.len() == 1,
-            "QoS still applied"
-        );
-    }
-
-    #[test]
-    fn a_network_planning_error_still_applies_nftables() {
-        // Someone else's interface with the tunnel's name: the net side refuses to touch it.
-        let net = node().with_link("np-eip");
-        let mut rec = Reconciler::new(Config::for_node("n1"), FakeBackend::default(), net);
-        let err = rec.sync(&snapshot()).unwrap_err().to_string();
-        assert!(
-            err.contains("link np-eip: exists and was not created by the agent"),
-            "{err}"
-        );
-        let table = rec.engine.current().expect("nftables applied").flatten();
-        assert_eq!(table.sets["qos-pods-v4"].elements.len(), 1);
-    }
-}
+mod tests;

@@ -22,13 +22,10 @@
 //! with the same code as objects from the API; one that does not validate is dropped. Every
 //! such problem is a [`StateError`] that the caller logs; none of them stops the agent.
 
-use crate::api::network_policy::{self, ValidatedPolicy};
-use crate::api::{
-    EgressFirewall, EgressIP, EgressQoS, NetworkPolicy, ValidatedEgressIp, ValidatedFirewall,
-    ValidatedQos, ValidationError,
-};
+use crate::api::network_policy;
+use crate::api::{EgressFirewall, EgressIP, EgressQoS, NetworkPolicy, ValidationError};
 use crate::plan::Memory;
-use crate::plan::in_force::{InForce, InForceMap, Validated, same_objects};
+use crate::plan::in_force::{InForce, InForceMap};
 use serde::{Deserialize, Serialize};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -77,61 +74,10 @@ pub enum StateError {
     Write { path: PathBuf, reason: String },
 }
 
-/// The last valid objects, each validated again: what a fresh [`Memory`] is seeded with.
-#[derive(Debug, Clone, Default)]
-pub struct LastValid {
-    /// Per namespace.
-    pub firewalls: InForceMap<EgressFirewall, ValidatedFirewall>,
-    /// Per namespace.
-    pub qoses: InForceMap<EgressQoS, ValidatedQos>,
-    /// Per EgressIP name.
-    pub egress_ips: InForceMap<EgressIP, ValidatedEgressIp>,
-    /// Per `namespace/name`.
-    pub network_policies: InForceMap<NetworkPolicy, ValidatedPolicy>,
-}
-
-impl LastValid {
-    /// What `memory` holds in force (cheap: the maps hold `Arc`s).
-    pub fn of(memory: &Memory) -> LastValid {
-        LastValid {
-            firewalls: memory.firewall.validated.in_force.clone(),
-            qoses: memory.qos.in_force.clone(),
-            egress_ips: memory.egress_ip.in_force.clone(),
-            network_policies: memory.netpol.validated.in_force.clone(),
-        }
-    }
-
-    /// A planner memory that plans an invalid object from these versions.
-    pub fn into_memory(self) -> Memory {
-        let mut memory = Memory::default();
-        memory.firewall.validated = Validated::from_in_force(self.firewalls);
-        memory.qos = Validated::from_in_force(self.qoses);
-        memory.egress_ip = Validated::from_in_force(self.egress_ips);
-        memory.netpol.validated = Arc::new(Validated::from_in_force(self.network_policies));
-        memory
-    }
-
-    /// True when `memory` holds the same objects in force (O(objects) pointer comparisons
-    /// when nothing changed).
-    pub fn same_as(&self, memory: &Memory) -> bool {
-        same_objects(&self.firewalls, &memory.firewall.validated.in_force)
-            && same_objects(&self.qoses, &memory.qos.in_force)
-            && same_objects(&self.egress_ips, &memory.egress_ip.in_force)
-            && same_objects(&self.network_policies, &memory.netpol.validated.in_force)
-    }
-
-    /// The number of objects held.
-    pub fn len(&self) -> usize {
-        self.firewalls.len()
-            + self.qoses.len()
-            + self.egress_ips.len()
-            + self.network_policies.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+/// The last valid objects, each validated again: what a fresh [`crate::plan::Memory`] is
+/// seeded with. Each feature says what of its memory it keeps ([`crate::plan::Remember`]);
+/// this file reads and writes the lists.
+pub type LastValid = crate::plan::Kept;
 
 /// What reading the state file gave: the objects that can be trusted, and what was ignored.
 #[derive(Debug, Default)]
@@ -378,10 +324,10 @@ pub fn encode(last_valid: &LastValid, node: &str) -> Vec<u8> {
         format: FORMAT,
         node,
         agent_version: env!("CARGO_PKG_VERSION"),
-        egress_firewalls: objects(&last_valid.firewalls),
-        egress_qoses: objects(&last_valid.qoses),
-        egress_ips: objects(&last_valid.egress_ips),
-        network_policies: objects(&last_valid.network_policies),
+        egress_firewalls: objects(&last_valid.firewall),
+        egress_qoses: objects(&last_valid.qos),
+        egress_ips: objects(&last_valid.egress_ip),
+        network_policies: objects(&last_valid.netpol),
     };
     serde_json::to_vec(&out).expect("API objects serialise to JSON")
 }
@@ -506,19 +452,20 @@ impl Reader<'_> {
         network_policies: impl Iterator<Item = Decoded<NetworkPolicy>>,
     ) -> LastValid {
         LastValid {
-            firewalls: self.objects(FIREWALLS, firewalls, EgressFirewall::validate, |v| {
+            firewall: self.objects(FIREWALLS, firewalls, EgressFirewall::validate, |v| {
                 v.namespace.clone()
             }),
-            qoses: self.objects(QOSES, qoses, EgressQoS::validate, |v| v.namespace.clone()),
-            egress_ips: self.objects(EGRESS_IPS, egress_ips, EgressIP::validate, |v| {
+            qos: self.objects(QOSES, qoses, EgressQoS::validate, |v| v.namespace.clone()),
+            egress_ip: self.objects(EGRESS_IPS, egress_ips, EgressIP::validate, |v| {
                 v.name.clone()
             }),
-            network_policies: self.objects(
+            netpol: self.objects(
                 NETWORK_POLICIES,
                 network_policies,
                 network_policy::validate,
                 |v| format!("{}/{}", v.namespace, v.name),
             ),
+            ..LastValid::default()
         }
     }
 

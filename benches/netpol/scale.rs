@@ -12,8 +12,8 @@
 
 use nodeplane::api::NetworkPolicy;
 use nodeplane::config::Config;
-use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
+use nodeplane::nft::{Engine, Family, TABLE_NAME};
 use nodeplane::plan::{Memory, plan_with};
 use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::lab::Lab;
@@ -101,12 +101,12 @@ pub fn run(namespaces: usize, pods: usize, edits: usize) {
         let mut bridge = Engine::new(NftnlBackend::new());
         let mut snap = cluster(namespaces, pods, per_ns);
         let t = Instant::now();
-        let d = plan_with(&snap, &cfg, &Memory::default());
+        let mut d = plan_with(&snap, &cfg, &Memory::default());
         let plan = t.elapsed();
         let t = Instant::now();
         let mut ops = inet.sync(d.ruleset).expect("cold apply (inet)").ops;
         ops += bridge
-            .sync(d.bridge.expect("a bridge table"))
+            .sync(d.extra_tables.remove(Family::Bridge, TABLE_NAME).expect("a bridge table"))
             .expect("cold apply (bridge)")
             .ops;
         let apply = t.elapsed();
@@ -126,12 +126,12 @@ pub fn run(namespaces: usize, pods: usize, edits: usize) {
             b.insert(policy(&ns, &name, &spec));
             snap = b.build();
             let t = Instant::now();
-            let d = plan_with(&snap, &cfg, &memory);
+            let mut d = plan_with(&snap, &cfg, &memory);
             let plan = t.elapsed();
             let t = Instant::now();
             let mut ops = inet.sync(d.ruleset).expect("apply an edit (inet)").ops;
             ops += bridge
-                .sync(d.bridge.expect("a bridge table"))
+                .sync(d.extra_tables.remove(Family::Bridge, TABLE_NAME).expect("a bridge table"))
                 .expect("apply an edit (bridge)")
                 .ops;
             samples.push((plan, t.elapsed(), ops));

@@ -690,7 +690,7 @@ mod tests {
                 result,
                 duration: Duration::from_millis(3),
                 applied: Some(&table),
-                applied_bridge: None,
+                applied_extra: Vec::new(),
                 drift_seq: 0,
                 full,
                 cleanup_failed,

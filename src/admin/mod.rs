@@ -373,7 +373,9 @@ impl SyncObserver for AdminObserver {
                 });
                 let mut last = self.state.last();
                 last.applied = Some((Arc::new(table.clone()), header));
-                last.applied_bridge = sync.applied_bridge.map(|t| Arc::new(t.clone()));
+                last.applied_bridge = (sync.applied_extra.iter())
+                    .find(|t| t.family == crate::nft::Family::Bridge)
+                    .map(|t| Arc::new((*t).clone()));
                 if explain.is_some() {
                     last.explain = explain;
                 }

@@ -22,7 +22,8 @@ use crate::features::Switch;
 use crate::healthcheck::proxy::{HEALTH_TIMEOUT, ProxyHealth, Stamp};
 use crate::healthcheck::{self, HealthServer};
 use crate::host;
-use crate::net::fence::Fence;
+use crate::net::fence::{Fence, Fenced};
+use crate::net::{NetConfig, RtnlBackend};
 use crate::nft::monitor::{DEFAULT_RCVBUF, Monitor, Quiet};
 use crate::nft::{Family, TABLE_NAME};
 use crate::observe::{ReconcileError, SyncObserver};
@@ -126,8 +127,15 @@ async fn run_with(
     add_rule_counters(&config, admin, tasks);
     // The backends block on netlink: the loop runs on its own thread, off the async workers.
     let snapshots = Snapshots::Published(published);
-    let control =
-        move || run_loop::run(config, inbox, resolver, snapshots, fence, quiet, observers);
+    let control = move || {
+        // While the fence is set every egress address is refused like one no interface can
+        // take: EgressIP's `settle` withholds it like any other refusal.
+        let net = Fenced {
+            inner: RtnlBackend::new(NetConfig::default())?,
+            fence,
+        };
+        run_loop::run(config, inbox, resolver, snapshots, net, quiet, observers)
+    };
     until_signal(control, events).await
 }
 

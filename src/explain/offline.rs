@@ -8,7 +8,7 @@ use super::packet::NodeFacts;
 use super::provenance::Index;
 pub use super::request::{ExplainError, Request, TraceLimits};
 use super::{Tables, Topology, explain_paths};
-use crate::nft::ir::Table;
+use crate::nft::ir::{Family, TABLE_NAME, Table};
 use crate::plan::Desired;
 use crate::snapshot::{self, Snapshot};
 use std::net::IpAddr;
@@ -68,7 +68,7 @@ pub fn explain_desired(
     let live = Live {
         node,
         inet: &desired.ruleset,
-        bridge: desired.bridge.as_ref(),
+        bridge: (desired.extra_tables).get(Family::Bridge, TABLE_NAME),
         facts: &facts,
         egress_ips: &egress_ips(snapshot),
     };

@@ -73,6 +73,10 @@ impl<B: NetBackend> NetBackend for Fenced<B> {
         self.inner.cleanup()
     }
 
+    fn read_facts(&mut self, desired: &NetDesired) -> super::NodeFacts {
+        self.inner.read_facts(desired)
+    }
+
     fn bridge_ports(
         &mut self,
         pods: &[Vec<std::net::IpAddr>],

@@ -184,6 +184,15 @@ pub struct NetDesired {
     pub bridge_pods: Vec<Vec<IpAddr>>,
 }
 
+/// What the node holds that a plan asked to know ([`NetBackend::read_facts`]): read, never
+/// changed, and handed to the features with the backend's refusals.
+#[derive(Debug, Default)]
+pub struct NodeFacts {
+    /// The bridge ports of [`NetDesired::bridge_pods`] (`None`: none asked for); the read's
+    /// error as text.
+    pub bridge_ports: Option<Result<bridge_ports::BridgePorts, String>>,
+}
+
 /// A VXLAN device the agent creates and owns (marked with the alias [`LINK_ALIAS`]), with
 /// static forwarding (FDB) and neighbour entries towards its peers: no learning, no flooding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -460,6 +469,15 @@ pub trait NetBackend {
         _pods: &[Vec<IpAddr>],
     ) -> Result<bridge_ports::BridgePorts, NetError> {
         Ok(bridge_ports::BridgePorts::default())
+    }
+
+    /// What `desired` asks to know of the node (read-only; see [`NodeFacts`]).
+    fn read_facts(&mut self, desired: &NetDesired) -> NodeFacts {
+        let pods = &desired.bridge_pods;
+        NodeFacts {
+            bridge_ports: (!pods.is_empty())
+                .then(|| self.bridge_ports(pods).map_err(|e| e.to_string())),
+        }
     }
 
     /// Addresses refused whatever the kernel holds (see [`fence::Fenced`]): what the

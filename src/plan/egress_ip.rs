@@ -190,6 +190,21 @@ impl Feature for EgressIp {
             );
         }
     }
+
+    /// An address another host still answered for when it was added: reported with its
+    /// EgressIP as long as it lasts.
+    fn report_applied(
+        inputs: &Inputs,
+        report: &crate::plan::AppliedReport,
+        statuses: &mut [ObjectStatus],
+    ) {
+        report_conflicts(
+            inputs.snapshot,
+            &inputs.config.node_name,
+            report.conflicts,
+            statuses,
+        );
+    }
 }
 
 /// Adds the EgressIP part ([`PART`]: its chains and maps) to `table` and the addresses,
@@ -1166,7 +1181,7 @@ fn address_refused(
 }
 
 mod conflicts;
-pub use conflicts::report_conflicts;
+use conflicts::report_conflicts;
 
 #[cfg(test)]
 mod tests;

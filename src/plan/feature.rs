@@ -15,9 +15,9 @@ use super::ObjectStatus;
 use crate::config::Config;
 use crate::dns::DnsAnswers;
 use crate::net::{NetDesired, Refusal};
-use crate::nft::ir::Table;
+use crate::nft::ir::{Family, Table};
 use crate::snapshot::Snapshot;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 /// What every feature plans from.
@@ -34,12 +34,47 @@ pub struct Inputs<'a> {
 pub struct Planned {
     /// The base skeleton plus every feature's parts and hooks.
     pub ruleset: Table,
-    /// `table bridge nodeplane` (NetworkPolicy for bridged pods), `None`: no such table.
-    pub bridge: Option<Table>,
+    /// The tables beside the main one (see [`ExtraTables`]).
+    pub extra_tables: ExtraTables,
     /// Addresses, routes, policy rules and the tunnel.
     pub net: NetDesired,
     /// One entry per object a feature looked at.
     pub statuses: Vec<ObjectStatus>,
+}
+
+/// The tables a feature plans beside the main one (NetworkPolicy's bridge-family table), by
+/// family and name. The reconciler keeps an engine per table and deletes a table a feature
+/// declares ([`Feature::TABLES`]) while no plan holds it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExtraTables(BTreeMap<(Family, String), Table>);
+
+impl ExtraTables {
+    /// Adds `table` (replacing one of the same family and name).
+    pub fn insert(&mut self, table: Table) {
+        self.0.insert((table.family, table.name.clone()), table);
+    }
+
+    pub fn get(&self, family: Family, name: &str) -> Option<&Table> {
+        self.0.get(&(family, name.to_string()))
+    }
+
+    pub fn get_mut(&mut self, family: Family, name: &str) -> Option<&mut Table> {
+        self.0.get_mut(&(family, name.to_string()))
+    }
+
+    /// Takes the table of `family` and `name` out.
+    pub fn remove(&mut self, family: Family, name: &str) -> Option<Table> {
+        self.0.remove(&(family, name.to_string()))
+    }
+
+    /// The tables, by family and name.
+    pub fn iter(&self) -> impl Iterator<Item = &Table> {
+        self.0.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// What the backends report about a plan before it is applied.
@@ -52,6 +87,23 @@ pub struct BackendReport<'a> {
     pub bridge_ports: Option<&'a Result<crate::net::bridge_ports::BridgePorts, String>>,
 }
 
+impl<'a> BackendReport<'a> {
+    /// The network backend's refusals and what it read of the node for the plan.
+    pub fn new(refused: &'a [Refusal], facts: &'a crate::net::NodeFacts) -> Self {
+        BackendReport {
+            refused,
+            bridge_ports: facts.bridge_ports.as_ref(),
+        }
+    }
+}
+
+/// What the network backend found when the plan was applied, for the features to report.
+#[derive(Debug, Clone, Copy)]
+pub struct AppliedReport<'a> {
+    /// Addresses someone else holds on the node or network.
+    pub conflicts: &'a [crate::net::AddressConflict],
+}
+
 /// A feature planner. Pure: no I/O, clock or locks, so the same inputs give the same bytes.
 pub trait Feature {
     /// The feature's name: the prefix of its table parts.
@@ -61,11 +113,16 @@ pub trait Feature {
     const SWITCH: crate::features::Switch;
 
     /// What the feature carries from one plan to the next (kept by the reconciler after each
-    /// successful apply).
-    type Memory: Clone + Debug + Default + Send + Sync;
+    /// successful apply), and what of it is kept across restarts ([`Remember`]).
+    type Memory: Remember + Clone + Debug + Default + Send + Sync;
 
     /// What the feature hands to the world besides its table (see [`Output`]).
     type Output: Output;
+
+    /// The tables beside the main one the feature may plan into [`Planned::extra_tables`]:
+    /// the reconciler deletes one the kernel holds while no plan holds it (a leftover
+    /// too, or the feature switched off).
+    const TABLES: &'static [(Family, &'static str)] = &[];
 
     /// Plans the feature into `out` and its `output`; returns the memory for the next plan.
     fn plan(
@@ -85,6 +142,10 @@ pub trait Feature {
         _output: &mut Self::Output,
     ) {
     }
+
+    /// Third step, after the apply: amends the feature's statuses with what the network
+    /// backend found (an address another host holds).
+    fn report_applied(_inputs: &Inputs, _report: &AppliedReport, _statuses: &mut [ObjectStatus]) {}
 
     /// Maps of this feature whose elements may reach the kernel after a new table's first
     /// commit (`Transaction::create_chunked`): only maps where a missing element filters
@@ -121,3 +182,37 @@ pub trait Output: Clone + Debug + Default + Send + Sync + 'static {
 
 /// For features with nothing beside their table.
 impl Output for () {}
+
+/// What a feature's memory keeps across restarts: the objects in force, whose last valid
+/// versions `state` saves and reads back (all features' together: [`super::Kept`]).
+pub trait Remember: Sized {
+    /// `()` for a memory that keeps nothing.
+    type Kept: Keep;
+
+    /// What is kept (cheap: `Arc`s).
+    fn kept(&self) -> Self::Kept;
+
+    /// A memory that plans from `kept` (an invalid object from its last valid version).
+    fn restore(kept: Self::Kept) -> Self;
+
+    /// Whether this memory keeps the same objects as `kept` (pointer comparisons when
+    /// nothing changed).
+    fn keeps(&self, kept: &Self::Kept) -> bool;
+}
+
+/// What a feature keeps across restarts ([`Remember::Kept`]).
+pub trait Keep: Clone + Debug + Default + Send + Sync {
+    /// The number of objects kept.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// For features that keep nothing.
+impl Keep for () {
+    fn len(&self) -> usize {
+        0
+    }
+}

@@ -142,6 +142,9 @@ pub struct FirewallOutput {
 
 impl super::Output for FirewallOutput {}
 
+// The objects in force are kept across restarts; the rest is rebuilt by the first plan.
+in_force::remember_through!(FirewallMemory, validated: Validated<EgressFirewall, ValidatedFirewall>);
+
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::EgressFirewall;

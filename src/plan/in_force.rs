@@ -123,6 +123,67 @@ impl<T, V> Validated<T, V> {
     }
 }
 
+/// The objects in force, by key: what the features of custom resources keep.
+impl<T, V> super::Keep for InForceMap<T, V>
+where
+    T: std::fmt::Debug + Send + Sync,
+    V: std::fmt::Debug + Send + Sync,
+{
+    fn len(&self) -> usize {
+        std::collections::BTreeMap::len(self)
+    }
+}
+
+/// The objects in force are what a feature of custom resources keeps across restarts.
+impl<T, V> super::Remember for Validated<T, V>
+where
+    T: PartialEq + std::fmt::Debug + Send + Sync,
+    V: std::fmt::Debug + Send + Sync,
+{
+    type Kept = InForceMap<T, V>;
+
+    fn kept(&self) -> InForceMap<T, V> {
+        self.in_force.clone()
+    }
+
+    fn restore(kept: InForceMap<T, V>) -> Self {
+        Validated::from_in_force(kept)
+    }
+
+    fn keeps(&self, kept: &InForceMap<T, V>) -> bool {
+        same_objects(kept, &self.in_force)
+    }
+}
+
+/// [`super::Remember`] for a feature memory whose kept objects are those of its `Validated`
+/// field (held directly or in an `Arc`); the rest of the memory is rebuilt by the first plan.
+macro_rules! remember_through {
+    ($memory:ty, $field:ident: $validated:ty) => {
+        impl $crate::plan::Remember for $memory {
+            type Kept = <$validated as $crate::plan::Remember>::Kept;
+
+            fn kept(&self) -> Self::Kept {
+                let validated: &$validated = std::borrow::Borrow::borrow(&self.$field);
+                $crate::plan::Remember::kept(validated)
+            }
+
+            fn restore(kept: Self::Kept) -> Self {
+                let validated: $validated = $crate::plan::Remember::restore(kept);
+                Self {
+                    $field: validated.into(),
+                    ..Default::default()
+                }
+            }
+
+            fn keeps(&self, kept: &Self::Kept) -> bool {
+                let validated: &$validated = std::borrow::Borrow::borrow(&self.$field);
+                $crate::plan::Remember::keeps(validated, kept)
+            }
+        }
+    };
+}
+pub(crate) use remember_through;
+
 /// What [`Validated::update`] found.
 pub struct Outcome<T, V> {
     /// One per object: `Ok`, or `Err("<field>: <problem>")` (the status line names the

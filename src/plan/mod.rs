@@ -16,9 +16,11 @@ pub mod services;
 use crate::config::Config;
 use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
-use crate::nft::ir::Table;
+use crate::nft::ir::{Family, Table};
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
-pub use feature::{BackendReport, Feature, Inputs, Output, Planned};
+pub use feature::{
+    AppliedReport, BackendReport, ExtraTables, Feature, Inputs, Keep, Output, Planned, Remember,
+};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -34,6 +36,44 @@ macro_rules! features {
         #[derive(Debug, Clone, Default)]
         pub struct Memory {
             $($(#[$doc])* pub $field: <$feature as Feature>::Memory,)*
+        }
+
+        /// What every feature keeps across restarts ([`Remember`]: the last valid objects,
+        /// which `state` saves and reads back).
+        #[derive(Debug, Clone, Default)]
+        pub struct Kept {
+            $(pub $field: <<$feature as Feature>::Memory as Remember>::Kept,)*
+        }
+
+        impl Kept {
+            /// What `memory` keeps (cheap: the maps hold `Arc`s).
+            pub fn of(memory: &Memory) -> Kept {
+                Kept {
+                    $($field: memory.$field.kept(),)*
+                }
+            }
+
+            /// A planner memory that plans an invalid object from the kept versions.
+            pub fn into_memory(self) -> Memory {
+                Memory {
+                    $($field: Remember::restore(self.$field),)*
+                }
+            }
+
+            /// True when `memory` keeps the same objects (O(objects) pointer comparisons
+            /// when nothing changed).
+            pub fn same_as(&self, memory: &Memory) -> bool {
+                true $(&& memory.$field.keeps(&self.$field))*
+            }
+
+            /// The number of objects kept.
+            pub fn len(&self) -> usize {
+                0 $(+ self.$field.len())*
+            }
+
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
         }
 
         /// Every feature's [`Output`] of one plan, carried unread by the reconciler and the
@@ -65,6 +105,14 @@ macro_rules! features {
         /// ([`Feature::is_bulk_map`]).
         pub fn is_bulk_map(name: &str) -> bool {
             false $(|| <$feature as Feature>::is_bulk_map(name))*
+        }
+
+        /// Every table beside the main one a feature may plan ([`Feature::TABLES`]), in
+        /// registry order.
+        pub fn extra_tables() -> Vec<(Family, &'static str)> {
+            let mut tables = Vec::new();
+            $(tables.extend_from_slice(<$feature as Feature>::TABLES);)*
+            tables
         }
 
         /// The names of the registered features, in planning order.
@@ -101,6 +149,16 @@ macro_rules! features {
             })*
         }
 
+        fn report_applied_of_features(
+            inputs: &Inputs,
+            report: &AppliedReport,
+            statuses: &mut [ObjectStatus],
+        ) {
+            $(if inputs.config.features.on(<$feature as Feature>::SWITCH) {
+                <$feature as Feature>::report_applied(inputs, report, statuses);
+            })*
+        }
+
         fn dns_names_of_features(inputs: &Inputs, memory: &Memory) -> BTreeSet<String> {
             let mut names = BTreeSet::new();
             $(if inputs.config.features.on(<$feature as Feature>::SWITCH) {
@@ -126,8 +184,8 @@ features! {
 #[derive(Debug, Clone)]
 pub struct Desired {
     pub ruleset: Table,
-    /// `table bridge nodeplane`, while NetworkPolicy needs it; `None`: the kernel has none.
-    pub bridge: Option<Table>,
+    /// The tables beside the main one (NetworkPolicy's bridge table while it needs one).
+    pub extra_tables: ExtraTables,
     /// Addresses, routes and policy rules.
     pub net: NetDesired,
     /// One entry per object a feature planner looked at.
@@ -185,7 +243,7 @@ pub fn plan_with_dns(
     };
     let mut out = Planned {
         ruleset: base::skeleton(config, &all_node_ips(snapshot)),
-        bridge: None,
+        extra_tables: ExtraTables::default(),
         net: NetDesired::default(),
         statuses: Vec::new(),
     };
@@ -195,7 +253,7 @@ pub fn plan_with_dns(
     let memory = plan_features(&inputs, memory, &mut out, &mut outputs);
     Desired {
         ruleset: out.ruleset,
-        bridge: out.bridge,
+        extra_tables: out.extra_tables,
         net: out.net,
         statuses: out.statuses,
         memory,
@@ -219,7 +277,7 @@ pub fn settle(
     };
     let mut out = Planned {
         ruleset: std::mem::take(&mut desired.ruleset),
-        bridge: desired.bridge.take(),
+        extra_tables: std::mem::take(&mut desired.extra_tables),
         net: std::mem::take(&mut desired.net),
         statuses: std::mem::take(&mut desired.statuses),
     };
@@ -231,9 +289,26 @@ pub fn settle(
         &mut desired.outputs,
     );
     desired.ruleset = out.ruleset;
-    desired.bridge = out.bridge;
+    desired.extra_tables = out.extra_tables;
     desired.net = out.net;
     desired.statuses = out.statuses;
+}
+
+/// The third step, after the apply: hands what the network backend found (`report`) to the
+/// features, which amend their statuses.
+pub fn report_applied(
+    snapshot: &Snapshot,
+    config: &Config,
+    report: &AppliedReport,
+    statuses: &mut [ObjectStatus],
+) {
+    let dns = DnsAnswers::default();
+    let inputs = Inputs {
+        snapshot,
+        config,
+        dns: &dns,
+    };
+    report_applied_of_features(&inputs, report, statuses);
 }
 
 /// The DNS names the next plan of `snapshot` needs (remembered objects included): what the

@@ -128,11 +128,15 @@ type Policies = imbl::OrdMap<String, Arc<memo::Planned>>;
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
 
+// The policies in force are kept across restarts; the rest is rebuilt by the first plan.
+super::in_force::remember_through!(NetpolMemory, validated: Validated<NetworkPolicy, ValidatedPolicy>);
+
 impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::NetworkPolicy;
     type Memory = NetpolMemory;
     type Output = NetpolOutput;
+    const TABLES: &'static [(Family, &'static str)] = &[(Family::Bridge, TABLE_NAME)];
 
     fn plan(
         inputs: &Inputs,
@@ -194,7 +198,8 @@ impl Feature for NetworkPolicies {
         out: &mut Planned,
         output: &mut NetpolOutput,
     ) {
-        if let (Some(table), Some(ports)) = (out.bridge.as_mut(), report.bridge_ports) {
+        let table = out.extra_tables.get_mut(Family::Bridge, TABLE_NAME);
+        if let (Some(table), Some(ports)) = (table, report.bridge_ports) {
             output.pod_binding =
                 bind_bridge_ports(table, inputs.snapshot, inputs.config, memory, ports);
         }
@@ -256,7 +261,7 @@ fn add_shared(out: &mut Planned, inputs: &Inputs, parts: &Parts) {
     let state = vec![bridge_judged(), established()];
     add_hooks(&mut out.ruleset, PRIORITY, state, source_check);
     add_dns_judges(&mut out.ruleset);
-    out.bridge = Some(bridge::table(parts, check));
+    out.extra_tables.insert(bridge::table(parts, check));
     // The binding is settled once the backend read the bridge ports (`settle`).
     let pods = binding::local_pods(inputs.snapshot, &inputs.config.node_name);
     out.net.bridge_pods = pods.into_iter().map(|(_, ips)| ips).collect();

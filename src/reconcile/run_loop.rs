@@ -14,7 +14,6 @@ use super::{ReconcileError, Reconciler, SyncObserver, SyncOutcome, SyncReport, r
 use crate::config::Config;
 use crate::dns::DnsService;
 use crate::net::NetBackend;
-use crate::net::fence::Fence;
 use crate::nft::monitor::{Drift, Quiet};
 use crate::nft::{NftBackend, TABLE_NAME};
 use crate::snapshot::Snapshot;
@@ -54,18 +53,19 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// How long a sync waits for the first answer of a newly used DNS name.
 const DNS_FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
 
-/// Runs until [`Event::Shutdown`] or until every sender of `events` is gone. Blocks on
+/// Runs until [`Event::Shutdown`] or until every sender of `events` is gone, applying the
+/// network side through `net` (the real backend as the caller wrapped it). Blocks on
 /// netlink: call it on a thread of its own.
-pub fn run(
+pub fn run<B: NetBackend>(
     config: Config,
     events: mpsc::Receiver<Event>,
     resolver: DnsService,
     snapshots: Snapshots,
-    fence: Fence,
+    net: B,
     quiet: Option<Quiet>,
     mut observers: Vec<Box<dyn SyncObserver>>,
 ) -> Result<(), ReconcileError> {
-    let mut rec = real_reconciler(&config, fence, quiet)?;
+    let mut rec = real_reconciler(&config, net, quiet)?;
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     // The last drift detection the loop took in (and invalidated the engine for).
@@ -151,7 +151,7 @@ fn sync_once<N: NftBackend + Default, B: NetBackend>(
         result: &synced,
         duration: started.elapsed(),
         applied: rec.applied(),
-        applied_bridge: rec.applied_bridge(),
+        applied_extra: rec.applied_extra(),
         drift_seq: repairing,
         full: rec.read_backs() > read_backs,
         cleanup_failed: rec.cleanup_failures() > cleanup_failures,

@@ -82,17 +82,17 @@ fn round_trip_keeps_every_kind_and_plans_invalid_objects_of_each_kind_from_it() 
     assert!(loaded.found && loaded.problems.is_empty(), "{loaded:?}");
     let lv = &loaded.last_valid;
     assert_eq!(lv.len(), 4);
-    assert_eq!(*lv.firewalls["alpha"].object, fw("alpha", "203.0.113.0/24"));
+    assert_eq!(*lv.firewall["alpha"].object, fw("alpha", "203.0.113.0/24"));
     assert_eq!(
-        lv.firewalls["alpha"].valid,
+        lv.firewall["alpha"].valid,
         first.memory.firewall.validated.in_force["alpha"].valid
     );
     assert_eq!(
-        lv.qoses["alpha"].valid,
+        lv.qos["alpha"].valid,
         first.memory.qos.in_force["alpha"].valid
     );
     assert_eq!(
-        lv.egress_ips["e1"].valid,
+        lv.egress_ip["e1"].valid,
         first.memory.egress_ip.in_force["e1"].valid
     );
     assert!(lv.same_as(&first.memory), "equal objects compare equal");
@@ -229,13 +229,13 @@ fn an_object_that_no_longer_validates_is_dropped_and_the_rest_kept() {
     let mut s = store(dir.path());
     let loaded = s.load();
     let lv = &loaded.last_valid;
-    assert_eq!(lv.firewalls.keys().collect::<Vec<_>>(), ["alpha"]);
+    assert_eq!(lv.firewall.keys().collect::<Vec<_>>(), ["alpha"]);
     assert_eq!(
-        *lv.firewalls["alpha"].object, good,
+        *lv.firewall["alpha"].object, good,
         "the first of a namespace"
     );
-    assert!(lv.qoses.is_empty());
-    assert_eq!(lv.egress_ips.len(), 1);
+    assert!(lv.qos.is_empty());
+    assert_eq!(lv.egress_ip.len(), 1);
     let p = path.display();
     assert_eq!(
         reasons(&loaded),
@@ -268,10 +268,10 @@ fn an_object_that_no_longer_validates_is_dropped_and_the_rest_kept() {
     );
     let whole = store(dir.path()).load();
     assert_eq!(
-        whole.last_valid.firewalls.keys().collect::<Vec<_>>(),
+        whole.last_valid.firewall.keys().collect::<Vec<_>>(),
         ["alpha"]
     );
-    assert!(whole.last_valid.qoses.is_empty());
+    assert!(whole.last_valid.qos.is_empty());
     let r = reasons(&whole);
     assert_eq!(r.len(), 2, "{r:?}");
     assert!(r[0].contains("egressFirewalls[0]: no longer valid: EgressFirewall beta/default"));
@@ -312,7 +312,7 @@ fn the_write_is_atomic_and_leaves_no_temporary_file() {
     assert_eq!(names(&dir), [FILE_NAME]);
     let loaded = store(&dir).load();
     assert_eq!(
-        *loaded.last_valid.firewalls["alpha"].object,
+        *loaded.last_valid.firewall["alpha"].object,
         fw("alpha", "198.51.100.0/24")
     );
 }
@@ -431,7 +431,7 @@ fn the_newest_queued_version_is_written() {
     s.flush().unwrap();
     let loaded = store(dir.path()).load();
     assert_eq!(
-        *loaded.last_valid.firewalls["alpha"].object,
+        *loaded.last_valid.firewall["alpha"].object,
         fw("alpha", "192.0.2.0/24")
     );
 }
@@ -459,7 +459,7 @@ fn network_policies_round_trip_and_a_file_without_them_still_loads() {
     );
     let loaded = store(dir.path()).load();
     assert!(loaded.problems.is_empty(), "{loaded:?}");
-    assert_eq!(loaded.last_valid.network_policies.len(), 1);
+    assert_eq!(loaded.last_valid.netpol.len(), 1);
     // The policy turns invalid while the agent is down: the restarted agent keeps it.
     let broken = with_policy("192.0.2.0/33");
     let from_file = plan_with(&broken, &cfg, &loaded.last_valid.into_memory());

@@ -3,7 +3,7 @@
 //! names from the transaction; element lists are already encoded.
 
 use super::elems::{ElemChunk, ElemLayout, ElemMode, Element, encode_elements};
-use super::rule::{KnownSet, lower_rule};
+use super::rule::{KnownSet, LoweredRule, lower_rule};
 use super::set::{SetSpec, named_set_spec};
 use super::types::encode_err;
 use super::udata;
@@ -99,42 +99,14 @@ pub fn lower<'a>(
             Op::FlushSet(set) => push(MsgBody::FlushSet(&set.name)),
             Op::AddRule { chain, rule } => {
                 let lowered = lower_rule(rule, tx.family, &sets, &mut next_id)?;
-                for anon in lowered.anon {
-                    let o = Origin { op: i, anon: true };
-                    let id = anon.spec.id;
-                    let name = if anon.spec.name == "__map%d" {
-                        "__map%d"
-                    } else {
-                        "__set%d"
-                    };
-                    out.push(Msg {
-                        body: MsgBody::NewSet(anon.spec),
-                        origin: o,
-                    });
-                    push_chunks(&mut out, o, false, name, Some(id), anon.elems);
-                }
-                let udata = rule
-                    .comment
-                    .as_ref()
-                    .map(|c| udata::rule_comment(&crate::nft::render::sanitize_text(c)));
-                out.push(Msg {
-                    body: MsgBody::NewRule {
-                        chain,
-                        exprs: lowered.exprs,
-                        udata,
-                    },
-                    origin,
-                });
+                push_rule(&mut out, i, chain, rule, lowered);
             }
             Op::AddSet(set) | Op::AddSetWithParts { set, .. } => {
                 check_name("set", &set.name)?;
                 let id = next_id;
                 next_id += 1;
-                let spec = named_set_spec(set, id)?;
                 sets.insert(set.name.clone(), known_set(set, Some(id)));
-                push(MsgBody::NewSet(spec));
-                let chunks = set_elements(op, ElemMode::Create)?;
-                push_chunks(&mut out, origin, false, &set.name, Some(id), chunks);
+                push_named_set(&mut out, origin, op, set, id)?;
             }
             Op::AddElements(set) => {
                 let id = sets.get(&set.name).and_then(|s| s.id);
@@ -148,6 +120,60 @@ pub fn lower<'a>(
         }
     }
     Ok(out)
+}
+
+/// A rule's messages: its anonymous sets (each with its elements) first, then the rule.
+fn push_rule<'a>(
+    out: &mut Vec<Msg<'a>>,
+    op: usize,
+    chain: &'a str,
+    rule: &Rule,
+    lowered: LoweredRule,
+) {
+    for anon in lowered.anon {
+        let o = Origin { op, anon: true };
+        let id = anon.spec.id;
+        let name = if anon.spec.name == "__map%d" {
+            "__map%d"
+        } else {
+            "__set%d"
+        };
+        out.push(Msg {
+            body: MsgBody::NewSet(anon.spec),
+            origin: o,
+        });
+        push_chunks(out, o, false, name, Some(id), anon.elems);
+    }
+    let udata = rule
+        .comment
+        .as_ref()
+        .map(|c| udata::rule_comment(&crate::nft::render::sanitize_text(c)));
+    out.push(Msg {
+        body: MsgBody::NewRule {
+            chain,
+            exprs: lowered.exprs,
+            udata,
+        },
+        origin: Origin { op, anon: false },
+    });
+}
+
+/// A named set's messages (transaction id `id`): the set, then its elements in chunks.
+fn push_named_set<'a>(
+    out: &mut Vec<Msg<'a>>,
+    origin: Origin,
+    op: &Op,
+    set: &'a Set,
+    id: u32,
+) -> Result<(), NftError> {
+    let spec = named_set_spec(set, id)?;
+    out.push(Msg {
+        body: MsgBody::NewSet(spec),
+        origin,
+    });
+    let chunks = set_elements(op, ElemMode::Create)?;
+    push_chunks(out, origin, false, &set.name, Some(id), chunks);
+    Ok(())
 }
 
 pub fn known_set(set: &Set, id: Option<u32>) -> KnownSet {

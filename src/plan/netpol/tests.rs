@@ -7,6 +7,11 @@ use crate::snapshot::{ObjectKey, Snapshot, SnapshotBuilder};
 use crate::testing::nft_check::nft_check;
 use crate::testing::objects;
 
+/// The bridge table of a plan, if any.
+pub(super) fn bridge_of(d: &Desired) -> Option<&Table> {
+    d.extra_tables.get(Family::Bridge, TABLE_NAME)
+}
+
 pub(super) const NODE: &str = "worker-1";
 
 pub(super) fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &[&str]) -> crate::api::Pod {
@@ -69,12 +74,9 @@ fn the_bridge_table_exists_with_a_policy_shares_its_parts_and_keeps_state_withou
         Snapshot::builder().with(pod("a", "p", &[], &["10.0.0.9"])),
         &Memory::default(),
     );
-    assert!(none.bridge.is_none());
+    assert!(bridge_of(&none).is_none());
     let d = run(cluster(), &Memory::default());
-    let bridge = d
-        .bridge
-        .as_ref()
-        .expect("a bridge table while a policy is in force");
+    let bridge = bridge_of(&d).expect("a bridge table while a policy is in force");
     assert_eq!(bridge.family, Family::Bridge);
     // The same parts, by pointer: a policy edit costs the same in both tables.
     let (a, b) = (d.ruleset.part("np/shop/db"), bridge.part("np/shop/db"));
@@ -117,7 +119,7 @@ fn rules_without_peers_work_in_the_bridge_table() {
             .with(pod("a", "p", &[("app", "p")], &["10.0.0.9", "fd00::9"]))
             .with(policy("a", "open", spec));
         let d = run(b, &Memory::default());
-        let bridge = render_full(d.bridge.as_ref().expect("a bridge table"));
+        let bridge = render_full(bridge_of(&d).expect("a bridge table"));
         assert!(!bridge.contains("nfproto"), "{spec}:\n{bridge}");
         assert!(bridge.contains("@np-any-v4"), "{spec}:\n{bridge}");
         assert!(bridge.contains("@np-any-v6"), "{spec}:\n{bridge}");
@@ -489,7 +491,7 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         ],
         subnets: vec![("br0".into(), "10.0.0.0/24".parse().unwrap())],
     };
-    let bridge = d.bridge.as_mut().unwrap();
+    let bridge = d.extra_tables.get_mut(Family::Bridge, TABLE_NAME).unwrap();
     let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, &Ok(ports));
     let text = render_full(bridge);
     // The set's declaration, elements included.
@@ -578,11 +580,11 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         ..Config::for_node(NODE)
     };
     let d = plan_with(&snapshot, &off, &Memory::default());
-    let text = render_full(d.bridge.as_ref().unwrap());
+    let text = render_full(bridge_of(&d).unwrap());
     assert!(!text.contains("np-bound-v4 counter"), "{text}");
     assert!(text.contains("np-isolated-v4 counter"), "{text}");
     // A failed read binds nothing and says so.
-    let mut t = d.bridge.unwrap();
+    let mut t = bridge_of(&d).unwrap().clone();
     let err = crate::net::NetError::Netlink {
         what: "links".into(),
         reason: "gone".into(),
@@ -666,7 +668,7 @@ fn the_agents_mark_bits_are_disjoint() {
 #[test]
 fn the_bridge_table_judges_first_and_the_inet_forward_chains_skip_what_it_judged() {
     let d = run(cluster(), &Memory::default());
-    let bridge = d.bridge.as_ref().expect("a bridge table").flatten();
+    let bridge = bridge_of(&d).expect("a bridge table").flatten();
     let mut priorities = Vec::new();
     for name in [
         chains::FORWARD_EGRESS,
@@ -701,7 +703,7 @@ fn the_bridge_table_judges_first_and_the_inet_forward_chains_skip_what_it_judged
         }
     }
     // The bridge table never skips: it is the judge.
-    let bridge_text = render_full(d.bridge.as_ref().unwrap());
+    let bridge_text = render_full(bridge_of(&d).unwrap());
     assert!(!bridge_text.contains("== 0x08000000"), "{bridge_text}");
 }
 
@@ -719,7 +721,7 @@ fn explain_bridged_with_br_netfilter_judges_an_allowed_packet_once() {
         packet,
         topology: Topology::Bridged { br_netfilter: true },
     };
-    let tables = Tables::new(&d.ruleset, d.bridge.as_ref());
+    let tables = Tables::new(&d.ruleset, bridge_of(&d));
     let paths = explain_paths(&tables, &NodeFacts::default(), &query);
     assert_eq!(paths.len(), 1);
     let path = &paths[0];

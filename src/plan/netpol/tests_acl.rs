@@ -1,6 +1,6 @@
 //! ACL logging of NetworkPolicy verdicts (`k8s.ovn.org/acl-logging`).
 
-use super::tests::{NODE, pod, policy};
+use super::tests::{NODE, bridge_of, pod, policy};
 use crate::config::Config;
 use crate::nft::diff::diff;
 use crate::nft::render::render_full;
@@ -86,7 +86,7 @@ fn allow_and_deny_of_an_annotated_namespace_go_to_logged_chains() {
     );
     // The dry-run text (inet and bridge tables) is what the kernel accepts.
     nft_check(&text);
-    if let Some(bridge) = &d.bridge {
+    if let Some(bridge) = bridge_of(&d) {
         nft_check(&render_full(bridge));
     }
 }

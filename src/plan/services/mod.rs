@@ -217,6 +217,21 @@ pub struct ServicesOutput {
 /// The services feature (see the module documentation).
 pub struct Services;
 
+/// The services keep nothing across restarts: their objects have no last valid version.
+impl crate::plan::Remember for Memo {
+    type Kept = ();
+
+    fn kept(&self) {}
+
+    fn restore(_: ()) -> Self {
+        Memo::default()
+    }
+
+    fn keeps(&self, _: &()) -> bool {
+        true
+    }
+}
+
 impl Feature for Services {
     const NAME: &'static str = "svc";
     const SWITCH: crate::features::Switch = crate::features::Switch::Services;

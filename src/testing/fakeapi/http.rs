@@ -117,42 +117,19 @@ pub async fn handle(
 }
 
 async fn list(shared: &Shared, t: Target, query: &str) -> Response<Body> {
-    loop {
-        let notified = shared.released.notified();
-        if !shared.held.lock().unwrap().contains(t.resource.kind) {
-            break;
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
-    }
+    wait_until_released(shared, t.resource.kind).await;
     let labels = param(query, "labelSelector").unwrap_or_default();
     let fields = param(query, "fieldSelector").unwrap_or_default();
-    // Pages as the API server cuts them: at most `limit` items, then a `continue` token (here
-    // `<resourceVersion of the first page>:<namespace>/<name of the last item>`). Every page
-    // answers the first page's resourceVersion, so a watch from it replays whatever changed
-    // while the pages were read.
     let limit = param(query, "limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let token = param(query, "continue").filter(|c| !c.is_empty());
-    let (first_rv, after) = match token.as_deref().and_then(|c| c.split_once(':')) {
-        Some((rv, key)) => {
-            let (ns, name) = key.split_once('/').unwrap_or(("", key));
-            (
-                Some(rv.to_string()),
-                Some((ns.to_string(), name.to_string())),
-            )
-        }
-        None => (None, None),
-    };
+    let (first_rv, after) = page_start(query);
     let mut state = shared.state();
     let rv = first_rv.unwrap_or_else(|| state.rv.max(1).to_string());
-    let mut last = None;
-    let mut more = false;
     // The items are written straight into the page's text (no copy of each object, no
     // intermediate document): at 10,000 objects the fake server must not be what a cold
     // start of the agent waits for.
-    let mut items = String::from("[");
-    let mut count = 0;
+    let mut page = Page::new(limit);
     let objects = state.objects.get(&t.resource).into_iter().flat_map(|m| {
         let start = match &after {
             Some(k) => std::ops::Bound::Excluded(k.clone()),
@@ -161,27 +138,14 @@ async fn list(shared: &Shared, t: Target, query: &str) -> Response<Body> {
         m.range((start, std::ops::Bound::Unbounded))
     });
     for (key, o) in objects {
-        if t.namespace.as_ref().is_some_and(|want| want != &key.0)
-            || !(labels_match(&labels, o) && fields_match(&fields, o))
-        {
-            continue;
-        }
-        if limit.is_some_and(|l| count == l) {
-            more = true;
+        let wanted = t.namespace.as_ref().is_none_or(|want| want == &key.0)
+            && labels_match(&labels, o)
+            && fields_match(&fields, o);
+        if wanted && !page.push(key, o) {
             break;
         }
-        if count > 0 {
-            items.push(',');
-        }
-        items.push_str(&o.to_string());
-        count += 1;
-        last = Some(key.clone());
     }
-    items.push(']');
-    let token = match (more, last) {
-        (true, Some((ns, name))) => format!("{rv}:{ns}/{name}"),
-        _ => String::new(),
-    };
+    let token = page.continue_token(&rv);
     if token.is_empty() {
         *state.lists.entry(t.resource.kind).or_default() += 1;
     }
@@ -191,12 +155,89 @@ async fn list(shared: &Shared, t: Target, query: &str) -> Response<Body> {
     let mut body = head.to_string();
     body.pop();
     body.push_str(",\"items\":");
-    body.push_str(&items);
-    body.push('}');
+    body.push_str(&page.items);
+    body.push_str("]}");
+    json_response(Full::new(Bytes::from(body)).boxed())
+}
+
+/// Waits while lists of `kind` are held back (`FakeApi::hold_lists`).
+async fn wait_until_released(shared: &Shared, kind: &str) {
+    loop {
+        let notified = shared.released.notified();
+        if !shared.held.lock().unwrap().contains(kind) {
+            return;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+    }
+}
+
+/// Where a list page starts. Pages as the API server cuts them: at most `limit` items, then
+/// a `continue` token (here `<resourceVersion of the first page>:<namespace>/<name of the
+/// last item>`). Every page answers the first page's resourceVersion, so a watch from it
+/// replays whatever changed while the pages were read. `(None, None)`: the first page.
+fn page_start(query: &str) -> (Option<String>, Option<(String, String)>) {
+    let token = param(query, "continue").filter(|c| !c.is_empty());
+    match token.as_deref().and_then(|c| c.split_once(':')) {
+        Some((rv, key)) => {
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            (
+                Some(rv.to_string()),
+                Some((ns.to_string(), name.to_string())),
+            )
+        }
+        None => (None, None),
+    }
+}
+
+/// One list page's items as JSON text (without the closing bracket), cut at `limit`.
+struct Page {
+    items: String,
+    count: usize,
+    limit: Option<usize>,
+    last: Option<(String, String)>,
+    more: bool,
+}
+
+impl Page {
+    fn new(limit: Option<usize>) -> Page {
+        Page {
+            items: String::from("["),
+            count: 0,
+            limit,
+            last: None,
+            more: false,
+        }
+    }
+
+    /// Adds `object`; false when the page is full (the list goes on in the next page).
+    fn push(&mut self, key: &(String, String), object: &Value) -> bool {
+        if self.limit.is_some_and(|l| self.count == l) {
+            self.more = true;
+            return false;
+        }
+        if self.count > 0 {
+            self.items.push(',');
+        }
+        self.items.push_str(&object.to_string());
+        self.count += 1;
+        self.last = Some(key.clone());
+        true
+    }
+
+    /// The `continue` token of the next page; empty on the last page.
+    fn continue_token(&self, rv: &str) -> String {
+        match (self.more, &self.last) {
+            (true, Some((ns, name))) => format!("{rv}:{ns}/{name}"),
+            _ => String::new(),
+        }
+    }
+}
+
+fn json_response(body: Body) -> Response<Body> {
     Response::builder()
         .status(StatusCode::OK)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)).boxed())
+        .body(body)
         .expect("response")
 }
 
@@ -206,94 +247,130 @@ fn watch_line(ev_type: &str, object: &Value) -> Bytes {
     Bytes::from(line)
 }
 
+/// What one watch request asks for.
+struct WatchRequest {
+    from: u64,
+    bookmarks: bool,
+    /// As the API server: the watch ends (cleanly) after timeoutSeconds.
+    ends: Option<Duration>,
+    resource: Resource,
+}
+
 fn watch(shared: Arc<Shared>, t: Target, query: &str) -> Response<Body> {
-    let from: u64 = param(query, "resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let labels = param(query, "labelSelector").unwrap_or_default();
-    let fields = param(query, "fieldSelector").unwrap_or_default();
-    let bookmarks = param(query, "allowWatchBookmarks").as_deref() == Some("true");
-    // As the API server: the watch ends (cleanly) after timeoutSeconds.
-    let ends = param(query, "timeoutSeconds")
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_secs);
-    let resource = t.resource;
-    let namespace = t.namespace;
-    let matches = move |ev: &WatchEvent| {
-        ev.resource == resource
-            && labels_match(&labels, &ev.object)
-            && fields_match(&fields, &ev.object)
-            && namespace
-                .as_ref()
-                .is_none_or(|n| ev.object["metadata"]["namespace"].as_str() == Some(n))
+    let req = WatchRequest {
+        from: param(query, "resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        bookmarks: param(query, "allowWatchBookmarks").as_deref() == Some("true"),
+        ends: param(query, "timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_secs),
+        resource: t.resource,
     };
+    let matches = watch_filter(t, query);
     // Subscribe before reading the history so that nothing falls in between.
-    let mut live = shared.events.subscribe();
-    let mut generation = shared.watch_generation.subscribe();
+    let live = shared.events.subscribe();
+    let generation = shared.watch_generation.subscribe();
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let (backlog, gone) = {
+    let backlog = {
         let state = shared.state();
-        if from != 0 && from < state.compacted_below {
-            (Vec::new(), true)
-        } else {
-            let b: Vec<WatchEvent> = state
-                .history
-                .iter()
-                .filter(|e| e.rv > from && matches(e))
+        (req.from == 0 || req.from >= state.compacted_below).then(|| {
+            (state.history.iter())
+                .filter(|e| e.rv > req.from && matches(e))
                 .cloned()
-                .collect();
-            (b, false)
-        }
+                .collect()
+        })
     };
-    let shared2 = shared.clone();
     tokio::spawn(async move {
-        if gone {
+        let Some(backlog) = backlog else {
+            let from = req.from;
             let s = status(410, "Expired", format!("too old resource version: {from}"));
             let _ = tx.send(watch_line("ERROR", &s)).await;
             return;
-        }
-        let mut last = from;
-        for ev in backlog {
-            last = ev.rv;
-            if tx.send(watch_line(ev.kind, &ev.object)).await.is_err() {
-                return;
-            }
-        }
-        let mut tick = tokio::time::interval(BOOKMARK_EVERY);
-        let end = tokio::time::sleep(ends.unwrap_or(Duration::from_secs(86_400)));
-        tokio::pin!(end);
-        loop {
-            tokio::select! {
-                ev = live.recv() => match ev {
-                    Ok(ev) if ev.rv > last && matches(&ev) => {
-                        last = ev.rv;
-                        if tx.send(watch_line(ev.kind, &ev.object)).await.is_err() { return; }
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                _ = tick.tick(), if bookmarks => {
-                    let rv = shared2.state().rv;
-                    let bm = json!({"kind": resource.kind, "apiVersion": resource.api_version(),
-                        "metadata": {"resourceVersion": rv.to_string()}});
-                    if tx.send(watch_line("BOOKMARK", &bm)).await.is_err() { return; }
-                }
-                _ = generation.changed() => return,
-                _ = &mut end, if ends.is_some() => return,
-            }
-        }
+        };
+        let stream = WatchStream {
+            shared,
+            tx,
+            live,
+            generation,
+        };
+        stream.run(req, backlog, matches).await;
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
             .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(StreamBody::new(stream).boxed())
-        .expect("response")
+    json_response(StreamBody::new(stream).boxed())
+}
+
+/// The events of `t` (namespace, label and field selectors of `query`) a watch sends.
+fn watch_filter(t: Target, query: &str) -> impl Fn(&WatchEvent) -> bool + Send + 'static {
+    let labels = param(query, "labelSelector").unwrap_or_default();
+    let fields = param(query, "fieldSelector").unwrap_or_default();
+    let (resource, namespace) = (t.resource, t.namespace);
+    move |ev: &WatchEvent| {
+        ev.resource == resource
+            && labels_match(&labels, &ev.object)
+            && fields_match(&fields, &ev.object)
+            && namespace
+                .as_ref()
+                .is_none_or(|n| ev.object["metadata"]["namespace"].as_str() == Some(n))
+    }
+}
+
+/// One watch's sender: the backlog, then live events and bookmarks until the client goes,
+/// the events lag, the watches are cut (`watch_generation`) or the timeout ends it.
+struct WatchStream {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Bytes>,
+    live: broadcast::Receiver<WatchEvent>,
+    generation: tokio::sync::watch::Receiver<u64>,
+}
+
+impl WatchStream {
+    async fn run(
+        mut self,
+        req: WatchRequest,
+        backlog: Vec<WatchEvent>,
+        matches: impl Fn(&WatchEvent) -> bool,
+    ) {
+        let mut last = req.from;
+        for ev in backlog {
+            last = ev.rv;
+            if self.tx.send(watch_line(ev.kind, &ev.object)).await.is_err() {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(BOOKMARK_EVERY);
+        let end = tokio::time::sleep(req.ends.unwrap_or(Duration::from_secs(86_400)));
+        tokio::pin!(end);
+        loop {
+            tokio::select! {
+                ev = self.live.recv() => match ev {
+                    Ok(ev) if ev.rv > last && matches(&ev) => {
+                        last = ev.rv;
+                        if self.tx.send(watch_line(ev.kind, &ev.object)).await.is_err() { return; }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tick.tick(), if req.bookmarks => {
+                    if self.tx.send(self.bookmark(req.resource)).await.is_err() { return; }
+                }
+                _ = self.generation.changed() => return,
+                _ = &mut end, if req.ends.is_some() => return,
+            }
+        }
+    }
+
+    fn bookmark(&self, resource: Resource) -> Bytes {
+        let rv = self.shared.state().rv;
+        let bm = json!({"kind": resource.kind, "apiVersion": resource.api_version(),
+            "metadata": {"resourceVersion": rv.to_string()}});
+        watch_line("BOOKMARK", &bm)
+    }
 }
 
 fn write(

@@ -6,7 +6,7 @@ use hyper::{Method, Response, StatusCode};
 use serde_json::Value;
 
 use super::shared::{Body, Shared, full, status};
-use super::store::{Resource, key_of};
+use super::store::{Key, Resource, key_of};
 
 /// Handles a write to `leases`; the caller has recorded it.
 pub fn write(
@@ -30,50 +30,10 @@ pub fn write(
         .get(&resource)
         .and_then(|m| m.get(&key))
         .cloned();
-    let reject = |state: &mut super::store::State, code: u16, reason: &str, message: String| {
-        state.lease_conflicts += 1;
-        let status_code = StatusCode::from_u16(code).expect("status code");
-        full(status_code, status(code, reason, message))
-    };
-    match method {
-        Method::POST if name.is_none() => {
-            if stored.is_some() {
-                return reject(
-                    &mut state,
-                    409,
-                    "AlreadyExists",
-                    format!("leases.coordination.k8s.io \"{}\" already exists", key.1),
-                );
-            }
-            body["metadata"]
-                .as_object_mut()
-                .map(|m| m.remove("resourceVersion"));
-        }
+    let refused = match method {
+        Method::POST if name.is_none() => create_refused(stored.as_ref(), &key, &mut body),
         Method::PUT if name.as_deref() == Some(key.1.as_str()) => {
-            let Some(stored) = stored else {
-                return full(
-                    StatusCode::NOT_FOUND,
-                    status(
-                        404,
-                        "NotFound",
-                        format!("lease {}/{} not found", key.0, key.1),
-                    ),
-                );
-            };
-            let want = &body["metadata"]["resourceVersion"];
-            if !want.is_null() && *want != stored["metadata"]["resourceVersion"] {
-                return reject(
-                    &mut state,
-                    409,
-                    "Conflict",
-                    format!(
-                        "Operation cannot be fulfilled on leases.coordination.k8s.io \"{}\": \
-                         the object has been modified; please apply your changes to the \
-                         latest version and try again",
-                        key.1
-                    ),
-                );
-            }
+            replace_refused(stored.as_ref(), &key, &body)
         }
         _ => {
             return full(
@@ -81,6 +41,9 @@ pub fn write(
                 status(405, "MethodNotAllowed", format!("{method} lease")),
             );
         }
+    };
+    if let Some(refused) = refused {
+        return refused.respond(&mut state);
     }
     let created = method == Method::POST;
     let ev = state.put(body);
@@ -93,4 +56,58 @@ pub fn write(
         StatusCode::OK
     };
     full(code, obj)
+}
+
+/// Why a write of a lease was refused.
+enum Refused {
+    /// `409` (counted in `lease_conflicts`), with the API server's reason and message.
+    Conflict(&'static str, String),
+    NotFound(String),
+}
+
+impl Refused {
+    fn respond(self, state: &mut super::store::State) -> Response<Body> {
+        match self {
+            Refused::Conflict(reason, message) => {
+                state.lease_conflicts += 1;
+                full(StatusCode::CONFLICT, status(409, reason, message))
+            }
+            Refused::NotFound(message) => {
+                full(StatusCode::NOT_FOUND, status(404, "NotFound", message))
+            }
+        }
+    }
+}
+
+/// A create (`POST`): refused if the name is taken; the client's resourceVersion is dropped.
+fn create_refused(stored: Option<&Value>, key: &Key, body: &mut Value) -> Option<Refused> {
+    if stored.is_some() {
+        let message = format!("leases.coordination.k8s.io \"{}\" already exists", key.1);
+        return Some(Refused::Conflict("AlreadyExists", message));
+    }
+    body["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
+    None
+}
+
+/// A replace (`PUT`): refused if there is no such lease, or if the client's resourceVersion
+/// is not the stored one.
+fn replace_refused(stored: Option<&Value>, key: &Key, body: &Value) -> Option<Refused> {
+    let Some(stored) = stored else {
+        return Some(Refused::NotFound(format!(
+            "lease {}/{} not found",
+            key.0, key.1
+        )));
+    };
+    let want = &body["metadata"]["resourceVersion"];
+    if !want.is_null() && *want != stored["metadata"]["resourceVersion"] {
+        let message = format!(
+            "Operation cannot be fulfilled on leases.coordination.k8s.io \"{}\": the object \
+             has been modified; please apply your changes to the latest version and try again",
+            key.1
+        );
+        return Some(Refused::Conflict("Conflict", message));
+    }
+    None
 }
