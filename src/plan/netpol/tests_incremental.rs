@@ -111,7 +111,7 @@ fn step(rng: &mut Rng, snapshot: &Snapshot) -> Snapshot {
                 b.remove(Kind::NetworkPolicy, &key);
             }
             let ns = *rng.pick(&NAMESPACES);
-            b.insert(policy(ns, &format!("q{j}"), *rng.pick(&SPECS)));
+            b.insert(policy(ns, &format!("q{j}"), rng.pick::<&str>(&SPECS)));
         }
         3 => {
             if let Some(key) = policy_key(snapshot, rng.below(POLICIES)) {
@@ -178,7 +178,7 @@ fn random_edit_sequences_plan_incrementally_what_a_fresh_planner_plans() {
         }
         for j in 0..POLICIES / 2 {
             let ns = *rng.pick(&NAMESPACES);
-            b.insert(policy(ns, &format!("q{j}"), *rng.pick(&SPECS[..9])));
+            b.insert(policy(ns, &format!("q{j}"), rng.pick::<&str>(&SPECS[..9])));
         }
         let mut snapshot = b.build();
         let mut memory = plan(&snapshot, &Memory::default()).memory;
