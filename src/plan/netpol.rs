@@ -16,7 +16,7 @@
 //! `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch elements of its
 //! pods) and `np-self` (the hairpin elements): pod churn and label changes are element
 //! updates, plus a new policy-set chain the first time a combination of policies selects a
-//! pod. `memo` decides what is planned again.
+//! pod. `memo` decides what is planned again, `visit` which policies a plan looks at.
 //!
 //! Hooks (only present while a policy is in force): forward, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
