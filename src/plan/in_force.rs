@@ -9,7 +9,7 @@
 use super::ObjectStatus;
 use crate::api::ValidationError;
 use crate::snapshot::{Kind, ObjectKey};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// A validated object in force, with the API object it was validated from.
@@ -41,8 +41,9 @@ impl<T, V> InForce<T, V> {
     }
 }
 
-/// What is in force per namespace (or per name for cluster-scoped kinds).
-pub type InForceMap<T, V> = BTreeMap<String, InForce<T, V>>;
+/// What is in force per namespace (or per name for cluster-scoped kinds). A persistent map:
+/// a plan's memory copies it in O(1) and changes only the keys whose object changed.
+pub type InForceMap<T, V> = imbl::OrdMap<String, InForce<T, V>>;
 
 /// True when both maps hold the same objects under the same keys: O(n) pointer comparisons
 /// when nothing changed (the planners keep the `Arc` of an unchanged object).
@@ -254,6 +255,82 @@ impl<T: PartialEq, V> Validated<T, V> {
             fell_back,
         }
     }
+
+    /// [`Validated::update`] for only the objects that changed since the objects this memory
+    /// was computed from: `changes` holds each changed key with its object now (`None`: it
+    /// went), e.g. from `snapshot::changes`. Every other object keeps its result, so a plan
+    /// costs the size of the change, not of the kind. Only for scopes where one object
+    /// governs one key (`Object`, `Cluster`): under `Namespace` the other objects of the
+    /// namespace would have to be looked at again.
+    pub fn update_changed<'a>(
+        &self,
+        kind: Kind,
+        scope: Scope,
+        changes: impl IntoIterator<Item = (ObjectKey, Option<&'a Arc<T>>)>,
+        validate: impl Fn(&T) -> Result<V, ValidationError>,
+    ) -> Delta<T, V>
+    where
+        T: 'a,
+    {
+        assert!(scope != Scope::Namespace, "one object per key only");
+        let mut next = self.clone();
+        let mut statuses = Vec::new();
+        let mut changed = BTreeSet::new();
+        for (key, object) in changes {
+            let governs = scope.key(&key);
+            let Some(object) = object else {
+                next.checks.remove(&key);
+                next.in_force.remove(&governs);
+                statuses.push((key, None));
+                changed.insert(governs);
+                continue;
+            };
+            let check = match self.checks.get(&key) {
+                Some(c) if Arc::ptr_eq(&c.object, object) || *c.object == **object => c.clone(),
+                _ => Check {
+                    object: object.clone(),
+                    result: validate(object).map(Arc::new),
+                },
+            };
+            // As in `update`: valid is in force; invalid keeps the last valid version, which
+            // is what `next` (a copy of this memory) holds under the key, if any.
+            let result = match &check.result {
+                Ok(valid) => {
+                    let entry = InForce {
+                        object: check.object.clone(),
+                        valid: valid.clone(),
+                    };
+                    next.in_force.insert(governs.clone(), entry);
+                    Ok(())
+                }
+                Err(e) => Err(format!("{}: {}", e.field, e.reason)),
+            };
+            let status = ObjectStatus {
+                kind,
+                key: key.clone(),
+                result,
+                event: None,
+            };
+            statuses.push((key.clone(), Some(status)));
+            next.checks.insert(key, check);
+            changed.insert(governs);
+        }
+        Delta {
+            validated: next,
+            statuses,
+            changed,
+        }
+    }
+}
+
+/// What [`Validated::update_changed`] found.
+pub struct Delta<T, V> {
+    /// The next memory.
+    pub validated: Validated<T, V>,
+    /// The status of each changed object (`None`: the object went).
+    pub statuses: Vec<(ObjectKey, Option<ObjectStatus>)>,
+    /// The keys of `in_force` whose entry may have changed (appeared, went or replaced).
+    pub changed: BTreeSet<String>,
 }
 
 /// The validation result of one object, kept with the object it was computed from.
@@ -273,7 +350,7 @@ impl<T, V> Clone for Check<T, V> {
 }
 
 /// Validation results per object.
-type Checks<T, V> = BTreeMap<ObjectKey, Check<T, V>>;
+type Checks<T, V> = imbl::OrdMap<ObjectKey, Check<T, V>>;
 
 #[cfg(test)]
 mod tests {

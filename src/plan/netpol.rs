@@ -16,7 +16,7 @@
 //! `np-set/<in|eg>/<chain>` per policy set in use (its chain and the dispatch elements of its
 //! pods) and `np-self` (the hairpin elements): pod churn and label changes are element
 //! updates, plus a new policy-set chain the first time a combination of policies selects a
-//! pod. `memo` decides what is planned again.
+//! pod. `memo` decides what is planned again, `visit` which policies a plan looks at.
 //!
 //! Hooks (only present while a policy is in force): forward, at filter priority + 10
 //! (egress) and + 11 (ingress), after service DNAT (policies see endpoints) and after
@@ -38,6 +38,7 @@ mod memo;
 mod peers;
 mod pods;
 mod rules;
+mod visit;
 
 use super::firewall::steer::{self, PENDING};
 use super::in_force::{InForceMap, Scope, Validated};
@@ -47,7 +48,7 @@ use crate::api::network_policy::{self, ValidatedPolicy};
 use crate::net::bridge_ports::BridgePorts;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
-use crate::snapshot::Kind;
+use crate::snapshot::{self, Kind};
 use peers::PeerSets;
 use pods::{LazyIndex, PodIndex};
 use rules::{Direction, Sharing, add_direction};
@@ -105,10 +106,19 @@ const DNS_PRIORITY: i32 = steer::JUDGE_PRIORITY + 1;
 #[derive(Debug, Clone, Default)]
 pub struct NetpolMemory {
     pub validated: Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
-    /// The policies `validated` was computed from and their statuses (`None`: not computed
-    /// from a snapshot, e.g. restored from the state file).
-    validated_from: Option<(PolicyObjects, Arc<Vec<ObjectStatus>>)>,
+    /// The policies `validated` was computed from (`None`: not computed from a snapshot,
+    /// e.g. restored from the state file): the next plan validates what changed since.
+    validated_from: Option<PolicyObjects>,
+    /// One status per policy object, by key.
+    statuses: Statuses,
     policies: Policies,
+    /// The policies with an egress rule on a named port: a change of any pod may change
+    /// their plan (`memo::touches`), so each pod change visits them.
+    named_egress: imbl::OrdSet<String>,
+    /// The policies with logged verdicts (ACL logging): what the log book is made of.
+    logging: imbl::OrdSet<String>,
+    /// The namespaces' ACL logging, kept until a namespace changes.
+    acl_lookup: acl::Lookup,
     seen: memo::Seen,
     /// Which policies govern each local pod, and the policy-set parts.
     dispatch: dispatch::Dispatch,
@@ -124,6 +134,7 @@ pub struct NetpolMemory {
 type PolicyObjects = crate::snapshot::ObjectMap<crate::snapshot::ObjectKey, NetworkPolicy>;
 /// Each policy's last plan, by `namespace/name`.
 type Policies = imbl::OrdMap<String, Arc<memo::Planned>>;
+type Statuses = imbl::OrdMap<crate::snapshot::ObjectKey, ObjectStatus>;
 
 /// The NetworkPolicy feature (see the module documentation).
 pub struct NetworkPolicies;
@@ -146,9 +157,9 @@ impl Feature for NetworkPolicies {
     ) -> NetpolMemory {
         let snapshot = inputs.snapshot;
         let objects = snapshot.network_policies();
-        let (validated, statuses) = validate(memory, objects);
-        out.statuses.extend(statuses.iter().cloned());
-        let in_force = &validated.in_force;
+        let validation = validate(memory, objects);
+        out.statuses.extend(validation.statuses.values().cloned());
+        let in_force = &validation.validated.in_force;
         let changes = memory.seen.changes(snapshot);
         let mut index = LazyIndex::new(snapshot, &inputs.config.node_name);
         let mut work = Work::from(memory);
@@ -161,32 +172,44 @@ impl Feature for NetworkPolicies {
             &mut index,
             &mut work.parts,
         );
-        work.retire_gone(&memory.policies, in_force);
-        let mut acl_lookup = acl::Lookup::default();
-        for (key, in_force) in in_force {
+        let mut acl_lookup = memory.acl_lookup.carried(changes.everything);
+        let visit = visit::policies(
+            validation.changed.as_ref(),
+            &changes,
+            &flipped,
+            in_force,
+            &memory.named_egress,
+        );
+        work.retire_gone(&memory.policies, in_force, &visit);
+        for (key, in_force) in visit.in_force(in_force) {
             let policy = &in_force.valid;
-            let acl = acl_lookup.get(snapshot, &policy.namespace, inputs.config.acl_log);
             let last = memory.policies.get(key);
             if last.is_some_and(|last| still_current(last, policy, &changes, &flipped, snapshot)) {
                 continue;
             }
+            let acl = acl_lookup.get(snapshot, &policy.namespace, inputs.config.acl_log);
             work.replan(key, policy, last, acl, index.get());
         }
-        let (book, acl_namespaces) = work.log_namespaces(inputs, memory, &mut acl_lookup);
+        let problems = acl_lookup.problems(|ns| visit::has_policies(in_force, ns));
+        let (book, acl_namespaces) = work.log_namespaces(inputs, memory, &mut acl_lookup, problems);
         output.acl = Arc::new(book);
-        let (policies, dispatch, peer_sets, parts) = work.finish();
-        out.ruleset.extend_parts(&parts);
+        let finished = work.finish();
+        out.ruleset.extend_parts(&finished.parts);
         if !in_force.is_empty() {
-            add_shared(out, inputs, &parts);
+            add_shared(out, inputs, &finished.parts);
         }
         NetpolMemory {
-            validated,
-            validated_from: Some((objects.clone(), statuses)),
-            policies,
+            validated: validation.validated,
+            validated_from: Some(objects.clone()),
+            statuses: validation.statuses,
+            policies: finished.policies,
+            named_egress: finished.named_egress,
+            logging: finished.logging,
+            acl_lookup,
             seen: memo::Seen::of(snapshot),
-            dispatch,
-            peer_sets,
-            parts,
+            dispatch: finished.dispatch,
+            peer_sets: finished.peer_sets,
+            parts: finished.parts,
             acl_namespaces,
         }
     }
@@ -206,28 +229,58 @@ impl Feature for NetworkPolicies {
     }
 }
 
-/// The policies in force and their statuses: last plan's when the policy map is the same
-/// persistent map (a pod or namespace changed), without a walk over every policy.
-#[allow(clippy::type_complexity)]
-fn validate(
-    memory: &NetpolMemory,
-    objects: &PolicyObjects,
-) -> (
-    Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
-    Arc<Vec<ObjectStatus>>,
-) {
+/// The policies in force, their statuses, and which keys of `in_force` may have changed
+/// since last plan (`None`: any, the first plan or one after a restart).
+struct Validation {
+    validated: Arc<Validated<NetworkPolicy, ValidatedPolicy>>,
+    statuses: Statuses,
+    changed: Option<BTreeSet<String>>,
+}
+
+/// Validates the policy objects that changed since last plan (found by a diff of the
+/// persistent object maps, which skips the subtrees they share): last plan's result when the
+/// map is the same, O(change) otherwise; every object only the first time.
+fn validate(memory: &NetpolMemory, objects: &PolicyObjects) -> Validation {
     match &memory.validated_from {
-        Some((from, statuses)) if from.ptr_eq(objects) => {
-            (memory.validated.clone(), statuses.clone())
+        Some(from) if from.ptr_eq(objects) => Validation {
+            validated: memory.validated.clone(),
+            statuses: memory.statuses.clone(),
+            changed: Some(BTreeSet::new()),
+        },
+        Some(from) => {
+            let changed = snapshot::changes(from, objects).map(|(k, _, now)| (k.clone(), now));
+            let delta = memory.validated.update_changed(
+                Kind::NetworkPolicy,
+                Scope::Object,
+                changed,
+                network_policy::validate,
+            );
+            let mut statuses = memory.statuses.clone();
+            for (key, status) in delta.statuses {
+                match status {
+                    Some(status) => statuses.insert(key, status),
+                    None => statuses.remove(&key),
+                };
+            }
+            Validation {
+                validated: Arc::new(delta.validated),
+                statuses,
+                changed: Some(delta.changed),
+            }
         }
-        _ => {
+        None => {
             let outcome = memory.validated.update(
                 Kind::NetworkPolicy,
                 Scope::Object,
                 objects.iter().map(|(k, o)| (k.clone(), o)),
                 network_policy::validate,
             );
-            (Arc::new(outcome.validated), Arc::new(outcome.statuses))
+            let statuses = outcome.statuses.into_iter();
+            Validation {
+                validated: Arc::new(outcome.validated),
+                statuses: statuses.map(|s| (s.key.clone(), s)).collect(),
+                changed: None,
+            }
         }
     }
 }
@@ -270,33 +323,51 @@ fn add_shared(out: &mut Planned, inputs: &Inputs, parts: &Parts) {
 /// What one plan updates in place, starting from last plan's memory.
 struct Work<'m> {
     policies: Policies,
+    named_egress: imbl::OrdSet<String>,
+    logging: imbl::OrdSet<String>,
     dispatch: dispatch::Update<'m>,
     parts: Parts,
     peer_sets: PeerSets,
+}
+
+/// What [`Work::finish`] hands to the next memory.
+struct Finished {
+    policies: Policies,
+    named_egress: imbl::OrdSet<String>,
+    logging: imbl::OrdSet<String>,
+    dispatch: dispatch::Dispatch,
+    peer_sets: PeerSets,
+    parts: Parts,
 }
 
 impl<'m> Work<'m> {
     fn from(memory: &'m NetpolMemory) -> Work<'m> {
         Work {
             policies: memory.policies.clone(),
+            named_egress: memory.named_egress.clone(),
+            logging: memory.logging.clone(),
             dispatch: memory.dispatch.update(),
             parts: memory.parts.clone(),
             peer_sets: memory.peer_sets.clone(),
         }
     }
 
-    /// Takes out the policies of last plan (`before`) that are no longer in force.
+    /// Takes out the policies of last plan (`before`) among those visited that are no
+    /// longer in force.
     fn retire_gone(
         &mut self,
         before: &Policies,
         in_force: &InForceMap<NetworkPolicy, ValidatedPolicy>,
+        visit: &visit::Visit,
     ) {
-        for (key, gone) in before.iter() {
+        for (key, gone) in visit.planned(before) {
             if !in_force.contains_key(key) {
                 self.parts.remove(&gone.part_key);
                 self.peer_sets.release(&gone.peer_keys);
                 self.dispatch.remove(key, gone);
                 self.policies.remove(key);
+                self.named_egress.remove(key);
+                self.logging.remove(key);
             }
         }
     }
@@ -356,6 +427,9 @@ impl<'m> Work<'m> {
             deny,
         };
         self.dispatch.add(key, &planned);
+        mark(&mut self.named_egress, key, memo::has_named_egress(policy));
+        let logs = !planned.logged.is_empty() || !planned.deny.is_empty();
+        mark(&mut self.logging, key, logs);
         self.policies.insert(key.to_string(), Arc::new(planned));
     }
 
@@ -365,15 +439,18 @@ impl<'m> Work<'m> {
         inputs: &Inputs,
         memory: &NetpolMemory,
         lookup: &mut acl::Lookup,
+        problems: BTreeSet<String>,
     ) -> (crate::plan::acl_log::Book, BTreeSet<String>) {
-        let logged = self.policies.values().map(|p| {
-            let p = &**p;
+        let policies = &self.policies;
+        let logged = self.logging.iter().map(|key| {
+            let p = &**policies.get(key).expect("a logging policy is planned");
             (p.policy.namespace.as_str(), &p.logged, !p.deny.is_empty())
         });
         acl::finish(
             logged,
             &memory.acl_namespaces,
             lookup,
+            problems,
             inputs.snapshot,
             inputs.config.acl_log,
             &mut self.parts,
@@ -381,11 +458,28 @@ impl<'m> Work<'m> {
     }
 
     /// Completes the peer sets' and the dispatch's parts; what the next memory keeps.
-    #[allow(clippy::type_complexity)]
-    fn finish(mut self) -> (Policies, dispatch::Dispatch, PeerSets, Parts) {
+    fn finish(mut self) -> Finished {
         self.peer_sets.finish(&mut self.parts);
         let dispatch = self.dispatch.finish(&mut self.parts);
-        (self.policies, dispatch, self.peer_sets, self.parts)
+        Finished {
+            policies: self.policies,
+            named_egress: self.named_egress,
+            logging: self.logging,
+            dispatch,
+            peer_sets: self.peer_sets,
+            parts: self.parts,
+        }
+    }
+}
+
+/// Puts `key` into `set` or takes it out.
+fn mark(set: &mut imbl::OrdSet<String>, key: &str, member: bool) {
+    if member {
+        if !set.contains(key) {
+            set.insert(key.to_string());
+        }
+    } else {
+        set.remove(key);
     }
 }
 
@@ -666,3 +760,5 @@ fn neighbour_discovery() -> Rule {
 mod tests;
 #[cfg(test)]
 mod tests_acl;
+#[cfg(test)]
+mod tests_incremental;

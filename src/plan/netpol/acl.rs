@@ -11,7 +11,7 @@ use crate::config::acl_log::AclLogSettings;
 use crate::nft::ir::{Part, Parts, Verdict};
 use crate::plan::acl_log::{self, Action, Book, Entry};
 use crate::snapshot::Snapshot;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// A namespace's logging and the agent's settings.
@@ -22,20 +22,43 @@ pub type Logged = Vec<(u64, Arc<Entry>)>;
 
 const KIND: &str = "NetworkPolicy";
 
-/// The namespaces' logging, looked up once per namespace and plan.
-#[derive(Default)]
+/// The namespaces' logging, looked up once per namespace and carried from plan to plan until
+/// a namespace changes (`Lookup::carried`): a plan that re-plans one policy reads one
+/// namespace's annotation, not every policy's.
+#[derive(Debug, Clone, Default)]
 pub struct Lookup {
-    seen: BTreeMap<String, Option<AclLogging>>,
-    pub problems: BTreeSet<String>,
+    seen: imbl::OrdMap<String, Option<AclLogging>>,
+    /// What was wrong with a namespace's annotation, for the namespaces with a problem.
+    problems: imbl::OrdMap<String, BTreeSet<String>>,
 }
 
 impl Lookup {
+    /// Last plan's lookups for the next plan: kept, or none when a namespace changed.
+    pub fn carried(&self, namespaces_changed: bool) -> Lookup {
+        if namespaces_changed {
+            Lookup::default()
+        } else {
+            self.clone()
+        }
+    }
+
     pub fn get(&mut self, snapshot: &Snapshot, ns: &str, settings: AclLogSettings) -> Option<Acl> {
         if !self.seen.contains_key(ns) {
-            let l = acl_log::namespace_logging(snapshot, ns, &mut self.problems);
+            let mut problems = BTreeSet::new();
+            let l = acl_log::namespace_logging(snapshot, ns, &mut problems);
             self.seen.insert(ns.to_string(), l);
+            if !problems.is_empty() {
+                self.problems.insert(ns.to_string(), problems);
+            }
         }
-        self.seen[ns].map(|l| (l, settings))
+        self.seen.get(ns).copied().flatten().map(|l| (l, settings))
+    }
+
+    /// The problems of the annotations of the namespaces `in_use` holds (those with a policy
+    /// in force: each was looked up when its policies were planned).
+    pub fn problems(&self, in_use: impl Fn(&str) -> bool) -> BTreeSet<String> {
+        let with_policies = self.problems.iter().filter(|(ns, _)| in_use(ns));
+        with_policies.flat_map(|(_, p)| p.iter().cloned()).collect()
     }
 }
 
@@ -79,11 +102,13 @@ pub fn deny_chain(acl: Option<&Acl>, namespace: &str, direction: &str) -> Option
 
 /// The book of the plan and the namespaces' ACL parts in `parts` (those of namespaces no
 /// longer logged removed); returns the book and the logged namespaces.
-/// `policies`: each policy's namespace, logged allow verdicts and whether it logs denies.
+/// `policies`: each logging policy's namespace, logged allow verdicts and whether it logs
+/// denies; `problems`: what was wrong with the annotations (`Lookup::problems`).
 pub fn finish<'p>(
     policies: impl Iterator<Item = (&'p str, &'p Logged, bool)>,
     before: &BTreeSet<String>,
     lookup: &mut Lookup,
+    problems: BTreeSet<String>,
     snapshot: &Snapshot,
     settings: AclLogSettings,
     parts: &mut Parts,
@@ -115,6 +140,6 @@ pub fn finish<'p>(
         parts.insert(acl_log::rate_part_key(ns), Arc::new(acl_log::rate_part(ns)));
         parts.insert(format!("np-acl/{ns}"), Arc::new(deny));
     }
-    book.problems = std::mem::take(&mut lookup.problems);
+    book.problems = problems;
     (book, namespaces)
 }

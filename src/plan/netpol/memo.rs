@@ -7,7 +7,7 @@
 
 use super::peers::PeerKey;
 use super::pods::peer_matches;
-use crate::api::network_policy::{PortSpec, ValidatedPolicy};
+use crate::api::network_policy::{PolicyRule, PortSpec, ValidatedPolicy};
 use crate::api::{Namespace, Pod};
 use crate::nft::ir::Part;
 use crate::snapshot::{self, ObjectKey, ObjectMap, Snapshot};
@@ -89,16 +89,25 @@ pub fn touches(policy: &ValidatedPolicy, snapshot: &Snapshot, pod: &Pod) -> bool
     if namespace == policy.namespace && policy.pods.matches(snapshot::labels(&pod.metadata)) {
         return true;
     }
-    let named_egress = policy.egress.iter().flatten().filter(|r| {
-        r.ports
-            .iter()
-            .flatten()
-            .any(|p| matches!(p.port, PortSpec::Named(_)))
-    });
-    named_egress.into_iter().any(|rule| match &rule.peers {
+    named_egress(policy).any(|rule| match &rule.peers {
         None => true,
         Some(peers) => peers
             .iter()
             .any(|peer| peer_matches(&policy.namespace, peer, snapshot, pod)),
     })
+}
+
+/// The egress rules of `policy` with a named port: the pods they resolve it on are its peers.
+fn named_egress(policy: &ValidatedPolicy) -> impl Iterator<Item = &PolicyRule> {
+    policy.egress.iter().flatten().filter(|r| {
+        r.ports
+            .iter()
+            .flatten()
+            .any(|p| matches!(p.port, PortSpec::Named(_)))
+    })
+}
+
+/// Whether `policy` has an egress rule on a named port: a pod in any namespace may touch it.
+pub fn has_named_egress(policy: &ValidatedPolicy) -> bool {
+    named_egress(policy).next().is_some()
 }
