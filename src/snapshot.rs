@@ -210,6 +210,9 @@ struct Indexes {
     /// service has one to a few slices, and an `OrdSet` leaf is ~800 bytes (8 MB at
     /// 10,000 services).
     slices_by_service: imbl::OrdMap<ObjectKey, Vec<ObjectKey>>,
+    /// ClusterIP (`spec.clusterIP` and `spec.clusterIPs`) -> services, sorted: one as a
+    /// rule, more only while an address moves between services.
+    services_by_cluster_ip: imbl::OrdMap<IpAddr, Vec<ObjectKey>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -330,6 +333,7 @@ impl SnapshotBuilder {
         match kind {
             Kind::Pod => self.inner.indexes.pods_by_node.clear(),
             Kind::EndpointSlice => self.inner.indexes.slices_by_service.clear(),
+            Kind::Service => self.inner.indexes.services_by_cluster_ip.clear(),
             _ => {}
         }
     }
@@ -342,22 +346,34 @@ impl SnapshotBuilder {
     }
 }
 
-/// The index entry an object has, if any: (index, index key).
+/// An index entry of an object: (index, index key).
+#[derive(PartialEq)]
 enum IndexEntry {
     PodOnNode(String),
     SliceOfService(ObjectKey),
+    ServiceClusterIp(IpAddr),
 }
 
 impl IndexEntry {
-    fn of(key: &ObjectKey, obj: &AnyObject) -> Option<IndexEntry> {
+    /// The entries `obj` (stored at `key`) has: none, one, or a service's ClusterIPs.
+    fn of(key: &ObjectKey, obj: &AnyObject) -> Vec<IndexEntry> {
         match obj {
-            AnyObject::Pod(pod) => pod_node_name(pod).map(|n| IndexEntry::PodOnNode(n.to_string())),
-            AnyObject::EndpointSlice(slice) => {
-                labels(&slice.metadata).get(SERVICE_NAME_LABEL).map(|svc| {
+            AnyObject::Pod(pod) => pod_node_name(pod)
+                .map(|n| IndexEntry::PodOnNode(n.to_string()))
+                .into_iter()
+                .collect(),
+            AnyObject::EndpointSlice(slice) => labels(&slice.metadata)
+                .get(SERVICE_NAME_LABEL)
+                .map(|svc| {
                     IndexEntry::SliceOfService(ObjectKey::new(key.namespace.clone(), svc.clone()))
                 })
-            }
-            _ => None,
+                .into_iter()
+                .collect(),
+            AnyObject::Service(svc) => service_cluster_ips(svc)
+                .into_iter()
+                .map(IndexEntry::ServiceClusterIp)
+                .collect(),
+            _ => Vec::new(),
         }
     }
 }
@@ -365,44 +381,82 @@ impl IndexEntry {
 impl Indexes {
     /// Indexes `obj` (stored at `key`).
     fn add(&mut self, key: &ObjectKey, obj: &AnyObject) {
-        match IndexEntry::of(key, obj) {
-            Some(IndexEntry::PodOnNode(node)) => {
-                self.pods_by_node
-                    .entry(node)
-                    .or_default()
-                    .insert(key.clone());
-            }
-            Some(IndexEntry::SliceOfService(svc)) => {
-                let slices = self.slices_by_service.entry(svc).or_default();
-                if let Err(i) = slices.binary_search(key) {
-                    slices.insert(i, key.clone());
+        for entry in IndexEntry::of(key, obj) {
+            match entry {
+                IndexEntry::PodOnNode(node) => {
+                    self.pods_by_node
+                        .entry(node)
+                        .or_default()
+                        .insert(key.clone());
+                }
+                IndexEntry::SliceOfService(svc) => {
+                    insert_sorted(self.slices_by_service.entry(svc).or_default(), key)
+                }
+                IndexEntry::ServiceClusterIp(ip) => {
+                    insert_sorted(self.services_by_cluster_ip.entry(ip).or_default(), key)
                 }
             }
-            None => {}
         }
     }
 
-    /// Unindexes `old` (which was at `key`) unless `now`, the object stored there now, has
-    /// the same entry.
+    /// Unindexes `old` (which was at `key`) from the entries that `now`, the object stored
+    /// there now, does not have.
     fn drop_stale(&mut self, key: &ObjectKey, old: &AnyObject, now: Option<&AnyObject>) {
-        let Some(was) = IndexEntry::of(key, old) else {
+        let was = IndexEntry::of(key, old);
+        if was.is_empty() {
             return;
-        };
-        let is = now.and_then(|n| IndexEntry::of(key, n));
-        match (was, is) {
-            (IndexEntry::PodOnNode(a), Some(IndexEntry::PodOnNode(b))) if a == b => {}
-            (IndexEntry::SliceOfService(a), Some(IndexEntry::SliceOfService(b))) if a == b => {}
-            (IndexEntry::PodOnNode(node), _) => remove_from(&mut self.pods_by_node, &node, key),
-            (IndexEntry::SliceOfService(svc), _) => {
-                if let Some(slices) = self.slices_by_service.get_mut(&svc) {
-                    slices.retain(|k| k != key);
-                    if slices.is_empty() {
-                        self.slices_by_service.remove(&svc);
-                    }
+        }
+        let is = now.map(|n| IndexEntry::of(key, n)).unwrap_or_default();
+        for entry in was.into_iter().filter(|e| !is.contains(e)) {
+            match entry {
+                IndexEntry::PodOnNode(node) => remove_from(&mut self.pods_by_node, &node, key),
+                IndexEntry::SliceOfService(svc) => {
+                    remove_sorted(&mut self.slices_by_service, &svc, key)
+                }
+                IndexEntry::ServiceClusterIp(ip) => {
+                    remove_sorted(&mut self.services_by_cluster_ip, &ip, key)
                 }
             }
         }
     }
+}
+
+fn insert_sorted(keys: &mut Vec<ObjectKey>, key: &ObjectKey) {
+    if let Err(i) = keys.binary_search(key) {
+        keys.insert(i, key.clone());
+    }
+}
+
+/// Removes `key` from the vector at `index[at]`, and the vector once empty.
+fn remove_sorted<K: Ord + Clone>(
+    index: &mut imbl::OrdMap<K, Vec<ObjectKey>>,
+    at: &K,
+    key: &ObjectKey,
+) {
+    if let Some(keys) = index.get_mut(at) {
+        keys.retain(|k| k != key);
+        if keys.is_empty() {
+            index.remove(at);
+        }
+    }
+}
+
+/// A service's ClusterIPs (`spec.clusterIPs` and `spec.clusterIP`), without `None` (headless)
+/// and anything else that is not an address.
+pub fn service_cluster_ips(svc: &Service) -> Vec<IpAddr> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut ips: Vec<IpAddr> = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
 }
 
 /// Removes `key` from the set at `index[at]`, and the set once empty.
@@ -567,6 +621,19 @@ impl Snapshot {
     ) -> impl Iterator<Item = &'a Arc<Pod>> + 'a {
         self.pods_on_node(node)
             .filter(|p| !pod_is_host_network(p) && !pod_is_terminal(p))
+    }
+
+    /// Services with `ip` among their ClusterIPs (one, unless an address is moving between
+    /// services), in namespace/name order: O(log services).
+    pub fn services_with_cluster_ip(&self, ip: IpAddr) -> impl Iterator<Item = &Arc<Service>> {
+        let services = self.services();
+        self.inner
+            .indexes
+            .services_by_cluster_ip
+            .get(&ip)
+            .into_iter()
+            .flatten()
+            .filter_map(move |k| services.get(k))
     }
 
     /// EndpointSlices labelled `kubernetes.io/service-name: <name>` in the service's namespace.

@@ -8,9 +8,11 @@ use nix::sys::socket::{
     AddressFamily, Backlog, ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn,
     SockaddrIn6, SockaddrStorage, bind, listen, recvmsg, setsockopt, socket, sockopt,
 };
+use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 fn transparent(kind: SockType, addr: SocketAddr) -> io::Result<OwnedFd> {
     let family = match addr {
@@ -162,4 +164,32 @@ pub fn recv_with_orig_dst(sock: &tokio::net::UdpSocket, buf: &mut [u8]) -> io::R
         orig_dst: orig,
         ifindex,
     })
+}
+
+/// Which input interfaces are Linux bridges (`/sys/class/net/<name>/bridge`, read-only),
+/// cached per interface index; forgotten all at once past [`Bridges::MAX`] (pods come and
+/// go, and each new veth gets a new index).
+#[derive(Clone, Default)]
+pub struct Bridges(Arc<Mutex<HashMap<u32, bool>>>);
+
+impl Bridges {
+    const MAX: usize = 4096;
+
+    pub fn is_bridge(&self, ifindex: u32) -> bool {
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = known.get(&ifindex) {
+            return *b;
+        }
+        let is = nix::net::if_::if_indextoname(ifindex).is_ok_and(|name| {
+            std::path::Path::new("/sys/class/net")
+                .join(name.to_string_lossy().as_ref())
+                .join("bridge")
+                .is_dir()
+        });
+        if known.len() >= Self::MAX {
+            known.clear();
+        }
+        known.insert(ifindex, is);
+        is
+    }
 }

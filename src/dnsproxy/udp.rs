@@ -39,6 +39,7 @@ pub struct UdpProxy {
     holder: Holder,
     gate: Gate,
     per_interface: Shares<super::hold::InterfaceKey>,
+    bridges: socket::Bridges,
     timeout: Duration,
     /// The listeners bound at a resolver's own address: answers to that resolver's queries
     /// leave through them (a second socket at that address could catch a pod's next query).
@@ -51,6 +52,7 @@ impl UdpProxy {
             holder,
             gate: Gate::new(limits.in_flight, limits.per_namespace),
             per_interface: Shares::new(limits.per_interface),
+            bridges: socket::Bridges::default(),
             timeout: limits.upstream_timeout,
             replies: Arc::default(),
         }
@@ -97,8 +99,8 @@ impl UdpProxy {
                 continue;
             }
             let gates = (&self.gate, &self.per_interface);
-            let Some(ticket) =
-                holder.admit_on(gates.0, gates.1, got.ifindex, pod.ip(), server.ip())
+            let input = (got.ifindex, self.bridges.is_bridge(got.ifindex));
+            let Some(ticket) = holder.admit_on(gates.0, gates.1, input, pod.ip(), server.ip())
             else {
                 continue;
             };

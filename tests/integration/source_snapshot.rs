@@ -4,7 +4,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, PodIP, PodSpec, PodStatus};
-use nodeplane::api::{EndpointSlice, Namespace, Node, ObjectMeta, Pod};
+use nodeplane::api::service::ServiceSpec;
+use nodeplane::api::{EndpointSlice, Namespace, Node, ObjectMeta, Pod, Service};
 use nodeplane::snapshot::*;
 
 fn meta(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
@@ -40,6 +41,20 @@ fn slice(ns: &str, name: &str, service: &str) -> EndpointSlice {
     EndpointSlice {
         metadata: meta(Some(ns), name, &[(SERVICE_NAME_LABEL, service)]),
         address_type: "IPv4".into(),
+        ..Default::default()
+    }
+}
+
+/// A Service with `spec.clusterIP` 172.30.0.<first> and `spec.clusterIPs` of both.
+fn service(ns: &str, name: &str, ips: &[u8]) -> Service {
+    let ips: Vec<String> = ips.iter().map(|n| format!("172.30.0.{n}")).collect();
+    Service {
+        metadata: meta(Some(ns), name, &[]),
+        spec: Some(ServiceSpec {
+            cluster_ip: ips.first().cloned(),
+            cluster_ips: Some(ips),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -234,16 +249,21 @@ mod incremental {
     enum Step {
         Pod(u8, u8),
         Slice(u8, u8),
+        /// Service `i` with ClusterIPs `a` and `b` of a small pool (so services share them).
+        Service(u8, u8, u8),
         RemovePod(u8),
         RemoveSlice(u8),
+        RemoveService(u8),
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
             (0..8u8, 0..3u8).prop_map(|(i, n)| Step::Pod(i, n)),
             (0..8u8, 0..3u8).prop_map(|(i, n)| Step::Slice(i, n)),
+            (0..8u8, 0..4u8, 0..4u8).prop_map(|(i, a, b)| Step::Service(i, a, b)),
             (0..8u8).prop_map(Step::RemovePod),
             (0..8u8).prop_map(Step::RemoveSlice),
+            (0..8u8).prop_map(Step::RemoveService),
         ]
     }
 
@@ -262,6 +282,8 @@ mod incremental {
                     Step::Slice(i, n) => { b.insert(slice("a", &format!("s{i}"), &format!("svc{n}"))); }
                     Step::RemovePod(i) => { b.remove(Kind::Pod, &ObjectKey::new("a", format!("p{i}"))); }
                     Step::RemoveSlice(i) => { b.remove(Kind::EndpointSlice, &ObjectKey::new("a", format!("s{i}"))); }
+                    Step::Service(i, x, y) => { b.insert(service("a", &format!("svc{i}"), &[x, y])); }
+                    Step::RemoveService(i) => { b.remove(Kind::Service, &ObjectKey::new("a", format!("svc{i}"))); }
                 }
                 snap = b.build();
             }
@@ -269,7 +291,19 @@ mod incremental {
             for o in snap.objects() {
                 scratch.insert(o);
             }
-            prop_assert_eq!(scratch.build(), snap);
+            let scratch = scratch.build();
+            for n in 0..4u8 {
+                let ip: IpAddr = format!("172.30.0.{n}").parse().unwrap();
+                let by_index = names(snap.services_with_cluster_ip(ip));
+                let by_scan: Vec<String> = snap
+                    .services()
+                    .values()
+                    .filter(|s| service_cluster_ips(s).contains(&ip))
+                    .map(|s| s.metadata.name.clone().unwrap())
+                    .collect();
+                prop_assert_eq!(by_index, by_scan);
+            }
+            prop_assert_eq!(scratch, snap);
         }
     }
 }

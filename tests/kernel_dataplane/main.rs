@@ -7,6 +7,7 @@ mod acl_log;
 mod acl_log_bridged;
 mod dns;
 mod dns_attacks;
+mod dns_bridged_share;
 mod dns_flood;
 mod dns_policy;
 mod egress_ip;

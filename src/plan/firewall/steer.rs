@@ -29,7 +29,7 @@ use crate::api::Service;
 use crate::config::Config;
 use crate::net::{Family, NetDesired, NextHop, RouteSpec, RuleSpec};
 use crate::nft::ir::*;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{self, Snapshot};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -87,49 +87,34 @@ pub struct Trusted {
 
 /// The resolvers whose answers are learned: `--dns-resolvers` when given, else the cluster
 /// DNS Services' ClusterIPs and the nameservers of `--resolv-conf`; with the endpoints of
-/// those that are ClusterIPs. A `--dns-resolvers` address in a service CIDR that is not a
-/// cluster DNS ClusterIP is found with one pass over the Services.
+/// those that are a Service's ClusterIP, whichever Service (found through the snapshot's
+/// ClusterIP index: O(resolvers x log services), never a pass over the Services).
 pub fn trusted_resolvers(snapshot: &Snapshot, config: &Config) -> Trusted {
     let settings = &config.dns_proxy;
-    let dns_services = CLUSTER_DNS
-        .iter()
-        .filter_map(|(ns, name)| snapshot.service(ns, name));
     let resolvers: BTreeSet<IpAddr> = if settings.resolvers.is_empty() {
         let mut out: BTreeSet<IpAddr> = settings.resolv_conf_nameservers.iter().copied().collect();
-        out.extend(dns_services.clone().flat_map(|s| cluster_ips(s)));
+        let dns_services = CLUSTER_DNS
+            .iter()
+            .filter_map(|(ns, name)| snapshot.service(ns, name));
+        out.extend(dns_services.flat_map(|s| snapshot::service_cluster_ips(s)));
         out
     } else {
         settings.resolvers.iter().copied().collect()
     };
-    let known: BTreeSet<IpAddr> = dns_services.clone().flat_map(|s| cluster_ips(s)).collect();
-    let elsewhere = resolvers
-        .iter()
-        .any(|r| !known.contains(r) && config.service_cidrs.iter().any(|c| c.contains(r)));
-    let services: Vec<&Arc<Service>> = if elsewhere {
-        snapshot.services().values().collect()
-    } else {
-        dns_services.collect()
-    };
     let mut backends = BTreeSet::new();
-    for svc in services {
-        if cluster_ips(svc).iter().any(|ip| resolvers.contains(ip)) {
-            backends.extend(dns_endpoints(snapshot, svc));
+    let mut seen = BTreeSet::new();
+    for r in &resolvers {
+        for svc in snapshot.services_with_cluster_ip(*r) {
+            // A dual-stack Service whose two ClusterIPs are both resolvers counts once.
+            if seen.insert(Arc::as_ptr(svc)) {
+                backends.extend(dns_endpoints(snapshot, svc));
+            }
         }
     }
     Trusted {
         resolvers,
         backends,
     }
-}
-
-fn cluster_ips(svc: &Service) -> Vec<IpAddr> {
-    let spec = svc.spec.as_ref();
-    let ips = spec.and_then(|s| s.cluster_ips.clone()).unwrap_or_default();
-    let single = spec.and_then(|s| s.cluster_ip.clone());
-    ips.iter()
-        .chain(single.iter())
-        .filter_map(|ip| ip.parse::<IpAddr>().ok())
-        .collect()
 }
 
 /// The endpoints (address, target port) of `svc`'s port 53, from its EndpointSlices (whose

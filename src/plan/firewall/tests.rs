@@ -478,3 +478,42 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         "no IPv6 resolver, no IPv6 steering"
     );
 }
+
+/// A `--dns-resolvers` address that is the ClusterIP of a Service other than the cluster DNS
+/// (a tenant-independent resolver the operator runs) is found through the snapshot's
+/// ClusterIP index: its endpoints are trusted, and follow the Service when its address moves.
+#[test]
+fn a_resolver_that_is_another_services_cluster_ip_trusts_that_services_endpoints() {
+    let resolver = |ip: &str| {
+        objects::service_ips("resolver", &[ip], "{name: dns, port: 53, protocol: UDP}")
+            .in_namespace("infra")
+            .object()
+    };
+    let slice = objects::endpoint_slice(
+        "resolver-1",
+        "resolver",
+        "IPv4",
+        "{name: dns, port: 5353, protocol: UDP}",
+        &[objects::ep("10.128.7.7", NODE)],
+    )
+    .in_namespace("infra");
+    let mut b = Snapshot::builder()
+        .with(fw("web", "[{type: Allow, to: {dnsName: '*.example.com'}}]"))
+        .with(pod_on(NODE, "web", "a", &["10.128.0.5"]))
+        .with(resolver("172.30.5.5"))
+        .with(slice.object());
+    let mut config = Config::for_node(NODE);
+    config.dns_proxy.resolvers = vec!["172.30.5.5".parse().unwrap()];
+    let trusted = steer::trusted_resolvers(&b.clone().build(), &config);
+    assert_eq!(
+        trusted.backends,
+        ["10.128.7.7:5353".parse().unwrap()].into(),
+        "the endpoints of the resolver's Service"
+    );
+    // The Service moves to another ClusterIP: the old address is no Service's any more.
+    b.insert(resolver("172.30.6.6"));
+    let snap = b.build();
+    assert!(steer::trusted_resolvers(&snap, &config).backends.is_empty());
+    config.dns_proxy.resolvers = vec!["172.30.6.6".parse().unwrap()];
+    assert_eq!(steer::trusted_resolvers(&snap, &config).backends.len(), 1);
+}
