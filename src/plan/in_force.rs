@@ -131,7 +131,7 @@ where
     V: std::fmt::Debug + Send + Sync,
 {
     fn len(&self) -> usize {
-        std::collections::BTreeMap::len(self)
+        imbl::OrdMap::len(self)
     }
 }
 

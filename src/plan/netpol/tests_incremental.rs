@@ -151,8 +151,8 @@ fn assert_same(incremental: &Desired, fresh: &Desired, at: &str) {
         "{at}: inet table"
     );
     assert_eq!(
-        incremental.bridge.as_ref().map(render_full),
-        fresh.bridge.as_ref().map(render_full),
+        super::tests::bridge_of(incremental).map(render_full),
+        super::tests::bridge_of(fresh).map(render_full),
         "{at}: bridge table"
     );
     assert_eq!(incremental.statuses, fresh.statuses, "{at}: statuses");
