@@ -386,7 +386,7 @@ fn learned_set(name: &str, family: IpFamily) -> crate::nft::ir::Set {
 use tests as tests_support;
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use crate::config::Config;
     use crate::nft::FakeBackend;
@@ -396,10 +396,10 @@ pub(super) mod tests {
     use crate::testing::objects;
 
     pub(super) use crate::plan::firewall::Names;
-    pub(crate) const POD: &str = "10.128.0.5";
+    pub(super) const POD: &str = "10.128.0.5";
 
     /// A planned table in a fake kernel, and the learning view of the same plan.
-    pub(crate) fn planned(rules: &str) -> (FakeBackend, Learning) {
+    pub(super) fn planned(rules: &str) -> (FakeBackend, Learning) {
         let snap = Snapshot::builder()
             .with(objects::egress_firewall("web", rules).object())
             .with(objects::pod("web", "a").on("worker-1").ips(&[POD]).object())
@@ -423,7 +423,7 @@ pub(super) mod tests {
         (backend, learning::learning(&d.memory.firewall))
     }
 
-    pub(crate) fn answer(name: &str, addrs: &[(&str, u32)]) -> Answer {
+    pub(super) fn answer(name: &str, addrs: &[(&str, u32)]) -> Answer {
         Answer {
             name: name.into(),
             addresses: addrs

@@ -60,7 +60,7 @@ impl ProxyMetrics {
         );
         registry.register(
             "dns_proxy_errors",
-            "Proxy errors by reason (upstream_timeout, upstream, reply, receive, malformed, overload, untrusted, mismatch, random, learn, learner_busy, tcp, conntrack)",
+            "Proxy errors by reason (upstream_timeout, upstream, reply, receive, malformed, overload, untrusted, mismatch, random, learn, learner_busy, learner_gone, tcp, conntrack)",
             self.errors.clone(),
         );
     }

@@ -5,9 +5,8 @@
 //!
 //! `socket` (transparent sockets), `udp` and `tcp` (the two paths), `resolvers` (listeners
 //! at the resolvers' own addresses, for bridged pods with br_netfilter; a namespace's share
-//! of the slots is `listener::fair`), `hold` (parse, admit, wait), `writer` (who writes the
-//! learned sets: the answer's own task; the keep-alive pass), `answer` (parsing, CNAME
-//! chains, IDs), `learn` (the bounded learned-set book and its batches), `metrics`.
+//! of the slots is `listener::fair`), `hold` (parse, learn on the learner thread, wait),
+//! `answer` (parsing, CNAME chains, IDs), `learn` (the bounded learned-set writer), `metrics`.
 
 pub mod answer;
 pub mod hold;
@@ -17,7 +16,6 @@ pub mod resolvers;
 pub mod socket;
 pub mod tcp;
 pub mod udp;
-pub mod writer;
 
 use crate::config::DnsProxySettings;
 use crate::nft::TABLE_NAME;
