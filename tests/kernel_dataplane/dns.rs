@@ -9,7 +9,9 @@
 
 use nodeplane::nft::ir::IpFamily;
 use nodeplane::plan::firewall::Names;
-use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_tcp, send_spoofed_udp};
+use nodeplane::testing::lab::dns::{
+    DnsServer, Zone, a_query, lookup, lookup_tcp, send_spoofed_udp,
+};
 use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -811,18 +813,7 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
 
 /// A one-question A query for `q<n>.example.com` (what the flooders send).
 fn lookup_query(n: u32) -> Option<Vec<u8>> {
-    Some(question(&format!("q{n}.example.com"), n as u16))
-}
-
-/// A one-question A query for `name`.
-fn question(name: &str, id: u16) -> Vec<u8> {
-    use hickory_proto::op::{Message, Query};
-    use hickory_proto::rr::{Name, RecordType};
-    let mut q = Message::query();
-    q.metadata.id = id;
-    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
-    q.add_query(Query::query(name, RecordType::A));
-    q.to_vec().expect("encodes")
+    Some(a_query(&format!("q{n}.example.com"), n as u16))
 }
 
 #[test]
@@ -845,7 +836,7 @@ fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
     );
     // g1 (no EgressFirewall) asks the rogue server with a1's source address, again and
     // again for a second (a forged datagram may meet a cold neighbour cache).
-    let query = question("payments.example.com", 7);
+    let query = a_query("payments.example.com", 7);
     let (a1, rogue_addr) = ("10.128.0.5:40000".parse().unwrap(), ROGUE.parse().unwrap());
     for _ in 0..10 {
         send_spoofed_udp(&t.g1.ns, a1, rogue_addr, &query).expect("raw send");

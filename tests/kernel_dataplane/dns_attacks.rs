@@ -47,11 +47,27 @@ fn topo(zone: Zone) -> Topo {
         &format!("net.ipv4.conf.{}.rp_filter", attacker.host_iface),
         "0",
     );
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
-    let pods = [
-        victim.manifest("alpha", "v", NODE),
-        attacker.manifest("mallory", "m", NODE),
-    ];
+    let agent = steered_alpha_agent(
+        &node,
+        &[
+            victim.manifest("alpha", "v", NODE),
+            attacker.manifest("mallory", "m", NODE),
+        ],
+    );
+    Topo {
+        node,
+        victim,
+        attacker,
+        resolver,
+        agent,
+        _lab: lab,
+    }
+}
+
+/// An agent on `node` with `pods`, namespace `alpha`'s EgressFirewall (`*.example.com`
+/// allowed, 198.18.0.0/15 denied, so its DNS is steered) and both resolvers trusted.
+pub(crate) fn steered_alpha_agent(node: &Ns, pods: &[String]) -> ManifestAgent {
+    let agent = ManifestAgent::new(node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
     agent.write("pods.yaml", &pods.join("---\n"));
     agent.write(
         "fw-alpha.yaml",
@@ -66,14 +82,7 @@ fn topo(zone: Zone) -> Topo {
         "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
     )
     .unwrap();
-    Topo {
-        node,
-        victim,
-        attacker,
-        resolver,
-        agent,
-        _lab: lab,
-    }
+    agent
 }
 
 impl Topo {

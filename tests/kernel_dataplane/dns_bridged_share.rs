@@ -9,9 +9,8 @@
 //! resolver, and 192.168.1.222 is a second trusted resolver that never answers (routed to
 //! the external host, which does not forward).
 
-use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup};
+use nodeplane::testing::lab::dns::{DnsServer, Zone, a_query, lookup};
 use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, eventually, set_br_netfilter};
-use nodeplane::testing::objects;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,25 +50,13 @@ fn topo() -> Topo {
     // No reverse-path filter (pods on one bridge pass it anyway).
     node.sysctl("net.ipv4.conf.all.rp_filter", "0");
     node.sysctl("net.ipv4.conf.br0.rp_filter", "0");
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
-    let pods = [
-        victim.manifest("alpha", "v", NODE),
-        neighbour.manifest("alpha", "n", NODE),
-    ];
-    agent.write("pods.yaml", &pods.join("---\n"));
-    agent.write(
-        "fw-alpha.yaml",
-        &objects::egress_firewall(
-            "alpha",
-            "[{type: Allow, to: {dnsName: '*.example.com'}}, {type: Deny, to: {cidrSelector: 198.18.0.0/15}}]",
-        )
-        .to_string(),
+    let agent = crate::dns_attacks::steered_alpha_agent(
+        &node,
+        &[
+            victim.manifest("alpha", "v", NODE),
+            neighbour.manifest("alpha", "n", NODE),
+        ],
     );
-    std::fs::write(
-        agent.dir().join("resolv.conf.txt"),
-        "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
     Topo {
         victim,
         neighbour,
@@ -118,17 +105,6 @@ fn resolver() -> SocketAddr {
     RESOLVER.parse().unwrap()
 }
 
-/// A one-question A query for `name`.
-fn question(name: &str, id: u16) -> Vec<u8> {
-    use hickory_proto::op::{Message, Query};
-    use hickory_proto::rr::{Name, RecordType};
-    let mut q = Message::query();
-    q.metadata.id = id;
-    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
-    q.add_query(Query::query(name, RecordType::A));
-    q.to_vec().expect("encodes")
-}
-
 /// `alpha`'s pod `n` asks the silent resolver with its own address, from a fresh port per
 /// query (as a resolver's retries look), ~1,000 queries a second.
 #[test]
@@ -142,7 +118,7 @@ fn a_bridged_pods_flood_leaves_its_bridge_neighbour_its_lookups() {
         let mut sent = 0u32;
         while !flag.load(Ordering::Relaxed) {
             let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-            let q = question(&format!("q{sent}.example.com"), sent as u16);
+            let q = a_query(&format!("q{sent}.example.com"), sent as u16);
             if sock.send_to(&q, silent).is_ok() {
                 sent += 1;
             }

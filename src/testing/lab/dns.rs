@@ -183,6 +183,16 @@ pub fn a_answer(id: u16, name: &str, addrs: &[Ipv4Addr], ttl: u32) -> Vec<u8> {
     r.to_vec().expect("encodes")
 }
 
+/// A one-question A query with ID `id` for `name` (no trailing dot): what a pod's resolver
+/// library sends.
+pub fn a_query(name: &str, id: u16) -> Vec<u8> {
+    let mut q = Message::query();
+    q.metadata.id = id;
+    let name = Name::from_ascii(format!("{name}.")).expect("a valid name");
+    q.add_query(Query::query(name, RecordType::A));
+    q.to_vec().expect("encodes")
+}
+
 fn read_framed(conn: &mut TcpStream) -> Option<Vec<u8>> {
     let mut len = [0u8; 2];
     conn.read_exact(&mut len).ok()?;
