@@ -181,7 +181,7 @@ impl Feature for NetworkPolicies {
             &memory.named_egress,
         );
         work.retire_gone(&memory.policies, in_force, &visit);
-        for (key, in_force) in visit.in_force(in_force) {
+        for (key, in_force) in visit.entries(in_force) {
             let policy = &in_force.valid;
             let last = memory.policies.get(key);
             if last.is_some_and(|last| still_current(last, policy, &changes, &flipped, snapshot)) {
@@ -360,7 +360,7 @@ impl<'m> Work<'m> {
         in_force: &InForceMap<NetworkPolicy, ValidatedPolicy>,
         visit: &visit::Visit,
     ) {
-        for (key, gone) in visit.planned(before) {
+        for (key, gone) in visit.entries(before) {
             if !in_force.contains_key(key) {
                 self.parts.remove(&gone.part_key);
                 self.peer_sets.release(&gone.peer_keys);

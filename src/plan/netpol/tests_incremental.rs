@@ -224,7 +224,7 @@ fn a_change_visits_only_the_policies_it_can_touch() {
             in_force,
             &memory.named_egress,
         );
-        let keys: Vec<String> = visit.in_force(in_force).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<String> = visit.entries(in_force).map(|(k, _)| k.clone()).collect();
         keys
     };
     let mut relabel = b.clone();

@@ -9,7 +9,7 @@
 use super::memo::Changes;
 use super::peers::PeerKey;
 use super::{NetworkPolicy, ValidatedPolicy};
-use crate::plan::in_force::{InForce, InForceMap};
+use crate::plan::in_force::InForceMap;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -48,26 +48,11 @@ pub fn policies(
 }
 
 impl Visit {
-    /// The visited policies in force, in key order.
-    pub fn in_force<'a>(
-        &'a self,
-        in_force: &'a InForceMap<NetworkPolicy, ValidatedPolicy>,
-    ) -> Box<dyn Iterator<Item = (&'a String, &'a InForce<NetworkPolicy, ValidatedPolicy>)> + 'a>
-    {
-        match self {
-            Visit::All => Box::new(in_force.iter()),
-            Visit::Only(keys) => Box::new(keys.iter().filter_map(|k| in_force.get_key_value(k))),
-        }
-    }
-
-    /// The visited entries of `map` (last plan's policies), in key order.
-    pub fn planned<'a, V>(
+    /// The visited entries of `map` (the policies in force, or the last plan's), in key order.
+    pub fn entries<'a, V>(
         &'a self,
         map: &'a imbl::OrdMap<String, V>,
-    ) -> Box<dyn Iterator<Item = (&'a String, &'a V)> + 'a>
-    where
-        V: Clone,
-    {
+    ) -> Box<dyn Iterator<Item = (&'a String, &'a V)> + 'a> {
         match self {
             Visit::All => Box::new(map.iter()),
             Visit::Only(keys) => Box::new(keys.iter().filter_map(|k| map.get_key_value(k))),
