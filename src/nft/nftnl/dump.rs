@@ -44,12 +44,17 @@ impl<'a> Attr<'a> {
 
     /// A NUL-terminated string attribute.
     pub fn string(&self) -> String {
+        String::from_utf8_lossy(self.str_bytes()).into_owned()
+    }
+
+    /// A NUL-terminated string attribute's bytes, without the NUL.
+    pub fn str_bytes(&self) -> &'a [u8] {
         let end = self
             .data
             .iter()
             .position(|b| *b == 0)
             .unwrap_or(self.data.len());
-        String::from_utf8_lossy(&self.data[..end]).into_owned()
+        &self.data[..end]
     }
 
     pub fn nested(&self) -> Attrs<'a> {
@@ -71,12 +76,30 @@ impl<'a> Attrs<'a> {
     }
 }
 
+/// The attributes of a payload in order. A named type, not a boxed iterator: a read-back
+/// walks several attribute lists per element, hundreds of thousands of elements at a large
+/// node's restart, and a box per walk was a malloc and a free each.
+pub struct AttrIter<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for AttrIter<'a> {
+    type Item = Attr<'a>;
+
+    fn next(&mut self) -> Option<Attr<'a>> {
+        let (kind, data, next) = super::reply::attr_at(self.buf, self.at)?;
+        self.at = next;
+        Some(Attr { kind, data })
+    }
+}
+
 impl<'a> IntoIterator for Attrs<'a> {
     type Item = Attr<'a>;
-    type IntoIter = Box<dyn Iterator<Item = Attr<'a>> + 'a>;
+    type IntoIter = AttrIter<'a>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(super::reply::attrs(self.0, 0).map(|(kind, data, _)| Attr { kind, data }))
+    fn into_iter(self) -> AttrIter<'a> {
+        AttrIter { buf: self.0, at: 0 }
     }
 }
 
@@ -95,23 +118,26 @@ pub struct KRule {
     pub udata: Option<Vec<u8>>,
 }
 
-/// Map data of one element.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KData {
-    Value(Vec<u8>),
-    Verdict(i32, Option<String>),
+/// Map data of one element: a value's bytes, or a verdict code and its chain's name
+/// (without the NUL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KData<'a> {
+    Value(&'a [u8]),
+    Verdict(i32, Option<&'a [u8]>),
 }
 
 /// One element as the kernel lists it (and as the agent encodes it: see
-/// [`parse_elements`]). Counters, expirations and timeouts are left out: they are state or
-/// defaults, not what the agent declares.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KElem {
-    pub key: Vec<u8>,
-    pub key_end: Option<Vec<u8>>,
+/// [`parse_elements`]), borrowed from the message bytes: a large node's restart reads and
+/// judges hundreds of thousands of elements, and owned keys and data were allocations for
+/// each. Counters, expirations and timeouts are left out: they are state or defaults, not
+/// what the agent declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KElem<'a> {
+    pub key: &'a [u8],
+    pub key_end: Option<&'a [u8]>,
     pub flags: u32,
-    pub data: Option<KData>,
-    pub udata: Option<Vec<u8>>,
+    pub data: Option<KData<'a>>,
+    pub udata: Option<&'a [u8]>,
 }
 
 /// A set's declaration as the kernel holds it.
@@ -132,7 +158,15 @@ pub struct KSetDecl {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KSet {
     pub decl: KSetDecl,
-    pub elems: Vec<KElem>,
+    /// The element nests of every `NFTA_SET_ELEM_LIST_ELEMENTS` payload of the set's dump,
+    /// one after the other (nests delimit themselves): one buffer, not one per element.
+    pub elem_bytes: Vec<u8>,
+}
+
+impl KSet {
+    pub fn elems(&self) -> impl Iterator<Item = KElem<'_>> {
+        parse_elements(&self.elem_bytes)
+    }
 }
 
 /// Everything the kernel holds in one table.
@@ -220,7 +254,7 @@ fn read_once(family: Family, name: &str) -> Result<Read, NftError> {
                 set,
                 KSet {
                     decl: parse_set_decl(a),
-                    elems: Vec::new(),
+                    elem_bytes: Vec::new(),
                 },
             );
         }
@@ -236,7 +270,7 @@ fn read_once(family: Family, name: &str) -> Result<Read, NftError> {
     for (set, elems, interrupted) in read_sets(family, name, &names)? {
         intr |= interrupted;
         if let Some(s) = t.sets.get_mut(set) {
-            s.elems = elems;
+            s.elem_bytes = elems;
         }
     }
     Ok(if intr {
@@ -251,8 +285,9 @@ fn read_once(family: Family, name: &str) -> Result<Read, NftError> {
 /// threads, each with its own socket (measured at 50,000 services: see docs/performance.md).
 const SET_READERS: usize = 4;
 
-/// A set's name, its elements, and whether the read is to be taken as interrupted.
-type SetRead<'a> = (&'a str, Vec<KElem>, bool);
+/// A set's name, its element nests ([`KSet::elem_bytes`]), and whether the read is to be
+/// taken as interrupted.
+type SetRead<'a> = (&'a str, Vec<u8>, bool);
 
 /// The elements of `sets`, each with whether its read is to be taken as interrupted, read
 /// in parallel by up to [`SET_READERS`] threads that take the next unread set in turn.
@@ -379,7 +414,8 @@ pub(super) fn counter_value(e: Attrs) -> Option<Counted> {
 /// kernel's resize of a large hash table takes a few milliseconds to a few hundred.
 const REPEAT_WAITS_MS: [u64; 7] = [2, 5, 10, 20, 50, 100, 250];
 
-/// The elements of one set, and whether the read is to be taken as interrupted.
+/// The element nests of one set ([`KSet::elem_bytes`]), and whether the read is to be
+/// taken as interrupted.
 ///
 /// A hash set's element dump walks the hash table afresh for every reply message and skips
 /// as many elements as earlier messages returned. While the kernel still resizes the table
@@ -390,18 +426,14 @@ const REPEAT_WAITS_MS: [u64; 7] = [2, 5, 10, 20, 50, 100, 250];
 /// distinct (15 of 16 loads); listed 50 ms later, all distinct. An element missed that way
 /// and no longer wanted would never be deleted, so a dump with a repeated element is read
 /// again.
-fn read_elements(
-    sock: &DumpSocket,
-    table: &str,
-    set: &str,
-) -> Result<(Vec<KElem>, bool), NftError> {
+fn read_elements(sock: &DumpSocket, table: &str, set: &str) -> Result<(Vec<u8>, bool), NftError> {
     let attrs = [(1u16, cstr(table)), (2u16, cstr(set))];
     let mut waits = REPEAT_WAITS_MS.iter();
     loop {
         let mut elems = Vec::new();
         let intr = sock.dump(NFT_MSG_GETSETELEM, &attrs, |a| {
             if let Some(list) = a.get(3) {
-                elems.extend(parse_elements(list.data));
+                elems.extend_from_slice(list.data);
             }
         })?;
         if intr || !has_repeats(&elems) {
@@ -417,15 +449,10 @@ fn read_elements(
     }
 }
 
-/// Whether an element (key, range end and flags) appears twice.
-fn has_repeats(elems: &[KElem]) -> bool {
-    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
-        elems.len(),
-        foldhash::fast::RandomState::default(),
-    );
-    !elems
-        .iter()
-        .all(|e| seen.insert((&e.key, &e.key_end, e.flags)))
+/// Whether an element (key, range end and flags) appears twice in `elem_bytes`.
+fn has_repeats(elem_bytes: &[u8]) -> bool {
+    let mut seen = std::collections::HashSet::with_hasher(foldhash::fast::RandomState::default());
+    !parse_elements(elem_bytes).all(|e| seen.insert((e.key, e.key_end, e.flags)))
 }
 
 pub(super) fn cstr(s: &str) -> Vec<u8> {
@@ -478,36 +505,29 @@ fn parse_set_decl(a: Attrs) -> KSetDecl {
 
 /// The element nests of an `NFTA_SET_ELEM_LIST_ELEMENTS` payload: what the kernel lists
 /// and what the agent's own encoder writes, parsed by this one function.
-pub fn parse_elements(list: &[u8]) -> Vec<KElem> {
-    Attrs(list)
-        .into_iter()
-        .map(|e| {
-            let e = e.nested();
-            let value = |k: u16| {
-                e.get(k)
-                    .and_then(|x| x.nested().get(1))
-                    .map(|v| v.data.to_vec())
-            };
-            let data = e.get(2).and_then(|d| {
-                let d = d.nested();
-                if let Some(v) = d.get(1) {
-                    return Some(KData::Value(v.data.to_vec()));
-                }
-                let v = d.get(2)?.nested();
-                Some(KData::Verdict(
-                    v.be32(1)? as i32,
-                    v.get(2).map(|c| c.string()),
-                ))
-            });
-            KElem {
-                key: value(1).unwrap_or_default(),
-                key_end: value(10),
-                flags: e.be32(3).unwrap_or(0),
-                data,
-                udata: e.get(6).map(|u| u.data.to_vec()),
+pub fn parse_elements(list: &[u8]) -> impl Iterator<Item = KElem<'_>> {
+    Attrs(list).into_iter().map(|e| {
+        let e = e.nested();
+        let value = |k: u16| e.get(k).and_then(|x| x.nested().get(1)).map(|v| v.data);
+        let data = e.get(2).and_then(|d| {
+            let d = d.nested();
+            if let Some(v) = d.get(1) {
+                return Some(KData::Value(v.data));
             }
-        })
-        .collect()
+            let v = d.get(2)?.nested();
+            Some(KData::Verdict(
+                v.be32(1)? as i32,
+                v.get(2).map(|c| c.str_bytes()),
+            ))
+        });
+        KElem {
+            key: value(1).unwrap_or_default(),
+            key_end: value(10),
+            flags: e.be32(3).unwrap_or(0),
+            data,
+            udata: e.get(6).map(|u| u.data),
+        }
+    })
 }
 
 /// A rule's expression list; `None` if any expression is one the agent never writes.

@@ -136,7 +136,7 @@ fn all_sets(t: &Table) -> impl Iterator<Item = &Set> {
 }
 
 fn anon_same(k: &KSet, want: &AnonSet) -> bool {
-    let mut have = k.elems.clone();
+    let mut have: Vec<KElem> = k.elems().collect();
     let mut wanted: Vec<KElem> = want
         .elems
         .iter()
@@ -331,12 +331,7 @@ fn judge_elements(want: &Set, have: &KSet, elements: &[(&ElemKey, &ElemValue)]) 
             .flat_map(|c| parse_elements(&c.list))
             .filter(|e| !zero_end(e))
             .collect();
-        let mut held: Vec<KElem> = have
-            .elems
-            .iter()
-            .filter(|e| !zero_end(e))
-            .cloned()
-            .collect();
+        let mut held: Vec<KElem> = have.elems().filter(|e| !zero_end(e)).collect();
         wanted.sort();
         held.sort();
         return if wanted == held {
@@ -349,8 +344,8 @@ fn judge_elements(want: &Set, have: &KSet, elements: &[(&ElemKey, &ElemValue)]) 
         };
     }
     // foldhash, seeded per process: SipHash was a tenth of a 50,000-service restart's compare.
-    let mut held: HashMap<&KElem, bool, foldhash::fast::RandomState> =
-        have.elems.iter().map(|e| (e, false)).collect();
+    let mut held: HashMap<KElem, bool, foldhash::fast::RandomState> =
+        have.elems().map(|e| (e, false)).collect();
     let mut present = vec![false; elements.len()];
     for c in &chunks {
         for (src, e) in c.srcs.iter().zip(parse_elements(&c.list)) {
@@ -368,7 +363,7 @@ fn judge_elements(want: &Set, have: &KSet, elements: &[(&ElemKey, &ElemValue)]) 
         if want.flags.interval {
             return flush_all(elements.len());
         }
-        match decode_key(&want.key, &e.key).filter(|k| encodes_to(&layout, k, &e.key)) {
+        match decode_key(&want.key, e.key).filter(|k| encodes_to(&layout, k, e.key)) {
             Some(k) => foreign.push(k),
             None => return flush_all(elements.len()),
         }
@@ -390,8 +385,12 @@ fn encodes_to(layout: &ElemLayout, key: &ElemKey, bytes: &[u8]) -> bool {
     encode_elements(layout, std::iter::once(one), ElemMode::Delete, false)
         .map(|c| c.finish())
         .ok()
-        .and_then(|c| c.first().map(|c| parse_elements(&c.list)))
-        .is_some_and(|e| e.len() == 1 && e[0].key == bytes)
+        .is_some_and(|c| {
+            c.first().is_some_and(|c| {
+                let mut e = parse_elements(&c.list);
+                e.next().is_some_and(|e| e.key == bytes) && e.next().is_none()
+            })
+        })
 }
 
 /// A plain (non-interval) key back to IR values; `None` for a type the agent cannot

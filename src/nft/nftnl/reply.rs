@@ -50,15 +50,22 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, u32, &[u8])> {
 pub(crate) fn attrs(buf: &[u8], base: usize) -> impl Iterator<Item = (u16, &[u8], usize)> {
     let mut i = 0;
     std::iter::from_fn(move || {
-        let len = u16_at(buf, i)? as usize;
-        let kind = u16_at(buf, i + 2)? & NLA_TYPE_MASK;
-        if len < 4 || i + len > buf.len() {
-            return None;
-        }
         let at = i;
-        i += (len + 3) & !3;
-        Some((kind, &buf[at + 4..at + len], base + at))
+        let (kind, data, next) = attr_at(buf, at)?;
+        i = next;
+        Some((kind, data, base + at))
     })
+}
+
+/// The attribute whose header is at `at` in `buf`: (type without flags, payload, offset of
+/// the next attribute); `None` at the end or at a malformed header.
+pub(crate) fn attr_at(buf: &[u8], at: usize) -> Option<(u16, &[u8], usize)> {
+    let len = u16_at(buf, at)? as usize;
+    let kind = u16_at(buf, at + 2)? & NLA_TYPE_MASK;
+    if len < 4 || at + len > buf.len() {
+        return None;
+    }
+    Some((kind, &buf[at + 4..at + len], at + ((len + 3) & !3)))
 }
 
 /// Errors in one datagram of replies; acks (error 0) are skipped.
