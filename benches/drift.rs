@@ -296,7 +296,7 @@ fn drift_repair(drifts: usize, services: usize) {
     let commands = [
         format!("delete table inet {TABLE_NAME}"),
         format!("flush chain inet {TABLE_NAME} fw-dispatch"),
-        format!("delete element inet {TABLE_NAME} svc-dispatch-v4 {{ 172.30.0.10 . tcp . 80 }}"),
+        format!("delete element inet {TABLE_NAME} svc-dispatch-v4-10 {{ 172.30.0.10 . tcp . 80 }}"),
         format!("insert rule inet {TABLE_NAME} fw-dispatch accept"),
         "flush ruleset".to_string(),
     ];

@@ -366,8 +366,8 @@ echo "$answers" | sed 's/^ */  /'
 [ "$(echo "$answers" | wc -l)" -ge 2 ] || { echo "error: expected several backends" >&2; exit 1; }
 step "external host -> NodePort 192.168.1.1:30080, 12 connections"
 for _ in $(seq 12); do ask "$s-ext" 192.168.1.1 30080; done | sort | uniq -c | sed 's/^ */  /'
-step "the dispatch map, the shared pool chains and the backends maps (frontend . bucket -> endpoint)"
-ip netns exec "$s-node" nft list map inet nodeplane svc-dispatch-v4 | sed 's/^/  /'
+step "the dispatch maps (one per address shard), the shared pool chains and the backends maps (frontend . bucket -> endpoint)"
+ip netns exec "$s-node" nft list table inet nodeplane | sed -n '/map svc-dispatch-v4-/,/^\t}/p' | sed 's/^/  /'
 ip netns exec "$s-node" nft list table inet nodeplane | grep -A3 'chain svc-v4-c[0-9]' | sed 's/^/  /'
 ip netns exec "$s-node" nft list table inet nodeplane | sed -n '/map svc-backends-v4-/,/^\t}/p' | sed 's/^/  /'
 

@@ -2,7 +2,9 @@
 //! from a packet ([`Packet::load`]), and what it cannot know offline ([`Loaded::Absent`] and
 //! the assumptions [`Packet::assumptions`] lists).
 
-use crate::nft::ir::{AddrType, CtDir, Field, IpFamily, Value, ct_state, proto, tcp_flags};
+use crate::nft::ir::{
+    AddrType, CtDir, Field, IpFamily, Value, ct_state, low_nibble, proto, tcp_flags,
+};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -185,6 +187,8 @@ impl Packet {
             Field::Ip4Daddr => ip(self.dst, true),
             Field::Ip6Saddr => ip(self.src, false),
             Field::Ip6Daddr => ip(self.dst, false),
+            Field::Ip4DaddrLowNibble => ip(low_nibble(self.dst), true),
+            Field::Ip6DaddrLowNibble => ip(low_nibble(self.dst), false),
             Field::ThSport => self.sport_value(),
             Field::ThDport => self.dport.map_or(Loaded::Absent, |p| val(Value::Port(p))),
             Field::Mark => val(Value::Mark(self.mark)),

@@ -488,6 +488,21 @@ pub enum Field {
     FibSaddrIifOif,
     /// `numgen random mod N`: a random number in 0..N, for load balancing.
     NumgenRandom(u32),
+    /// `ip daddr & 0.0.0.15`: the destination address with all but its last four bits
+    /// cleared, a key on its own (never in a concatenation): which of 16 shards a
+    /// destination's map elements live in ([`low_nibble`]).
+    Ip4DaddrLowNibble,
+    /// `ip6 daddr & ::f`: the same for IPv6.
+    Ip6DaddrLowNibble,
+}
+
+/// The address with all but its last four bits cleared: what [`Field::Ip4DaddrLowNibble`]
+/// and [`Field::Ip6DaddrLowNibble`] load.
+pub fn low_nibble(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(a.to_bits() & 0xf)),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(a.to_bits() & 0xf)),
+    }
 }
 
 impl Field {
@@ -497,8 +512,8 @@ impl Field {
             Field::NfProto => DataType::NfProto,
             Field::L4Proto => DataType::InetProto,
             Field::EtherType => DataType::EtherType,
-            Field::Ip4Saddr | Field::Ip4Daddr => DataType::Ipv4Addr,
-            Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
+            Field::Ip4Saddr | Field::Ip4Daddr | Field::Ip4DaddrLowNibble => DataType::Ipv4Addr,
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6DaddrLowNibble => DataType::Ipv6Addr,
             Field::ThSport | Field::ThDport | Field::Ip4FragOff | Field::Ip6FragOff => {
                 DataType::InetService
             }
@@ -516,8 +531,12 @@ impl Field {
     /// The address family a field implies, if any (nft adds `meta nfproto` for it).
     pub fn family(self) -> Option<IpFamily> {
         match self {
-            Field::Ip4Saddr | Field::Ip4Daddr | Field::Ip4FragOff => Some(IpFamily::V4),
-            Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6FragOff => Some(IpFamily::V6),
+            Field::Ip4Saddr | Field::Ip4Daddr | Field::Ip4FragOff | Field::Ip4DaddrLowNibble => {
+                Some(IpFamily::V4)
+            }
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6FragOff | Field::Ip6DaddrLowNibble => {
+                Some(IpFamily::V6)
+            }
             _ => None,
         }
     }

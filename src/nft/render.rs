@@ -442,6 +442,8 @@ pub fn field(f: Field) -> String {
         Field::Ip4FragOff => "ip frag-off".into(),
         Field::Ip6FragOff => "frag frag-off".into(),
         Field::NumgenRandom(n) => format!("numgen random mod {n}"),
+        Field::Ip4DaddrLowNibble => "ip daddr & 0.0.0.15".into(),
+        Field::Ip6DaddrLowNibble => "ip6 daddr & ::f".into(),
     }
 }
 

@@ -283,9 +283,9 @@ pub(crate) fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
         ),
         (
             format!(
-                "delete element inet {TABLE_NAME} svc-dispatch-v4 {{ 172.30.0.10 . tcp . 80 }}"
+                "delete element inet {TABLE_NAME} svc-dispatch-v4-10 {{ 172.30.0.10 . tcp . 80 }}"
             ),
-            "set svc-dispatch-v4 1 element deleted".into(),
+            "set svc-dispatch-v4-10 1 element deleted".into(),
         ),
         (
             format!("insert rule inet {TABLE_NAME} fw-dispatch accept"),

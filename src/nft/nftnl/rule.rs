@@ -328,6 +328,15 @@ impl RuleLowering<'_> {
                 dreg,
             },
         });
+        if let Some(mask) = f.mask {
+            // nft names the boolean op of an explicit `field & mask` binop.
+            self.push(Expr::Bitwise {
+                reg: dreg,
+                mask: mask.to_vec(),
+                xor: vec![0; mask.len()],
+                with_op: true,
+            });
+        }
     }
 
     /// `meta mark set meta mark and MASK xor XOR` (nft's lowering of `or` / `and`; nft

@@ -161,7 +161,13 @@ pub struct FieldInfo {
     pub family: Option<IpFamily>,
     /// A string (interface names): prefix matches compare bytes, no bitmask.
     pub string: bool,
+    /// A mask the loaded value is `&`ed with before use (nft's `field & mask` binop).
+    pub mask: Option<&'static [u8]>,
 }
+
+/// The masks of `ip daddr & 0.0.0.15` and `ip6 daddr & ::f`.
+const LOW_NIBBLE_V4: [u8; 4] = [0, 0, 0, 0x0f];
+const LOW_NIBBLE_V6: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0f];
 
 pub fn field_info(f: Field) -> FieldInfo {
     use ByteOrder::*;
@@ -172,6 +178,7 @@ pub fn field_info(f: Field) -> FieldInfo {
         key_type: f.data_type(),
         family: f.family(),
         string: false,
+        mask: None,
     };
     let nh = |offset| Load::Payload {
         base: NFT_PAYLOAD_NETWORK_HEADER,
@@ -227,13 +234,26 @@ pub fn field_info(f: Field) -> FieldInfo {
             NFT_FIB_RESULT_OIF,
         ),
         Field::NumgenRandom(modulus) => info(Load::Numgen { modulus }, 4, Host),
+        Field::Ip4DaddrLowNibble => FieldInfo {
+            mask: Some(&LOW_NIBBLE_V4),
+            ..info(nh(16), 4, Big)
+        },
+        Field::Ip6DaddrLowNibble => FieldInfo {
+            mask: Some(&LOW_NIBBLE_V6),
+            ..info(nh(24), 16, Big)
+        },
     }
 }
 
 /// nft's typeof description of a field (`NFTNL_UDATA_SET_TYPEOF_*` payload), written for
 /// anonymous sets so `nft list` can print their elements with the key's own syntax.
 fn field_typeof(f: Field, u: &mut Udata) {
-    let (etype, attrs): (u32, Vec<u32>) = match field_info(f).load {
+    let info = field_info(f);
+    if info.mask.is_some() {
+        // A binop has no typeof of its own here: nft lists the elements by their type.
+        return;
+    }
+    let (etype, attrs): (u32, Vec<u32>) = match info.load {
         Load::Meta(key) => (EXPR_META, vec![key]),
         Load::Payload { .. } => {
             let (desc, field) = match f {

@@ -94,12 +94,16 @@ fn cluster_frontends(
     };
     for ip in m.cluster_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         part.add_element(
-            names::cluster_ips(fam),
+            &names::cluster_ips(*ip),
             vec![KeyPart::Value(Value::ip(*ip))],
         );
         if let Some(v) = &cluster_verdict {
-            let dispatch = names::dispatch(fam);
-            part.add_mapping(dispatch, frontend_key(*ip, p), ElemData::Verdict(v.clone()));
+            let dispatch = names::dispatch(*ip);
+            part.add_mapping(
+                &dispatch,
+                frontend_key(*ip, p),
+                ElemData::Verdict(v.clone()),
+            );
         }
     }
 }
@@ -134,11 +138,10 @@ fn external_frontends(
         return;
     };
     external_chain(part, n, m, fam, cluster_target, local, all);
-    let dispatch = names::dispatch(fam);
     let ext = Verdict::Goto(n.external.clone());
     for ip in m.external_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         part.add_mapping(
-            dispatch,
+            &names::dispatch(*ip),
             frontend_key(*ip, p),
             ElemData::Verdict(ext.clone()),
         );
@@ -147,7 +150,7 @@ fn external_frontends(
     for ip in m.lb_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         if !m.external_ips.contains(ip) {
             part.add_mapping(
-                dispatch,
+                &names::dispatch(*ip),
                 frontend_key(*ip, p),
                 ElemData::Verdict(lb_target.clone()),
             );

@@ -148,21 +148,15 @@ pub(super) fn covers(c: &Claim, set: &str, key: &ElemKey) -> bool {
     if let Some((frontend_set, frontend)) = maps::frontend_of(set, key) {
         return covers(c, &frontend_set, &frontend);
     }
-    let addr_sets = |fam| {
-        [
-            names::dispatch(fam),
-            names::no_endpoints(fam),
-            names::cluster_ips(fam),
-        ]
+    let addr_set = |ip: IpAddr| {
+        set == names::dispatch(ip)
+            || set == names::no_endpoints(IpFamily::of(ip))
+            || set == names::cluster_ips(ip)
     };
     match c {
-        Claim::Cluster(ip) => {
-            addr_sets(IpFamily::of(*ip)).contains(&set)
-                && key.first() == Some(&Value::ip(*ip).into())
-        }
+        Claim::Cluster(ip) => addr_set(*ip) && key.first() == Some(&Value::ip(*ip).into()),
         Claim::External(ip, proto, port) => {
-            addr_sets(IpFamily::of(*ip)).contains(&set)
-                && *key == maps::frontend_key(*ip, *proto, *port)
+            addr_set(*ip) && *key == maps::frontend_key(*ip, *proto, *port)
         }
         Claim::NodePort(proto, port) => {
             (set == names::NODEPORTS || set == names::NOEP_NODEPORTS)

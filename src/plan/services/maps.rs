@@ -34,13 +34,12 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
     let (p, fam) = (pb.port, pb.family);
     out.hairpin
         .extend(pb.all.iter().filter(|b| b.local).map(|b| b.ip));
-    let dispatch = names::dispatch(fam);
 
     // Cluster traffic: clusterIPs.
     let cluster = if m.internal_local { &pb.local } else { &pb.all };
     for ip in m.cluster_ips.iter().filter(|ip| IpFamily::of(**ip) == fam) {
         out.part.add_element(
-            names::cluster_ips(fam),
+            &names::cluster_ips(*ip),
             vec![KeyPart::Value(Value::ip(*ip))],
         );
         let key = frontend_key(*ip, p.proto, p.port);
@@ -48,12 +47,11 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
             let pool = PoolKind::Cluster {
                 n: cluster.len() as u32,
             };
-            let shard = names::shard(*ip, p.proto, p.port);
-            balance(out, fam, shard, pool, &key, cluster, &[]);
+            balance(out, (*ip, p.proto, p.port), pool, cluster, &[]);
         } else if m.internal_local && !pb.all.is_empty() {
             // iTP=Local without a local endpoint: dropped, as kube-proxy does.
             out.part
-                .add_mapping(dispatch, key, ElemData::Verdict(Verdict::Drop));
+                .add_mapping(&names::dispatch(*ip), key, ElemData::Verdict(Verdict::Drop));
         }
         // No endpoint at all: not dispatched; the filter check rejects it.
     }
@@ -88,9 +86,7 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
             (false, _) => (PoolKind::External { n }, &pb.all, &[]),
         };
     for ip in &externals {
-        let key = frontend_key(*ip, p.proto, p.port);
-        let shard = names::shard(*ip, p.proto, p.port);
-        balance(out, fam, shard, pool, &key, all, local);
+        balance(out, (*ip, p.proto, p.port), pool, all, local);
     }
     if let Some(np) = p.node_port {
         let backends_key = vec![Value::Proto(p.proto).into(), Value::Port(np).into()];
@@ -115,21 +111,20 @@ fn port_elements(out: &mut Planned, m: &Model, pb: &PortBackends) {
 /// frontend's shard).
 fn balance(
     out: &mut Planned,
-    family: IpFamily,
-    shard: u8,
+    (ip, proto, port): (IpAddr, u8, u16),
     kind: PoolKind,
-    key: &ElemKey,
     all: &[Backend],
     local: &[Backend],
 ) {
+    let key = &frontend_key(ip, proto, port);
     let pool = Pool {
-        family,
+        family: IpFamily::of(ip),
         frontend: Frontend::Addr,
         kind,
-        shard,
+        shard: names::shard(ip, proto, port),
     };
     out.part.add_mapping(
-        names::dispatch(family),
+        &names::dispatch(ip),
         key.clone(),
         ElemData::Verdict(Verdict::Goto(pool.chain_name())),
     );
@@ -188,7 +183,14 @@ pub fn frontend_of(set: &str, key: &ElemKey) -> Option<(String, ElemKey)> {
         ..
     } = BackendsMap::parse(set)?;
     match frontend {
-        Frontend::Addr => Some((names::dispatch(fam).into(), key.get(..3)?.to_vec())),
+        Frontend::Addr => {
+            let addr = match key.first()? {
+                KeyPart::Value(Value::Ipv4(a)) if fam == IpFamily::V4 => IpAddr::V4(*a),
+                KeyPart::Value(Value::Ipv6(a)) if fam == IpFamily::V6 => IpAddr::V6(*a),
+                _ => return None,
+            };
+            Some((names::dispatch(addr), key.get(..3)?.to_vec()))
+        }
         Frontend::NodePort => {
             let mut k = vec![Value::NfProto(fam).into()];
             k.extend_from_slice(key.get(..2)?);

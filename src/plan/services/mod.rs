@@ -3,10 +3,12 @@
 //!
 //! Per packet (first packet of a connection; conntrack does the rest):
 //!
-//! 1. `nat-prerouting` / `nat-output` jump to `svc-dispatch`: one verdict-map lookup on
-//!    `ip daddr . meta l4proto . th dport` (`svc-dispatch-v4`/`-v6`) for ClusterIPs,
-//!    external IPs and LB IPs; for local destinations (`fib daddr type local`) one lookup on
-//!    `meta nfproto . meta l4proto . th dport` (`svc-nodeports`) for NodePorts.
+//! 1. `nat-prerouting` / `nat-output` jump to `svc-dispatch`: the destination's address
+//!    shard (`ip daddr & 0.0.0.15`, [`names::AddrShard`]) picks the shard's chain, which
+//!    does one verdict-map lookup on `ip daddr . meta l4proto . th dport`
+//!    (`svc-dispatch-v4-<shard>`) for ClusterIPs, external IPs and LB IPs; then, for local
+//!    destinations (`fib daddr type local`), one lookup on `meta nfproto . meta l4proto .
+//!    th dport` (`svc-nodeports`) for NodePorts.
 //! 2. The element's verdict is `goto` a shared [`pools`] chain, one per (family, frontend
 //!    kind, traffic policy, number of backends, backends-map shard): e.g. `svc-v4-c3-s7`
 //!    masquerades sources outside the cluster and then `dnat ip to ip daddr . meta l4proto
@@ -25,8 +27,8 @@
 //!    endpoints) are rejected; the rest of the service CIDRs is dropped.
 //!
 //! Each Service is planned into its own [`Part`] and memoized by the `Arc`s of its inputs
-//! (Service, slices, Endpoints); see [`Memo`]. Pool chains and hairpin elements are shared
-//! parts counted by the services using them. An endpoint change re-plans one service and
+//! (Service, slices, Endpoints); see [`Memo`]. Pool chains, address shards and hairpin
+//! elements are shared parts counted by the services using them. An endpoint change re-plans one service and
 //! the diff touches only that service's elements.
 
 pub mod chains;
@@ -81,6 +83,8 @@ struct Entry {
     pools: BTreeSet<Pool>,
     /// This node's endpoint addresses (hairpin masquerade elements).
     hairpin: BTreeSet<IpAddr>,
+    /// The address shards the service's dispatch elements and ClusterIPs are in.
+    shards: BTreeSet<names::AddrShard>,
 }
 
 /// The services planner's memory: the last plan of every service, keyed `svc/ns/name`.
@@ -112,6 +116,8 @@ pub struct Memo {
     /// (`svc-pool/<chain>`, `svc-hairpin/<ip>`) while the count is above zero.
     pools: imbl::OrdMap<Pool, usize>,
     hairpin: imbl::OrdMap<IpAddr, usize>,
+    /// Address shards (`svc-shard/<family>-<shard>`: their chains and selector elements).
+    shards: imbl::OrdMap<names::AddrShard, usize>,
 }
 
 impl Memo {
@@ -343,6 +349,7 @@ fn plan(snapshot: &Snapshot, config: &Config, memo: &Memo, table: &mut Table) ->
     memo.settings = Some(settings);
     table.extend_parts(&memo.parts);
     address_backends_maps(table, &memo.pools);
+    address_shard_sets(table, &memo.shards);
     Outcome {
         statuses: memo.errors.values().cloned().collect(),
         memo,
@@ -496,6 +503,12 @@ impl Memo {
                     .insert(format!("svc-pool/{}", pool.chain_name()), Arc::new(part));
             }
         }
+        for shard in &e.shards {
+            if bump(&mut self.shards, *shard, 1) == 1 {
+                self.parts
+                    .insert(shard_part_key(shard), Arc::new(shard_part(shard)));
+            }
+        }
         for ip in &e.hairpin {
             if bump(&mut self.hairpin, *ip, 1) == 1 {
                 let mut part = Part::default();
@@ -513,6 +526,11 @@ impl Memo {
             if bump(&mut self.pools, *pool, -1) == 0 {
                 self.parts
                     .remove(&format!("svc-pool/{}", pool.chain_name()));
+            }
+        }
+        for shard in &e.shards {
+            if bump(&mut self.shards, *shard, -1) == 0 {
+                self.parts.remove(&shard_part_key(shard));
             }
         }
         for ip in &e.hairpin {
@@ -574,6 +592,7 @@ impl Entry {
             error: None,
             pools: BTreeSet::new(),
             hairpin: BTreeSet::new(),
+            shards: BTreeSet::new(),
         }
     }
 }
@@ -671,6 +690,11 @@ fn plan_service(
         entry.hairpin = planned.hairpin;
         planned.part
     };
+    entry.shards = part
+        .elements
+        .keys()
+        .filter_map(|set| names::AddrShard::of_set(set))
+        .collect();
     entry.want = Some(Arc::new(part));
     entry
 }
@@ -745,9 +769,9 @@ fn static_sets(t: &mut Table) {
             IpFamily::V6 => DataType::Ipv6Addr,
         };
         let frontend = vec![addr, DataType::InetProto, DataType::InetService];
-        t.add_set(verdict_map(names::dispatch(fam), frontend.clone()));
+        t.add_set(verdict_map(names::dispatch_shards(fam), vec![addr]));
+        t.add_set(verdict_map(names::check_shards(fam), vec![addr]));
         t.add_set(verdict_map(names::no_endpoints(fam), frontend));
-        t.add_set(Set::new(names::cluster_ips(fam), vec![addr], SetKind::Set));
         t.add_set(Set::new(
             names::hairpin(fam),
             vec![addr, addr],
@@ -763,21 +787,24 @@ fn static_sets(t: &mut Table) {
     t.add_set(verdict_map(names::NOEP_NODEPORTS, nodeport.clone()));
 }
 
-/// `svc-dispatch`: the frontend lookups (addresses, then NodePorts but not on loopback).
+/// `svc-dispatch`: the frontend lookups, addresses by their shard's chain, then
+/// (`svc-dispatch-nodeports`) NodePorts, but not on loopback.
 fn dispatch_chain(t: &mut Table) {
-    let frontend_key = |f: Field| vec![f, Field::L4Proto, Field::ThDport];
-
     let mut d = Chain::regular(names::DISPATCH);
-    d.push(Rule::new(vec![Stmt::vmap(
-        frontend_key(Field::Ip4Daddr),
-        names::dispatch(IpFamily::V4),
-    )]));
-    d.push(Rule::new(vec![Stmt::vmap(
-        frontend_key(Field::Ip6Daddr),
-        names::dispatch(IpFamily::V6),
-    )]));
+    for fam in [IpFamily::V4, IpFamily::V6] {
+        d.push(Rule::new(vec![Stmt::vmap(
+            vec![low_nibble_field(fam)],
+            names::dispatch_shards(fam),
+        )]));
+    }
+    d.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(
+        names::DISPATCH_NODEPORTS.into(),
+    ))]));
+    t.add_chain(d);
+
+    let mut n = Chain::regular(names::DISPATCH_NODEPORTS);
     // NodePorts are not offered on loopback addresses.
-    d.push(Rule::new(vec![
+    n.push(Rule::new(vec![
         Stmt::Match(Match {
             key: vec![Field::Ip4Daddr],
             op: MatchOp::InAnon(vec![vec![KeyPart::Prefix(
@@ -786,15 +813,83 @@ fn dispatch_chain(t: &mut Table) {
         }),
         Stmt::Verdict(Verdict::Return),
     ]));
-    d.push(Rule::new(vec![
+    n.push(Rule::new(vec![
         Stmt::matches(Field::Ip6Daddr, Value::Ipv6(std::net::Ipv6Addr::LOCALHOST)),
         Stmt::Verdict(Verdict::Return),
     ]));
     for rule in nodeports::lookups(names::NODEPORTS) {
-        d.push(rule);
+        n.push(rule);
     }
-    t.add_chain(d);
+    t.add_chain(n);
     nodeports::add_sets(t);
+}
+
+fn low_nibble_field(fam: IpFamily) -> Field {
+    match fam {
+        IpFamily::V4 => Field::Ip4DaddrLowNibble,
+        IpFamily::V6 => Field::Ip6DaddrLowNibble,
+    }
+}
+
+fn daddr_field(fam: IpFamily) -> Field {
+    match fam {
+        IpFamily::V4 => Field::Ip4Daddr,
+        IpFamily::V6 => Field::Ip6Daddr,
+    }
+}
+
+fn shard_part_key(s: &names::AddrShard) -> String {
+    format!("svc-shard/{}-{}", names::fam_suffix(s.family), s.shard)
+}
+
+/// An address shard in use: its dispatch chain (the shard's map, then the NodePort
+/// lookups, as `svc-dispatch` went on before it was sharded), its check chain (the shard's
+/// ClusterIPs are rejected), and their elements in the selector maps. The shard's map and
+/// set are declared at the top ([`address_shard_sets`]): services' parts fill them.
+fn shard_part(s: &names::AddrShard) -> Part {
+    let daddr = daddr_field(s.family);
+    let mut part = Part::default();
+    let mut d = Chain::regular(s.dispatch_chain());
+    d.push(Rule::new(vec![Stmt::vmap(
+        vec![daddr, Field::L4Proto, Field::ThDport],
+        s.dispatch_map(),
+    )]));
+    d.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(
+        names::DISPATCH_NODEPORTS.into(),
+    ))]));
+    part.add_chain(d);
+    let mut c = Chain::regular(s.check_chain());
+    c.push(Rule::new(vec![
+        Stmt::in_set(vec![daddr], s.cluster_ips_set()),
+        Stmt::Verdict(Verdict::Goto(names::REJECT.into())),
+    ]));
+    part.add_chain(c);
+    let key = vec![KeyPart::Value(s.selector())];
+    let verdict = |v| ElemData::Verdict(v);
+    part.add_mapping(
+        names::dispatch_shards(s.family),
+        key.clone(),
+        verdict(Verdict::Goto(s.dispatch_chain())),
+    );
+    part.add_mapping(
+        names::check_shards(s.family),
+        key,
+        verdict(Verdict::Jump(s.check_chain())),
+    );
+    part
+}
+
+/// The dispatch maps and ClusterIP sets of the address shards in use.
+fn address_shard_sets(t: &mut Table, shards: &imbl::OrdMap<names::AddrShard, usize>) {
+    for s in shards.keys() {
+        let addr = match s.family {
+            IpFamily::V4 => DataType::Ipv4Addr,
+            IpFamily::V6 => DataType::Ipv6Addr,
+        };
+        let frontend = vec![addr, DataType::InetProto, DataType::InetService];
+        t.add_set(Set::new(s.dispatch_map(), frontend, SetKind::VerdictMap));
+        t.add_set(Set::new(s.cluster_ips_set(), vec![addr], SetKind::Set));
+    }
 }
 
 /// The masquerade mark, the masquerade chain (marked and hairpin packets) and the pools'
@@ -871,10 +966,10 @@ fn check_chains(t: &mut Table) {
         (Field::Ip4Daddr, IpFamily::V4, base_sets::SERVICE_V4),
         (Field::Ip6Daddr, IpFamily::V6, base_sets::SERVICE_V6),
     ] {
-        check.push(Rule::new(vec![
-            Stmt::in_set(vec![f], names::cluster_ips(fam)),
-            Stmt::Verdict(Verdict::Goto(names::REJECT.into())),
-        ]));
+        check.push(Rule::new(vec![Stmt::vmap(
+            vec![low_nibble_field(fam)],
+            names::check_shards(fam),
+        )]));
         check.push(Rule::new(vec![
             Stmt::in_set(vec![f], cidrs),
             Stmt::Verdict(Verdict::Drop),

@@ -3,7 +3,7 @@
 //! touches only the chains whose content changes.
 
 use super::model::{Backend, Port};
-use crate::nft::ir::{IpFamily, proto};
+use crate::nft::ir::{IpFamily, Value, proto};
 use crate::nft::names::object_name;
 use std::net::IpAddr;
 
@@ -32,28 +32,119 @@ pub const NOEP_NODEPORTS: &str = "svc-noep-nodeports";
 /// The masquerade mark bit (kube-proxy's).
 pub const MASQ_BIT: u32 = 0x4000;
 
-/// `ip daddr . meta l4proto . th dport` -> entry chain (or drop).
-pub fn dispatch(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "svc-dispatch-v4",
-        IpFamily::V6 => "svc-dispatch-v6",
+/// Address frontends' dispatch elements and ClusterIPs are spread over this many maps and
+/// sets per family by the destination's last four bits ([`AddrShard`]). The kernel dumps a
+/// hash set by walking it from the start for every reply message, so reading back one set
+/// of n elements costs O(n^2): at 50,000 services the whole dispatch map and ClusterIP set
+/// were the two largest walks of a restart. The packet path pays one more lookup per new
+/// connection (`ip daddr & 0.0.0.15 vmap @svc-dispatch-shards-v4`), whatever the count.
+pub const ADDR_SHARDS: u8 = 16;
+
+/// One address shard of a family: the destinations whose last four bits are `shard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AddrShard {
+    pub family: IpFamily,
+    pub shard: u8,
+}
+
+impl AddrShard {
+    /// The shard of a destination address (what `ip daddr & 0.0.0.15` selects in the
+    /// kernel: the address's last four bits).
+    pub fn of(ip: IpAddr) -> AddrShard {
+        let last = match ip {
+            IpAddr::V4(a) => a.octets()[3],
+            IpAddr::V6(a) => a.octets()[15],
+        };
+        AddrShard {
+            family: IpFamily::of(ip),
+            shard: last & 0x0f,
+        }
+    }
+
+    /// `svc-dispatch-v4-3`: `ip daddr . meta l4proto . th dport` -> pool or service chain
+    /// (or drop), for the shard's destinations.
+    pub fn dispatch_map(&self) -> String {
+        format!("svc-dispatch-{}-{}", fam_suffix(self.family), self.shard)
+    }
+
+    /// `svc-cluster-ips-v4-3`: the shard's allocated ClusterIPs. A connection to one that
+    /// was not DNATed (wrong port or protocol, no endpoints) is rejected; the rest of the
+    /// service CIDR is dropped.
+    pub fn cluster_ips_set(&self) -> String {
+        format!("svc-cluster-ips-{}-{}", fam_suffix(self.family), self.shard)
+    }
+
+    /// `svc-dispatch-v4-s3`: looks the packet up in [`AddrShard::dispatch_map`], then
+    /// goes on to the NodePort lookups.
+    pub fn dispatch_chain(&self) -> String {
+        format!("svc-dispatch-{}-s{}", fam_suffix(self.family), self.shard)
+    }
+
+    /// `svc-check-v4-s3`: rejects connections to the shard's ClusterIPs.
+    pub fn check_chain(&self) -> String {
+        format!("svc-check-{}-s{}", fam_suffix(self.family), self.shard)
+    }
+
+    /// The key of the shard's element in the selector maps (`0.0.0.3`, `::3`).
+    pub fn selector(&self) -> Value {
+        match self.family {
+            IpFamily::V4 => Value::Ipv4(std::net::Ipv4Addr::from(u32::from(self.shard))),
+            IpFamily::V6 => Value::Ipv6(std::net::Ipv6Addr::from(u128::from(self.shard))),
+        }
+    }
+
+    /// The shard whose dispatch map or ClusterIP set `name` names.
+    pub fn of_set(name: &str) -> Option<AddrShard> {
+        let rest = name
+            .strip_prefix("svc-dispatch-")
+            .or_else(|| name.strip_prefix("svc-cluster-ips-"))?;
+        let (fam, shard) = rest.split_once('-')?;
+        let family = match fam {
+            "v4" => IpFamily::V4,
+            "v6" => IpFamily::V6,
+            _ => return None,
+        };
+        let shard = shard.parse::<u8>().ok().filter(|s| *s < ADDR_SHARDS)?;
+        let s = AddrShard { family, shard };
+        // Only the canonical spelling ("-03" is not shard 3's).
+        (s.dispatch_map() == name || s.cluster_ips_set() == name).then_some(s)
     }
 }
+
+/// The frontends' dispatch map of a destination address (see [`AddrShard::dispatch_map`]).
+pub fn dispatch(ip: IpAddr) -> String {
+    AddrShard::of(ip).dispatch_map()
+}
+
+/// The ClusterIP set a ClusterIP belongs in (see [`AddrShard::cluster_ips_set`]).
+pub fn cluster_ips(ip: IpAddr) -> String {
+    AddrShard::of(ip).cluster_ips_set()
+}
+
+/// `ip daddr & 0.0.0.15` -> `goto` the shard's dispatch chain.
+pub fn dispatch_shards(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "svc-dispatch-shards-v4",
+        IpFamily::V6 => "svc-dispatch-shards-v6",
+    }
+}
+
+/// `ip daddr & 0.0.0.15` -> `jump` the shard's check chain.
+pub fn check_shards(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "svc-check-shards-v4",
+        IpFamily::V6 => "svc-check-shards-v6",
+    }
+}
+
+/// After the address lookups in `svc-dispatch`: the NodePort lookups (not on loopback).
+pub const DISPATCH_NODEPORTS: &str = "svc-dispatch-nodeports";
 
 /// Same key: external addresses of services without endpoints (-> reject).
 pub fn no_endpoints(f: IpFamily) -> &'static str {
     match f {
         IpFamily::V4 => "svc-noep-v4",
         IpFamily::V6 => "svc-noep-v6",
-    }
-}
-
-/// Allocated ClusterIPs: a connection to one that was not DNATed (wrong port or
-/// protocol, no endpoints) is rejected; the rest of the service CIDR is dropped.
-pub fn cluster_ips(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "svc-cluster-ips-v4",
-        IpFamily::V6 => "svc-cluster-ips-v6",
     }
 }
 
@@ -155,9 +246,7 @@ impl BackendsMap {
 /// cluster's elements, and one still missing only means its service is not load-balanced
 /// yet (the connection meets `svc-check`); nothing that filters traffic lives in them.
 pub fn is_bulk_map(name: &str) -> bool {
-    [IpFamily::V4, IpFamily::V6]
-        .into_iter()
-        .any(|f| name == dispatch(f))
+    AddrShard::of_set(name).is_some_and(|s| s.dispatch_map() == name)
         || BackendsMap::parse(name).is_some()
 }
 
@@ -267,8 +356,44 @@ mod tests {
         ] {
             assert_eq!(BackendsMap::parse(other), None, "{other}");
         }
-        assert!(is_bulk_map("svc-dispatch-v6"));
-        assert!(!is_bulk_map("svc-cluster-ips-v4"));
+        assert!(is_bulk_map("svc-dispatch-v6-15"));
+        assert!(!is_bulk_map("svc-dispatch-v6"));
+        assert!(!is_bulk_map("svc-dispatch-shards-v4"));
+        assert!(!is_bulk_map("svc-cluster-ips-v4-3"));
+    }
+
+    #[test]
+    fn address_shards_are_the_last_four_bits_and_their_names_parse_back() {
+        let s = |ip: &str| AddrShard::of(ip.parse().unwrap());
+        assert_eq!(s("172.30.0.10").shard, 10);
+        assert_eq!(s("172.30.1.31").shard, 15);
+        assert_eq!(s("fd00::a").shard, 10);
+        assert_eq!(s("fd00::a").family, IpFamily::V6);
+        // What the kernel selects with `ip daddr & 0.0.0.15`.
+        for ip in ["172.30.7.77", "fd00::1:2f"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(
+                s(&ip.to_string()).selector(),
+                Value::ip(crate::nft::ir::low_nibble(ip))
+            );
+        }
+        for family in [IpFamily::V4, IpFamily::V6] {
+            for shard in 0..ADDR_SHARDS {
+                let a = AddrShard { family, shard };
+                assert_eq!(AddrShard::of_set(&a.dispatch_map()), Some(a));
+                assert_eq!(AddrShard::of_set(&a.cluster_ips_set()), Some(a));
+            }
+        }
+        for other in [
+            "svc-dispatch-v4",
+            "svc-dispatch-v4-16",
+            "svc-dispatch-v4-03",
+            "svc-dispatch-shards-v4",
+            "svc-cluster-ips-v4",
+            "svc-dispatch-v4-s3",
+        ] {
+            assert_eq!(AddrShard::of_set(other), None, "{other}");
+        }
     }
 
     #[test]
