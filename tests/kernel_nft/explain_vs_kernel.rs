@@ -117,8 +117,14 @@ fn random_verdict(r: &mut Rng, from: usize, chains: usize) -> Option<Verdict> {
 }
 
 fn random_rule(r: &mut Rng, from: usize, chains: usize) -> Rule {
-    if r.below(8) == 0 {
-        return Rule::new(vec![Stmt::vmap(vec![Field::Ip4Daddr], format!("vm{from}"))]);
+    match r.below(8) {
+        0 => return Rule::new(vec![Stmt::vmap(vec![Field::Ip4Daddr], format!("vm{from}"))]),
+        // The services' address-shard selector: `ip daddr & 0.0.0.15 vmap @...`.
+        1 => {
+            let key = vec![Field::Ip4DaddrLowNibble];
+            return Rule::new(vec![Stmt::vmap(key, format!("nib{from}"))]);
+        }
+        _ => {}
     }
     let mut stmts: Vec<Stmt> = (0..r.below(3)).map(|_| random_match(r)).collect();
     if r.below(4) == 0 {
@@ -167,6 +173,18 @@ fn random_table(r: &mut Rng) -> Table {
             }
         }
         t.add_set(vm);
+        let mut nib = Set::new(
+            format!("nib{i}"),
+            vec![DataType::Ipv4Addr],
+            SetKind::VerdictMap,
+        );
+        for _ in 0..3 {
+            if let Some(v) = random_verdict(r, i, chains) {
+                let low = low_nibble(IpAddr::V4(dst(r.below(8))));
+                nib.insert_mapping(vec![Value::ip(low).into()], ElemData::Verdict(v));
+            }
+        }
+        t.add_set(nib);
         let policy = if r.below(2) == 0 {
             Policy::Accept
         } else {
