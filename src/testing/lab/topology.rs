@@ -363,6 +363,24 @@ impl Lab {
         host
     }
 
+    /// `ext` (an uplink host of `node`: [`Lab::add_uplink_host`]) owns `addrs` (bare IPs,
+    /// on its `lo`: the "Internet" hosts of a test), and `node` routes `prefixes` (which
+    /// cover them) to it.
+    pub fn add_uplink_addrs(&self, node: &Ns, ext: &Ns, addrs: &[&str], prefixes: &[&str]) {
+        for a in addrs {
+            let host = if a.contains(':') { 128 } else { 32 };
+            add_addrs(ext, "lo", &[&format!("{a}/{host}")]);
+        }
+        for p in prefixes {
+            let via = if p.contains(':') {
+                "fd00:1::100"
+            } else {
+                "192.168.1.100"
+            };
+            self.add_route(node, p, via);
+        }
+    }
+
     /// `ip route add DEST via VIA` in `ns` (family from the addresses).
     pub fn add_route(&self, ns: &Ns, dest: &str, via: &str) {
         ns.run(&["ip", "route", "add", dest, "via", via]);
