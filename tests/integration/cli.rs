@@ -24,17 +24,20 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The dry run of the examples for `worker-1`.
+const DRY_RUN_EXAMPLES: [&str; 7] = [
+    "--dry-run",
+    "--manifests",
+    EXAMPLES,
+    "--node-name",
+    "worker-1",
+    // Not the host's resolv.conf: the output must not depend on the machine.
+    "--dns-resolvers",
+    "172.30.0.10",
+];
+
 fn dry_run_examples(extra: &[&str]) -> String {
-    let mut args = vec![
-        "--dry-run",
-        "--manifests",
-        EXAMPLES,
-        "--node-name",
-        "worker-1",
-        // Not the host's resolv.conf: the output must not depend on the machine.
-        "--dns-resolvers",
-        "172.30.0.10",
-    ];
+    let mut args = DRY_RUN_EXAMPLES.to_vec();
     args.extend_from_slice(extra);
     let out = agent(&args, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -148,16 +151,8 @@ fn dry_run_needs_no_privileges() {
             "--clear-groups",
             "--inh-caps=-all",
         ])
-        .args([
-            AGENT,
-            "--dry-run",
-            "--manifests",
-            EXAMPLES,
-            "--node-name",
-            "worker-1",
-            "--dns-resolvers",
-            "172.30.0.10",
-        ])
+        .arg(AGENT)
+        .args(DRY_RUN_EXAMPLES)
         .output()
         .expect("setpriv (util-linux)");
     assert!(out.status.success(), "{}", stderr(&out));

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, ServiceAccount, Volume};
 use nodeplane::cli::Opts;
 use nodeplane::config::Config;
 use serde::de::DeserializeOwned;
@@ -55,7 +55,7 @@ fn daemonset_is_host_network_with_only_the_sandbox_capabilities() {
     let pod = ds.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.service_account_name, sa.metadata.name);
-    let tolerate_all = pod.tolerations.unwrap_or_default();
+    let tolerate_all = pod.tolerations.clone().unwrap_or_default();
     assert!(
         tolerate_all
             .iter()
@@ -97,14 +97,9 @@ fn daemonset_is_host_network_with_only_the_sandbox_capabilities() {
         Path::new(&config).parent().unwrap(),
         Path::new(&mount.mount_path)
     );
-    let volume = pod
-        .volumes
-        .unwrap()
-        .into_iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
+    let volume = volume(&pod, &mount.name);
     assert_eq!(
-        volume.config_map.unwrap().name,
+        volume.config_map.as_ref().unwrap().name,
         cm.metadata.name.clone().unwrap()
     );
     let file_name = Path::new(&config).file_name().unwrap().to_str().unwrap();
@@ -135,13 +130,11 @@ fn daemonset_keeps_the_state_directory_on_the_node() {
         .find(|m| Path::new(&m.mount_path) == state_dir)
         .expect("the state directory is mounted");
     assert_ne!(mount.read_only, Some(true), "the agent writes it");
-    let volume = pod
-        .volumes
-        .unwrap()
-        .into_iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
-    let host = volume.host_path.expect("a hostPath: it outlives the pod");
+    let volume = volume(&pod, &mount.name);
+    let host = volume
+        .host_path
+        .as_ref()
+        .expect("a hostPath: it outlives the pod");
     assert_eq!(Path::new(&host.path), state_dir);
     assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
 }
@@ -242,4 +235,11 @@ fn systemd_unit_keeps_only_the_sandbox_capabilities() {
     assert_eq!(value("StateDirectoryMode"), "0700");
     let stop_post = unit.lines().any(|l| l.starts_with("ExecStopPost="));
     assert!(!stop_post, "rules stay on stop by design");
+}
+
+/// The pod's volume `name` (a container's mount of it names it).
+fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {
+    let mut volumes = pod.volumes.iter().flatten();
+    let found = volumes.find(|v| v.name == name);
+    found.unwrap_or_else(|| panic!("no volume {name}"))
 }

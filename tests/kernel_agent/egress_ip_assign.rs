@@ -27,12 +27,18 @@ fn node(name: &str, ip: &str, assignable: bool, ready: bool) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels,
             "annotations": {"k8s.ovn.org/host-cidrs": format!("[\"{ip}/24\"]")}},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}],
-            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
-                "lastHeartbeatTime": "2024-01-01T00:00:00Z"}]}})
+        "status": node_status(ip, ready)})
 }
 
-fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
+/// A Node's `status`: its InternalIP and its Ready condition.
+pub(crate) fn node_status(ip: &str, ready: bool) -> Value {
+    json!({"addresses": [{"type": "InternalIP", "address": ip}],
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+            "lastHeartbeatTime": "2024-01-01T00:00:00Z"}]})
+}
+
+/// EgressIP `name` for the namespaces labelled `team: <name>`.
+pub(crate) fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
     json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
         "metadata": {"name": name, "creationTimestamp": created},
         "spec": {"egressIPs": ips, "namespaceSelector": {"matchLabels": {"team": name}}}})

@@ -16,7 +16,9 @@ use nodeplane::testing::fakeapi::FakeApi;
 use nodeplane::testing::lab::eventually;
 use serde_json::{Value, json};
 
-use super::egress_ip_assign::{WAIT, events, fake_api, items, start, wait_items};
+use super::egress_ip_assign::{
+    WAIT, egress_ip, events, fake_api, items, node_status, start, wait_items,
+};
 
 const HOLD: Duration = Duration::MAX;
 
@@ -34,15 +36,7 @@ fn cloud_node(name: &str, ip: &str, capacity: u32, ready: bool) -> Value {
                 "k8s.ovn.org/host-cidrs": format!("[\"{ip}/24\",\"fd00:50::{host}/64\"]"),
                 "cloud.network.openshift.io/egress-ipconfig": config.to_string()}},
         "spec": {"providerID": format!("aws:///us-east-1a/i-{name}")},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}],
-            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
-                "lastHeartbeatTime": "2024-01-01T00:00:00Z"}]}})
-}
-
-fn egress_ip(name: &str, created: &str, ips: &[&str]) -> Value {
-    json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
-        "metadata": {"name": name, "creationTimestamp": created},
-        "spec": {"egressIPs": ips, "namespaceSelector": {"matchLabels": {"team": name}}}})
+        "status": node_status(ip, ready)})
 }
 
 fn ip(s: &str) -> IpAddr {

@@ -47,18 +47,16 @@ fn topo(alpha_logging: &str) -> Topo {
     let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
     let ext = lab.add_uplink_host(&node, "ext");
+    let hosts = [DENIED, ALLOWED, DENIED6, ALLOWED6];
+    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24", "2001:db8::/32"]);
     let mut servers = Vec::new();
     for host in [DENIED, ALLOWED] {
-        lab.add_addr(&ext, "lo", &format!("{host}/32"));
         servers.push(ext.tcp_server(format!("{host}:80"), "ext"));
         servers.push(ext.udp_server(format!("{host}:443"), "ext"));
     }
     for host in [DENIED6, ALLOWED6] {
-        lab.add_addr(&ext, "lo", &format!("{host}/128"));
         servers.push(ext.tcp_server(format!("[{host}]:80"), "ext"));
     }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
-    lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
     let flags = [
         "--cluster-cidr",
         "10.128.0.0/14",
@@ -112,8 +110,10 @@ pub fn acl_lines(agent: &AgentProcess) -> Vec<String> {
         .collect()
 }
 
-/// Waits until `want` lines are there, then a while longer to see that no more come.
-pub fn settle(agent: &AgentProcess, want: usize) -> Vec<String> {
+/// Waits until `want` lines are there, then a while longer to see that no more come:
+/// panics (with `what`) unless there are exactly `want`.
+#[track_caller]
+pub fn settle(agent: &AgentProcess, want: usize, what: &str) -> Vec<String> {
     eventually(Duration::from_secs(20), || {
         let n = acl_lines(agent).len();
         (n >= want)
@@ -121,7 +121,9 @@ pub fn settle(agent: &AgentProcess, want: usize) -> Vec<String> {
             .ok_or(format!("{n} lines, want {want}"))
     });
     std::thread::sleep(Duration::from_secs(1));
-    acl_lines(agent)
+    let lines = acl_lines(agent);
+    assert_eq!(lines.len(), want, "{what}: {lines:#?}");
+    lines
 }
 
 /// Panics unless `line` has every one of `fields`.
@@ -130,6 +132,24 @@ pub fn assert_fields(line: &str, fields: &[&str]) {
     for want in fields {
         assert!(line.contains(want), "{want} missing in {line}");
     }
+}
+
+/// Waits for the first ACL line and panics unless it is the only one, a denial by `rule` of
+/// `alpha`'s EgressFirewall `default`, with `more` fields; returns the lines.
+#[track_caller]
+fn assert_one_denial(agent: &AgentProcess, rule: &str, more: &[&str]) -> Vec<String> {
+    let lines = settle(agent, 1, "ACL lines");
+    let rule = format!("rule=\"{rule}\"");
+    let denial = [
+        "namespace=\"alpha\"",
+        "kind=\"EgressFirewall\"",
+        "object=\"default\"",
+        &rule,
+        "verdict=\"deny\"",
+    ];
+    assert_fields(&lines[0], &denial);
+    assert_fields(&lines[0], more);
+    lines
 }
 
 #[test]
@@ -143,14 +163,7 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
             .tcp_connect(format!("{DENIED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t.agent, 1);
-    assert_eq!(lines.len(), 1, "{lines:#?}");
     let fields = [
-        "namespace=\"alpha\"",
-        "kind=\"EgressFirewall\"",
-        "object=\"default\"",
-        "rule=\"rule 1: Deny 0.0.0.0/0\"",
-        "verdict=\"deny\"",
         "severity=\"warning\"",
         "proto=tcp",
         "src=10.128.0.5",
@@ -158,7 +171,7 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
         "dport=80",
         "WARN",
     ];
-    assert_fields(&lines[0], &fields);
+    assert_one_denial(&t.agent, "rule 1: Deny 0.0.0.0/0", &fields);
     // Allowed: the connection's first packet is judged (and logged), the rest are
     // established.
     assert!(
@@ -166,8 +179,7 @@ fn a_denied_and_an_allowed_connection_each_log_one_line_naming_object_and_rule()
             .tcp_connect(format!("{ALLOWED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t.agent, 2);
-    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let lines = settle(&t.agent, 2, "ACL lines");
     assert!(
         lines[1].contains("verdict=\"allow\"")
             && lines[1].contains("rule=\"rule 0: Allow 203.0.113.20/32\"")
@@ -202,17 +214,8 @@ fn a_denied_ipv6_connection_logs_one_line_with_its_ipv6_five_tuple() {
     // One SYN: the connect gives up before the first retransmission (1 s).
     let outcome = (t.a1.ns).tcp_connect_from_port(src, dst, Duration::from_millis(300));
     assert!(!outcome.is_reply(), "denied: {outcome:?}");
-    let lines = settle(&t.agent, 1);
-    assert_eq!(lines.len(), 1, "{lines:#?}");
-    let fields = [
-        "namespace=\"alpha\"",
-        "kind=\"EgressFirewall\"",
-        "object=\"default\"",
-        "rule=\"rule 3: Deny ::/0\"",
-        "verdict=\"deny\"",
-        "proto=tcp src=fd01::5 sport=40123 dst=2001:db8::10 dport=80",
-    ];
-    assert_fields(&lines[0], &fields);
+    let fields = ["proto=tcp src=fd01::5 sport=40123 dst=2001:db8::10 dport=80"];
+    let lines = assert_one_denial(&t.agent, "rule 3: Deny ::/0", &fields);
     // The IPv6 allow rule is not logged (allow has no severity here) and lets it through.
     let allowed = format!("[{ALLOWED6}]:80");
     assert!(
@@ -356,8 +359,7 @@ fn network_policy_allow_and_isolation_deny_are_logged_with_the_policy_and_rule()
             .tcp_connect(format!("{ALLOWED}:80"), short)
             .is_reply()
     );
-    let lines = settle(&t.agent, 2);
-    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let lines = settle(&t.agent, 2, "ACL lines");
     let np = lines
         .iter()
         .find(|l| l.contains("kind=\"NetworkPolicy\""))
@@ -379,8 +381,7 @@ fn network_policy_allow_and_isolation_deny_are_logged_with_the_policy_and_rule()
         })
         .join()
         .unwrap();
-    let lines = settle(&t.agent, 4);
-    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let lines = settle(&t.agent, 4, "ACL lines");
     let deny = &lines[3];
     assert!(
         deny.contains("kind=\"NetworkPolicy\"")

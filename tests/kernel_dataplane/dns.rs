@@ -10,9 +10,11 @@
 use nodeplane::nft::ir::IpFamily;
 use nodeplane::plan::firewall::Names;
 use nodeplane::testing::lab::dns::{
-    DnsServer, Zone, a_query, lookup, lookup_tcp, send_spoofed_udp,
+    DnsServer, Zone, a_query, lookup, lookup_and_connect, lookup_tcp, send_spoofed_udp,
 };
-use nodeplane::testing::lab::{AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually};
+use nodeplane::testing::lab::{
+    AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually, set_br_netfilter,
+};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -104,14 +106,8 @@ impl Topo {
             if !steered.contains(&self.a1.ip().to_string()) {
                 return Err(format!("a1 not steered yet: {steered}"));
             }
-            let _ = self.dns.take_sources();
-            lookup(&self.a1.ns, dns(), "probe.example.com", LOOKUP)?;
-            let sources = self.dns.take_sources();
-            if sources.contains(&node_ip()) {
-                Ok(())
-            } else {
-                Err(format!("queries still come from {sources:?}"))
-            }
+            let (ns, name) = (&self.a1.ns, "probe.example.com");
+            self.dns.lookup_via(ns, dns(), name, node_ip(), LOOKUP)
         });
         agent
     }
@@ -671,42 +667,28 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
     let mut failures = Vec::new();
     for on in [false, true, false] {
-        let v = if on { "1" } else { "0" };
-        node.sysctl("net.bridge.bridge-nf-call-iptables", v);
+        set_br_netfilter(&node, on);
         // Steered once the queries come from the node (the agent may still be starting).
-        let mut last: String;
         let deadline = Instant::now() + Duration::from_secs(15);
         let steered = loop {
-            let _ = server.take_sources();
-            let got = lookup(&pod, dns(), "br.example.com", LOOKUP);
-            let sources = server.take_sources();
-            last = format!("{got:?} from {sources:?}");
-            if got.is_ok() && sources.contains(&node_ip()) {
-                break true;
+            match server.lookup_via(&pod, dns(), "br.example.com", node_ip(), LOOKUP) {
+                Ok(_) => break Ok(()),
+                Err(e) if Instant::now() > deadline => break Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
-            if Instant::now() > deadline {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(100));
         };
-        if !steered {
+        if let Err(last) = steered {
             failures.push(format!("br_netfilter {on}: UDP not steered: {last}"));
             continue;
         }
-        for tcp in [false, true] {
-            let got = if tcp {
-                lookup_tcp(&pod, dns(), "br.example.com", LOOKUP)
-            } else {
-                lookup(&pod, dns(), "br.example.com", LOOKUP)
-            };
+        let [udp, tcp] = lookup_and_connect(&pod, dns(), "br.example.com", (LOOKUP, CONNECT));
+        for (proto, got) in [("udp", udp), ("tcp", tcp)] {
             match got {
-                Ok(l) => {
-                    let addr = l.addrs[0];
-                    if !pod.tcp_connect(format!("{addr}:80"), CONNECT).is_reply() {
-                        failures.push(format!("br_netfilter {on}, tcp {tcp}: {addr} not allowed"));
-                    }
+                Ok((_, true)) => {}
+                Ok((addr, false)) => {
+                    failures.push(format!("br_netfilter {on}, {proto}: {addr} not allowed"))
                 }
-                Err(e) => failures.push(format!("br_netfilter {on}, tcp {tcp}: lookup: {e}")),
+                Err(e) => failures.push(format!("br_netfilter {on}, {proto}: lookup: {e}")),
             }
         }
     }
@@ -764,13 +746,7 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
     }
     let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
     eventually(Duration::from_secs(15), || {
-        let _ = server.take_sources();
-        lookup(&victim.ns, dns(), "v.example.com", LOOKUP)?;
-        let sources = server.take_sources();
-        sources
-            .contains(&node_ip())
-            .then_some(())
-            .ok_or(format!("not proxied: {sources:?}"))
+        server.lookup_via(&victim.ns, dns(), "v.example.com", node_ip(), LOOKUP)
     });
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let floods: Vec<_> = flooders

@@ -9,7 +9,7 @@
 //! resolv.conf and owns 198.18.0.0/15 with a TCP server on port 80 of every address. Both
 //! resolvers are trusted (the defaults: the cluster DNS ClusterIP and resolv.conf).
 
-use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_tcp};
+use nodeplane::testing::lab::dns::{DnsServer, Zone, lookup, lookup_and_connect};
 use nodeplane::testing::lab::{
     AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually, set_br_netfilter,
 };
@@ -156,19 +156,9 @@ impl Site {
     }
 }
 
-/// The outcome of a lookup in `pod` at `server`, UDP then TCP: the answer of each, and
-/// whether its address opens at once (learned before the answer reached the pod).
+/// The outcome of a lookup in `pod` at `server`, UDP then TCP (`lookup_and_connect`).
 fn ask(pod: &Pod, server: SocketAddr, name: &str) -> [Result<(Ipv4Addr, bool), String>; 2] {
-    [false, true].map(|tcp| {
-        let got = if tcp {
-            lookup_tcp(&pod.ns, server, name, LOOKUP)
-        } else {
-            lookup(&pod.ns, server, name, LOOKUP)
-        }?;
-        let addr = *got.addrs.first().ok_or("no address")?;
-        let open = pod.ns.tcp_connect(format!("{addr}:80"), CONNECT).is_reply();
-        Ok((addr, open))
-    })
+    lookup_and_connect(&pod.ns, server, name, (LOOKUP, CONNECT))
 }
 
 /// Both lookups answered by `answer` and the address allowed at once.
@@ -479,13 +469,9 @@ fn bridged_pods_proxied_dns_meets_the_same_policies() {
         site.policies((&[], &[]), &[], &[], &all);
         // Up (and steered) once the external resolver is asked from the node.
         eventually(Duration::from_secs(15), || {
-            let _ = site.external.take_sources();
-            lookup(&p.ns, external_dns(), "probe.example.com", LOOKUP)?;
-            let sources = site.external.take_sources();
-            match sources.contains(&node_ip()) {
-                true => Ok(()),
-                false => Err(format!("queries come from {sources:?}")),
-            }
+            let at = external_dns();
+            site.external
+                .lookup_via(&p.ns, at, "probe.example.com", node_ip(), LOOKUP)
         });
         let open = [
             ask(&p, external_dns(), "x.example.com"),

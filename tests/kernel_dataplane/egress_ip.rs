@@ -178,6 +178,19 @@ impl Topo {
     }
 }
 
+/// An unselected pod (`web2`) leaves with its node's address (the CNI's masquerade), and
+/// pod to pod across nodes is neither SNATed nor steered.
+#[track_caller]
+fn assert_unselected_and_cluster_traffic_untouched(t: &Topo) {
+    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
+    let reply = t
+        .api1
+        .ns
+        .tcp_connect("10.128.2.5:9000", SECOND)
+        .expect_reply();
+    assert_eq!(reply.src_ip(), t.api1.ip());
+}
+
 /// The source address the external server saw for a new connection from `pod` (v4 or v6).
 fn source_seen(pod: &Pod, v6: bool) -> Result<IpAddr, String> {
     let (dst, ok) = if v6 { (EXT6, "ext6") } else { (EXT4, "ext") };
@@ -282,19 +295,11 @@ pub(crate) fn egress_ip_snat_steering_announcement_move_delete_and_cleanup() {
     eventually_source(&t.api1, false, EIP4, CONVERGE);
     // Other node: steered through the tunnel with its pod address, SNATed on node-1.
     eventually_source(&t.api2, false, EIP4, CONVERGE);
-    // Not selected: the CNI's masquerade, i.e. the node address.
-    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
+    assert_unselected_and_cluster_traffic_untouched(&t);
     assert_eq!(
         source_seen(&t.front2, false).unwrap().to_string(),
         node_ip(1)
     );
-    // Pod to pod across nodes is neither SNATed nor steered.
-    let reply = t
-        .api1
-        .ns
-        .tcp_connect("10.128.2.5:9000", SECOND)
-        .expect_reply();
-    assert_eq!(reply.src_ip(), t.api1.ip());
     // IPv6: same paths.
     eventually_source(&t.api1, true, EIP6, CONVERGE);
     eventually_source(&t.api2, true, EIP6, CONVERGE);
@@ -481,14 +486,7 @@ fn an_egress_ip_on_an_unreachable_node_fails_closed() {
         assert_eq!(out, lab::Outcome::Timeout, "{}", pod.ns.name());
     }
     assert!(chain_packets(&t.nodes[1], "eip-unreachable") > 0);
-    // Cluster traffic and unselected pods are untouched.
-    let reply = t
-        .api1
-        .ns
-        .tcp_connect("10.128.2.5:9000", SECOND)
-        .expect_reply();
-    assert_eq!(reply.src_ip(), t.api1.ip());
-    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
+    assert_unselected_and_cluster_traffic_untouched(&t);
     // IPv6 has no egress IP assigned: it leaves as without EgressIP (the documented case).
     assert_eq!(source_seen(&t.api2, true).unwrap().to_string(), node_ip6(1));
     // Reported, naming the node.
@@ -539,14 +537,7 @@ fn steering_with_rp_filter(value: &str) {
         assert_eq!(source_seen(&t.api2, false).unwrap().to_string(), EIP4);
     }
     eventually_source(&t.api2, true, EIP6, CONVERGE);
-    // Unselected and cluster traffic as before.
-    assert_eq!(source_seen(&t.web2, false).unwrap().to_string(), node_ip(1));
-    let reply = t
-        .api1
-        .ns
-        .tcp_connect("10.128.2.5:9000", SECOND)
-        .expect_reply();
-    assert_eq!(reply.src_ip(), t.api1.ip());
+    assert_unselected_and_cluster_traffic_untouched(&t);
     assert_eq!(
         rp_filters(&t),
         before,

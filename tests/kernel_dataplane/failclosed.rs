@@ -75,11 +75,9 @@ fn topo(bulk: bool) -> Topo {
         .map(|i| lab.add_pod(&node, &format!("b{i}"), &[&format!("10.128.0.1{i}")]))
         .collect();
     let ext = lab.add_uplink_host(&node, "ext");
-    for a in [DENIED, ALLOWED] {
-        let ip = addr(a).ip();
-        lab.add_addr(&ext, "lo", &format!("{ip}/32"));
-    }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
+    let hosts = [DENIED, ALLOWED].map(|a| addr(a).ip().to_string());
+    let hosts = hosts.each_ref().map(String::as_str);
+    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24"]);
     let mut servers = vec![
         ext.tcp_server(DENIED, "denied"),
         ext.tcp_server(ALLOWED, "allowed"),
@@ -107,10 +105,7 @@ fn topo(bulk: bool) -> Topo {
         _servers: servers,
         _lab: lab,
     };
-    t.agent.write(
-        "nodes.yaml",
-        &objects::node(NODE, &["192.168.1.1"]).to_string(),
-    );
+    t.agent.write_own_node(&["192.168.1.1"]);
     t.agent.write(
         "pods.yaml",
         &[

@@ -42,14 +42,8 @@ fn topo() -> Topo {
     let a2 = lab.add_pod(&node, "a2", &["10.128.0.6", "fd01::6"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
     let ext = lab.add_uplink_host(&node, "ext");
-    for addr in [H10, H20] {
-        lab.add_addr(&ext, "lo", &format!("{addr}/32"));
-    }
-    for addr in [H10_6, H20_6] {
-        lab.add_addr(&ext, "lo", &format!("{addr}/128"));
-    }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
-    lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
+    let hosts = [H10, H20, H10_6, H20_6];
+    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24", "2001:db8::/32"]);
     let mut servers = Vec::new();
     for host in [H10, H20, &format!("[{H10_6}]"), &format!("[{H20_6}]")] {
         for port in [80, 443] {

@@ -22,8 +22,8 @@
 
 use super::netpol_scenarios::upstream;
 use nodeplane::testing::lab::{
-    self, Bridge, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Pod, Probe, SECOND, Server,
-    assert_truth, eventually,
+    self, EchoConn, Endpoint, Lab, ManifestAgent, Ns, Pod, PodNetwork, Probe, SECOND, Server,
+    Topology, assert_truth, eventually,
 };
 use nodeplane::testing::nft_check::nft_check;
 use nodeplane::testing::objects;
@@ -49,16 +49,6 @@ pub struct Cluster {
     _lab: Lab,
 }
 
-/// How the nodes attach their pods (both nodes alike).
-#[derive(Clone, Copy, Debug)]
-pub enum Topology {
-    /// /32 and /128 routes to each pod's veth.
-    Routed,
-    /// Pods on a Linux bridge `br0` per node (the node's pod subnet on it, the node the
-    /// pods' gateway), with `br_netfilter` on or off.
-    Bridged { br_netfilter: bool },
-}
-
 pub fn cluster() -> Cluster {
     cluster_on(Topology::Routed)
 }
@@ -76,33 +66,19 @@ pub fn cluster_on(topology: Topology) -> Cluster {
     lab.add_route(&nodes[0], "fd01:1::/64", "fd00:2::2");
     lab.add_route(&nodes[1], "10.128.0.0/24", "192.168.2.1");
     lab.add_route(&nodes[1], "fd01::/64", "fd00:2::1");
-    let bridges: Vec<Option<Bridge>> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| match topology {
-            Topology::Routed => None,
-            Topology::Bridged { br_netfilter } => {
-                let subnets = [
-                    ("10.128.0.1/24", "fd01::1/64"),
-                    ("10.128.1.1/24", "fd01:1::1/64"),
-                ];
-                let (v4, v6) = subnets[i];
-                let bridge = lab.add_bridge(node, "br0", &[v4, v6]);
-                lab::set_br_netfilter(node, br_netfilter);
-                Some(bridge)
-            }
-        })
+    // How the nodes attach their pods (both alike): each node's pod subnet on its bridge.
+    let subnets = [
+        ["10.128.0.1/24", "fd01::1/64"],
+        ["10.128.1.1/24", "fd01:1::1/64"],
+    ];
+    let networks: Vec<PodNetwork> = (nodes.iter().zip(subnets))
+        .map(|(node, gateways)| lab.pod_network(node, topology, &gateways))
         .collect();
     let mut pods = Vec::new();
     let mut servers = Vec::new();
     for (ns, name, node, v4, v6, _) in PODS {
         let role = format!("{ns}-{name}");
-        let pod = match &bridges[node] {
-            None => lab.add_pod(&nodes[node], &role, &[v4, v6]),
-            Some(bridge) => {
-                lab.add_bridged_pod(bridge, &role, &[&format!("{v4}/24"), &format!("{v6}/64")])
-            }
-        };
+        let pod = lab.add_pod_in(&networks[node], &role, &[v4, v6]);
         let tag = format!("{ns}-{name}");
         servers.push(pod.ns.tcp_server("[::]:80", &tag));
         servers.push(pod.ns.tcp_server("[::]:81", &tag));

@@ -40,17 +40,17 @@ fn topo() -> Topo {
     let web = lab.add_pod(&node, "web", &["10.128.0.6", "fd01::6"]);
     let plain = lab.add_pod(&node, "plain", &["10.128.0.7", "fd01::7"]);
     let ext = lab.add_uplink_host(&node, "ext");
-    for addr in [
-        "203.0.113.10/32",
-        "198.51.100.10/32",
-        "2001:db8:1::10/128",
-        "2001:db8:2::10/128",
-    ] {
-        lab.add_addr(&ext, "lo", addr);
-    }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
-    lab.add_route(&node, "198.51.100.0/24", "192.168.1.100");
-    lab.add_route(&node, "2001:db8::/32", "fd00:1::100");
+    lab.add_uplink_addrs(
+        &node,
+        &ext,
+        &[
+            "203.0.113.10",
+            "198.51.100.10",
+            "2001:db8:1::10",
+            "2001:db8:2::10",
+        ],
+        &["203.0.113.0/24", "198.51.100.0/24", "2001:db8::/32"],
+    );
     // One server per address: a wildcard-bound UDP socket would answer from the address of
     // the route back (192.168.1.100), which the pod's connected socket does not accept.
     let servers = [

@@ -46,10 +46,8 @@ fn pods_only() -> Topo {
     let a2 = lab.add_pod(&node, "a2", &["10.128.0.6"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
     let ext = lab.add_uplink_host(&node, "ext");
-    for addr in ["203.0.113.10/32", "203.0.113.20/32"] {
-        lab.add_addr(&ext, "lo", addr);
-    }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
+    let hosts = ["203.0.113.10", "203.0.113.20"];
+    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24"]);
     let sinks = vec![
         DatagramSink::start(&ext, addr(ALLOWED)),
         DatagramSink::start(&ext, addr(DENIED)),

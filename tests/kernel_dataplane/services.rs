@@ -79,10 +79,7 @@ pub(crate) fn topo() -> Topo {
         _servers: servers,
         _lab: lab,
     };
-    t.agent.write(
-        "nodes.yaml",
-        &objects::node(NODE, &["192.168.1.1"]).to_string(),
-    );
+    t.agent.write_own_node(&["192.168.1.1"]);
     t
 }
 
@@ -452,28 +449,27 @@ fn udp_ask(sock: &UdpSocket, dst: &str, within: Duration) -> Option<String> {
     None
 }
 
+/// Writes `service` (named `dns`) and its slice of `eps`, whose ports are `dns` 5353/UDP
+/// and `http` 8080/TCP.
+fn write_dns_service(t: &Topo, service: objects::Service, eps: &[Ep]) {
+    let slice = endpoint_slice(
+        "dns",
+        "dns",
+        "IPv4",
+        "{name: dns, port: 5353, protocol: UDP}, {name: http, port: 8080, protocol: TCP}",
+        eps,
+    );
+    let docs = [service.to_string(), slice.to_string()];
+    t.agent.write("services.yaml", &docs.join("---\n"));
+}
+
 #[test]
 pub(crate) fn removed_endpoint_gets_no_new_connections_and_its_udp_flow_moves() {
     let t = topo();
     let (b1, b2) = (t.v4(&t.b1), t.v4(&t.b2));
     let write = |eps: &[Ep]| {
-        let docs = [
-            service_ips(
-                "dns",
-                &["172.30.0.40"],
-                "{name: dns, port: 53, protocol: UDP}, {name: http, port: 80, protocol: TCP}",
-            )
-            .to_string(),
-            endpoint_slice(
-                "dns",
-                "dns",
-                "IPv4",
-                "{name: dns, port: 5353, protocol: UDP}, {name: http, port: 8080, protocol: TCP}",
-                eps,
-            )
-            .to_string(),
-        ];
-        t.agent.write("services.yaml", &docs.join("---\n"));
+        let ports = "{name: dns, port: 53, protocol: UDP}, {name: http, port: 80, protocol: TCP}";
+        write_dns_service(&t, service_ips("dns", &["172.30.0.40"], ports), eps);
     };
     write(&[ep(&b1, NODE)]);
     let agent = t.agent.spawn(&[]);
@@ -649,25 +645,10 @@ fn udp_flow_sent_before_the_first_endpoint_reaches_it() {
     let t = topo();
     let b1 = t.v4(&t.b1);
     let write = |eps: &[Ep]| {
-        let docs = [
-            service_ips(
-                "dns",
-                &["172.30.0.41"],
-                "{name: dns, port: 53, protocol: UDP, nodePort: 30053}, \
-                 {name: http, port: 80, protocol: TCP, nodePort: 30054}",
-            )
-            .spec("type: NodePort")
-            .to_string(),
-            endpoint_slice(
-                "dns",
-                "dns",
-                "IPv4",
-                "{name: dns, port: 5353, protocol: UDP}, {name: http, port: 8080, protocol: TCP}",
-                eps,
-            )
-            .to_string(),
-        ];
-        t.agent.write("services.yaml", &docs.join("---\n"));
+        let ports = "{name: dns, port: 53, protocol: UDP, nodePort: 30053}, \
+                     {name: http, port: 80, protocol: TCP, nodePort: 30054}";
+        let service = service_ips("dns", &["172.30.0.41"], ports).spec("type: NodePort");
+        write_dns_service(&t, service, eps);
     };
     // No service yet: the node answers the NodePort datagrams itself (port unreachable).
     t.agent.once(&[]);

@@ -57,10 +57,7 @@ fn topo() -> Topo {
     let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.11"]);
     let ext = lab.add_uplink_host(&node, "ext");
-    for addr in [H10, H20] {
-        lab.add_addr(&ext, "lo", &format!("{addr}/32"));
-    }
-    lab.add_route(&node, "203.0.113.0/24", "192.168.1.100");
+    lab.add_uplink_addrs(&node, &ext, &[H10, H20], &["203.0.113.0/24"]);
     let servers = vec![
         ext.tcp_server(format!("{H10}:80"), "h10"),
         ext.tcp_server(format!("{H20}:80"), "h20"),
@@ -85,10 +82,7 @@ fn topo() -> Topo {
         _servers: servers,
         lab,
     };
-    t.agent.write(
-        "node.yaml",
-        &objects::node(NODE, &["192.168.1.1"]).to_string(),
-    );
+    t.agent.write_own_node(&["192.168.1.1"]);
     t.agent.write(
         "pods.yaml",
         &[

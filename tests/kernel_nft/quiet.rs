@@ -27,6 +27,16 @@ fn listing(ns: &Ns) -> String {
         .expect("our table")
 }
 
+/// A fresh netns with the drift monitor of our table started in it, and its reports.
+fn monitored(lab: &mut Lab) -> (Ns, Monitor, mpsc::Receiver<Drift>) {
+    let ns = lab.add_host("quiet");
+    let (tx, rx) = mpsc::channel::<Drift>();
+    let monitor = ns
+        .enter(move || Monitor::start(TABLE_NAME, move |d| tx.send(d).is_ok()))
+        .expect("monitor");
+    (ns, monitor, rx)
+}
+
 #[track_caller]
 fn wait_count(counter: &AtomicU64, n: u64, what: &str) {
     eventually(WAIT, || match counter.load(Relaxed) {
@@ -39,11 +49,7 @@ fn wait_count(counter: &AtomicU64, n: u64, what: &str) {
 fn the_agents_large_commits_go_unheard_and_raise_no_drift() {
     let _alone = lab::exclusive();
     let mut lab = Lab::new();
-    let ns = lab.add_host("quiet");
-    let (tx, rx) = mpsc::channel::<Drift>();
-    let monitor = ns
-        .enter(move || Monitor::start(TABLE_NAME, move |d| tx.send(d).is_ok()))
-        .expect("monitor");
+    let (ns, monitor, rx) = monitored(&mut lab);
     let stats = monitor.stats();
     let backend = NftnlBackend::new().with_quiet(Some(monitor.quiet().expect("quiet")));
     let mut engine = Engine::new(backend);
@@ -75,11 +81,7 @@ fn the_agents_large_commits_go_unheard_and_raise_no_drift() {
 fn a_foreign_commit_inside_the_quiet_window_is_a_drift_and_is_repaired() {
     let _alone = lab::exclusive();
     let mut lab = Lab::new();
-    let ns = lab.add_host("quiet");
-    let (tx, rx) = mpsc::channel::<Drift>();
-    let monitor = ns
-        .enter(move || Monitor::start(TABLE_NAME, move |d| tx.send(d).is_ok()))
-        .expect("monitor");
+    let (ns, monitor, rx) = monitored(&mut lab);
     let stats = monitor.stats();
     let mut quiet = monitor.quiet().expect("quiet");
     // The window is driven here, around an engine of its own, so that the foreign commit

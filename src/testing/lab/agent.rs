@@ -239,6 +239,7 @@ impl Ns {
 /// that drives the agent binary needs.
 pub struct ManifestAgent {
     node: Ns,
+    node_name: String,
     dir: tempfile::TempDir,
     args: Vec<String>,
 }
@@ -257,6 +258,7 @@ impl ManifestAgent {
         args.extend(flags.iter().map(|f| f.to_string()));
         ManifestAgent {
             node: node.clone(),
+            node_name: node_name.to_string(),
             dir,
             args,
         }
@@ -270,6 +272,13 @@ impl ManifestAgent {
     /// Writes (or replaces) the manifest `name` atomically.
     pub fn write(&self, name: &str, text: &str) {
         super::write_manifest(self.dir.path(), name, text);
+    }
+
+    /// Writes the agent's own Node object (`nodes.yaml`) with `ips` (its InternalIPs, e.g.
+    /// the uplink address of [`Lab::add_uplink_host`](super::Lab::add_uplink_host)).
+    pub fn write_own_node(&self, ips: &[&str]) {
+        let node = crate::testing::objects::node(&self.node_name, ips);
+        self.write("nodes.yaml", &node.to_string());
     }
 
     /// The shared command line plus `extra`.

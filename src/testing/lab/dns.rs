@@ -120,6 +120,26 @@ impl DnsServer {
     pub fn take_sources(&self) -> BTreeSet<IpAddr> {
         std::mem::take(&mut self.sources.lock().unwrap())
     }
+
+    /// Looks `name` up from `ns` at `at` (this server, or an address that reaches it):
+    /// `Ok` only if answered and asked from `via` (the node's address: the proxy forwarded
+    /// it), else what happened.
+    pub fn lookup_via(
+        &self,
+        ns: &Ns,
+        at: SocketAddr,
+        name: &str,
+        via: IpAddr,
+        timeout: Duration,
+    ) -> Result<Lookup, String> {
+        let _ = self.take_sources();
+        let got = lookup(ns, at, name, timeout);
+        let sources = self.take_sources();
+        match got {
+            Ok(l) if sources.contains(&via) => Ok(l),
+            got => Err(format!("{got:?}, asked from {sources:?}, not {via}")),
+        }
+    }
 }
 
 impl Drop for DnsServer {
@@ -224,6 +244,29 @@ pub fn lookup(
 ) -> Result<Lookup, String> {
     let name = name.to_string();
     ns.enter(move || lookup_here(server, &name, timeout))
+}
+
+/// Looks `name` up in `ns` at `server` over UDP, then straight over TCP, each followed at
+/// once by a connection to port 80 of its first address: that address and whether the
+/// connection opened within `connect` (for a steered pod: learned before the answer
+/// reached it).
+pub fn lookup_and_connect(
+    ns: &Ns,
+    server: SocketAddr,
+    name: &str,
+    (timeout, connect): (Duration, Duration),
+) -> [Result<(Ipv4Addr, bool), String>; 2] {
+    [false, true].map(|tcp| {
+        let got = match tcp {
+            true => lookup_tcp(ns, server, name, timeout),
+            false => lookup(ns, server, name, timeout),
+        }?;
+        let addr = *got.addrs.first().ok_or("no address")?;
+        Ok((
+            addr,
+            ns.tcp_connect(format!("{addr}:80"), connect).is_reply(),
+        ))
+    })
 }
 
 /// [`lookup`] from the calling thread's netns.

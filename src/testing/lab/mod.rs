@@ -37,7 +37,9 @@ pub use netns::{
 };
 pub use sandbox::{sandboxed, sandboxed_with};
 pub use stream::{ConnStream, StreamTally};
-pub use topology::{Bridge, Lab, Link, POD_GW4, POD_GW6, Pod, Segment, set_br_netfilter};
+pub use topology::{
+    Bridge, Lab, Link, POD_GW4, POD_GW6, Pod, PodNetwork, Segment, Topology, set_br_netfilter,
+};
 pub use traffic::{Outcome, Reply, Server};
 
 /// A sensible default timeout for probes that are expected to succeed.

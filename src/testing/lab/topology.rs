@@ -59,6 +59,36 @@ pub struct Bridge {
     pub gateways: Vec<IpAddr>,
 }
 
+/// How a node attaches its pods, for tests that must hold on each (`Topology::ALL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// /32 and /128 routes to each pod's veth, as routed CNIs attach them.
+    Routed,
+    /// Pods on a Linux bridge `br0` (the node its pods' gateway), with `br_netfilter` on or
+    /// off in the node.
+    Bridged { br_netfilter: bool },
+}
+
+impl Topology {
+    pub const ALL: [Topology; 3] = [
+        Topology::Routed,
+        Topology::Bridged {
+            br_netfilter: false,
+        },
+        Topology::Bridged { br_netfilter: true },
+    ];
+}
+
+/// Where a node's pods attach under a [`Topology`] ([`Lab::pod_network`]; pods join with
+/// [`Lab::add_pod_in`]).
+#[derive(Clone, Debug)]
+pub struct PodNetwork {
+    pub node: Ns,
+    pub topology: Topology,
+    /// The bridge of bridged pods and the prefix lengths of its subnets.
+    bridge: Option<(Bridge, Vec<String>)>,
+}
+
 /// A shared L2 segment: a bridge device in its own netns.
 #[derive(Clone, Debug)]
 pub struct Segment {
@@ -243,6 +273,47 @@ impl Lab {
         }
     }
 
+    /// `node`'s pods attached as `topology` says: routed, or on a bridge `br0` carrying
+    /// `gateways` (e.g. "10.128.0.1/16", one per family), `br_netfilter` set as asked.
+    pub fn pod_network(&mut self, node: &Ns, topology: Topology, gateways: &[&str]) -> PodNetwork {
+        let bridge = match topology {
+            Topology::Routed => None,
+            Topology::Bridged { br_netfilter } => {
+                let bridge = self.add_bridge(node, "br0", gateways);
+                set_br_netfilter(node, br_netfilter);
+                let prefixes = gateways
+                    .iter()
+                    .map(|g| g.split_once('/').map_or("", |(_, p)| p).to_string())
+                    .collect();
+                Some((bridge, prefixes))
+            }
+        };
+        PodNetwork {
+            node: node.clone(),
+            topology,
+            bridge,
+        }
+    }
+
+    /// A pod in `net` with `addrs` (bare IPs): routed ([`Lab::add_pod`]) or on the bridge
+    /// with the prefix length of its gateway of the same family ([`Lab::add_bridged_pod`]).
+    pub fn add_pod_in(&mut self, net: &PodNetwork, role: &str, addrs: &[&str]) -> Pod {
+        let Some((bridge, prefixes)) = &net.bridge else {
+            return self.add_pod(&net.node, role, addrs);
+        };
+        let cidrs: Vec<String> = addrs
+            .iter()
+            .map(|a| {
+                let v6 = a.contains(':');
+                let at = bridge.gateways.iter().position(|g| g.is_ipv6() == v6);
+                let prefix = at.unwrap_or_else(|| panic!("no gateway on br0 for pod address {a}"));
+                format!("{a}/{}", prefixes[prefix])
+            })
+            .collect();
+        let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
+        self.add_bridged_pod(bridge, role, &cidrs)
+    }
+
     /// A shared L2 segment (bridge `br0` in its own netns); join hosts with `attach`.
     pub fn add_segment(&mut self, role: &str) -> Segment {
         let ns = self.add_host(role);
@@ -290,6 +361,24 @@ impl Lab {
         self.add_route(&host, "10.128.0.0/14", "192.168.1.1");
         self.add_route(&host, "fd01::/48", "fd00:1::1");
         host
+    }
+
+    /// `ext` (an uplink host of `node`: [`Lab::add_uplink_host`]) owns `addrs` (bare IPs,
+    /// on its `lo`: the "Internet" hosts of a test), and `node` routes `prefixes` (which
+    /// cover them) to it.
+    pub fn add_uplink_addrs(&self, node: &Ns, ext: &Ns, addrs: &[&str], prefixes: &[&str]) {
+        for a in addrs {
+            let host = if a.contains(':') { 128 } else { 32 };
+            add_addrs(ext, "lo", &[&format!("{a}/{host}")]);
+        }
+        for p in prefixes {
+            let via = if p.contains(':') {
+                "fd00:1::100"
+            } else {
+                "192.168.1.100"
+            };
+            self.add_route(node, p, via);
+        }
     }
 
     /// `ip route add DEST via VIA` in `ns` (family from the addresses).
