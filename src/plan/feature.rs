@@ -11,9 +11,9 @@
 //! Adding a feature is one module implementing [`Feature`] and one line in the registry
 //! (`features!` in `plan/mod.rs`).
 
+use super::DnsAnswers;
 use super::ObjectStatus;
 use crate::config::Config;
-use crate::dns::DnsAnswers;
 use crate::net::{NetDesired, Refusal};
 use crate::nft::ir::{Family, Table};
 use crate::snapshot::Snapshot;

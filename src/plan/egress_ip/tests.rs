@@ -72,8 +72,8 @@ fn refused_on(node: &str, snap: &Snapshot, ip: &str, reason: &str) -> Desired {
         refused: &refused,
         bridge_ports: None,
     };
-    let dns = crate::dns::DnsAnswers::default();
-    crate::plan::settle(snap, &config, &dns, &mut d, &report);
+    let answers = crate::plan::Answers::default();
+    crate::plan::settle(snap, &config, &answers, &mut d, &report);
     d
 }
 
