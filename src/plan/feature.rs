@@ -200,7 +200,8 @@ pub trait Remember: Sized {
     fn keeps(&self, kept: &Self::Kept) -> bool;
 }
 
-/// What a feature keeps across restarts ([`Remember::Kept`]).
+/// What a feature keeps across restarts ([`Remember::Kept`]), and how it reads and writes
+/// itself in the state file (see [`super::kept`]).
 pub trait Keep: Clone + Debug + Default + Send + Sync {
     /// The number of objects kept.
     fn len(&self) -> usize;
@@ -208,11 +209,27 @@ pub trait Keep: Clone + Debug + Default + Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Writes what is kept as the feature's fields of the state file's JSON object.
+    fn save<M: serde::ser::SerializeMap>(&self, file: &mut M) -> Result<(), M::Error>;
+
+    /// Reads what is kept back from the state file's fields: each object validated again,
+    /// one that cannot be trusted left out and reported in `file`. Err (the reason) when a
+    /// field of the feature is not what it writes: the whole file is then ignored.
+    fn load(file: &mut super::kept::KeptFile<'_>) -> Result<Self, String>;
 }
 
 /// For features that keep nothing.
 impl Keep for () {
     fn len(&self) -> usize {
         0
+    }
+
+    fn save<M: serde::ser::SerializeMap>(&self, _file: &mut M) -> Result<(), M::Error> {
+        Ok(())
+    }
+
+    fn load(_file: &mut super::kept::KeptFile<'_>) -> Result<(), String> {
+        Ok(())
     }
 }

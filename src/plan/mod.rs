@@ -10,6 +10,7 @@ pub mod egress_ip;
 pub mod feature;
 pub mod firewall;
 pub mod in_force;
+pub mod kept;
 pub mod netpol;
 pub mod qos;
 pub mod services;
@@ -65,6 +66,19 @@ macro_rules! features {
             /// when nothing changed).
             pub fn same_as(&self, memory: &Memory) -> bool {
                 true $(&& memory.$field.keeps(&self.$field))*
+            }
+
+            /// Writes every feature's fields of the state file, in registry order.
+            pub fn save<M: serde::ser::SerializeMap>(&self, file: &mut M) -> Result<(), M::Error> {
+                $(Keep::save(&self.$field, file)?;)*
+                Ok(())
+            }
+
+            /// Reads every feature's fields back (see [`Keep::load`]).
+            pub fn load(file: &mut kept::KeptFile<'_>) -> Result<Kept, String> {
+                Ok(Kept {
+                    $($field: Keep::load(file)?,)*
+                })
             }
 
             /// The number of objects kept.
