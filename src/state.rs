@@ -27,8 +27,9 @@
 
 use crate::plan::Memory;
 use crate::plan::kept::KeptFile;
-use serde::Serialize;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, File, OpenOptions};
@@ -344,6 +345,50 @@ pub fn read(path: &Path, node: &str) -> Loaded {
     loaded
 }
 
+/// The file as this agent writes it, decoded in one pass (the fast path of [`decode`]): the
+/// header, and each feature's fields decoded by that feature.
+#[derive(Default)]
+struct FileIn {
+    format: Option<String>,
+    node: Option<String>,
+    last_valid: LastValid,
+    /// Objects left out: which, and why.
+    problems: Vec<(String, String)>,
+}
+
+impl<'de> Deserialize<'de> for FileIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FileInVisitor)
+    }
+}
+
+struct FileInVisitor;
+
+impl<'de> Visitor<'de> for FileInVisitor {
+    type Value = FileIn;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a state file")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FileIn, A::Error> {
+        let mut file = FileIn::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "format" => file.format = Some(map.next_value()?),
+                "node" => file.node = Some(map.next_value()?),
+                _ => {
+                    let problems = &mut file.problems;
+                    if !file.last_valid.decode_field(&key, &mut map, problems)? {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+        }
+        Ok(file)
+    }
+}
+
 /// Parses the file's bytes: whole-file problems are the Err, per-object problems go to
 /// `problems` and the object is left out.
 fn decode(
@@ -352,6 +397,23 @@ fn decode(
     node: &str,
     problems: &mut Vec<StateError>,
 ) -> Result<LastValid, StateError> {
+    let left_out = |found: Vec<(String, String)>| {
+        found.into_iter().map(|(what, reason)| StateError::Object {
+            path: path.to_path_buf(),
+            what,
+            reason,
+        })
+    };
+    // Fast path: a file as this agent writes it, in one typed pass (half the time of the
+    // path below). Anything else takes the path below, which looks at each part on
+    // its own to say exactly what is wrong and keep what is right.
+    if let Ok(file) = serde_json::from_slice::<FileIn>(bytes)
+        && file.format.as_deref() == Some(FORMAT)
+        && file.node.as_deref() == Some(node)
+    {
+        problems.extend(left_out(file.problems));
+        return Ok(file.last_valid);
+    }
     let corrupt = |reason: String| StateError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -393,15 +455,7 @@ fn decode(
     }
     let mut file = KeptFile::new(fields);
     let last_valid = LastValid::load(&mut file).map_err(corrupt)?;
-    problems.extend(
-        file.into_problems()
-            .into_iter()
-            .map(|(what, reason)| StateError::Object {
-                path: path.to_path_buf(),
-                what,
-                reason,
-            }),
-    );
+    problems.extend(left_out(file.into_problems()));
     Ok(last_valid)
 }
 

@@ -217,6 +217,17 @@ pub trait Keep: Clone + Debug + Default + Send + Sync {
     /// one that cannot be trusted left out and reported in `file`. Err (the reason) when a
     /// field of the feature is not what it writes: the whole file is then ignored.
     fn load(file: &mut super::kept::KeptFile<'_>) -> Result<Self, String>;
+
+    /// The fast path of [`Keep::load`], for a file as the agent writes it: when `name` is a
+    /// field of this feature, decodes its value from `map` in one typed pass into `self`
+    /// (objects validated again as by `load`, what is left out pushed to `problems` as
+    /// (which item, why)) and returns true; false for another feature's field.
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        map: &mut A,
+        problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error>;
 }
 
 /// For features that keep nothing.
@@ -231,5 +242,14 @@ impl Keep for () {
 
     fn load(_file: &mut super::kept::KeptFile<'_>) -> Result<(), String> {
         Ok(())
+    }
+
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        _name: &str,
+        _map: &mut A,
+        _problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error> {
+        Ok(false)
     }
 }

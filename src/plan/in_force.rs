@@ -140,40 +140,66 @@ impl<T: KeptKind> super::Keep for InForceMap<T, T::Valid> {
         file.serialize_entry(T::FIELD, &objects)
     }
 
-    /// Each object validated again and keyed as the planner keys it; the first object of a
-    /// key wins (the agent never writes two).
     fn load(file: &mut KeptFile<'_>) -> Result<Self, String> {
-        let mut map = InForceMap::new();
-        for (i, item) in file.list::<T>(T::FIELD)?.into_iter().enumerate() {
-            let what = format!("{}[{i}]", T::FIELD);
-            let object = match item {
-                Ok(o) => o,
-                Err(e) => {
-                    file.problem(what, format!("cannot decode: {e}"));
-                    continue;
-                }
-            };
-            let valid = match object.revalidate() {
-                Ok(v) => v,
-                // The error names the object (kind and key), the field and the problem.
-                Err(e) => {
-                    file.problem(what, format!("no longer valid: {e}"));
-                    continue;
-                }
-            };
-            let key = T::key(&valid);
-            if map.contains_key(&key) {
-                file.problem(what, format!("a second object for {key}"));
+        let items = file.list::<T>(T::FIELD)?;
+        Ok(validated_again(items, &mut |what, why| {
+            file.problem(what, why)
+        }))
+    }
+
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        map: &mut A,
+        problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error> {
+        if name != T::FIELD {
+            return Ok(false);
+        }
+        let items: Vec<T> = map.next_value()?;
+        let items = items.into_iter().map(Ok);
+        *self = validated_again(items, &mut |what, why| problems.push((what, why)));
+        Ok(true)
+    }
+}
+
+/// The objects of a kind's list read back, each validated again and keyed as the planner
+/// keys it; what is left out goes to `problem` (which item, why). The first object of a key
+/// wins (the agent never writes two).
+fn validated_again<T: KeptKind>(
+    items: impl IntoIterator<Item = Result<T, String>>,
+    problem: &mut dyn FnMut(String, String),
+) -> InForceMap<T, T::Valid> {
+    let mut map = InForceMap::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let what = format!("{}[{i}]", T::FIELD);
+        let object = match item {
+            Ok(o) => o,
+            Err(e) => {
+                problem(what, format!("cannot decode: {e}"));
                 continue;
             }
-            let entry = InForce {
-                object: Arc::new(object),
-                valid: Arc::new(valid),
-            };
-            map.insert(key, entry);
+        };
+        let valid = match object.revalidate() {
+            Ok(v) => v,
+            // The error names the object (kind and key), the field and the problem.
+            Err(e) => {
+                problem(what, format!("no longer valid: {e}"));
+                continue;
+            }
+        };
+        let key = T::key(&valid);
+        if map.contains_key(&key) {
+            problem(what, format!("a second object for {key}"));
+            continue;
         }
-        Ok(map)
+        let entry = InForce {
+            object: Arc::new(object),
+            valid: Arc::new(valid),
+        };
+        map.insert(key, entry);
     }
+    map
 }
 
 /// The objects in force are what a feature of custom resources keeps across restarts.

@@ -74,6 +74,20 @@ macro_rules! features {
                 Ok(())
             }
 
+            /// Decodes the state file's field `name` into the feature that writes it (see
+            /// [`Keep::decode_field`]); false when no feature does.
+            pub fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+                &mut self,
+                name: &str,
+                map: &mut A,
+                problems: &mut Vec<(String, String)>,
+            ) -> Result<bool, A::Error> {
+                $(if Keep::decode_field(&mut self.$field, name, map, problems)? {
+                    return Ok(true);
+                })*
+                Ok(false)
+            }
+
             /// Reads every feature's fields back (see [`Keep::load`]).
             pub fn load(file: &mut kept::KeptFile<'_>) -> Result<Kept, String> {
                 Ok(Kept {
