@@ -12,9 +12,9 @@
 //!    from empty through the netlink backend, then one changed rule (plan + diff + apply).
 
 use nodeplane::config::Config;
-use nodeplane::dns::DnsAnswers;
 use nodeplane::nft::Engine;
 use nodeplane::nft::nftnl::NftnlBackend;
+use nodeplane::plan::DnsAnswers;
 use nodeplane::plan::{Memory, plan_with_dns};
 use nodeplane::snapshot::Snapshot;
 use nodeplane::testing::args::arg;

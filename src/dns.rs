@@ -7,7 +7,9 @@
 //! (1 s .. 60 s). Names are lowercase (validation lowercases them).
 //!
 //! [`DnsCache`] is the clock-explicit core (tested with a fake [`Lookup`]); [`DnsService`]
-//! runs it as a tokio task for the run loop, and [`resolve_once`] serves `--once`/`--dry-run`.
+//! runs it as a tokio task for the run loop, and [`resolve_once`] serves `--once`. Both
+//! answer what the features ask ([`Answerer`]) before each plan: [`DnsService`] and
+//! [`ResolveOnce`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+use crate::plan::{Answerer, Answers, Asks, DnsAnswers};
 use crate::timing::Backoff;
 
 /// Refresh interval for an answer with TTL 0.
@@ -35,39 +38,6 @@ pub enum DnsError {
     Config { path: String, reason: String },
     #[error("{0}")]
     Runtime(String),
-}
-
-/// The current addresses of every DNS name in use: a planner input value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DnsAnswers {
-    names: BTreeMap<String, Vec<IpAddr>>,
-}
-
-impl DnsAnswers {
-    /// The addresses of `name` (case-insensitive), sorted; empty if unknown.
-    pub fn get(&self, name: &str) -> &[IpAddr] {
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
-        self.names.get(&name).map(Vec::as_slice).unwrap_or_default()
-    }
-
-    /// True once a resolution of `name` was attempted (its answer may be empty).
-    pub fn contains(&self, name: &str) -> bool {
-        self.names.contains_key(&name.to_ascii_lowercase())
-    }
-
-    pub fn insert(&mut self, name: &str, mut addrs: Vec<IpAddr>) {
-        addrs.sort();
-        addrs.dedup();
-        self.names.insert(name.to_ascii_lowercase(), addrs);
-    }
-
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
 }
 
 /// One resolution of a name: its A and AAAA addresses and the shortest TTL among them.
@@ -291,6 +261,22 @@ pub fn resolve_once(resolv_conf: &Path, names: &BTreeSet<String>) -> Result<DnsA
     .map_err(|_| DnsError::Runtime("resolver thread panicked".into()))?
 }
 
+/// `--once`: resolves the names asked for once, with the resolver config at the path; a
+/// failure is logged and the plan goes out without answers.
+pub struct ResolveOnce(pub std::path::PathBuf);
+
+impl Answerer for ResolveOnce {
+    fn answer(&mut self, asks: &Asks) -> Answers {
+        match resolve_once(&self.0, &asks.dns_names) {
+            Ok(dns) => Answers { dns },
+            Err(e) => {
+                warn!("dnsName rules get no addresses: {e}");
+                Answers::default()
+            }
+        }
+    }
+}
+
 /// The resolver task of the run loop: the loop says which names it needs ([`want`]) and
 /// reads the current [`answers`]; `on_change` is called whenever an answer changes.
 ///
@@ -364,6 +350,19 @@ impl DnsService {
                 return answers;
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// How long a plan waits for the first answer of a newly used name.
+pub const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
+
+/// Run mode: the names asked for are the ones the resolver keeps fresh; a plan waits up to
+/// [`FIRST_ANSWER_WAIT`] for a new name's first answer.
+impl Answerer for DnsService {
+    fn answer(&mut self, asks: &Asks) -> Answers {
+        Answers {
+            dns: self.want_and_wait(&asks.dns_names, FIRST_ANSWER_WAIT),
         }
     }
 }

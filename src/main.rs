@@ -42,7 +42,8 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
         return Ok(());
     }
     if cli.opts.once {
-        return Ok(reconcile::once(&config)?);
+        let answerer = nodeplane::dns::ResolveOnce(config.resolv_conf.clone());
+        return Ok(reconcile::once(&config, answerer)?);
     }
     Ok(tokio_runtime()?.block_on(app::run(config))?)
 }

@@ -7,7 +7,6 @@ pub mod run_loop;
 mod tables;
 
 use crate::config::Config;
-use crate::dns::{self, DnsAnswers};
 use crate::net::{NetBackend, NetChanges, NetConfig, RtnlBackend};
 use crate::nft::monitor::Quiet;
 use crate::nft::nftnl::NftnlBackend;
@@ -16,7 +15,7 @@ use crate::nft::{Engine, Family, NftBackend, TABLE_NAME, Table};
 use crate::observe::{
     ReconcileError, SyncObserver, SyncOutcome, SyncReport, SyncTimes, status_line,
 };
-use crate::plan::{self, AppliedReport, BackendReport, Desired, Memory, plan_with, plan_with_dns};
+use crate::plan::{self, Answerer, AppliedReport, BackendReport, Desired, Memory, plan_with};
 use crate::snapshot::Snapshot;
 use crate::source::kube::SourceHealth;
 use crate::source::{kube as kube_source, manifests};
@@ -36,8 +35,8 @@ pub struct Reconciler<N: NftBackend, B: NetBackend> {
     net: B,
     /// Last valid objects, as of the last successful apply.
     memory: Memory,
-    /// Current answers for the DNS names the features asked for (a planner input).
-    dns: DnsAnswers,
+    /// Answers what the features ask before each plan ([`plan::Asks`]).
+    answerer: Box<dyn Answerer>,
     /// Run the features' kernel side effects after each commit ([`plan::Output`]; off for
     /// fake backends).
     kernel_effects: bool,
@@ -57,7 +56,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
             extra: ExtraEngines::new(&plan::extra_tables()),
             net,
             memory: Memory::default(),
-            dns: DnsAnswers::default(),
+            answerer: Box::new(plan::NoAnswers),
             kernel_effects: false,
             state: None,
             conflicts: BTreeSet::new(),
@@ -87,21 +86,20 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         &self.memory
     }
 
-    /// The DNS names the next plan of `snapshot` needs (remembered objects included).
-    pub fn dns_names(&self, snapshot: &Snapshot) -> BTreeSet<String> {
-        plan::dns_names(snapshot, &self.config, &self.memory)
-    }
-
-    /// Sets the DNS answers the next syncs plan with.
-    pub fn set_dns(&mut self, answers: DnsAnswers) {
-        self.dns = answers;
+    /// Has what the features ask answered by `answerer` before each plan.
+    pub fn with_answerer(mut self, answerer: impl Answerer + 'static) -> Self {
+        self.answerer = Box::new(answerer);
+        self
     }
 
     /// Plans `snapshot` and brings the kernel to it. nftables first, so that rules exist
     /// before an address starts attracting traffic; removal order is handled per backend.
     pub fn sync(&mut self, snapshot: &Snapshot) -> Result<SyncReport, ReconcileError> {
+        // Asked and answered before the clock starts: a new answer may be waited for.
+        let asks = plan::asks(snapshot, &self.config, &self.memory);
+        let answers = self.answerer.answer(&asks);
         let started = std::time::Instant::now();
-        let mut desired = plan_with_dns(snapshot, &self.config, &self.memory, &self.dns);
+        let mut desired = plan::plan_answered(snapshot, &self.config, &self.memory, &answers);
         // Read-only: learn which addresses cannot be placed before programming SNAT to them.
         // A network planning error still lets the nftables side (other features) apply.
         let planned = self.net.plan(&desired.net);
@@ -115,7 +113,7 @@ impl<N: NftBackend + Default, B: NetBackend> Reconciler<N, B> {
         // Read-only too: what a feature asked to know of the node.
         let facts = self.net.read_facts(&desired.net);
         let report = BackendReport::new(&refused, &facts);
-        plan::settle(snapshot, &self.config, &self.dns, &mut desired, &report);
+        plan::settle(snapshot, &self.config, &answers, &mut desired, &report);
         let Desired {
             ruleset,
             extra_tables,
@@ -280,13 +278,8 @@ pub fn dry_run(config: &Config) -> Result<String, ReconcileError> {
         config.node_name,
         snapshot.len()
     ));
-    let names = plan::dns_names(&snapshot, config, &memory);
-    if !names.is_empty() {
-        let names: Vec<String> = names.into_iter().collect();
-        comment(&format!(
-            "dnsName rules are resolved when applied, not in --dry-run: {}",
-            names.join(", ")
-        ));
+    if let Some(line) = plan::asks(&snapshot, config, &memory).unanswered_in_dry_run() {
+        comment(&line);
     }
     match RtnlBackend::new(NetConfig::default()).and_then(|mut b| b.plan(&desired.net)) {
         Ok(changes) => {
@@ -324,16 +317,12 @@ pub fn planned(config: &Config) -> Result<(Snapshot, Desired, Memory), Reconcile
     Ok((snapshot, desired, memory))
 }
 
-/// `--once`: one sync against the real kernel.
-pub fn once(config: &Config) -> Result<(), ReconcileError> {
+/// `--once`: one sync against the real kernel, with what the features ask answered by
+/// `answerer`.
+pub fn once(config: &Config, answerer: impl Answerer + 'static) -> Result<(), ReconcileError> {
     let snapshot = load_snapshot(config)?;
     let net = RtnlBackend::new(NetConfig::default())?;
-    let mut rec = real_reconciler(config, net, None)?;
-    let names = rec.dns_names(&snapshot);
-    match dns::resolve_once(&config.resolv_conf, &names) {
-        Ok(answers) => rec.set_dns(answers),
-        Err(e) => warn!("dnsName rules get no addresses: {e}"),
-    }
+    let mut rec = real_reconciler(config, net, None)?.with_answerer(answerer);
     let report = rec.sync(&snapshot)?;
     log_report(&report);
     Ok(())

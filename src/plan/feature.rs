@@ -11,9 +11,9 @@
 //! Adding a feature is one module implementing [`Feature`] and one line in the registry
 //! (`features!` in `plan/mod.rs`).
 
+use super::DnsAnswers;
 use super::ObjectStatus;
 use crate::config::Config;
-use crate::dns::DnsAnswers;
 use crate::net::{NetDesired, Refusal};
 use crate::nft::ir::{Family, Table};
 use crate::snapshot::Snapshot;
@@ -200,7 +200,8 @@ pub trait Remember: Sized {
     fn keeps(&self, kept: &Self::Kept) -> bool;
 }
 
-/// What a feature keeps across restarts ([`Remember::Kept`]).
+/// What a feature keeps across restarts ([`Remember::Kept`]), and how it reads and writes
+/// itself in the state file (see [`super::kept`]).
 pub trait Keep: Clone + Debug + Default + Send + Sync {
     /// The number of objects kept.
     fn len(&self) -> usize;
@@ -208,11 +209,47 @@ pub trait Keep: Clone + Debug + Default + Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Writes what is kept as the feature's fields of the state file's JSON object.
+    fn save<M: serde::ser::SerializeMap>(&self, file: &mut M) -> Result<(), M::Error>;
+
+    /// Reads what is kept back from the state file's fields: each object validated again,
+    /// one that cannot be trusted left out and reported in `file`. Err (the reason) when a
+    /// field of the feature is not what it writes: the whole file is then ignored.
+    fn load(file: &mut super::kept::KeptFile<'_>) -> Result<Self, String>;
+
+    /// The fast path of [`Keep::load`], for a file as the agent writes it: when `name` is a
+    /// field of this feature, decodes its value from `map` in one typed pass into `self`
+    /// (objects validated again as by `load`, what is left out pushed to `problems` as
+    /// (which item, why)) and returns true; false for another feature's field.
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        map: &mut A,
+        problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error>;
 }
 
 /// For features that keep nothing.
 impl Keep for () {
     fn len(&self) -> usize {
         0
+    }
+
+    fn save<M: serde::ser::SerializeMap>(&self, _file: &mut M) -> Result<(), M::Error> {
+        Ok(())
+    }
+
+    fn load(_file: &mut super::kept::KeptFile<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        _name: &str,
+        _map: &mut A,
+        _problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error> {
+        Ok(false)
     }
 }

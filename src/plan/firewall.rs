@@ -37,9 +37,9 @@ use crate::api::egress_firewall::{Action, Destination, FirewallRule};
 use crate::api::{EgressFirewall, ValidatedFirewall};
 use crate::config::Config;
 use crate::config::acl_log::AclLogSettings;
-use crate::dns::DnsAnswers;
 use crate::nft::ir::*;
 use crate::nft::names::object_name;
+use crate::plan::DnsAnswers;
 use crate::snapshot::{self, Kind, Snapshot};
 use compile::{Compiled, PortKey, Segment};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -144,6 +144,20 @@ impl super::Output for FirewallOutput {}
 
 // The objects in force are kept across restarts; the rest is rebuilt by the first plan.
 in_force::remember_through!(FirewallMemory, validated: Validated<EgressFirewall, ValidatedFirewall>);
+
+/// The last valid EgressFirewall of each namespace is kept across restarts.
+impl super::kept::KeptKind for EgressFirewall {
+    type Valid = ValidatedFirewall;
+    const FIELD: &'static str = "egressFirewalls";
+
+    fn revalidate(&self) -> Result<ValidatedFirewall, crate::api::ValidationError> {
+        self.validate()
+    }
+
+    fn key(valid: &ValidatedFirewall) -> String {
+        valid.namespace.clone()
+    }
+}
 
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;

@@ -7,6 +7,7 @@
 //! (`crate::state`).
 
 use super::ObjectStatus;
+use super::kept::{KeptFile, KeptKind};
 use crate::api::ValidationError;
 use crate::snapshot::{Kind, ObjectKey};
 use std::collections::BTreeSet;
@@ -124,34 +125,96 @@ impl<T, V> Validated<T, V> {
     }
 }
 
-/// The objects in force, by key: what the features of custom resources keep.
-impl<T, V> super::Keep for InForceMap<T, V>
-where
-    T: std::fmt::Debug + Send + Sync,
-    V: std::fmt::Debug + Send + Sync,
-{
+/// The objects in force, by key: what the features of custom resources keep, one list of
+/// the state file per kind (the API objects, in key order).
+impl<T: KeptKind> super::Keep for InForceMap<T, T::Valid> {
     fn len(&self) -> usize {
         imbl::OrdMap::len(self)
     }
+
+    fn save<M: serde::ser::SerializeMap>(&self, file: &mut M) -> Result<(), M::Error> {
+        if T::OMIT_EMPTY && self.is_empty() {
+            return Ok(());
+        }
+        let objects: Vec<&T> = self.values().map(|e| &*e.object).collect();
+        file.serialize_entry(T::FIELD, &objects)
+    }
+
+    fn load(file: &mut KeptFile<'_>) -> Result<Self, String> {
+        let items = file.list::<T>(T::FIELD)?;
+        Ok(validated_again(items, &mut |what, why| {
+            file.problem(what, why)
+        }))
+    }
+
+    fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        map: &mut A,
+        problems: &mut Vec<(String, String)>,
+    ) -> Result<bool, A::Error> {
+        if name != T::FIELD {
+            return Ok(false);
+        }
+        let items: Vec<T> = map.next_value()?;
+        let items = items.into_iter().map(Ok);
+        *self = validated_again(items, &mut |what, why| problems.push((what, why)));
+        Ok(true)
+    }
+}
+
+/// The objects of a kind's list read back, each validated again and keyed as the planner
+/// keys it; what is left out goes to `problem` (which item, why). The first object of a key
+/// wins (the agent never writes two).
+fn validated_again<T: KeptKind>(
+    items: impl IntoIterator<Item = Result<T, String>>,
+    problem: &mut dyn FnMut(String, String),
+) -> InForceMap<T, T::Valid> {
+    let mut map = InForceMap::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let what = format!("{}[{i}]", T::FIELD);
+        let object = match item {
+            Ok(o) => o,
+            Err(e) => {
+                problem(what, format!("cannot decode: {e}"));
+                continue;
+            }
+        };
+        let valid = match object.revalidate() {
+            Ok(v) => v,
+            // The error names the object (kind and key), the field and the problem.
+            Err(e) => {
+                problem(what, format!("no longer valid: {e}"));
+                continue;
+            }
+        };
+        let key = T::key(&valid);
+        if map.contains_key(&key) {
+            problem(what, format!("a second object for {key}"));
+            continue;
+        }
+        let entry = InForce {
+            object: Arc::new(object),
+            valid: Arc::new(valid),
+        };
+        map.insert(key, entry);
+    }
+    map
 }
 
 /// The objects in force are what a feature of custom resources keeps across restarts.
-impl<T, V> super::Remember for Validated<T, V>
-where
-    T: PartialEq + std::fmt::Debug + Send + Sync,
-    V: std::fmt::Debug + Send + Sync,
-{
-    type Kept = InForceMap<T, V>;
+impl<T: KeptKind> super::Remember for Validated<T, T::Valid> {
+    type Kept = InForceMap<T, T::Valid>;
 
-    fn kept(&self) -> InForceMap<T, V> {
+    fn kept(&self) -> Self::Kept {
         self.in_force.clone()
     }
 
-    fn restore(kept: InForceMap<T, V>) -> Self {
+    fn restore(kept: Self::Kept) -> Self {
         Validated::from_in_force(kept)
     }
 
-    fn keeps(&self, kept: &InForceMap<T, V>) -> bool {
+    fn keeps(&self, kept: &Self::Kept) -> bool {
         same_objects(kept, &self.in_force)
     }
 }

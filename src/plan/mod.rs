@@ -4,20 +4,22 @@
 //! skeleton and reports per-object status.
 
 pub mod acl_log;
+pub mod asks;
 pub mod base;
 pub mod egress_ip;
 pub mod feature;
 pub mod firewall;
 pub mod in_force;
+pub mod kept;
 pub mod netpol;
 pub mod qos;
 pub mod services;
 
 use crate::config::Config;
-use crate::dns::DnsAnswers;
 use crate::net::NetDesired;
 use crate::nft::ir::{Family, Table};
 use crate::snapshot::{self, Kind, ObjectKey, Snapshot};
+pub use asks::{Answerer, Answers, Asks, DnsAnswers, NoAnswers};
 pub use feature::{
     AppliedReport, BackendReport, ExtraTables, Feature, Inputs, Keep, Output, Planned, Remember,
 };
@@ -64,6 +66,33 @@ macro_rules! features {
             /// when nothing changed).
             pub fn same_as(&self, memory: &Memory) -> bool {
                 true $(&& memory.$field.keeps(&self.$field))*
+            }
+
+            /// Writes every feature's fields of the state file, in registry order.
+            pub fn save<M: serde::ser::SerializeMap>(&self, file: &mut M) -> Result<(), M::Error> {
+                $(Keep::save(&self.$field, file)?;)*
+                Ok(())
+            }
+
+            /// Decodes the state file's field `name` into the feature that writes it (see
+            /// [`Keep::decode_field`]); false when no feature does.
+            pub fn decode_field<'de, A: serde::de::MapAccess<'de>>(
+                &mut self,
+                name: &str,
+                map: &mut A,
+                problems: &mut Vec<(String, String)>,
+            ) -> Result<bool, A::Error> {
+                $(if Keep::decode_field(&mut self.$field, name, map, problems)? {
+                    return Ok(true);
+                })*
+                Ok(false)
+            }
+
+            /// Reads every feature's fields back (see [`Keep::load`]).
+            pub fn load(file: &mut kept::KeptFile<'_>) -> Result<Kept, String> {
+                Ok(Kept {
+                    $($field: Keep::load(file)?,)*
+                })
             }
 
             /// The number of objects kept.
@@ -229,7 +258,7 @@ pub fn plan_with(snapshot: &Snapshot, config: &Config, memory: &Memory) -> Desir
 }
 
 /// Plans the node's desired state with the current answers for EgressFirewall `dnsName`
-/// rules (resolved outside the planner, see `crate::dns`).
+/// rules (resolved outside the planner, see [`asks`]).
 pub fn plan_with_dns(
     snapshot: &Snapshot,
     config: &Config,
@@ -261,19 +290,29 @@ pub fn plan_with_dns(
     }
 }
 
+/// Plans the node's desired state with the answers to what the features asked ([`asks`]).
+pub fn plan_answered(
+    snapshot: &Snapshot,
+    config: &Config,
+    memory: &Memory,
+    answers: &Answers,
+) -> Desired {
+    plan_with_dns(snapshot, config, memory, &answers.dns)
+}
+
 /// The second planning step: hands what the backends cannot do (`report`) to the features
 /// that asked for it, which amend their share of `desired` and their statuses.
 pub fn settle(
     snapshot: &Snapshot,
     config: &Config,
-    dns: &DnsAnswers,
+    answers: &Answers,
     desired: &mut Desired,
     report: &BackendReport,
 ) {
     let inputs = Inputs {
         snapshot,
         config,
-        dns,
+        dns: &answers.dns,
     };
     let mut out = Planned {
         ruleset: std::mem::take(&mut desired.ruleset),
@@ -311,16 +350,18 @@ pub fn report_applied(
     report_applied_of_features(&inputs, report, statuses);
 }
 
-/// The DNS names the next plan of `snapshot` needs (remembered objects included): what the
+/// What the next plan of `snapshot` needs answered (remembered objects included): what the
 /// resolver must keep fresh.
-pub fn dns_names(snapshot: &Snapshot, config: &Config, memory: &Memory) -> BTreeSet<String> {
+pub fn asks(snapshot: &Snapshot, config: &Config, memory: &Memory) -> Asks {
     let dns = DnsAnswers::default();
     let inputs = Inputs {
         snapshot,
         config,
         dns: &dns,
     };
-    dns_names_of_features(&inputs, memory)
+    Asks {
+        dns_names: dns_names_of_features(&inputs, memory),
+    }
 }
 
 /// Every Node's InternalIP/ExternalIP, sorted and unique.

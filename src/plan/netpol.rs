@@ -142,6 +142,22 @@ pub struct NetworkPolicies;
 // The policies in force are kept across restarts; the rest is rebuilt by the first plan.
 super::in_force::remember_through!(NetpolMemory, validated: Validated<NetworkPolicy, ValidatedPolicy>);
 
+/// The last valid version of each NetworkPolicy is kept across restarts (left out of a file
+/// without any, as agents from before NetworkPolicy wrote it).
+impl super::kept::KeptKind for NetworkPolicy {
+    type Valid = ValidatedPolicy;
+    const FIELD: &'static str = "networkPolicies";
+    const OMIT_EMPTY: bool = true;
+
+    fn revalidate(&self) -> Result<ValidatedPolicy, crate::api::ValidationError> {
+        network_policy::validate(self)
+    }
+
+    fn key(valid: &ValidatedPolicy) -> String {
+        format!("{}/{}", valid.namespace, valid.name)
+    }
+}
+
 impl Feature for NetworkPolicies {
     const NAME: &'static str = PREFIX;
     const SWITCH: crate::features::Switch = crate::features::Switch::NetworkPolicy;

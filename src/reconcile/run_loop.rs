@@ -12,10 +12,10 @@ use tracing::{error, info, warn};
 
 use super::{ReconcileError, Reconciler, SyncObserver, SyncOutcome, SyncReport, real_reconciler};
 use crate::config::Config;
-use crate::dns::DnsService;
 use crate::net::NetBackend;
 use crate::nft::monitor::{Drift, Quiet};
 use crate::nft::{NftBackend, TABLE_NAME};
+use crate::plan::Answerer;
 use crate::snapshot::Snapshot;
 use crate::timing::Backoff;
 
@@ -50,22 +50,20 @@ impl Snapshots {
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
-/// How long a sync waits for the first answer of a newly used DNS name.
-const DNS_FIRST_ANSWER_WAIT: Duration = Duration::from_secs(3);
-
 /// Runs until [`Event::Shutdown`] or until every sender of `events` is gone, applying the
-/// network side through `net` (the real backend as the caller wrapped it). Blocks on
-/// netlink: call it on a thread of its own.
+/// network side through `net` (the real backend as the caller wrapped it) and having what the
+/// features ask answered by `answerer` before each plan. Blocks on netlink: call it on a
+/// thread of its own.
 pub fn run<B: NetBackend>(
     config: Config,
     events: mpsc::Receiver<Event>,
-    resolver: DnsService,
+    answerer: impl Answerer + 'static,
     snapshots: Snapshots,
     net: B,
     quiet: Option<Quiet>,
     mut observers: Vec<Box<dyn SyncObserver>>,
 ) -> Result<(), ReconcileError> {
-    let mut rec = real_reconciler(&config, net, quiet)?;
+    let mut rec = real_reconciler(&config, net, quiet)?.with_answerer(answerer);
     let mut next_resync = Instant::now() + config.resync;
     let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     // The last drift detection the loop took in (and invalidated the engine for).
@@ -85,8 +83,7 @@ pub fn run<B: NetBackend>(
         };
         reload = false;
         // What this sync repairs if it succeeds: detections seen before it started.
-        let (snapshot, synced) =
-            sync_once(&mut rec, current, &resolver, drift_taken, &mut observers);
+        let (snapshot, synced) = sync_once(&mut rec, current, drift_taken, &mut observers);
         last_snapshot = snapshot;
         match synced {
             // Logged, drift repairs and health-check ports: reactions of the observers.
@@ -125,13 +122,12 @@ pub fn run<B: NetBackend>(
     }
 }
 
-/// One sync of `current` (with the DNS answers its names need, waiting a little for new
-/// ones), reported to every observer; `repairing`: the drift detections taken in before it.
+/// One sync of `current`, reported to every observer; `repairing`: the drift detections
+/// taken in before it.
 /// Returns the snapshot planned and the result.
 fn sync_once<N: NftBackend + Default, B: NetBackend>(
     rec: &mut Reconciler<N, B>,
     current: Result<Snapshot, ReconcileError>,
-    resolver: &DnsService,
     repairing: u64,
     observers: &mut [Box<dyn SyncObserver>],
 ) -> (Option<Snapshot>, Result<SyncReport, ReconcileError>) {
@@ -139,8 +135,6 @@ fn sync_once<N: NftBackend + Default, B: NetBackend>(
     let (read_backs, cleanup_failures) = (rec.read_backs(), rec.cleanup_failures());
     let (snapshot, synced) = match current {
         Ok(s) => {
-            let names = rec.dns_names(&s);
-            rec.set_dns(resolver.want_and_wait(&names, DNS_FIRST_ANSWER_WAIT));
             let synced = rec.sync(&s);
             (Some(s), synced)
         }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::{EgressFirewall, EgressIP, EgressQoS, NetworkPolicy};
 use crate::config::Config;
 use crate::plan::{Desired, plan, plan_with};
 use crate::snapshot::Snapshot;
@@ -476,4 +477,42 @@ fn network_policies_round_trip_and_a_file_without_them_still_loads() {
     assert!(store(other.path()).save(&planned("203.0.113.0/24").memory));
     assert!(file_json(other.path()).get("networkPolicies").is_none());
     assert!(store(other.path()).load().problems.is_empty());
+}
+
+/// State files written by the agent before each feature wrote its own fields (`agent --once
+/// --manifests examples/cluster --node-name worker-1`, with and without NetworkPolicy).
+/// Each with the number of NetworkPolicies it holds.
+const FILES_OF_EARLIER_AGENTS: [(&str, &[u8], usize); 2] = [
+    (
+        "last-valid-v1.json",
+        include_bytes!("../../tests/fixtures/state/last-valid-v1.json"),
+        1,
+    ),
+    (
+        "last-valid-v1-without-policies.json",
+        include_bytes!("../../tests/fixtures/state/last-valid-v1-without-policies.json"),
+        0,
+    ),
+];
+
+#[test]
+fn a_file_an_earlier_agent_wrote_loads_whole_and_is_written_again_byte_for_byte() {
+    for (name, bytes, policies) in FILES_OF_EARLIER_AGENTS {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), bytes).unwrap();
+        let loaded = store(dir.path()).load();
+        assert!(loaded.problems.is_empty(), "{name}: {:?}", reasons(&loaded));
+        let kinds = (
+            loaded.last_valid.firewall.len(),
+            loaded.last_valid.qos.len(),
+        );
+        assert_eq!(kinds, (1, 1), "{name}");
+        assert_eq!(loaded.last_valid.egress_ip.len(), 1, "{name}");
+        assert_eq!(loaded.last_valid.netpol.len(), policies, "{name}");
+        // The fixtures were written by agent 0.1.0; the header says which agent wrote a file.
+        let written = String::from_utf8(encode(&loaded.last_valid, NODE)).unwrap();
+        let this_agent = format!("\"agentVersion\":\"{}\"", env!("CARGO_PKG_VERSION"));
+        let written = written.replacen(&this_agent, "\"agentVersion\":\"0.1.0\"", 1);
+        assert_eq!(written.as_bytes(), bytes, "{name}");
+    }
 }

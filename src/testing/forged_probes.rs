@@ -73,20 +73,9 @@ pub fn echo_request(ident: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
     p.extend_from_slice(&ident.to_be_bytes());
     p.extend_from_slice(&seq.to_be_bytes());
     p.extend_from_slice(payload);
-    let sum = checksum(&p);
+    let sum = crate::net::announce::inet_checksum(&p);
     p[2..4].copy_from_slice(&sum.to_be_bytes());
     p
-}
-
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// A probe to `target` signed with `key` and stamped now: what an attacker holds who

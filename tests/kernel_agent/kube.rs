@@ -163,6 +163,21 @@ impl Setup {
 #[test]
 fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     let mut s = setup();
+    let agent = first_apply_after_every_list(&s);
+    follows_nodes_and_pods(&s, &agent);
+    follows_policies(&s, &agent);
+    follows_services(&s, &agent);
+    follows_egress_ips(&mut s, &agent);
+    objects_gauge_follows_every_kind(&s);
+    ready_with_metrics_and_the_ruleset_the_kernel_holds(&mut s);
+    let (status, logs) = agent.stop();
+    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    assert!(logs.contains("every initial list synced"), "{logs}");
+}
+
+/// Starts the agent while one kind's list hangs: nothing is programmed, `/readyz` says why,
+/// and the first apply follows the last list.
+fn first_apply_after_every_list(s: &Setup) -> AgentProcess {
     s.api.put(node(NODE, "192.168.50.11"));
     s.api.put(namespace("shop"));
     s.api.put(pod("shop", "web-1", "10.128.1.5"));
@@ -197,64 +212,71 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         t.contains("192.168.50.11") && t.contains("203.0.113.0/24") && t.contains("10.128.1.5")
     });
 
+    agent
+}
+
+fn follows_nodes_and_pods(s: &Setup, agent: &AgentProcess) {
     // Node: create, update, delete.
     s.api.put(node("worker-2", "192.168.50.12"));
-    s.wait_table(&agent, "node created", |t| t.contains("192.168.50.12"));
+    s.wait_table(agent, "node created", |t| t.contains("192.168.50.12"));
     s.api.put(node("worker-2", "192.168.50.22"));
-    s.wait_table(&agent, "node updated", |t| {
+    s.wait_table(agent, "node updated", |t| {
         t.contains("192.168.50.22") && !t.contains("192.168.50.12")
     });
     s.api.delete("Node", "", "worker-2");
-    s.wait_table(&agent, "node deleted", |t| !t.contains("192.168.50.22"));
+    s.wait_table(agent, "node deleted", |t| !t.contains("192.168.50.22"));
 
     // Pod: create, update (new IP), delete.
     s.api.put(pod("shop", "web-2", "10.128.1.6"));
-    s.wait_table(&agent, "pod created", |t| t.contains("10.128.1.6"));
+    s.wait_table(agent, "pod created", |t| t.contains("10.128.1.6"));
     s.api.put(pod("shop", "web-2", "10.128.1.7"));
-    s.wait_table(&agent, "pod updated", |t| {
+    s.wait_table(agent, "pod updated", |t| {
         t.contains("10.128.1.7") && !t.contains("10.128.1.6")
     });
     s.api.delete("Pod", "shop", "web-2");
-    s.wait_table(&agent, "pod deleted", |t| !t.contains("10.128.1.7"));
+    s.wait_table(agent, "pod deleted", |t| !t.contains("10.128.1.7"));
+}
 
+/// EgressFirewall, EgressQoS and NetworkPolicy, and a Namespace that comes and goes.
+fn follows_policies(s: &Setup, agent: &AgentProcess) {
     // EgressFirewall: update, delete, create.
     s.api.put(firewall("shop", "198.51.100.0/24"));
-    s.wait_table(&agent, "firewall updated", |t| {
+    s.wait_table(agent, "firewall updated", |t| {
         t.contains("198.51.100.0/24") && !t.contains("203.0.113.0/24")
     });
     s.api.delete("EgressFirewall", "shop", "default");
-    s.wait_table(&agent, "firewall deleted", |t| {
+    s.wait_table(agent, "firewall deleted", |t| {
         !t.contains("198.51.100.0/24")
     });
     s.api.put(firewall("shop", "203.0.113.0/24"));
-    s.wait_table(&agent, "firewall created", |t| t.contains("203.0.113.0/24"));
+    s.wait_table(agent, "firewall created", |t| t.contains("203.0.113.0/24"));
 
     // EgressQoS: create, update, delete.
     s.api.put(qos("shop", 46, "192.0.2.0/24"));
-    s.wait_table(&agent, "qos created", |t| {
+    s.wait_table(agent, "qos created", |t| {
         t.contains("192.0.2.0/24") && t.contains("dscp set ef")
     });
     s.api.put(qos("shop", 10, "192.0.2.0/24"));
-    s.wait_table(&agent, "qos updated", |t| {
+    s.wait_table(agent, "qos updated", |t| {
         t.contains("dscp set af11") && !t.contains("dscp set ef")
     });
     s.api.delete("EgressQoS", "shop", "default");
-    s.wait_table(&agent, "qos deleted", |t| !t.contains("192.0.2.0/24"));
+    s.wait_table(agent, "qos deleted", |t| !t.contains("192.0.2.0/24"));
 
     // NetworkPolicy: create, update, delete; the pod's named port survives pruning.
     let mut named = pod("shop", "web-1", "10.128.1.5");
     named["spec"]["containers"][0]["ports"] = json!([{"name": "http", "containerPort": 8080}]);
     s.api.put(named);
     s.api.put(network_policy("shop", "198.18.0.0/15"));
-    s.wait_table(&agent, "network policy created", |t| {
+    s.wait_table(agent, "network policy created", |t| {
         t.contains("198.18.0.0/15") && t.contains("10.128.1.5 . tcp . 8080")
     });
     s.api.put(network_policy("shop", "198.51.100.0/24"));
-    s.wait_table(&agent, "network policy updated", |t| {
+    s.wait_table(agent, "network policy updated", |t| {
         t.contains("198.51.100.0/24") && !t.contains("198.18.0.0/15")
     });
     s.api.delete("NetworkPolicy", "shop", "from-block");
-    s.wait_table(&agent, "network policy deleted", |t| {
+    s.wait_table(agent, "network policy deleted", |t| {
         !t.contains("np-ingress")
     });
 
@@ -262,12 +284,19 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     // namespace object itself is watched and removed without disturbing the rest.
     s.api.put(namespace("other"));
     s.api.delete("Namespace", "", "other");
+}
 
-    // Service with EndpointSlice: create, update, delete reach the kernel.
-    let service = json!({"apiVersion": "v1", "kind": "Service",
+/// `shop/web`: ClusterIP 172.30.0.10, port 80 to 8080.
+fn web_service() -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "shop"},
         "spec": {"clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
-            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
+            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+}
+
+fn follows_services(s: &Setup, agent: &AgentProcess) {
+    // Service with EndpointSlice: create, update, delete reach the kernel.
+    let service = web_service();
     let slice = |ip: &str| {
         json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": "web-a", "namespace": "shop",
@@ -276,13 +305,13 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
             "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
             "ports": [{"port": 8080, "protocol": "TCP"}]})
     };
-    s.api.put(service.clone());
+    s.api.put(service);
     s.api.put(slice("10.128.1.5"));
-    s.wait_table(&agent, "service created", |t| {
+    s.wait_table(agent, "service created", |t| {
         t.contains("172.30.0.10") && t.contains("10.128.1.5 . 8080")
     });
     s.api.put(slice("10.128.1.9"));
-    s.wait_table(&agent, "endpoint slice updated", |t| {
+    s.wait_table(agent, "endpoint slice updated", |t| {
         t.contains("10.128.1.9 . 8080") && !t.contains("10.128.1.5 . 8080")
     });
     // Endpoints are used for a service without slices.
@@ -291,13 +320,15 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         "metadata": {"name": "web", "namespace": "shop"},
         "subsets": [{"addresses": [{"ip": "10.128.1.8"}],
             "ports": [{"port": 8080, "protocol": "TCP"}]}]}));
-    s.wait_table(&agent, "endpoints used without slices", |t| {
+    s.wait_table(agent, "endpoints used without slices", |t| {
         t.contains("10.128.1.8 . 8080") && !t.contains("10.128.1.9 . 8080")
     });
     s.api.delete("Endpoints", "shop", "web");
     s.api.delete("Service", "shop", "web");
-    s.wait_table(&agent, "service deleted", |t| !t.contains("172.30.0.10"));
+    s.wait_table(agent, "service deleted", |t| !t.contains("172.30.0.10"));
+}
 
+fn follows_egress_ips(s: &mut Setup, agent: &AgentProcess) {
     // EgressIP hosted on this node: the address lands on the interface whose subnet holds
     // it, and the selected pod is SNATed to it; moving and deleting follow.
     let upstream = s.lab.add_host("upstream");
@@ -321,7 +352,7 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
             .unwrap()
     };
     s.api.put(egress_ip("192.168.50.100"));
-    s.wait_table(&agent, "egress IP created", |t| {
+    s.wait_table(agent, "egress IP created", |t| {
         t.contains("10.128.1.5 : 192.168.50.100")
     });
     // The address follows the rules: the node first makes sure nobody else answers for it.
@@ -330,7 +361,7 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         a.contains("192.168.50.100/32").then_some(()).ok_or(a)
     });
     s.api.put(egress_ip("192.168.50.101"));
-    s.wait_table(&agent, "egress IP updated", |t| {
+    s.wait_table(agent, "egress IP updated", |t| {
         t.contains("10.128.1.5 : 192.168.50.101") && !t.contains("192.168.50.100")
     });
     eventually(WAIT, || {
@@ -340,17 +371,19 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
             .ok_or(a)
     });
     s.api.delete("EgressIP", "", "eip-shop");
-    s.wait_table(&agent, "egress IP deleted", |t| {
+    s.wait_table(agent, "egress IP deleted", |t| {
         !t.contains("192.168.50.101")
     });
     eventually(WAIT, || {
         let a = addresses();
         (!a.contains("192.168.50.101")).then_some(()).ok_or(a)
     });
+}
 
+fn objects_gauge_follows_every_kind(s: &Setup) {
     // Every kind flows through the watch: the objects gauge follows them.
     let others = [
-        service,
+        web_service(),
         json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "shop"}}),
         json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": "web-a", "namespace": "shop",
@@ -386,7 +419,9 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         );
     }
     objects_gauge_reads(0);
+}
 
+fn ready_with_metrics_and_the_ruleset_the_kernel_holds(s: &mut Setup) {
     // Ready; the metrics cover syncs; /ruleset is what the kernel holds.
     wait_admin(&s.node, "/readyz", 200, "ready");
     let metrics = wait_admin(&s.node, "/metrics", 200, "nodeplane_objects");
@@ -413,10 +448,6 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
         sorted(listing::json(&s.node, "nodeplane")),
         sorted(listing::json(&reference, "nodeplane"))
     );
-
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
-    assert!(logs.contains("every initial list synced"), "{logs}");
 }
 
 #[test]
@@ -670,6 +701,20 @@ fn events_about(api: &FakeApi, kind: &str, ns: &str, reason: &str) -> Vec<Value>
 #[test]
 fn status_is_server_side_applied_per_node_and_rejections_become_events() {
     let s = setup();
+    let agent = spawn_with_objects_to_report_on(&s);
+    shop_firewall_status_is_applied_by_this_node(&s, &agent);
+    status_is_merged_with_another_nodes_entry(&s);
+    an_invalid_object_has_its_reason_as_status_condition_and_event(&s);
+    steady_state_writes_no_status_or_event_again(&s, &agent);
+    agent.stop();
+}
+
+/// The status subresource of `shop`'s EgressQoS.
+const QOS_STATUS_PATH: &str = "/apis/k8s.ovn.org/v1/namespaces/shop/egressqoses/default/status";
+
+/// A valid firewall in `shop`, one in `team` another node reported a failure for, an invalid
+/// EgressQoS in `shop` and an undecodable firewall in `bad`; then the agent.
+fn spawn_with_objects_to_report_on(s: &Setup) -> AgentProcess {
     s.api.put(node(NODE, "192.168.50.11"));
     for ns in ["shop", "team", "bad"] {
         s.api.put(namespace(ns));
@@ -686,7 +731,10 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
         json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
         "metadata": {"name": "default", "namespace": "bad"}, "spec": {"egress": 7}}),
     );
-    let agent = s.spawn();
+    s.spawn()
+}
+
+fn shop_firewall_status_is_applied_by_this_node(s: &Setup, agent: &AgentProcess) {
     let shop_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressfirewalls/default/status";
     let shop = eventually(WAIT, || {
         status_patches(&s.api, shop_path)
@@ -704,7 +752,9 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
         json!({"status": "EgressFirewall Rules applied",
             "messages": ["worker-1: EgressFirewall Rules applied"]})
     );
+}
 
+fn status_is_merged_with_another_nodes_entry(s: &Setup) {
     // Merged with the other node's entry; the aggregate keeps its failure.
     let team_path = "/apis/k8s.ovn.org/v1/namespaces/team/egressfirewalls/default/status";
     let team = eventually(WAIT, || {
@@ -725,11 +775,14 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
             "worker-1: EgressFirewall Rules applied"
         ])
     );
+}
 
+/// An invalid EgressQoS: status says why, and an Event says so on the object; an
+/// undecodable object gets an Event naming the problem.
+fn an_invalid_object_has_its_reason_as_status_condition_and_event(s: &Setup) {
     // An invalid EgressQoS: status says why, and an Event says so on the object.
-    let qos_path = "/apis/k8s.ovn.org/v1/namespaces/shop/egressqoses/default/status";
     let qos_patch = eventually(WAIT, || {
-        status_patches(&s.api, qos_path)
+        status_patches(&s.api, QOS_STATUS_PATH)
             .pop()
             .ok_or("no qos patch".to_string())
     });
@@ -778,9 +831,13 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
         malformed["note"].as_str().unwrap().contains("invalid type"),
         "{malformed}"
     );
+}
 
+/// A change elsewhere re-plans but writes no status again; the fixed object turns to
+/// applied.
+fn steady_state_writes_no_status_or_event_again(s: &Setup, agent: &AgentProcess) {
     // Steady state: a change elsewhere re-plans but writes no status again.
-    s.wait_table(&agent, "applied", |t| t.contains("203.0.113.0/24"));
+    s.wait_table(agent, "applied", |t| t.contains("203.0.113.0/24"));
     std::thread::sleep(Duration::from_millis(500));
     // (The agent's own Node gets its host-cidrs annotation once, whenever: not counted.)
     let patches = |api: &FakeApi| {
@@ -796,14 +853,14 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
     };
     let (p0, e0) = (patches(&s.api), events(&s.api));
     s.api.put(node("worker-2", "192.168.50.12"));
-    s.wait_table(&agent, "node added", |t| t.contains("192.168.50.12"));
+    s.wait_table(agent, "node added", |t| t.contains("192.168.50.12"));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(patches(&s.api), p0, "status rewritten without a change");
     assert_eq!(events(&s.api), e0, "event repeated without a new reason");
     // The fixed object turns to applied.
     s.api.put(qos("shop", 46, "192.0.2.0/24"));
     eventually(WAIT, || {
-        let last = status_patches(&s.api, qos_path).pop().unwrap();
+        let last = status_patches(&s.api, QOS_STATUS_PATH).pop().unwrap();
         let condition = &last.body["status"]["conditions"][0];
         (last.body["status"]["status"] == "EgressQoS Rules applied"
             && condition["status"] == "True"
@@ -811,7 +868,6 @@ fn status_is_server_side_applied_per_node_and_rejections_become_events() {
             .then_some(())
             .ok_or(format!("{}", last.body))
     });
-    agent.stop();
 }
 
 /// Server-side watch timeout for the stall test: dead watches are dropped after 5 + 5 s

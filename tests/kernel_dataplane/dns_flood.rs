@@ -82,8 +82,8 @@ fn flood(pods: &[(&str, Pod)], server: SocketAddr, range: std::ops::Range<u32>) 
     floods.into_iter().map(|f| f.join().unwrap()).sum()
 }
 
-#[test]
-fn a_learning_flood_stays_within_the_caps() {
+/// `NODEPLANE_TEST_FLOOD_NAMES`, or 400.
+fn names_per_namespace() -> u32 {
     let names: u32 = std::env::var("NODEPLANE_TEST_FLOOD_NAMES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -92,13 +92,11 @@ fn a_learning_flood_stays_within_the_caps() {
         names <= 4096,
         "at most 4096 names per namespace, got {names}"
     );
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let pods = [
-        ("alpha", lab.add_pod(&node, "a", &["10.128.0.5"])),
-        ("beta", lab.add_pod(&node, "b", &["10.128.0.7"])),
-    ];
-    let ext = lab.add_uplink_host(&node, "ext");
+    names
+}
+
+/// `names` names per namespace of `pods` (see [`addresses`]), and `probe.example.com`.
+fn flood_zone(pods: &[(&str, Pod)], names: u32) -> Zone {
     let mut zone = Zone::default();
     for (n, (ns, _)) in pods.iter().enumerate() {
         for i in 0..names {
@@ -112,10 +110,13 @@ fn a_learning_flood_stays_within_the_caps() {
         "probe.example.com".into(),
         (vec![[198, 19, 255, 1].into()], 300),
     );
-    let resolver = DnsServer::start(&ext, RESOLVER.parse().unwrap(), zone);
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    zone
+}
+
+/// Each pod's namespace learns `*.example.com` and denies the rest.
+fn write_learning_firewalls(agent: &ManifestAgent, pods: &[(&str, Pod)]) {
     let mut objs = Vec::new();
-    for (ns, pod) in &pods {
+    for (ns, pod) in pods {
         objs.push(objects::pod(ns, "p").on(NODE).ips(&pod.addrs).to_string());
         agent.write(
             &format!("fw-{ns}.yaml"),
@@ -129,6 +130,56 @@ fn a_learning_flood_stays_within_the_caps() {
         );
     }
     agent.write("pods.yaml", &objs.join("---\n"));
+}
+
+/// Waits until `pod`'s lookups reach `resolver` through the proxy (from the node's address).
+fn wait_until_proxied(pod: &Pod, resolver: &DnsServer, server: SocketAddr) {
+    eventually(Duration::from_secs(15), || {
+        let _ = resolver.take_sources();
+        pod.ns
+            .enter(|| lookup_here(server, "probe.example.com", Duration::from_secs(2)))?;
+        let from = resolver.take_sources();
+        from.contains(&IpAddr::from([192, 168, 1, 1]))
+            .then_some(())
+            .ok_or(format!("not proxied: {from:?}"))
+    });
+}
+
+/// Each namespace learned within the caps, and filled them (the caps evict the oldest).
+fn assert_within_the_caps(learned: &[(&str, BTreeMap<[u8; 3], usize>)], names: u32) {
+    for (ns, by) in learned {
+        let total: usize = by.values().sum();
+        assert!(
+            total <= PER_NAMESPACE,
+            "{ns} learned {total} addresses (cap {PER_NAMESPACE})"
+        );
+        let widest = by.values().max().copied().unwrap_or(0);
+        assert!(
+            widest <= PER_NAME,
+            "{ns}: one name learned {widest} addresses (cap {PER_NAME})"
+        );
+        // The caps evict the oldest: the namespace is full, not empty.
+        assert!(
+            total >= PER_NAMESPACE.min(names as usize * PER_NAME) / 2,
+            "{ns} learned only {total}"
+        );
+    }
+}
+
+#[test]
+fn a_learning_flood_stays_within_the_caps() {
+    let names = names_per_namespace();
+    let mut lab = Lab::new();
+    let node = lab.add_node("node");
+    let pods = [
+        ("alpha", lab.add_pod(&node, "a", &["10.128.0.5"])),
+        ("beta", lab.add_pod(&node, "b", &["10.128.0.7"])),
+    ];
+    let ext = lab.add_uplink_host(&node, "ext");
+    let zone = flood_zone(&pods, names);
+    let resolver = DnsServer::start(&ext, RESOLVER.parse().unwrap(), zone);
+    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    write_learning_firewalls(&agent, &pods);
     let resolv = agent.dir().join("resolv.conf.txt");
     std::fs::write(&resolv, "nameserver 192.168.1.100\n").unwrap();
     // The flood measures learning, not the per-pod rate limit.
@@ -139,17 +190,7 @@ fn a_learning_flood_stays_within_the_caps() {
         "0",
     ]);
     let server: SocketAddr = RESOLVER.parse().unwrap();
-    eventually(Duration::from_secs(15), || {
-        let _ = resolver.take_sources();
-        pods[0]
-            .1
-            .ns
-            .enter(|| lookup_here(server, "probe.example.com", Duration::from_secs(2)))?;
-        let from = resolver.take_sources();
-        from.contains(&IpAddr::from([192, 168, 1, 1]))
-            .then_some(())
-            .ok_or(format!("not proxied: {from:?}"))
-    });
+    wait_until_proxied(&pods[0].1, &resolver, server);
     let before = memory_kb(running.pid());
     let started = Instant::now();
     // Two rounds of fresh names: memory after the second shows whether it keeps growing.
@@ -178,23 +219,7 @@ fn a_learning_flood_stays_within_the_caps() {
             .map(|(ns, by)| (*ns, by.values().sum::<usize>()))
             .collect::<Vec<_>>(),
     );
-    for (ns, by) in &learned {
-        let total: usize = by.values().sum();
-        assert!(
-            total <= PER_NAMESPACE,
-            "{ns} learned {total} addresses (cap {PER_NAMESPACE})"
-        );
-        let widest = by.values().max().copied().unwrap_or(0);
-        assert!(
-            widest <= PER_NAME,
-            "{ns}: one name learned {widest} addresses (cap {PER_NAME})"
-        );
-        // The caps evict the oldest: the namespace is full, not empty.
-        assert!(
-            total >= PER_NAMESPACE.min(names as usize * PER_NAME) / 2,
-            "{ns} learned only {total}"
-        );
-    }
+    assert_within_the_caps(&learned, names);
     assert!(
         failed <= names / 20,
         "{failed} of {} lookups failed",

@@ -356,33 +356,9 @@ fn nexthop(via: &str, dev: Option<&str>, weight: u8) -> NextHop {
     }
 }
 
-#[test]
-fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
-    let lab = lab();
-    let node = &lab.node;
-    // Foreign routes: one in an agent table without the marker, one with the marker outside
-    // the agent tables.
-    node.ip(&[
-        "route",
-        "add",
-        "10.77.0.0/16",
-        "via",
-        "10.10.0.2",
-        "table",
-        "7000",
-    ]);
-    node.ip(&[
-        "route",
-        "add",
-        "10.78.0.0/16",
-        "via",
-        "10.10.0.2",
-        "table",
-        "100",
-        "proto",
-        "110",
-    ]);
-    let mut b = node.backend(cfg());
+/// A multipath default route (table 7000), a multipath IPv6 route (table 7001) and a route
+/// whose nexthop names no device (the kernel resolves it: the plan must still converge).
+fn multipath_routes() -> (RouteSpec, RouteSpec, RouteSpec) {
     let v4 = RouteSpec {
         table: 7000,
         dst: "0.0.0.0/0".parse().unwrap(),
@@ -401,41 +377,37 @@ fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
         ],
         local: false,
     };
-    // The kernel resolves the device: a nexthop without one must still converge.
     let single = RouteSpec {
         table: 7000,
         dst: "10.20.0.0/16".parse().unwrap(),
         nexthops: vec![nexthop("10.10.5.2", None, 1)],
         local: false,
     };
-    let mut desired = NetDesired {
-        routes: [v4.clone(), v6.clone(), single].into(),
-        ..Default::default()
-    };
-    let changes = b.sync(&desired).unwrap();
-    assert_eq!(changes.routes_add.len(), 3);
+    (v4, v6, single)
+}
 
+/// A route's nexthops as `ip -j` lists them: (gateway, device, weight).
+fn nexthops_of(route: &Value) -> Vec<(String, String, u64)> {
+    let hops = route["nexthops"].as_array().expect("multipath");
+    hops.iter()
+        .map(|h| {
+            let w = h["weight"].as_u64().unwrap_or(1);
+            let text = |k: &str| h[k].as_str().unwrap_or_default().to_string();
+            (text("gateway"), text("dev"), w)
+        })
+        .collect()
+}
+
+/// The routes of [`multipath_routes`] as the kernel holds them, with the agent's marker.
+fn assert_multipath_routes_held(node: &Netns) {
     let t7000 = node.ip_json(&["route", "show", "table", "7000"]);
     let default = t7000
         .iter()
         .find(|r| r["dst"] == "default")
         .expect("default route");
     assert_eq!(default["protocol"], "110");
-    let hops: Vec<(String, String, u64)> = default["nexthops"]
-        .as_array()
-        .expect("multipath")
-        .iter()
-        .map(|h| {
-            let w = h["weight"].as_u64().unwrap_or(1);
-            (
-                h["gateway"].as_str().unwrap().into(),
-                h["dev"].as_str().unwrap().into(),
-                w,
-            )
-        })
-        .collect();
     assert_eq!(
-        hops,
+        nexthops_of(default),
         vec![
             ("10.10.0.2".into(), "n0".into(), 3),
             ("10.10.5.2".into(), "n1".into(), 1)
@@ -452,8 +424,29 @@ fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
         .find(|r| r["dst"] == "2001:db8:99::/64")
         .expect("v6 route");
     assert_eq!(r6["protocol"], "110");
-    assert_eq!(r6["nexthops"].as_array().expect("v6 multipath").len(), 2);
+    assert_eq!(nexthops_of(r6).len(), 2);
+}
 
+#[test]
+fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
+    let lab = lab();
+    let node = &lab.node;
+    // Foreign routes: one in an agent table without the marker, one with the marker outside
+    // the agent tables.
+    node.ip(&"route add 10.77.0.0/16 via 10.10.0.2 table 7000"
+        .split(' ')
+        .collect::<Vec<_>>());
+    let marked_elsewhere = "route add 10.78.0.0/16 via 10.10.0.2 table 100 proto 110";
+    node.ip(&marked_elsewhere.split(' ').collect::<Vec<_>>());
+    let mut b = node.backend(cfg());
+    let (v4, v6, single) = multipath_routes();
+    let mut desired = NetDesired {
+        routes: [v4.clone(), v6.clone(), single].into(),
+        ..Default::default()
+    };
+    let changes = b.sync(&desired).unwrap();
+    assert_eq!(changes.routes_add.len(), 3);
+    assert_multipath_routes_held(node);
     assert!(
         b.plan(&desired).unwrap().is_empty(),
         "second plan not empty"
@@ -479,12 +472,7 @@ fn multipath_routes_in_agent_tables_with_replace_and_cleanup() {
     assert_eq!(default[0]["gateway"], "10.10.5.2");
     let r6 = node.ip_json(&["-6", "route", "show", "table", "7001"]);
     assert_eq!(r6.len(), 1, "{r6:?}");
-    let weights: Vec<u64> = r6[0]["nexthops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["weight"].as_u64().unwrap_or(1))
-        .collect();
+    let weights: Vec<u64> = nexthops_of(&r6[0]).into_iter().map(|h| h.2).collect();
     assert_eq!(weights, vec![1, 5]);
     assert!(b.plan(&desired).unwrap().is_empty());
 

@@ -100,11 +100,11 @@ pub(crate) fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-#[test]
-fn cluster_ip_balances_rejects_and_drops() {
-    let t = topo();
+/// `web` (dual-stack, three endpoints by port name, one local), `one` (one local endpoint,
+/// numeric target port), `empty` (no endpoints), `dead` (none ready) and `headless`.
+fn cluster_ip_services(t: &Topo) -> [String; 9] {
     let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
-    let docs = [
+    [
         service_ips(
             "web",
             &["172.30.0.10", "fd02::10"],
@@ -156,8 +156,14 @@ fn cluster_ip_balances_rejects_and_drops() {
         )
         .to_string(),
         service_ips("headless", &["None"], "{port: 80, protocol: TCP}").to_string(),
-    ];
-    t.agent.write("services.yaml", &docs.join("---\n"));
+    ]
+}
+
+#[test]
+fn cluster_ip_balances_rejects_and_drops() {
+    let t = topo();
+    t.agent
+        .write("services.yaml", &cluster_ip_services(&t).join("---\n"));
     t.agent.once(&[]);
 
     let c1 = &t.c1.ns;

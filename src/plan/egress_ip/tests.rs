@@ -72,8 +72,18 @@ fn refused_on(node: &str, snap: &Snapshot, ip: &str, reason: &str) -> Desired {
         refused: &refused,
         bridge_ports: None,
     };
-    let dns = crate::dns::DnsAnswers::default();
-    crate::plan::settle(snap, &config, &dns, &mut d, &report);
+    let answers = crate::plan::Answers::default();
+    crate::plan::settle(snap, &config, &answers, &mut d, &report);
+    d
+}
+
+/// worker-1's plan when no interface of it can take 192.168.50.200, the address it hosts:
+/// nothing is SNATed to it.
+fn unplaceable_on_worker_1() -> Desired {
+    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
+    let reason = "no interface subnet contains it";
+    let d = refused_on("worker-1", &snap, "192.168.50.200", reason);
+    assert!(elements(&d, SNAT_V4).is_empty());
     d
 }
 
@@ -343,14 +353,7 @@ fn no_egress_ip_adds_nothing_to_the_table() {
 
 #[test]
 fn refused_address_removes_its_snat_elements_and_is_reported() {
-    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
-    let d = refused_on(
-        "worker-1",
-        &snap,
-        "192.168.50.200",
-        "no interface subnet contains it",
-    );
-    assert!(elements(&d, SNAT_V4).is_empty());
+    let d = unplaceable_on_worker_1();
     assert_eq!(
         eip_status(&d, "backend"),
         Err(
@@ -529,14 +532,7 @@ fn only_connections_the_pods_open_are_steered() {
 
 #[test]
 fn a_refused_address_fails_closed_for_the_pods_snated_to_it() {
-    let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
-    let d = refused_on(
-        "worker-1",
-        &snap,
-        "192.168.50.200",
-        "no interface subnet contains it",
-    );
-    assert!(elements(&d, SNAT_V4).is_empty());
+    let d = unplaceable_on_worker_1();
     assert_eq!(
         elements(&d, STEER_V4),
         vec![

@@ -361,8 +361,10 @@ fn node_selector_takes_every_host_cidrs_address_and_follows_the_annotation() {
     assert!(text(&d3).contains("192.168.50.21 comment \"rule 2"));
 }
 
-#[test]
-fn only_dns_to_the_trusted_resolvers_is_steered() {
+/// A pod of `web` learning `*.example.com`, the cluster DNS (`kube-system/kube-dns`, its
+/// endpoint 10.128.3.3:5353), a tenant's own Service on port 53, and a node nameserver
+/// 192.168.50.1: the snapshot and the config.
+fn steering_cluster() -> (SnapshotBuilder, Config) {
     let kube_dns = objects::service_ips(
         "kube-dns",
         &["172.30.0.10", "fd02::a"],
@@ -387,13 +389,22 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         .with(rogue.object());
     let mut config = Config::for_node(NODE);
     config.dns_proxy.resolv_conf_nameservers = vec!["192.168.50.1".parse().unwrap()];
-    let d = plan_with_dns(
-        &snap.clone().build(),
-        &config,
+    (snap, config)
+}
+
+fn steered(snap: SnapshotBuilder, config: &Config) -> Desired {
+    plan_with_dns(
+        &snap.build(),
+        config,
         &Memory::default(),
         &DnsAnswers::default(),
-    );
-    let flat = d.ruleset.flatten();
+    )
+}
+
+#[test]
+fn only_dns_to_the_trusted_resolvers_is_steered() {
+    let (snap, config) = steering_cluster();
+    let flat = steered(snap, &config).ruleset.flatten();
     assert_eq!(
         elements(&flat, steer::RESOLVERS_V4),
         ["172.30.0.10", "192.168.50.1"]
@@ -423,6 +434,12 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         rules[2],
         format!("{steered} udp th dport 53 meta mark set meta mark or 0x04000000"),
     );
+}
+
+#[test]
+fn a_steered_query_is_judged_then_handed_to_the_proxy_within_a_bounded_rate() {
+    let (snap, config) = steering_cluster();
+    let flat = steered(snap, &config).ruleset.flatten();
     let chain_text = |name: &str| -> Vec<String> {
         let chain = &flat.chains[name];
         let base = chain.base.as_ref().expect("a base chain");
@@ -450,6 +467,12 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         (true, Some(60), Some(65_535)),
         "a bounded set of buckets that forgets idle ones"
     );
+}
+
+#[test]
+fn the_cluster_dns_and_its_endpoints_are_trusted_and_a_tenants_dns_service_is_not() {
+    let (snap, config) = steering_cluster();
+    let d = steered(snap, &config);
     let learning = learning::learning(&d.memory.firewall);
     assert!(learning.is_trusted("172.30.0.10".parse().unwrap()));
     // The endpoint service DNAT picks for the ClusterIP is trusted too (and listened at).
@@ -463,15 +486,13 @@ fn only_dns_to_the_trusted_resolvers_is_steered() {
         !learning.is_trusted("172.30.9.9".parse().unwrap()),
         "a tenant's own Service"
     );
-    // `--dns-resolvers` replaces the defaults.
+}
+
+#[test]
+fn dns_resolvers_replace_the_default_resolvers() {
+    let (snap, mut config) = steering_cluster();
     config.dns_proxy.resolvers = vec!["10.0.0.53".parse().unwrap()];
-    let d = plan_with_dns(
-        &snap.build(),
-        &config,
-        &Memory::default(),
-        &DnsAnswers::default(),
-    );
-    let flat = d.ruleset.flatten();
+    let flat = steered(snap, &config).ruleset.flatten();
     assert_eq!(elements(&flat, steer::RESOLVERS_V4), ["10.0.0.53"]);
     assert!(
         !flat.sets.contains_key(steer::RESOLVERS_V6),

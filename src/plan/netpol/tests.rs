@@ -466,8 +466,11 @@ fn port_ranges_merge_and_egress_named_ports_resolve_on_the_peer() {
 /// behind veth-db, web behind veth-web and, claimed by a second port too (a pod that added
 /// web's address to its own interface), behind veth-x: web's address is bound to neither and
 /// reported, as is a pod inside the bridge's subnet that no port carries.
-#[test]
-fn bridged_pods_addresses_are_bound_to_their_ports() {
+/// The example bridge behind which the pods sit, bound by a plan of `cluster()` plus a pod
+/// no port claims: the plan, the bridge table's text and the problems found. veth-db holds
+/// db's addresses (and an unlisted one), veth-web and veth-x both claim web's IPv4 address,
+/// veth-idle holds no pod's address and tap0 could not be read.
+fn bound_example_bridge() -> (Desired, String, Vec<String>) {
     use crate::net::bridge_ports::{BridgePort, BridgePorts};
     let b = cluster().with(pod("shop", "lost", &[], &["10.0.0.9"]));
     let snapshot = b.build();
@@ -494,12 +497,20 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
     let bridge = d.extra_tables.get_mut(Family::Bridge, TABLE_NAME).unwrap();
     let problems = bind_bridge_ports(bridge, &snapshot, &config, &d.memory.netpol, &Ok(ports));
     let text = render_full(bridge);
-    // The set's declaration, elements included.
-    let elements = |set: &str| {
-        let start = text.find(&format!(" {set} {{")).expect("declared");
-        let block = &text[start..];
-        block[..block.find("\n\t}").unwrap()].to_string()
-    };
+    (d, text, problems)
+}
+
+/// The declaration of `set` in a rendered table `text`, elements included.
+fn declaration(text: &str, set: &str) -> String {
+    let start = text.find(&format!(" {set} {{")).expect("declared");
+    let block = &text[start..];
+    block[..block.find("\n\t}").unwrap()].to_string()
+}
+
+#[test]
+fn bridged_pods_addresses_are_bound_to_their_ports() {
+    let (_, text, problems) = bound_example_bridge();
+    let elements = |set: &str| declaration(&text, set);
     let bound = elements("np-bound-v6");
     assert!(bound.contains("fd00::2 . \"veth-db\""), "{text}");
     assert!(
@@ -551,29 +562,38 @@ fn bridged_pods_addresses_are_bound_to_their_ports() {
         text.contains("oifname @np-isolated-ports ip6 daddr . oifname != @np-isolated-v6"),
         "{text}"
     );
-    // Each bound port keeps its own flows: sets and chains of its own, reached by port.
-    let flows = elements("np-flow-ports");
-    {
-        let port = "veth-db";
-        let base = crate::nft::names::object_name("np-fl", port);
-        assert!(
-            flows.contains(&format!("\"{port}\" : jump {base}-known")),
-            "{text}"
-        );
-        assert!(text.contains(&format!("set {base}-v6 {{")), "{text}");
-        assert!(text.contains(&format!("update @{base}-v4 {{")), "{text}");
-    }
-    // Ports with a bound address keep their own flows (fe80::3, fe80::9 are unique).
+}
+
+#[test]
+fn each_bridge_port_with_a_bound_address_keeps_its_own_flows() {
+    let (d, text, _) = bound_example_bridge();
+    // Sets and chains of its own, reached by port.
+    let flows = declaration(&text, "np-flow-ports");
+    let base = crate::nft::names::object_name("np-fl", "veth-db");
+    assert!(
+        flows.contains(&format!("\"veth-db\" : jump {base}-known")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("set {base}-v6 {{")), "{text}");
+    assert!(text.contains(&format!("update @{base}-v4 {{")), "{text}");
+    // fe80::3 and fe80::9 are unique: veth-web and veth-x keep their own flows too.
     assert!(
         flows.contains("veth-x") && flows.contains("veth-web"),
         "{text}"
     );
     assert!(!flows.contains("veth-idle"), "no pod's address: {text}");
     assert!(
-        elements("np-flow-add").contains("\"veth-db\" : goto np-fl-"),
+        declaration(&text, "np-flow-add").contains("\"veth-db\" : goto np-fl-"),
         "{text}"
     );
     nft_check(&format!("{}{text}", render_full(&d.ruleset)));
+}
+
+#[test]
+fn without_pod_source_check_or_a_read_of_the_ports_no_pod_is_bound() {
+    let snapshot = cluster()
+        .with(pod("shop", "lost", &[], &["10.0.0.9"]))
+        .build();
     // Without --pod-source-check only the isolation rules remain.
     let off = Config {
         pod_source_check: false,

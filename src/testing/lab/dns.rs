@@ -242,8 +242,7 @@ pub fn lookup(
     name: &str,
     timeout: Duration,
 ) -> Result<Lookup, String> {
-    let name = name.to_string();
-    ns.enter(move || lookup_here(server, &name, timeout))
+    lookup_in(ns, server, name, timeout, false)
 }
 
 /// Looks `name` up in `ns` at `server` over UDP, then straight over TCP, each followed at
@@ -281,8 +280,18 @@ pub fn lookup_tcp(
     name: &str,
     timeout: Duration,
 ) -> Result<Lookup, String> {
+    lookup_in(ns, server, name, timeout, true)
+}
+
+fn lookup_in(
+    ns: &Ns,
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+    tcp_only: bool,
+) -> Result<Lookup, String> {
     let name = name.to_string();
-    ns.enter(move || lookup_with(server, &name, timeout, true))
+    ns.enter(move || lookup_with(server, &name, timeout, tcp_only))
 }
 
 fn lookup_with(
