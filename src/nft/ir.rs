@@ -248,12 +248,6 @@ impl Table {
         self.parts.len()
     }
 
-    /// True when `parts` is this table's part map itself (the same persistent map, not a
-    /// copy): how a full transaction references parts instead of copying them.
-    pub fn shares_parts(&self, parts: &Parts) -> bool {
-        self.parts.ptr_eq(parts)
-    }
-
     /// Every chain with its rules, top-level and in parts (what the kernel holds).
     pub fn all_chains(&self) -> impl Iterator<Item = &Chain> {
         self.chains
