@@ -371,15 +371,13 @@ impl<B: NftBackend> Learner<B> {
 
 /// The declaration the element encoding needs (the planner declares the real set).
 fn learned_set(name: &str, family: IpFamily) -> crate::nft::ir::Set {
-    let key = match family {
-        IpFamily::V4 => DataType::Ipv4Addr,
-        IpFamily::V6 => DataType::Ipv6Addr,
-    };
-    crate::nft::ir::Set::new(name, vec![key], SetKind::Set).with_flags(SetFlags {
-        timeout: true,
-        dynamic: true,
-        ..Default::default()
-    })
+    crate::nft::ir::Set::new(name, vec![DataType::addr(family)], SetKind::Set).with_flags(
+        SetFlags {
+            timeout: true,
+            dynamic: true,
+            ..Default::default()
+        },
+    )
 }
 
 #[cfg(test)]

@@ -522,6 +522,22 @@ impl Field {
         }
     }
 
+    /// `ip daddr` or `ip6 daddr`.
+    pub fn daddr(family: IpFamily) -> Field {
+        match family {
+            IpFamily::V4 => Field::Ip4Daddr,
+            IpFamily::V6 => Field::Ip6Daddr,
+        }
+    }
+
+    /// `ip saddr` or `ip6 saddr`.
+    pub fn saddr(family: IpFamily) -> Field {
+        match family {
+            IpFamily::V4 => Field::Ip4Saddr,
+            IpFamily::V6 => Field::Ip6Saddr,
+        }
+    }
+
     /// The address family a field implies, if any (nft adds `meta nfproto` for it).
     pub fn family(self) -> Option<IpFamily> {
         match self {
@@ -558,6 +574,16 @@ pub enum DataType {
     TcpFlag,
     Integer,
     Verdict,
+}
+
+impl DataType {
+    /// `ipv4_addr` or `ipv6_addr`.
+    pub fn addr(family: IpFamily) -> DataType {
+        match family {
+            IpFamily::V4 => DataType::Ipv4Addr,
+            IpFamily::V6 => DataType::Ipv6Addr,
+        }
+    }
 }
 
 /// A typed scalar. Ordering is total so values can key sorted maps.

@@ -610,7 +610,7 @@ fn add_hooks(table: &mut Table, priority: i32, state: Vec<Rule>, first: Vec<Rule
         let any: ipnet::IpNet = any.parse().expect("a valid prefix");
         let family = IpFamily::of(any.addr());
         let mut set =
-            Set::new(name, vec![peers::addr_type(family)], SetKind::Set).with_flags(SetFlags {
+            Set::new(name, vec![DataType::addr(family)], SetKind::Set).with_flags(SetFlags {
                 interval: true,
                 ..Default::default()
             });

@@ -166,7 +166,7 @@ fn namespace_part(qos: &ValidatedQos, pods: &[LocalPod]) -> Part {
 
 /// The IPs (of `family`) of the pods the rule's podSelector picks.
 fn rule_pod_set(name: &str, rule: &QosRule, pods: &[LocalPod], family: IpFamily) -> Set {
-    let mut set = Set::new(name, vec![addr_type(family)], SetKind::Set);
+    let mut set = Set::new(name, vec![DataType::addr(family)], SetKind::Set);
     for pod in pods.iter().filter(|p| rule.pods.matches(p.labels)) {
         for ip in pod.ips.iter().filter(|ip| IpFamily::of(**ip) == family) {
             set.insert(vec![Value::ip(*ip).into()]);
@@ -226,13 +226,6 @@ fn family_index(ip: &IpAddr) -> usize {
     match IpFamily::of(*ip) {
         IpFamily::V4 => 0,
         IpFamily::V6 => 1,
-    }
-}
-
-fn addr_type(family: IpFamily) -> DataType {
-    match family {
-        IpFamily::V4 => DataType::Ipv4Addr,
-        IpFamily::V6 => DataType::Ipv6Addr,
     }
 }
 

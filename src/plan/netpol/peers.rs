@@ -347,13 +347,6 @@ pub fn candidate(text: &str, attempt: u32) -> String {
     format!("{PREFIX}-{}", BASE32_NOPAD.encode(&digest[..10]))
 }
 
-pub fn addr_type(family: IpFamily) -> DataType {
-    match family {
-        IpFamily::V4 => DataType::Ipv4Addr,
-        IpFamily::V6 => DataType::Ipv6Addr,
-    }
-}
-
 pub fn suffix(family: IpFamily) -> &'static str {
     match family {
         IpFamily::V4 => "v4",
@@ -376,7 +369,7 @@ fn set_part(name: &str, key: &PeerKey, index: &PodIndex) -> Part {
         }
         let mut set = Set::new(
             set_name(name, family),
-            vec![addr_type(family)],
+            vec![DataType::addr(family)],
             SetKind::Set,
         )
         .with_flags(SetFlags {

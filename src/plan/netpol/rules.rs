@@ -15,7 +15,7 @@
 //!   peer pod's for egress (ipBlock peers have no container ports: a named port never
 //!   matches them).
 
-use super::peers::{Lookup, PeerKey, PeerSets, addr_type, suffix};
+use super::peers::{Lookup, PeerKey, PeerSets, suffix};
 use super::pods::{PodIndex, PodView};
 use crate::api::Protocol;
 use crate::api::network_policy::{Peer, PolicyRule, PortSpec, ValidatedPolicy};
@@ -319,7 +319,7 @@ fn named_set(name: &str, family: IpFamily, named: &[(Protocol, &str)], owners: &
     let mut set = Set::new(
         name,
         vec![
-            addr_type(family),
+            DataType::addr(family),
             DataType::InetProto,
             DataType::InetService,
         ],

@@ -20,13 +20,6 @@ pub fn service_part(key: &str, model: &Model, ports: &[PortBackends]) -> Part {
     part
 }
 
-fn saddr(f: IpFamily) -> Field {
-    match f {
-        IpFamily::V4 => Field::Ip4Saddr,
-        IpFamily::V6 => Field::Ip6Saddr,
-    }
-}
-
 fn goto(c: &str) -> Stmt {
     Stmt::Verdict(Verdict::Goto(c.to_string()))
 }
@@ -80,7 +73,7 @@ fn cluster_frontends(
             // Traffic from outside the cluster (the node itself, other hosts) to a
             // ClusterIP is masqueraded so replies come back through this node.
             c.push(Rule::new(vec![
-                Stmt::not_in_set(vec![saddr(fam)], cluster_cidrs(fam)),
+                Stmt::not_in_set(vec![Field::saddr(fam)], cluster_cidrs(fam)),
                 jump(names::MARK_MASQ),
             ]));
             c.push(Rule::new(vec![goto(lb)]).with_comment(format!("{key}:{}", port_label(p))));
@@ -204,7 +197,7 @@ fn external_chain(
             None => Stmt::Verdict(Verdict::Drop),
         };
         x.push(Rule::new(vec![
-            Stmt::in_set(vec![saddr(fam)], cluster_cidrs(fam)),
+            Stmt::in_set(vec![Field::saddr(fam)], cluster_cidrs(fam)),
             internal.clone(),
         ]));
         let host = Stmt::matches(Field::FibSaddrType, Value::AddrType(AddrType::Local));
@@ -244,7 +237,7 @@ fn lb_source_filter(
         if !ranges.is_empty() {
             f.push(Rule::new(vec![
                 Stmt::Match(Match {
-                    key: vec![saddr(fam)],
+                    key: vec![Field::saddr(fam)],
                     op: MatchOp::InAnon(ranges),
                 }),
                 goto(&n.external),
@@ -291,7 +284,7 @@ fn balancer(
         }
         if m.affinity.is_some() {
             c.push(Rule::new(vec![
-                Stmt::in_set(vec![saddr(fam)], n.affinity(b)),
+                Stmt::in_set(vec![Field::saddr(fam)], n.affinity(b)),
                 goto(&ep),
             ]));
         }
@@ -320,15 +313,12 @@ fn endpoint_chain(
 ) {
     let mut c = Chain::regular(name);
     c.push(Rule::new(vec![
-        Stmt::matches(saddr(fam), Value::ip(b.ip)),
+        Stmt::matches(Field::saddr(fam), Value::ip(b.ip)),
         jump(names::MARK_MASQ),
     ]));
     if let Some(timeout) = m.affinity {
         let set = n.affinity(b);
-        let key_type = match fam {
-            IpFamily::V4 => DataType::Ipv4Addr,
-            IpFamily::V6 => DataType::Ipv6Addr,
-        };
+        let key_type = DataType::addr(fam);
         part.add_set(
             Set::new(&set, vec![key_type], SetKind::Set)
                 .with_flags(SetFlags {
@@ -340,7 +330,7 @@ fn endpoint_chain(
         );
         c.push(Rule::new(vec![Stmt::SetUpdate {
             set,
-            key: vec![saddr(fam)],
+            key: vec![Field::saddr(fam)],
             timeout: None,
         }]));
     }

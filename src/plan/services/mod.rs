@@ -764,14 +764,10 @@ fn static_objects(t: &mut Table) {
 fn static_sets(t: &mut Table) {
     let verdict_map = |name: &str, key: Vec<DataType>| Set::new(name, key, SetKind::VerdictMap);
     for fam in [IpFamily::V4, IpFamily::V6] {
-        let addr = match fam {
-            IpFamily::V4 => DataType::Ipv4Addr,
-            IpFamily::V6 => DataType::Ipv6Addr,
-        };
-        let frontend = vec![addr, DataType::InetProto, DataType::InetService];
+        let addr = DataType::addr(fam);
         t.add_set(verdict_map(names::dispatch_shards(fam), vec![addr]));
         t.add_set(verdict_map(names::check_shards(fam), vec![addr]));
-        t.add_set(verdict_map(names::no_endpoints(fam), frontend));
+        t.add_set(verdict_map(names::no_endpoints(fam), frontend_types(fam)));
         t.add_set(Set::new(
             names::hairpin(fam),
             vec![addr, addr],
@@ -831,11 +827,13 @@ fn low_nibble_field(fam: IpFamily) -> Field {
     }
 }
 
-fn daddr_field(fam: IpFamily) -> Field {
-    match fam {
-        IpFamily::V4 => Field::Ip4Daddr,
-        IpFamily::V6 => Field::Ip6Daddr,
-    }
+/// An address frontend's key: `ip daddr . meta l4proto . th dport`.
+fn frontend_types(fam: IpFamily) -> Vec<DataType> {
+    vec![
+        DataType::addr(fam),
+        DataType::InetProto,
+        DataType::InetService,
+    ]
 }
 
 fn shard_part_key(s: &names::AddrShard) -> String {
@@ -847,7 +845,7 @@ fn shard_part_key(s: &names::AddrShard) -> String {
 /// ClusterIPs are rejected), and their elements in the selector maps. The shard's map and
 /// set are declared at the top ([`address_shard_sets`]): services' parts fill them.
 fn shard_part(s: &names::AddrShard) -> Part {
-    let daddr = daddr_field(s.family);
+    let daddr = Field::daddr(s.family);
     let mut part = Part::default();
     let mut d = Chain::regular(s.dispatch_chain());
     d.push(Rule::new(vec![Stmt::vmap(
@@ -882,12 +880,13 @@ fn shard_part(s: &names::AddrShard) -> Part {
 /// The dispatch maps and ClusterIP sets of the address shards in use.
 fn address_shard_sets(t: &mut Table, shards: &imbl::OrdMap<names::AddrShard, usize>) {
     for s in shards.keys() {
-        let addr = match s.family {
-            IpFamily::V4 => DataType::Ipv4Addr,
-            IpFamily::V6 => DataType::Ipv6Addr,
-        };
-        let frontend = vec![addr, DataType::InetProto, DataType::InetService];
-        t.add_set(Set::new(s.dispatch_map(), frontend, SetKind::VerdictMap));
+        let map = Set::new(
+            s.dispatch_map(),
+            frontend_types(s.family),
+            SetKind::VerdictMap,
+        );
+        t.add_set(map);
+        let addr = DataType::addr(s.family);
         t.add_set(Set::new(s.cluster_ips_set(), vec![addr], SetKind::Set));
     }
 }
