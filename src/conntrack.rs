@@ -15,6 +15,7 @@ use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use crate::nft::nftnl::kept::Kept;
 use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
@@ -70,9 +71,13 @@ pub fn delete_stale_udp_flows(
 fn delete_matching(
     doomed: impl Fn(&[Tuple], &[Tuple]) -> bool,
 ) -> io::Result<[ConntrackReconciled; 2]> {
-    let mut sock = Socket::new(NETLINK_NETFILTER)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
+    with_socket(|sock| delete_matching_on(sock, &doomed))
+}
+
+fn delete_matching_on(
+    sock: &Socket,
+    doomed: &impl Fn(&[Tuple], &[Tuple]) -> bool,
+) -> io::Result<[ConntrackReconciled; 2]> {
     let mut done = [ConntrackReconciled::default(); 2];
     for (i, family) in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6]
         .into_iter()
@@ -80,14 +85,14 @@ fn delete_matching(
     {
         let started = std::time::Instant::now();
         let mut deleted = 0;
-        let doomed: Vec<Vec<Tuple>> = dump(&sock, family)?
+        let doomed: Vec<Vec<Tuple>> = dump(sock, family)?
             .into_iter()
             .filter(|(orig, reply, _)| doomed(orig, reply))
             .map(|(orig, _, _)| orig)
             .collect();
         for orig in doomed {
             match request(
-                &sock,
+                sock,
                 family,
                 ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(orig)]),
                 NLM_F_REQUEST | NLM_F_ACK,
@@ -111,12 +116,13 @@ fn delete_matching(
 /// entry is live while opening or established (a closed connection's entry lingers in
 /// TIME_WAIT for two minutes); other protocols' entries live until they time out.
 pub fn flow_endpoints() -> io::Result<BTreeSet<(IpAddr, IpAddr)>> {
-    let mut sock = Socket::new(NETLINK_NETFILTER)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
+    with_socket(flow_endpoints_on)
+}
+
+fn flow_endpoints_on(sock: &Socket) -> io::Result<BTreeSet<(IpAddr, IpAddr)>> {
     let mut out = BTreeSet::new();
     for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
-        for (orig, _, tcp_state) in dump(&sock, family)? {
+        for (orig, _, tcp_state) in dump(sock, family)? {
             // nf_conntrack_tcp: 1 SYN_SENT, 2 SYN_RECV, 3 ESTABLISHED, 9 SYN_SENT2.
             if tcp_state.is_some_and(|s| !matches!(s, 1..=3 | 9)) {
                 continue;
@@ -224,6 +230,27 @@ fn dump(sock: &Socket, family: NetfilterProtoFamily) -> io::Result<Vec<Tuples>> 
             Some((orig?, reply?, tcp_state))
         })
         .collect())
+}
+
+/// Sockets kept between calls: closing one stalls the node's nf_tables commits for an RCU
+/// grace period ([`crate::nft::nftnl::kept`]).
+static SOCKETS: Kept<Socket> = Kept::new();
+
+/// Runs `exchange` on a kept socket (or a new one) and keeps the socket for the next call
+/// when it succeeded; after an error it may hold half a dump, so it is closed.
+fn with_socket<T>(exchange: impl FnOnce(&Socket) -> io::Result<T>) -> io::Result<T> {
+    let sock = match SOCKETS.take() {
+        Some(sock) => sock,
+        None => {
+            let mut sock = Socket::new(NETLINK_NETFILTER)?;
+            sock.bind_auto()?;
+            sock.connect(&SocketAddr::new(0, 0))?;
+            sock
+        }
+    };
+    let out = exchange(&sock)?;
+    SOCKETS.give_back(sock);
+    Ok(out)
 }
 
 /// Sends one request and collects the replies until DONE (dump) or the ACK.

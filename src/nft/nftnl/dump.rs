@@ -760,26 +760,43 @@ fn parse_immediate(d: &Attrs) -> Option<Expr> {
 }
 
 /// A NETLINK_NETFILTER socket for dumps (separate from the batch socket: a dump's replies
-/// must not mix with a batch's acks).
+/// must not mix with a batch's acks). Kept open for the next reader after a complete dump
+/// ([`super::kept`]: closing one stalls the node's commits).
 pub(super) struct DumpSocket {
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
     seq: std::cell::Cell<u32>,
     /// Every request names it: the kernel dumps only that family's objects.
     family: Family,
+    /// No dump left half-read: the socket may serve the next reader.
+    clean: std::cell::Cell<bool>,
 }
+
+static DUMP_SOCKETS: super::kept::Kept<OwnedFd> = super::kept::Kept::new();
 
 impl DumpSocket {
     pub(super) fn open(family: Family) -> Result<DumpSocket, NftError> {
-        let fd = super::socket::netfilter_socket(0)?;
-        // Large dumps come in many datagrams; room for a burst of them.
-        super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
-        let timeout = nix::sys::time::TimeVal::new(10, 0);
-        setsockopt(&fd, sockopt::ReceiveTimeout, &timeout).map_err(std::io::Error::from)?;
+        let fd = match DUMP_SOCKETS.take() {
+            Some(fd) => fd,
+            None => {
+                let fd = super::socket::netfilter_socket(0)?;
+                // Large dumps come in many datagrams; room for a burst of them.
+                super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
+                let timeout = nix::sys::time::TimeVal::new(10, 0);
+                setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)
+                    .map_err(std::io::Error::from)?;
+                fd
+            }
+        };
         Ok(DumpSocket {
-            fd,
+            fd: Some(fd),
             seq: std::cell::Cell::new(1),
             family,
+            clean: std::cell::Cell::new(true),
         })
+    }
+
+    fn raw(&self) -> std::os::fd::RawFd {
+        self.fd.as_ref().expect("open until dropped").as_raw_fd()
     }
 
     /// Sends one dump request and calls `each` with the attributes of every reply message.
@@ -807,11 +824,12 @@ impl DumpSocket {
         }
         let len = req.len() as u32;
         req[..4].copy_from_slice(&len.to_ne_bytes());
-        send(self.fd.as_raw_fd(), &req, MsgFlags::empty()).map_err(std::io::Error::from)?;
+        self.clean.set(false);
+        send(self.raw(), &req, MsgFlags::empty()).map_err(std::io::Error::from)?;
         let mut buf = vec![0u8; 1 << 18];
         let mut intr = false;
         loop {
-            let n = recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty())
+            let n = recv(self.raw(), &mut buf, MsgFlags::empty())
                 .map_err(std::io::Error::from)?;
             for (kind, flags, mseq, m) in super::reply::messages(&buf[..n]) {
                 if mseq != seq {
@@ -819,8 +837,13 @@ impl DumpSocket {
                 }
                 intr |= flags & NLM_F_DUMP_INTR != 0;
                 match kind {
-                    NLMSG_DONE => return Ok(intr),
+                    NLMSG_DONE => {
+                        self.clean.set(true);
+                        return Ok(intr);
+                    }
                     NLMSG_ERROR => {
+                        // The error ends the dump: nothing of it is left to read.
+                        self.clean.set(true);
                         let errno = m
                             .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
                             .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
@@ -837,6 +860,16 @@ impl DumpSocket {
                     _ => each(Attrs(m.get(NLMSG_HDRLEN + 4..).unwrap_or(&[]))),
                 }
             }
+        }
+    }
+}
+
+impl Drop for DumpSocket {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take()
+            && self.clean.get()
+        {
+            DUMP_SOCKETS.give_back(fd);
         }
     }
 }

@@ -18,6 +18,7 @@ mod dump;
 mod elems;
 mod expr;
 mod ffi;
+pub(crate) mod kept;
 mod lower;
 pub mod malloc;
 mod readback;
