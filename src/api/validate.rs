@@ -368,24 +368,23 @@ mod tests {
 
     #[test]
     fn cidrs() {
-        assert_eq!(parse_cidr("10.0.0.0/8").unwrap().to_string(), "10.0.0.0/8");
-        assert_eq!(
-            parse_cidr("10.1.2.3/16").unwrap().to_string(),
-            "10.1.0.0/16"
-        );
-        assert_eq!(
-            parse_cidr("2001:db8::1/64").unwrap().to_string(),
-            "2001:db8::/64"
-        );
-        assert_eq!(parse_cidr("0.0.0.0/0").unwrap().to_string(), "0.0.0.0/0");
-        assert_eq!(
-            parse_cidr("10.0.0.0/33").unwrap_err().to_string(),
-            r#"invalid CIDR "10.0.0.0/33""#
-        );
-        assert_eq!(
-            parse_cidr("10.0.0.1").unwrap_err().to_string(),
-            r#"invalid CIDR "10.0.0.1": missing /prefix-length"#
-        );
+        for (input, want) in [
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3/16", "10.1.0.0/16"),
+            ("2001:db8::1/64", "2001:db8::/64"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+        ] {
+            assert_eq!(parse_cidr(input).unwrap().to_string(), want);
+        }
+        for (input, want) in [
+            ("10.0.0.0/33", r#"invalid CIDR "10.0.0.0/33""#),
+            (
+                "10.0.0.1",
+                r#"invalid CIDR "10.0.0.1": missing /prefix-length"#,
+            ),
+        ] {
+            assert_eq!(parse_cidr(input).unwrap_err().to_string(), want);
+        }
         assert!(parse_cidr("").is_err());
         assert!(parse_cidr("example.com/24").is_err());
     }
@@ -448,22 +447,15 @@ mod tests {
 
     #[test]
     fn unicast_ips() {
-        assert_eq!(
-            parse_unicast_ip("192.168.50.100").unwrap().to_string(),
-            "192.168.50.100"
-        );
-        assert_eq!(
-            parse_unicast_ip("fd00::10").unwrap().to_string(),
-            "fd00::10"
-        );
-        assert_eq!(
-            parse_unicast_ip("192.168.50").unwrap_err().to_string(),
-            r#"invalid IP address "192.168.50""#
-        );
-        assert_eq!(
-            parse_unicast_ip("0.0.0.0").unwrap_err().to_string(),
-            "0.0.0.0 is not a unicast address"
-        );
+        for ip in ["192.168.50.100", "fd00::10"] {
+            assert_eq!(parse_unicast_ip(ip).unwrap().to_string(), ip);
+        }
+        for (input, want) in [
+            ("192.168.50", r#"invalid IP address "192.168.50""#),
+            ("0.0.0.0", "0.0.0.0 is not a unicast address"),
+        ] {
+            assert_eq!(parse_unicast_ip(input).unwrap_err().to_string(), want);
+        }
         assert!(parse_unicast_ip("127.0.0.1").is_err());
         assert!(parse_unicast_ip("224.0.0.1").is_err());
         assert!(parse_unicast_ip("ff02::1").is_err());
