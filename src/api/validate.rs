@@ -120,7 +120,7 @@ impl Ctx {
 
     /// Validates `spec.egress`: at most `max` rules, each checked by `rule` with its field
     /// path; the first invalid rule rejects the whole list.
-    pub(crate) fn egress_rules<R, V>(
+    fn egress_rules<R, V>(
         &self,
         egress: &[R],
         max: usize,
@@ -154,10 +154,7 @@ impl Ctx {
     }
 
     /// The namespace and the `default` name that EgressFirewall and EgressQoS require.
-    pub(crate) fn default_named_namespace(
-        &self,
-        meta: &ObjectMeta,
-    ) -> Result<String, ValidationError> {
+    fn default_named_namespace(&self, meta: &ObjectMeta) -> Result<String, ValidationError> {
         match meta.name.as_deref() {
             None => return Err(self.err("metadata.name", Invalid::Missing)),
             Some("default") => {}
@@ -169,6 +166,32 @@ impl Ctx {
             None | Some("") => Err(self.err("metadata.namespace", Invalid::Missing)),
             Some(ns) => Ok(ns.to_string()),
         }
+    }
+}
+
+/// An EgressFirewall or EgressQoS that passed validation: its namespace and its rules, which
+/// keep their order (first match wins).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NamespaceRules<R> {
+    pub namespace: String,
+    pub rules: Vec<R>,
+}
+
+impl<R> NamespaceRules<R> {
+    /// Validates an EgressFirewall or EgressQoS: named `default`, in a namespace, at most
+    /// `max` rules in `spec.egress`, each checked by `rule`; any invalid rule rejects the
+    /// whole object (never half-apply it).
+    pub(crate) fn validate<S>(
+        kind: &'static str,
+        meta: &ObjectMeta,
+        egress: &[S],
+        max: usize,
+        rule: impl Fn(&Ctx, &str, &S) -> Result<R, ValidationError>,
+    ) -> Result<NamespaceRules<R>, ValidationError> {
+        let ctx = Ctx::namespaced(kind, meta);
+        let namespace = ctx.default_named_namespace(meta)?;
+        let rules = ctx.egress_rules(egress, max, rule)?;
+        Ok(NamespaceRules { namespace, rules })
     }
 }
 
@@ -225,32 +248,6 @@ impl fmt::Display for PortMatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.protocol, self.port)
     }
-}
-
-/// Parses `ports[]` (EgressFirewall, and the EgressQoS extension). The result is sorted and
-/// deduplicated: the order of ports carries no meaning.
-pub(crate) fn parse_ports<'a>(
-    ctx: &Ctx,
-    field: &str,
-    ports: impl IntoIterator<Item = (&'a str, i32)>,
-) -> Result<Vec<PortMatch>, ValidationError> {
-    let mut out = Vec::new();
-    for (i, (protocol, port)) in ports.into_iter().enumerate() {
-        let protocol = Protocol::parse(protocol).ok_or_else(|| {
-            ctx.err(
-                format!("{field}[{i}].protocol"),
-                Invalid::Protocol(protocol.to_string()),
-            )
-        })?;
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| ctx.err(format!("{field}[{i}].port"), Invalid::Port(port)))?;
-        out.push(PortMatch { protocol, port });
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
 }
 
 /// Parses a CIDR. Host bits are cleared (`10.0.0.1/24` means `10.0.0.0/24`), matching Go's
