@@ -2,8 +2,25 @@
 //! from a config file (`--config`); command line and environment win over the file, the file
 //! wins over the built-in defaults. `config::Config::resolve` does the merging.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Arg, Args, Parser, Subcommand};
 use std::path::PathBuf;
+
+/// `#[arg(bare_means = true)]`: a boolean option that takes its value after `=` (`--x=false`;
+/// also yes/no, on/off, 1/0) or none (`--x` alone means `true`), so that an option whose
+/// default is true can be turned off.
+trait BoolOption {
+    fn bare_means(self, value: bool) -> Self;
+}
+
+impl BoolOption for Arg {
+    fn bare_means(self, value: bool) -> Self {
+        self.value_name("BOOL")
+            .num_args(0..=1)
+            .require_equals(true)
+            .default_missing_value(if value { "true" } else { "false" })
+            .value_parser(clap::builder::BoolishValueParser::new())
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -399,11 +416,7 @@ pub struct Opts {
         long,
         global = true,
         env = "NODEPLANE_EGRESS_IP_ASSIGNER",
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new()
+        bare_means = true
     )]
     pub egress_ip_assigner: Option<bool>,
 
@@ -416,11 +429,7 @@ pub struct Opts {
         long,
         global = true,
         env = "NODEPLANE_EGRESS_IP_ASSIGNER_CANDIDATE",
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new()
+        bare_means = true
     )]
     pub egress_ip_assigner_candidate: Option<bool>,
 
@@ -436,11 +445,7 @@ pub struct Opts {
         long,
         global = true,
         env = "NODEPLANE_POD_SOURCE_CHECK",
-        value_name = "BOOL",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new()
+        bare_means = true
     )]
     pub pod_source_check: Option<bool>,
 
@@ -659,4 +664,30 @@ pub struct Opts {
         value_name = "PLATFORM"
     )]
     pub platform: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_bool_option_takes_its_value_after_equals_or_none() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["agent"].iter().chain(args)).map(|c| c.opts.pod_source_check)
+        };
+        assert_eq!(parse(&[]).unwrap(), None);
+        assert_eq!(parse(&["--pod-source-check"]).unwrap(), Some(true));
+        assert_eq!(parse(&["--pod-source-check=false"]).unwrap(), Some(false));
+        assert_eq!(parse(&["--pod-source-check=no"]).unwrap(), Some(false));
+        assert_eq!(parse(&["--pod-source-check=on"]).unwrap(), Some(true));
+        assert!(parse(&["--pod-source-check=maybe"]).is_err());
+        // Not `--pod-source-check false`: the value must follow `=`.
+        assert!(parse(&["--pod-source-check", "false"]).is_err());
+    }
 }

@@ -108,6 +108,13 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
+    fn debounce(quiet_ms: u64, max_ms: u64) -> Debounce {
+        Debounce {
+            quiet: ms(quiet_ms),
+            max: ms(max_ms),
+        }
+    }
+
     const fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -153,12 +160,8 @@ mod tests {
 
     #[test]
     fn a_burst_ends_when_quiet() {
-        let d = Debounce {
-            quiet: ms(100),
-            max: ms(500),
-        };
         let t0 = Instant::now();
-        let mut burst = d.start(t0);
+        let mut burst = debounce(100, 500).start(t0);
         assert_eq!(burst.deadline(), t0 + ms(100));
         assert!(!burst.is_over(t0 + ms(99)));
         burst.event(t0 + ms(60));
@@ -173,12 +176,8 @@ mod tests {
 
     #[test]
     fn a_burst_that_never_goes_quiet_ends_at_max() {
-        let d = Debounce {
-            quiet: ms(200),
-            max: ms(800),
-        };
         let t0 = Instant::now();
-        let mut burst = d.start(t0);
+        let mut burst = debounce(200, 800).start(t0);
         for step in 1..=10 {
             burst.event(t0 + ms(100 * step));
         }
@@ -188,10 +187,7 @@ mod tests {
 
     #[test]
     fn an_urgent_event_ends_the_burst_at_once() {
-        let d = Debounce {
-            quiet: ms(100),
-            max: ms(500),
-        };
+        let d = debounce(100, 500);
         let t0 = Instant::now();
         let mut burst = d.start(t0);
         burst.event(t0 + ms(10));
@@ -210,12 +206,8 @@ mod tests {
 
     #[test]
     fn a_burst_works_on_tokio_instants() {
-        let d = Debounce {
-            quiet: ms(100),
-            max: ms(500),
-        };
         let t0 = tokio::time::Instant::now();
-        let mut burst = d.start(t0);
+        let mut burst = debounce(100, 500).start(t0);
         burst.event(t0 + ms(450));
         assert_eq!(burst.deadline(), t0 + ms(500));
     }

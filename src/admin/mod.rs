@@ -414,17 +414,22 @@ impl SyncObserver for DriftRepairs {
 mod tests {
     use super::*;
     use crate::nft::monitor::Changes;
+    use crate::observe::SyncReport;
+
+    fn admin_observer(node_name: &str) -> (Arc<AdminState>, AdminObserver) {
+        let state = Arc::new(AdminState::new(None));
+        let observer = AdminObserver {
+            state: state.clone(),
+            node_name: node_name.into(),
+        };
+        (state, observer)
+    }
 
     /// Each sync says anew which bridged pods could not be bound: a `/readyz` warning while
     /// there are some, gone after a sync with none.
     #[test]
     fn unbound_bridged_pods_are_a_readyz_warning_until_a_sync_binds_them() {
-        use crate::observe::SyncReport;
-        let state = Arc::new(AdminState::new(None));
-        let mut observer = AdminObserver {
-            state: state.clone(),
-            node_name: "node-1".into(),
-        };
+        let (state, mut observer) = admin_observer("node-1");
         let table = Table::new("nodeplane");
         let mut sync = |pod_binding: Vec<String>| {
             let mut report = SyncReport::default();
@@ -444,14 +449,9 @@ mod tests {
 
     #[test]
     fn the_ruleset_header_keeps_hostile_names_in_their_comment_lines() {
-        use crate::observe::SyncReport;
         use crate::plan::ObjectStatus;
         use crate::snapshot::{Kind, ObjectKey};
-        let state = Arc::new(AdminState::new(None));
-        let mut observer = AdminObserver {
-            state: state.clone(),
-            node_name: "node-1\nadd table ip NODE".into(),
-        };
+        let (state, mut observer) = admin_observer("node-1\nadd table ip NODE");
         let pwned = "x\nadd table ip PWNED4\n#";
         let report = SyncReport {
             statuses: vec![

@@ -9,10 +9,8 @@ use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 use super::egress_firewall::MAX_EGRESS_FIREWALL_RULES;
+use super::egress_qos::MAX_EGRESS_QOS_RULES;
 use super::{CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS};
-
-/// OVN-Kubernetes caps an EgressQoS at 1000 rules.
-const MAX_EGRESS_QOS_RULES: usize = 1000;
 
 /// `(file name under deploy/, CRD)` for the four custom resources.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
@@ -126,53 +124,46 @@ fn messages_set(schema: &mut Value) {
     );
 }
 
-fn firewall(crd: &mut Value, s: &mut Value) {
-    printer_columns(crd, &[("EgressFirewall Status", ".status.status")]);
+/// What EgressFirewall and EgressQoS share: one object per namespace named `default`, at most
+/// `max_rules` rules in `spec.egress`, `status.messages` merged across the node agents.
+fn per_namespace_rules(s: &mut Value, max_rules: usize) {
     named_default(s);
     messages_set(s);
     merge(
         s,
         "/properties/spec/properties/egress",
-        json!({"maxItems": MAX_EGRESS_FIREWALL_RULES}),
+        json!({"maxItems": max_rules}),
     );
+}
+
+fn firewall(crd: &mut Value, s: &mut Value) {
+    printer_columns(crd, &[("EgressFirewall Status", ".status.status")]);
+    per_namespace_rules(s, MAX_EGRESS_FIREWALL_RULES);
     let rule = "/properties/spec/properties/egress/items/properties";
-    merge(
-        s,
-        &format!("{rule}/type"),
-        json!({"pattern": "^(Allow|Deny)$"}),
-    );
-    merge(
-        s,
-        &format!("{rule}/ports/items/properties/protocol"),
-        json!({"pattern": "^(TCP|UDP|SCTP)$"}),
-    );
-    merge(
-        s,
-        &format!("{rule}/ports/items/properties/port"),
-        json!({"minimum": 1, "maximum": 65535}),
-    );
-    merge(
-        s,
-        &format!("{rule}/to/properties/dnsName"),
-        json!({"pattern": "^(\\*\\.)?([A-Za-z0-9-]+\\.)*[A-Za-z0-9-]+\\.?$"}),
-    );
-    // Exactly one destination (the OVN-Kubernetes CRD uses the same oneOf).
-    merge(
-        s,
-        &format!("{rule}/to"),
-        json!({"minProperties": 1, "maxProperties": 1}),
-    );
+    for (field, extra) in [
+        ("type", json!({"pattern": "^(Allow|Deny)$"})),
+        (
+            "ports/items/properties/protocol",
+            json!({"pattern": "^(TCP|UDP|SCTP)$"}),
+        ),
+        (
+            "ports/items/properties/port",
+            json!({"minimum": 1, "maximum": 65535}),
+        ),
+        (
+            "to/properties/dnsName",
+            json!({"pattern": "^(\\*\\.)?([A-Za-z0-9-]+\\.)*[A-Za-z0-9-]+\\.?$"}),
+        ),
+        // Exactly one destination (the OVN-Kubernetes CRD uses the same oneOf).
+        ("to", json!({"minProperties": 1, "maxProperties": 1})),
+    ] {
+        merge(s, &format!("{rule}/{field}"), extra);
+    }
 }
 
 fn qos(crd: &mut Value, s: &mut Value) {
     printer_columns(crd, &[("Status", ".status.status")]);
-    named_default(s);
-    messages_set(s);
-    merge(
-        s,
-        "/properties/spec/properties/egress",
-        json!({"maxItems": MAX_EGRESS_QOS_RULES}),
-    );
+    per_namespace_rules(s, MAX_EGRESS_QOS_RULES);
     let rule = "/properties/spec/properties/egress/items";
     merge(s, rule, json!({"required": ["dscp"]}));
     merge(

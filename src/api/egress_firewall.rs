@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::selector::Selector;
 use super::validate::{
-    Ctx, Invalid, PortMatch, ValidationError, parse_cidr, parse_dns_name, parse_ports,
+    Ctx, Invalid, NamespaceRules, PortMatch, Protocol, ValidationError, parse_cidr, parse_dns_name,
 };
 
 /// OVN-Kubernetes caps an EgressFirewall at 8000 rules.
@@ -116,21 +116,19 @@ pub struct FirewallRule {
     pub ports: Vec<PortMatch>,
 }
 
-/// An EgressFirewall that passed validation; rules keep their order (first match wins).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ValidatedFirewall {
-    pub namespace: String,
-    pub rules: Vec<FirewallRule>,
-}
+/// An EgressFirewall that passed validation.
+pub type ValidatedFirewall = NamespaceRules<FirewallRule>;
 
 impl EgressFirewall {
     /// Validates the whole object; any invalid rule rejects it (never half-apply a firewall).
     pub fn validate(&self) -> Result<ValidatedFirewall, ValidationError> {
-        let ctx = Ctx::namespaced("EgressFirewall", &self.metadata);
-        let namespace = ctx.default_named_namespace(&self.metadata)?;
-        let rules =
-            ctx.egress_rules(&self.spec.egress, MAX_EGRESS_FIREWALL_RULES, validate_rule)?;
-        Ok(ValidatedFirewall { namespace, rules })
+        NamespaceRules::validate(
+            "EgressFirewall",
+            &self.metadata,
+            &self.spec.egress,
+            MAX_EGRESS_FIREWALL_RULES,
+            validate_rule,
+        )
     }
 }
 
@@ -150,14 +148,7 @@ fn validate_rule(
         }
     };
     let dest = validate_destination(ctx, &format!("{field}.to"), &rule.to)?;
-    let ports = parse_ports(
-        ctx,
-        &format!("{field}.ports"),
-        rule.ports
-            .iter()
-            .flatten()
-            .map(|p| (p.protocol.as_str(), p.port)),
-    )?;
+    let ports = parse_ports(ctx, &format!("{field}.ports"), rule.ports.as_deref())?;
     Ok(FirewallRule {
         action,
         dest,
@@ -199,10 +190,35 @@ fn validate_destination(
     }
 }
 
+/// Parses `ports[]` (EgressFirewall, and the EgressQoS extension). The result is sorted and
+/// deduplicated: the order of ports carries no meaning.
+pub(crate) fn parse_ports(
+    ctx: &Ctx,
+    field: &str,
+    ports: Option<&[EgressFirewallPort]>,
+) -> Result<Vec<PortMatch>, ValidationError> {
+    let mut out = Vec::new();
+    for (i, EgressFirewallPort { protocol, port }) in ports.unwrap_or_default().iter().enumerate() {
+        let protocol = Protocol::parse(protocol).ok_or_else(|| {
+            ctx.err(
+                format!("{field}[{i}].protocol"),
+                Invalid::Protocol(protocol.to_string()),
+            )
+        })?;
+        let port = u16::try_from(*port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| ctx.err(format!("{field}[{i}].port"), Invalid::Port(*port)))?;
+        out.push(PortMatch { protocol, port });
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::validate::Protocol;
     use kube::CustomResourceExt;
 
     fn from_yaml(yaml: &str) -> EgressFirewall {

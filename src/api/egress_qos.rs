@@ -7,9 +7,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::egress_firewall::EgressFirewallPort;
+use super::egress_firewall::{EgressFirewallPort, parse_ports};
 use super::selector::Selector;
-use super::validate::{Ctx, Invalid, PortMatch, ValidationError, parse_cidr, parse_ports};
+use super::validate::{Ctx, Invalid, NamespaceRules, PortMatch, ValidationError, parse_cidr};
 
 pub const MAX_EGRESS_QOS_RULES: usize = 1000;
 
@@ -89,18 +89,18 @@ pub struct QosRule {
     pub ports: Vec<PortMatch>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ValidatedQos {
-    pub namespace: String,
-    pub rules: Vec<QosRule>,
-}
+/// An EgressQoS that passed validation.
+pub type ValidatedQos = NamespaceRules<QosRule>;
 
 impl EgressQoS {
     pub fn validate(&self) -> Result<ValidatedQos, ValidationError> {
-        let ctx = Ctx::namespaced("EgressQoS", &self.metadata);
-        let namespace = ctx.default_named_namespace(&self.metadata)?;
-        let rules = ctx.egress_rules(&self.spec.egress, MAX_EGRESS_QOS_RULES, validate_rule)?;
-        Ok(ValidatedQos { namespace, rules })
+        NamespaceRules::validate(
+            "EgressQoS",
+            &self.metadata,
+            &self.spec.egress,
+            MAX_EGRESS_QOS_RULES,
+            validate_rule,
+        )
     }
 }
 
@@ -118,14 +118,7 @@ fn validate_rule(ctx: &Ctx, field: &str, rule: &EgressQoSRule) -> Result<QosRule
         Some(selector) => ctx.selector(&format!("{field}.podSelector"), selector)?,
         None => Selector::everything(),
     };
-    let ports = parse_ports(
-        ctx,
-        &format!("{field}.ports"),
-        rule.ports
-            .iter()
-            .flatten()
-            .map(|p| (p.protocol.as_str(), p.port)),
-    )?;
+    let ports = parse_ports(ctx, &format!("{field}.ports"), rule.ports.as_deref())?;
     Ok(QosRule {
         dscp,
         dst,

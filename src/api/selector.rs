@@ -264,27 +264,30 @@ fn check_value(value: &str) -> Result<(), SelectorReason> {
 }
 
 fn is_qualified_name_part(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    is_label(s, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')
+    })
 }
 
 fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|label| {
-            let b = label.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            is_label(label, |c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+            })
         })
+}
+
+/// 1 to 63 bytes that `allowed` accepts, the first and last alphanumeric: the shape both a
+/// qualified name part and a DNS-1123 label have.
+fn is_label(s: &str, allowed: impl Fn(u8) -> bool) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| allowed(*c))
 }
 
 #[cfg(test)]

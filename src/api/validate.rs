@@ -120,7 +120,7 @@ impl Ctx {
 
     /// Validates `spec.egress`: at most `max` rules, each checked by `rule` with its field
     /// path; the first invalid rule rejects the whole list.
-    pub(crate) fn egress_rules<R, V>(
+    fn egress_rules<R, V>(
         &self,
         egress: &[R],
         max: usize,
@@ -154,10 +154,7 @@ impl Ctx {
     }
 
     /// The namespace and the `default` name that EgressFirewall and EgressQoS require.
-    pub(crate) fn default_named_namespace(
-        &self,
-        meta: &ObjectMeta,
-    ) -> Result<String, ValidationError> {
+    fn default_named_namespace(&self, meta: &ObjectMeta) -> Result<String, ValidationError> {
         match meta.name.as_deref() {
             None => return Err(self.err("metadata.name", Invalid::Missing)),
             Some("default") => {}
@@ -169,6 +166,32 @@ impl Ctx {
             None | Some("") => Err(self.err("metadata.namespace", Invalid::Missing)),
             Some(ns) => Ok(ns.to_string()),
         }
+    }
+}
+
+/// An EgressFirewall or EgressQoS that passed validation: its namespace and its rules, which
+/// keep their order (first match wins).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NamespaceRules<R> {
+    pub namespace: String,
+    pub rules: Vec<R>,
+}
+
+impl<R> NamespaceRules<R> {
+    /// Validates an EgressFirewall or EgressQoS: named `default`, in a namespace, at most
+    /// `max` rules in `spec.egress`, each checked by `rule`; any invalid rule rejects the
+    /// whole object (never half-apply it).
+    pub(crate) fn validate<S>(
+        kind: &'static str,
+        meta: &ObjectMeta,
+        egress: &[S],
+        max: usize,
+        rule: impl Fn(&Ctx, &str, &S) -> Result<R, ValidationError>,
+    ) -> Result<NamespaceRules<R>, ValidationError> {
+        let ctx = Ctx::namespaced(kind, meta);
+        let namespace = ctx.default_named_namespace(meta)?;
+        let rules = ctx.egress_rules(egress, max, rule)?;
+        Ok(NamespaceRules { namespace, rules })
     }
 }
 
@@ -225,32 +248,6 @@ impl fmt::Display for PortMatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.protocol, self.port)
     }
-}
-
-/// Parses `ports[]` (EgressFirewall, and the EgressQoS extension). The result is sorted and
-/// deduplicated: the order of ports carries no meaning.
-pub(crate) fn parse_ports<'a>(
-    ctx: &Ctx,
-    field: &str,
-    ports: impl IntoIterator<Item = (&'a str, i32)>,
-) -> Result<Vec<PortMatch>, ValidationError> {
-    let mut out = Vec::new();
-    for (i, (protocol, port)) in ports.into_iter().enumerate() {
-        let protocol = Protocol::parse(protocol).ok_or_else(|| {
-            ctx.err(
-                format!("{field}[{i}].protocol"),
-                Invalid::Protocol(protocol.to_string()),
-            )
-        })?;
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| ctx.err(format!("{field}[{i}].port"), Invalid::Port(port)))?;
-        out.push(PortMatch { protocol, port });
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
 }
 
 /// Parses a CIDR. Host bits are cleared (`10.0.0.1/24` means `10.0.0.0/24`), matching Go's
@@ -368,24 +365,23 @@ mod tests {
 
     #[test]
     fn cidrs() {
-        assert_eq!(parse_cidr("10.0.0.0/8").unwrap().to_string(), "10.0.0.0/8");
-        assert_eq!(
-            parse_cidr("10.1.2.3/16").unwrap().to_string(),
-            "10.1.0.0/16"
-        );
-        assert_eq!(
-            parse_cidr("2001:db8::1/64").unwrap().to_string(),
-            "2001:db8::/64"
-        );
-        assert_eq!(parse_cidr("0.0.0.0/0").unwrap().to_string(), "0.0.0.0/0");
-        assert_eq!(
-            parse_cidr("10.0.0.0/33").unwrap_err().to_string(),
-            r#"invalid CIDR "10.0.0.0/33""#
-        );
-        assert_eq!(
-            parse_cidr("10.0.0.1").unwrap_err().to_string(),
-            r#"invalid CIDR "10.0.0.1": missing /prefix-length"#
-        );
+        for (input, want) in [
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3/16", "10.1.0.0/16"),
+            ("2001:db8::1/64", "2001:db8::/64"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+        ] {
+            assert_eq!(parse_cidr(input).unwrap().to_string(), want);
+        }
+        for (input, want) in [
+            ("10.0.0.0/33", r#"invalid CIDR "10.0.0.0/33""#),
+            (
+                "10.0.0.1",
+                r#"invalid CIDR "10.0.0.1": missing /prefix-length"#,
+            ),
+        ] {
+            assert_eq!(parse_cidr(input).unwrap_err().to_string(), want);
+        }
         assert!(parse_cidr("").is_err());
         assert!(parse_cidr("example.com/24").is_err());
     }
@@ -448,22 +444,15 @@ mod tests {
 
     #[test]
     fn unicast_ips() {
-        assert_eq!(
-            parse_unicast_ip("192.168.50.100").unwrap().to_string(),
-            "192.168.50.100"
-        );
-        assert_eq!(
-            parse_unicast_ip("fd00::10").unwrap().to_string(),
-            "fd00::10"
-        );
-        assert_eq!(
-            parse_unicast_ip("192.168.50").unwrap_err().to_string(),
-            r#"invalid IP address "192.168.50""#
-        );
-        assert_eq!(
-            parse_unicast_ip("0.0.0.0").unwrap_err().to_string(),
-            "0.0.0.0 is not a unicast address"
-        );
+        for ip in ["192.168.50.100", "fd00::10"] {
+            assert_eq!(parse_unicast_ip(ip).unwrap().to_string(), ip);
+        }
+        for (input, want) in [
+            ("192.168.50", r#"invalid IP address "192.168.50""#),
+            ("0.0.0.0", "0.0.0.0 is not a unicast address"),
+        ] {
+            assert_eq!(parse_unicast_ip(input).unwrap_err().to_string(), want);
+        }
         assert!(parse_unicast_ip("127.0.0.1").is_err());
         assert!(parse_unicast_ip("224.0.0.1").is_err());
         assert!(parse_unicast_ip("ff02::1").is_err());

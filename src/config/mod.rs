@@ -762,6 +762,20 @@ impl FileConfig {
 mod tests {
     use super::*;
 
+    /// Writes `text` to `name` in `dir`.
+    fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// A config file (`c.yaml`) holding `text`; it goes with the returned directory.
+    fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "c.yaml", text);
+        (dir, path)
+    }
+
     fn opts() -> Opts {
         Opts {
             node_name: Some("n1".into()),
@@ -799,9 +813,7 @@ mod tests {
             Some("[::1]:10300".parse().unwrap())
         );
         assert!(with("10256").is_err());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(&path, "node-name: n\nhealthz-bind-address: ''\n").unwrap();
+        let (_dir, path) = config_file("node-name: n\nhealthz-bind-address: ''\n");
         let c = Config::resolve(&Opts {
             config: Some(path),
             ..Default::default()
@@ -812,9 +824,7 @@ mod tests {
 
     #[test]
     fn api_watch_timeout_from_file_flag_and_bounds() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(&path, "node-name: n\napi-watch-timeout-seconds: 300\n").unwrap();
+        let (_dir, path) = config_file("node-name: n\napi-watch-timeout-seconds: 300\n");
         let mut o = Opts {
             config: Some(path),
             ..Default::default()
@@ -839,9 +849,7 @@ mod tests {
             Config::resolve(&opts()).unwrap().rule_counters,
             Some(Duration::from_secs(15))
         );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(&path, "node-name: n\nrule-counters-seconds: 0\n").unwrap();
+        let (_dir, path) = config_file("node-name: n\nrule-counters-seconds: 0\n");
         let mut o = Opts {
             config: Some(path),
             ..Default::default()
@@ -856,13 +864,9 @@ mod tests {
 
     #[test]
     fn manifest_limits_from_file_and_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = config_file(
             "manifest-max-bytes: 1000\nmanifest-max-depth: 20\nmanifest-max-alias-expansion: 5\n",
-        )
-        .unwrap();
+        );
         let mut o = Opts {
             config: Some(path),
             ..opts()
@@ -883,14 +887,10 @@ mod tests {
 
     #[test]
     fn flags_win_over_file_and_file_over_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = config_file(
             "node-name: from-file\ncluster-cidr: [10.0.0.0/16, fd00::/48]\nresync-seconds: 60\n\
              state-dir: /srv/np-state\n",
-        )
-        .unwrap();
+        );
         let mut o = Opts {
             config: Some(path.clone()),
             ..Default::default()
@@ -912,12 +912,11 @@ mod tests {
     #[test]
     fn toml_file_and_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
+        let path = write(
+            &dir,
+            "c.toml",
             "node-name = \"t\"\nservice-cidr = [\"fd02::/112\"]\n",
-        )
-        .unwrap();
+        );
         let o = Opts {
             config: Some(path),
             ..Default::default()
@@ -925,8 +924,7 @@ mod tests {
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.service_cidrs, vec!["fd02::/112".parse().unwrap()]);
 
-        let bad = dir.path().join("bad.yaml");
-        std::fs::write(&bad, "nodename: typo\n").unwrap();
+        let bad = write(&dir, "bad.yaml", "nodename: typo\n");
         let o = Opts {
             config: Some(bad),
             ..Default::default()
@@ -970,14 +968,10 @@ mod tests {
         let c = Config::resolve(&opts()).unwrap();
         assert!(c.external_ip_allowed_cidrs.is_empty());
         assert!(c.external_ip_rejected_cidrs.is_empty());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = config_file(
             "external-ip-allowed-cidrs: [198.51.100.0/24]\n\
              external-ip-rejected-cidrs: [198.51.100.128/25]\n",
-        )
-        .unwrap();
+        );
         let mut o = opts();
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
@@ -1002,15 +996,11 @@ mod tests {
         let c = Config::resolve(&opts()).unwrap();
         assert!(c.egress_ip_assigner);
         assert_eq!(c.leader_elect, Timings::DEFAULT);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = config_file(
             "egress-ip-assigner: false\nleader-elect-namespace: net\n\
              leader-elect-lease-duration: 15\nleader-elect-renew-deadline: 10s\n\
              leader-elect-retry-period: 2s\n",
-        )
-        .unwrap();
+        );
         let mut o = opts();
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
@@ -1049,12 +1039,11 @@ mod tests {
     #[test]
     fn dns_proxy_defaults_file_flags_and_off() {
         let dir = tempfile::tempdir().unwrap();
-        let resolv = dir.path().join("resolv.conf");
-        std::fs::write(
-            &resolv,
+        let resolv = write(
+            &dir,
+            "resolv.conf",
             "search x\nnameserver 10.0.0.2\nnameserver fe80::1%eth0\n",
-        )
-        .unwrap();
+        );
         let mut o = opts();
         o.resolv_conf = Some(resolv);
         let c = Config::resolve(&o).unwrap();
@@ -1069,12 +1058,11 @@ mod tests {
             }
         );
         assert_eq!(c.dns_proxy.port, Some(15353));
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
+        let path = write(
+            &dir,
+            "c.yaml",
             "dns-proxy-port: 0\ndns-min-ttl-seconds: 9\ndns-resolvers: [10.0.0.53]\ndns-max-addresses-per-name: 7\n",
-        )
-        .unwrap();
+        );
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.dns_proxy.port, None, "0 turns the proxy off");
@@ -1104,13 +1092,8 @@ mod tests {
         assert_eq!(c.egress_ip_probe, probe::Settings::default());
         assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(100));
         assert_eq!(c.egress_ip_probe.misses, 3);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(
-            &path,
-            "egress-ip-probe-interval: 200ms\negress-ip-probe-misses: 5\n",
-        )
-        .unwrap();
+        let (_dir, path) =
+            config_file("egress-ip-probe-interval: 200ms\negress-ip-probe-misses: 5\n");
         let mut o = opts();
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
@@ -1143,9 +1126,7 @@ mod tests {
             Config::resolve(&opts()).unwrap().platform,
             PlatformChoice::Auto
         );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.yaml");
-        std::fs::write(&path, "platform: azure\n").unwrap();
+        let (_dir, path) = config_file("platform: azure\n");
         let mut o = opts();
         o.config = Some(path);
         let c = Config::resolve(&o).unwrap();

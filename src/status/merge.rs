@@ -217,6 +217,7 @@ mod tests {
     use super::*;
 
     const EF: &str = "EgressFirewall";
+    const QOS: &str = "EgressQoS";
 
     #[test]
     fn a_verdict_is_one_line_whatever_its_reason_quotes() {
@@ -267,7 +268,6 @@ mod tests {
     /// transition time kept while its status stays.
     #[test]
     fn egress_qos_conditions_are_ovn_kubernetes_zone_conditions() {
-        const QOS: &str = "EgressQoS";
         let ok = verdict(QOS, None);
         let bad = verdict(QOS, Some("spec.egress[0].dstCIDR: invalid CIDR"));
         let now = "2026-01-01T00:00:10Z";
@@ -327,7 +327,6 @@ mod tests {
     /// "not correctly applied" while another node failed.
     #[test]
     fn pruned_messages_aggregate_from_the_zone_conditions() {
-        const QOS: &str = "EgressQoS";
         let ok = verdict(QOS, None);
         let bad = verdict(QOS, Some("boom"));
         let at = "2025-12-31T23:00:00Z";
