@@ -13,13 +13,7 @@ fn svc(name: &str, ip: &str, extra: &str) -> crate::api::Service {
 
 /// The endpoints of `service` on node n1, port `http` 8080/TCP, without conditions.
 pub(super) fn slice(service: &str, ips: &[&str]) -> crate::api::EndpointSlice {
-    let ports = "{name: http, port: 8080, protocol: TCP}";
-    let eps: Vec<_> = ips
-        .iter()
-        .map(|ip| objects::ep(ip, "n1").unknown())
-        .collect();
-    let slice = objects::endpoint_slice(&format!("{service}-x"), service, "IPv4", ports, &eps);
-    slice.in_namespace("ns").object()
+    slice_in("ns", service, ips)
 }
 
 fn base() -> SnapshotBuilder {
