@@ -148,6 +148,19 @@ pub struct RouteSpec {
     pub local: bool,
 }
 
+#[cfg(test)]
+impl RouteSpec {
+    /// A route of `table` to `dst` straight out of `dev`.
+    pub fn out_of(table: u32, dst: &str, dev: &str) -> Self {
+        RouteSpec {
+            table,
+            dst: dst.parse().unwrap(),
+            nexthops: vec![NextHop::dev(dev)],
+            local: false,
+        }
+    }
+}
+
 impl fmt::Display for RouteSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} table {}", self.dst, self.table)

@@ -454,12 +454,7 @@ mod tests {
 
     #[test]
     fn unknown_device_is_reported() {
-        let r = RouteSpec {
-            table: 7000,
-            dst: "10.2.0.0/16".parse().unwrap(),
-            nexthops: vec![NextHop::dev("nope0")],
-            local: false,
-        };
+        let r = RouteSpec::out_of(7000, "10.2.0.0/16", "nope0");
         let err = add_message(&r, &links(), 0x6e).unwrap_err();
         assert_eq!(
             err.to_string(),
