@@ -520,6 +520,11 @@ pub(crate) fn proto_name(proto: u8) -> String {
     }
 }
 
+/// `range` as `first-last` when `v` is outside it (a table or priority not the agent's).
+pub(crate) fn outside(range: &RangeInclusive<u32>, v: u32) -> Option<String> {
+    (!range.contains(&v)).then(|| format!("{}-{}", range.start(), range.end()))
+}
+
 /// Planning the kernel side is the parent's: it wires the object kinds (their files each
 /// take the [`KernelState`] they diff against).
 impl KernelState {
