@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use pnet_datalink::{Channel, DataLinkSender, MacAddr, NetworkInterface};
+use pnet_datalink::{Channel, DataLinkReceiver, DataLinkSender, MacAddr, NetworkInterface};
 
 pub(super) const ETH_P_ARP: u16 = 0x0806;
 pub(super) const ETH_P_IPV6: u16 = 0x86dd;
@@ -118,6 +118,33 @@ pub struct PacketSender {
     channels: Vec<(u32, Box<dyn DataLinkSender>)>,
 }
 
+/// Both ends of a raw Ethernet channel.
+pub(super) type EthernetChannel = (Box<dyn DataLinkSender>, Box<dyn DataLinkReceiver>);
+
+/// Opens a raw Ethernet channel on interface `dev` (index `ifindex`, address `mac`).
+pub(super) fn ethernet_channel(
+    dev: &str,
+    ifindex: u32,
+    mac: [u8; 6],
+    config: pnet_datalink::Config,
+) -> io::Result<EthernetChannel> {
+    let iface = NetworkInterface {
+        name: dev.to_string(),
+        description: String::new(),
+        index: ifindex,
+        mac: Some(MacAddr::from(mac)),
+        ips: Vec::new(),
+        flags: 0,
+    };
+    match pnet_datalink::channel(&iface, config)? {
+        Channel::Ethernet(tx, rx) => Ok((tx, rx)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{dev}: not an Ethernet channel"),
+        )),
+    }
+}
+
 impl PacketSender {
     /// Opens a channel on every interface of `list`. Needs `CAP_NET_RAW` in the caller's
     /// network namespace.
@@ -127,27 +154,12 @@ impl PacketSender {
             if channels.iter().any(|(i, _)| *i == a.ifindex) {
                 continue;
             }
-            let iface = NetworkInterface {
-                name: a.dev.clone(),
-                description: String::new(),
-                index: a.ifindex,
-                mac: Some(MacAddr::from(a.mac)),
-                ips: Vec::new(),
-                flags: 0,
-            };
             let config = pnet_datalink::Config {
                 promiscuous: false,
                 ..Default::default()
             };
-            match pnet_datalink::channel(&iface, config)? {
-                Channel::Ethernet(tx, _rx) => channels.push((a.ifindex, tx)),
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        format!("{}: not an Ethernet channel", a.dev),
-                    ));
-                }
-            }
+            let (tx, _) = ethernet_channel(&a.dev, a.ifindex, a.mac, config)?;
+            channels.push((a.ifindex, tx));
         }
         Ok(PacketSender { channels })
     }

@@ -20,9 +20,11 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use pnet_datalink::{Channel, Config, DataLinkReceiver, DataLinkSender, MacAddr, NetworkInterface};
+use pnet_datalink::Config;
 
-use super::announce::{ETH_P_ARP, ETH_P_IPV6, ethernet_header, icmpv6_checksum};
+use super::announce::{
+    ETH_P_ARP, ETH_P_IPV6, EthernetChannel, ethernet_channel, ethernet_header, icmpv6_checksum,
+};
 
 /// One address about to be added on an Ethernet-like interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,30 +77,13 @@ pub fn wait_until_free(c: &Candidate, probe: Duration, max_wait: Duration) -> io
     }
 }
 
-fn open(
-    c: &Candidate,
-    probe: Duration,
-) -> io::Result<(Box<dyn DataLinkSender>, Box<dyn DataLinkReceiver>)> {
-    let iface = NetworkInterface {
-        name: c.dev.clone(),
-        description: String::new(),
-        index: c.ifindex,
-        mac: Some(MacAddr::from(c.mac)),
-        ips: Vec::new(),
-        flags: 0,
-    };
+fn open(c: &Candidate, probe: Duration) -> io::Result<EthernetChannel> {
     let config = Config {
         promiscuous: false,
         read_timeout: Some(probe.min(Duration::from_millis(10))),
         ..Default::default()
     };
-    match pnet_datalink::channel(&iface, config)? {
-        Channel::Ethernet(tx, rx) => Ok((tx, rx)),
-        _ => Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("{}: not an Ethernet channel", c.dev),
-        )),
-    }
+    ethernet_channel(&c.dev, c.ifindex, c.mac, config)
 }
 
 /// The probe for `addr` from `mac`.

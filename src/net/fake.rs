@@ -448,12 +448,7 @@ mod tests {
 
     #[test]
     fn foreign_objects_are_never_touched() {
-        let foreign_route = RouteSpec {
-            table: 7000,
-            dst: "10.9.0.0/16".parse().unwrap(),
-            nexthops: vec![NextHop::dev("eth0")],
-            local: false,
-        };
+        let foreign_route = RouteSpec::out_of(7000, "10.9.0.0/16", "eth0");
         let foreign_rule = RuleSpec {
             priority: 7000,
             fwmark: None,

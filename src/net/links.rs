@@ -67,6 +67,12 @@ pub fn mac_text(mac: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// `fdb <verb> <mac> dev <dev> dst <underlay>`.
+fn fdb_text(verb: &str, f: &FdbEntry) -> String {
+    let mac = mac_text(&f.mac);
+    format!("fdb {verb} {mac} dev {} dst {}", f.dev, f.dst)
+}
+
 impl TunnelChanges {
     pub fn len(&self) -> usize {
         usize::from(self.create.is_some())
@@ -112,12 +118,7 @@ impl TunnelChanges {
             out.push(format!("link set {name} type vxlan tos inherit"));
         }
         for f in &self.fdb_add {
-            out.push(format!(
-                "fdb append {} dev {} dst {} permanent",
-                mac_text(&f.mac),
-                f.dev,
-                f.dst
-            ));
+            out.push(format!("{} permanent", fdb_text("append", f)));
         }
         for n in &self.neigh_add {
             out.push(format!(
@@ -136,18 +137,26 @@ impl TunnelChanges {
             out.push(format!("neigh del {} dev {}", n.ip, n.dev));
         }
         for f in &self.fdb_del {
-            out.push(format!(
-                "fdb del {} dev {} dst {}",
-                mac_text(&f.mac),
-                f.dev,
-                f.dst
-            ));
+            out.push(fdb_text("del", f));
         }
         for name in &self.delete {
             out.push(format!("link del {name}"));
         }
         out
     }
+}
+
+/// The entries of `entries` on device `dev`.
+fn on_device<T: Clone + Ord>(
+    entries: &[T],
+    dev: &str,
+    dev_of: impl Fn(&T) -> &String,
+) -> BTreeSet<T> {
+    entries
+        .iter()
+        .filter(|e| dev_of(e) == dev)
+        .cloned()
+        .collect()
 }
 
 fn wanted_entries(t: &TunnelSpec) -> (BTreeSet<FdbEntry>, BTreeSet<NeighEntry>) {
@@ -215,18 +224,8 @@ pub(crate) fn plan(
             if !link.tos_inherit {
                 changes.tos_inherit = Some(link.name.clone());
             }
-            let have_fdb: BTreeSet<FdbEntry> = state
-                .fdb
-                .iter()
-                .filter(|f| f.dev == link.name)
-                .cloned()
-                .collect();
-            let have_neigh: BTreeSet<NeighEntry> = state
-                .neighbours
-                .iter()
-                .filter(|n| n.dev == link.name)
-                .cloned()
-                .collect();
+            let have_fdb = on_device(&state.fdb, &link.name, |f| &f.dev);
+            let have_neigh = on_device(&state.neighbours, &link.name, |n| &n.dev);
             changes.fdb_add.extend(fdb.difference(&have_fdb).cloned());
             changes.fdb_del.extend(have_fdb.difference(&fdb).cloned());
             changes

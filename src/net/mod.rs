@@ -148,6 +148,19 @@ pub struct RouteSpec {
     pub local: bool,
 }
 
+#[cfg(test)]
+impl RouteSpec {
+    /// A route of `table` to `dst` straight out of `dev`.
+    pub fn out_of(table: u32, dst: &str, dev: &str) -> Self {
+        RouteSpec {
+            table,
+            dst: dst.parse().unwrap(),
+            nexthops: vec![NextHop::dev(dev)],
+            local: false,
+        }
+    }
+}
+
 impl fmt::Display for RouteSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} table {}", self.dst, self.table)
@@ -310,36 +323,33 @@ impl NetChanges {
         let p = self.protocol;
         let mut out = Vec::with_capacity(self.len());
         out.extend(self.tunnel.describe_adds());
-        out.extend(
-            self.addresses_add
-                .iter()
-                .map(|a| addresses::describe("add", a, p)),
+        describe_each(&mut out, "add", &self.addresses_add, p, addresses::describe);
+        describe_each(&mut out, "add", &self.routes_add, p, routes::describe);
+        describe_each(
+            &mut out,
+            "replace",
+            &self.routes_replace,
+            p,
+            routes::describe,
         );
-        out.extend(
-            self.routes_add
-                .iter()
-                .map(|r| routes::describe("add", r, p)),
-        );
-        out.extend(
-            self.routes_replace
-                .iter()
-                .map(|r| routes::describe("replace", r, p)),
-        );
-        out.extend(self.rules_add.iter().map(|r| rules::describe("add", r, p)));
-        out.extend(self.rules_del.iter().map(|r| rules::describe("del", r, p)));
-        out.extend(
-            self.routes_del
-                .iter()
-                .map(|r| routes::describe("del", r, p)),
-        );
-        out.extend(
-            self.addresses_del
-                .iter()
-                .map(|a| addresses::describe("del", a, p)),
-        );
+        describe_each(&mut out, "add", &self.rules_add, p, rules::describe);
+        describe_each(&mut out, "del", &self.rules_del, p, rules::describe);
+        describe_each(&mut out, "del", &self.routes_del, p, routes::describe);
+        describe_each(&mut out, "del", &self.addresses_del, p, addresses::describe);
         out.extend(self.tunnel.describe_dels());
         out
     }
+}
+
+/// Appends `describe(verb, item, protocol)` for each of `items`.
+fn describe_each<T>(
+    out: &mut Vec<String>,
+    verb: &str,
+    items: &[T],
+    protocol: u8,
+    describe: fn(&str, &T, u8) -> String,
+) {
+    out.extend(items.iter().map(|i| describe(verb, i, protocol)));
 }
 
 /// Which objects belong to the agent, and how it announces addresses.
@@ -508,6 +518,11 @@ pub(crate) fn proto_name(proto: u8) -> String {
     } else {
         proto.to_string()
     }
+}
+
+/// `range` as `first-last` when `v` is outside it (a table or priority not the agent's).
+pub(crate) fn outside(range: &RangeInclusive<u32>, v: u32) -> Option<String> {
+    (!range.contains(&v)).then(|| format!("{}-{}", range.start(), range.end()))
 }
 
 /// Planning the kernel side is the parent's: it wires the object kinds (their files each

@@ -10,7 +10,7 @@ use netlink_packet_route::route::{
     RouteNextHopFlags, RouteProtocol, RouteScope, RouteType,
 };
 
-use super::{KernelLink, proto_name};
+use super::{KernelLink, outside, proto_name};
 use super::{KernelRoute, KernelState, NetChanges, NetConfig, NetError, NextHop, RouteSpec};
 
 fn invalid(route: &RouteSpec, reason: impl Into<String>) -> NetError {
@@ -32,12 +32,11 @@ pub fn canonical(route: &RouteSpec) -> RouteSpec {
 
 /// Checks that `route` is expressible, owned by the agent, and accepted by the kernel.
 pub(crate) fn validate(route: &RouteSpec, cfg: &NetConfig) -> Result<(), NetError> {
-    let (t0, t1) = (cfg.route_tables.start(), cfg.route_tables.end());
-    if !cfg.route_tables.contains(&route.table) {
+    if let Some(tables) = outside(&cfg.route_tables, route.table) {
         return Err(invalid(
             route,
             format!(
-                "table {} is outside the agent-owned tables {t0}-{t1}",
+                "table {} is outside the agent-owned tables {tables}",
                 route.table
             ),
         ));
@@ -454,12 +453,7 @@ mod tests {
 
     #[test]
     fn unknown_device_is_reported() {
-        let r = RouteSpec {
-            table: 7000,
-            dst: "10.2.0.0/16".parse().unwrap(),
-            nexthops: vec![NextHop::dev("nope0")],
-            local: false,
-        };
+        let r = RouteSpec::out_of(7000, "10.2.0.0/16", "nope0");
         let err = add_message(&r, &links(), 0x6e).unwrap_err();
         assert_eq!(
             err.to_string(),

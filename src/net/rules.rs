@@ -7,8 +7,8 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::route::{RouteHeader, RouteProtocol};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 
-use super::proto_name;
 use super::{Family, KernelRule, KernelState, NetChanges, NetConfig, NetError, RuleSpec};
+use super::{outside, proto_name};
 
 fn invalid(rule: &RuleSpec, reason: impl Into<String>) -> NetError {
     NetError::Invalid {
@@ -27,11 +27,10 @@ pub fn canonical(rule: &RuleSpec) -> RuleSpec {
 }
 
 pub(crate) fn validate(rule: &RuleSpec, cfg: &NetConfig) -> Result<(), NetError> {
-    let (p0, p1) = (cfg.rule_priorities.start(), cfg.rule_priorities.end());
-    if !cfg.rule_priorities.contains(&rule.priority) {
+    if let Some(priorities) = outside(&cfg.rule_priorities, rule.priority) {
         return Err(invalid(
             rule,
-            format!("priority outside the agent's rule priorities {p0}-{p1}"),
+            format!("priority outside the agent's rule priorities {priorities}"),
         ));
     }
     if rule.table == 0 {

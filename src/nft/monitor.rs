@@ -381,6 +381,21 @@ mod tests {
         attr(NFTA_TABLE, format!("{t}\0").as_bytes())
     }
 
+    /// A message from another process about `table` of `family`, with the object's `attrs`.
+    fn foreign(msg: u8, family: u8, table: &str, attrs: &[Vec<u8>]) -> Vec<u8> {
+        let attrs = [&[table_attr(table)], attrs].concat();
+        nft_msg(msg, family, FOREIGN, &attrs)
+    }
+
+    /// The name of a rule's chain or of a set (`NFTA_OBJECT_NAME`).
+    fn object(name: &str) -> Vec<u8> {
+        attr(NFTA_OBJECT_NAME, format!("{name}\0").as_bytes())
+    }
+
+    fn chain(name: &str) -> Vec<u8> {
+        attr(NFTA_CHAIN_NAME, format!("{name}\0").as_bytes())
+    }
+
     fn reader() -> Reader {
         // A socket only to own an fd; these tests never read from it.
         let fd = socket(
@@ -416,34 +431,22 @@ mod tests {
         );
         let mut buf = Vec::new();
         for _ in 0..3 {
-            buf.extend(nft_msg(
+            buf.extend(foreign(
                 DELRULE,
                 NFPROTO_INET,
-                FOREIGN,
-                &[
-                    table_attr("nodeplane"),
-                    attr(NFTA_OBJECT_NAME, b"fw-dispatch\0"),
-                ],
+                "nodeplane",
+                &[object("fw-dispatch")],
             ));
         }
-        buf.extend(nft_msg(
+        buf.extend(foreign(
             DELSETELEM,
             NFPROTO_INET,
-            FOREIGN,
-            &[
-                table_attr("nodeplane"),
-                attr(NFTA_OBJECT_NAME, b"fw-pods-v4\0"),
-                elems,
-            ],
+            "nodeplane",
+            &[object("fw-pods-v4"), elems],
         ));
         // Someone else's table and another family's table of the same name: ignored.
-        buf.extend(nft_msg(
-            DELRULE,
-            NFPROTO_INET,
-            FOREIGN,
-            &[table_attr("other"), attr(NFTA_OBJECT_NAME, b"c\0")],
-        ));
-        buf.extend(nft_msg(DELTABLE, 2, FOREIGN, &[table_attr("nodeplane")]));
+        buf.extend(foreign(DELRULE, NFPROTO_INET, "other", &[object("c")]));
+        buf.extend(foreign(DELTABLE, 2, "nodeplane", &[]));
         buf.extend(newgen(FOREIGN, 4_000_000, "nft"));
         let drifts = r.datagram(&buf, Instant::now());
         assert_eq!(drifts.len(), 1, "{drifts:?}");
@@ -461,14 +464,11 @@ mod tests {
     fn a_bridge_table_is_watched_when_asked_and_named_by_family() {
         let mut r = reader();
         r.families = vec![Family::Inet, Family::Bridge];
-        let mut buf = nft_msg(
+        let mut buf = foreign(
             DELRULE,
             Family::Bridge.nfproto(),
-            FOREIGN,
-            &[
-                table_attr("nodeplane"),
-                attr(NFTA_OBJECT_NAME, b"np-forward\0"),
-            ],
+            "nodeplane",
+            &[object("np-forward")],
         );
         buf.extend(newgen(FOREIGN, 42, "nft"));
         let drifts = r.datagram(&buf, Instant::now());
@@ -485,20 +485,10 @@ mod tests {
         r.families = vec![Family::Inet, Family::Bridge];
         let bridge = Family::Bridge.nfproto();
         let mut buf = Vec::new();
-        for chain in ["a", "b", "c", "d", "e"] {
-            let name = format!("{chain}\0");
-            let attrs = [
-                table_attr("nodeplane"),
-                attr(NFTA_CHAIN_NAME, name.as_bytes()),
-            ];
-            buf.extend(nft_msg(DELCHAIN, bridge, FOREIGN, &attrs));
+        for name in ["a", "b", "c", "d", "e"] {
+            buf.extend(foreign(DELCHAIN, bridge, "nodeplane", &[chain(name)]));
         }
-        buf.extend(nft_msg(
-            DELTABLE,
-            bridge,
-            FOREIGN,
-            &[table_attr("nodeplane")],
-        ));
+        buf.extend(foreign(DELTABLE, bridge, "nodeplane", &[]));
         buf.extend(newgen(FOREIGN, 42, "nft"));
         let drifts = r.datagram(&buf, Instant::now());
         assert!(
@@ -514,35 +504,17 @@ mod tests {
     fn a_deleted_table_is_one_report_and_other_tables_none() {
         let mut r = reader();
         let mut buf = Vec::new();
-        buf.extend(nft_msg(
+        buf.extend(foreign(
             DELCHAIN,
             NFPROTO_INET,
-            FOREIGN,
-            &[
-                table_attr("nodeplane"),
-                attr(NFTA_CHAIN_NAME, b"fw-dispatch\0"),
-            ],
+            "nodeplane",
+            &[chain("fw-dispatch")],
         ));
-        buf.extend(nft_msg(
-            DELTABLE,
-            NFPROTO_INET,
-            FOREIGN,
-            &[table_attr("nodeplane")],
-        ));
-        buf.extend(nft_msg(
-            DELTABLE,
-            NFPROTO_INET,
-            FOREIGN,
-            &[table_attr("other")],
-        ));
+        buf.extend(foreign(DELTABLE, NFPROTO_INET, "nodeplane", &[]));
+        buf.extend(foreign(DELTABLE, NFPROTO_INET, "other", &[]));
         buf.extend(newgen(FOREIGN, 42, "nft"));
         // A commit that touched only another table.
-        buf.extend(nft_msg(
-            NEWTABLE,
-            NFPROTO_INET,
-            FOREIGN,
-            &[table_attr("other")],
-        ));
+        buf.extend(foreign(NEWTABLE, NFPROTO_INET, "other", &[]));
         buf.extend(newgen(FOREIGN, 43, "nft"));
         let drifts = r.datagram(&buf, Instant::now());
         assert_eq!(drifts.len(), 1, "{drifts:?}");
@@ -563,10 +535,7 @@ mod tests {
             NEWRULE,
             NFPROTO_INET,
             own,
-            &[
-                table_attr("nodeplane"),
-                attr(NFTA_OBJECT_NAME, b"fw-dispatch\0"),
-            ],
+            &[table_attr("nodeplane"), object("fw-dispatch")],
         );
         // The kernel reports the sending thread's id, which is not a thread of ours here.
         buf.extend(newgen(own, 4_000_000, "agent"));
@@ -578,15 +547,7 @@ mod tests {
     #[test]
     fn an_overrun_is_a_possible_drift_of_unknown_origin() {
         let mut r = reader();
-        let buf = nft_msg(
-            NEWRULE,
-            NFPROTO_INET,
-            FOREIGN,
-            &[
-                table_attr("nodeplane"),
-                attr(NFTA_OBJECT_NAME, b"fw-dispatch\0"),
-            ],
-        );
+        let buf = foreign(NEWRULE, NFPROTO_INET, "nodeplane", &[object("fw-dispatch")]);
         assert!(r.datagram(&buf, Instant::now()).is_empty(), "no NEWGEN yet");
         let lost = r.lost();
         assert_eq!(lost.len(), 1);

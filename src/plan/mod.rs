@@ -376,6 +376,20 @@ fn all_node_ips(snapshot: &Snapshot) -> Vec<IpAddr> {
     ips
 }
 
+/// Asserts that `tx` changes something, and only set elements (what a change of pods or
+/// endpoints costs when no rule depends on it).
+#[cfg(test)]
+pub(crate) fn assert_element_updates_only(tx: &crate::nft::Transaction) {
+    use crate::nft::Op;
+    assert!(!tx.is_empty());
+    for op in &tx.ops {
+        assert!(
+            matches!(op, Op::AddElements(_) | Op::DeleteElements(_)),
+            "not an element update: {op:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

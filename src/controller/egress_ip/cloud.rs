@@ -271,20 +271,26 @@ impl Slots {
 mod tests {
     use super::*;
     use crate::api::CloudPrivateIPConfig;
+    use crate::controller::egress_ip::ip;
     use serde_json::json;
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
+    /// What the cloud has reported on a CloudPrivateIPConfig.
+    enum Cloud<'a> {
+        Silent,
+        AttachedTo(&'a str),
+        Refused(&'a str),
     }
+    use Cloud::*;
 
-    fn cpic(
-        name: &str,
-        spec: &str,
-        status: Option<(&str, &str, &str, &str)>,
-    ) -> CloudPrivateIPConfig {
+    fn cpic(name: &str, spec: &str, cloud: Cloud) -> CloudPrivateIPConfig {
         let mut v = json!({"apiVersion": "cloud.network.openshift.io/v1",
             "kind": "CloudPrivateIPConfig",
             "metadata": {"name": name, "resourceVersion": "7"}, "spec": {"node": spec}});
+        let status = match cloud {
+            Silent => None,
+            AttachedTo(node) => Some((node, "True", "CloudResponseSuccess", "")),
+            Refused(message) => Some(("", "False", "CloudResponseError", message)),
+        };
         if let Some((node, status, reason, message)) = status {
             v["status"] = json!({"node": node, "conditions": [{"type": "Assigned",
                 "status": status, "reason": reason, "message": message,
@@ -307,18 +313,14 @@ mod tests {
     #[test]
     fn observes_states_and_ipv6_names() {
         let snap = Snapshot::builder()
+            .with(cpic("10.0.0.5", "w1", AttachedTo("w1")))
+            .with(cpic("10.0.0.6", "w2", Refused("quota")))
             .with(cpic(
-                "10.0.0.5",
+                "fd00.0000.0000.0000.0000.0000.0000.0007",
                 "w1",
-                Some(("w1", "True", "CloudResponseSuccess", "")),
+                Silent,
             ))
-            .with(cpic(
-                "10.0.0.6",
-                "w2",
-                Some(("", "False", "CloudResponseError", "quota")),
-            ))
-            .with(cpic("fd00.0000.0000.0000.0000.0000.0000.0007", "w1", None))
-            .with(cpic("not-an-ip", "w1", None))
+            .with(cpic("not-an-ip", "w1", Silent))
             .build();
         let seen = observe(&snap);
         assert_eq!(seen.len(), 3);
@@ -336,31 +338,15 @@ mod tests {
     fn creates_moves_deletes_and_confirms_only_what_the_cloud_attached() {
         let snap = Snapshot::builder()
             // Attached where wanted.
-            .with(cpic(
-                "10.0.0.1",
-                "w1",
-                Some(("w1", "True", "CloudResponseSuccess", "")),
-            ))
+            .with(cpic("10.0.0.1", "w1", AttachedTo("w1")))
             // Attached on w1, now wanted on w2: a move.
-            .with(cpic(
-                "10.0.0.2",
-                "w1",
-                Some(("w1", "True", "CloudResponseSuccess", "")),
-            ))
+            .with(cpic("10.0.0.2", "w1", AttachedTo("w1")))
             // Asked on w2, the cloud still on w1 (release in progress): pending.
-            .with(cpic(
-                "10.0.0.3",
-                "w2",
-                Some(("w1", "True", "CloudResponseSuccess", "")),
-            ))
+            .with(cpic("10.0.0.3", "w2", AttachedTo("w1")))
             // Refused by the cloud.
-            .with(cpic(
-                "10.0.0.4",
-                "w3",
-                Some(("", "False", "CloudResponseError", "no room")),
-            ))
+            .with(cpic("10.0.0.4", "w3", Refused("no room")))
             // Nobody wants it.
-            .with(cpic("10.0.0.9", "w1", None))
+            .with(cpic("10.0.0.9", "w1", Silent))
             .build();
         let a = assignments(&[
             ("a", "10.0.0.1", "w1"),
@@ -412,11 +398,7 @@ mod tests {
         };
         let capacity = BTreeMap::from([("w1".to_string(), one)]);
         let wanted = assignments(&[("b", "10.0.0.2", "w1")]);
-        let attached = cpic(
-            "10.0.0.1",
-            "w1",
-            Some(("w1", "True", "CloudResponseSuccess", "")),
-        );
+        let attached = cpic("10.0.0.1", "w1", AttachedTo("w1"));
         // Unwanted and present: deleted, and the create waits.
         let snap = Snapshot::builder().with(attached.clone()).build();
         let p = plan(&wanted, &observe(&snap), &capacity);
@@ -434,7 +416,7 @@ mod tests {
         let moving = assignments(&[("b", "10.0.0.2", "w1"), ("b", "fd00::2", "w1")]);
         let snap = Snapshot::builder()
             .with(deleting)
-            .with(cpic("10.0.0.2", "w2", None))
+            .with(cpic("10.0.0.2", "w2", Silent))
             .build();
         assert_eq!(
             plan(&moving, &observe(&snap), &capacity).writes,
@@ -456,11 +438,7 @@ mod tests {
 
     #[test]
     fn a_verdict_on_an_older_generation_is_pending() {
-        let mut old = cpic(
-            "10.0.0.6",
-            "w2",
-            Some(("", "False", "CloudResponseError", "quota")),
-        );
+        let mut old = cpic("10.0.0.6", "w2", Refused("quota"));
         old.metadata.generation = Some(2);
         let snap = Snapshot::builder().with(old.clone()).build();
         assert_eq!(observe(&snap)[&ip("10.0.0.6")].state, CloudState::Pending);
@@ -475,7 +453,7 @@ mod tests {
     #[test]
     fn ips_stick_to_the_node_their_request_names() {
         let snap = Snapshot::builder()
-            .with(cpic("10.0.0.2", "w2", None))
+            .with(cpic("10.0.0.2", "w2", Silent))
             .build();
         let mut eips = [EgressIpInfo {
             name: "a".into(),

@@ -140,10 +140,7 @@ pub fn parse(value: &str) -> Result<CloudNic, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
+    use crate::controller::egress_ip::ip;
 
     #[test]
     fn parses_aws_and_azure_forms() {

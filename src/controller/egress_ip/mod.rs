@@ -378,6 +378,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// An address written in a test.
+#[cfg(test)]
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,6 +418,14 @@ mod tests {
         b.build()
     }
 
+    /// `ip` is the decision's one item, moved from node `from` to `to`, and written.
+    fn assert_moved(d: &Decision, ip: &str, from: &str, to: &str) {
+        let ip: IpAddr = ip.parse().unwrap();
+        assert!(d.write);
+        assert_eq!(d.assignment.items, vec![(ip, to.to_string())]);
+        assert_eq!(d.moved, vec![(ip, from.to_string(), to.to_string())]);
+    }
+
     #[test]
     fn decides_from_the_snapshot_and_writes_only_what_differs() {
         let a = egress_ip("a", &["192.168.1.100"], &[("team", "a")])
@@ -423,19 +437,7 @@ mod tests {
         let d = decide(&snap(&[a, b]), |_| true);
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].name, "a");
-        assert!(d[0].write);
-        assert_eq!(
-            d[0].assignment.items,
-            vec![("192.168.1.100".parse().unwrap(), "w1".to_string())]
-        );
-        assert_eq!(
-            d[0].moved,
-            vec![(
-                "192.168.1.100".parse().unwrap(),
-                "w2".to_string(),
-                "w1".to_string()
-            )]
-        );
+        assert_moved(&d[0], "192.168.1.100", "w2", "w1");
         let problems: Vec<String> = d[1]
             .assignment
             .problems
@@ -504,18 +506,6 @@ mod tests {
         // w1 dead: the IP moves to w2, with an Event's worth of move.
         let verdicts = probe::Verdicts::from([("w1".into(), false), ("w2".into(), true)]);
         let d = decide(&snap, healthy_from(&verdicts));
-        assert!(d[0].write);
-        assert_eq!(
-            d[0].assignment.items,
-            vec![("192.168.1.100".parse().unwrap(), "w2".to_string())]
-        );
-        assert_eq!(
-            d[0].moved,
-            vec![(
-                "192.168.1.100".parse().unwrap(),
-                "w1".to_string(),
-                "w2".to_string()
-            )]
-        );
+        assert_moved(&d[0], "192.168.1.100", "w1", "w2");
     }
 }

@@ -575,13 +575,10 @@ fn parse_reply(v4: bool, pkt: &[u8], from: Option<IpAddr>, ident: u16) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::egress_ip::ip;
     use std::time::Duration;
 
     const MS: Duration = Duration::from_millis(1);
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
 
     fn targets(nodes: &[(&str, &[&str])]) -> Targets {
         nodes
@@ -620,20 +617,20 @@ mod tests {
         assert!(h.alive());
     }
 
-    /// Probes every 100 ms, dead after `misses`, alive again after `rises`.
-    fn every_100ms(misses: u32, rises: u32) -> Settings {
-        Settings {
+    /// Probes from `t0` every 100 ms, dead after `misses`, alive again after `rises`.
+    fn every_100ms(t0: Instant, misses: u32, rises: u32) -> Probes {
+        let settings = Settings {
             interval: 100 * MS,
             misses,
             rises,
-        }
+        };
+        Probes::new(settings, t0)
     }
 
     #[test]
     fn rounds_on_an_explicit_clock_declare_dead_and_alive() {
         let t0 = Instant::now();
-        let s = every_100ms(3, 2);
-        let mut p = Probes::new(s, t0);
+        let mut p = every_100ms(t0, 3, 2);
         p.set_targets(&targets(&[
             ("a", &["10.0.0.1", "fd00::1"]),
             ("b", &["10.0.0.2"]),
@@ -702,8 +699,7 @@ mod tests {
     #[test]
     fn most_nodes_dead_suspects_the_prober() {
         let t0 = Instant::now();
-        let s = every_100ms(1, 1);
-        let mut p = Probes::new(s, t0);
+        let mut p = every_100ms(t0, 1, 1);
         p.set_targets(&targets(&[
             ("a", &["10.0.0.1"]),
             ("b", &["10.0.0.2"]),
@@ -731,8 +727,7 @@ mod tests {
     #[test]
     fn two_probed_nodes_both_dead_suspects_the_prober() {
         let t0 = Instant::now();
-        let s = every_100ms(1, 1);
-        let mut p = Probes::new(s, t0);
+        let mut p = every_100ms(t0, 1, 1);
         p.set_targets(&targets(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]));
         p.poll(t0);
         p.reply(ip("10.0.0.1"), p.seq);

@@ -207,13 +207,10 @@ pub fn unix_ms_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::egress_ip::ip;
 
     fn key(b: u8) -> ProbeKey {
         ProbeKey::new(&[b; 32]).unwrap()
-    }
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
     }
 
     const T: u64 = 1_800_000_000_000;

@@ -173,13 +173,10 @@ pub(super) fn parse_request(
 mod tests {
     use super::super::probe::{ICMP6_ECHO_REPLY, echo};
     use super::*;
+    use crate::controller::egress_ip::ip;
     use probe_auth::PAYLOAD_LEN;
 
     use probe_auth::NO_KEY;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
 
     #[test]
     fn a_probed_node_picks_out_requests_with_the_magic_and_their_source() {

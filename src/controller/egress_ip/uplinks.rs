@@ -74,6 +74,7 @@ impl Uplinks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::egress_ip::ip;
 
     fn link(index: u32, loopback: bool, agent_owned: bool) -> LinkFacts {
         LinkFacts {
@@ -91,10 +92,6 @@ mod tests {
             prefix_len: 24,
             proto: 0,
         }
-    }
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
     }
 
     #[test]

@@ -115,6 +115,23 @@ fn two_candidates() -> (Candidate, Candidate) {
     )
 }
 
+/// node-a has created the lease at `t0` and leads; node-b has not read it yet.
+async fn a_leading() -> (FakeLeases, Instant, Candidate, Candidate) {
+    let api = FakeLeases::default();
+    let t0 = Instant::now();
+    let (mut a, b) = two_candidates();
+    assert!(a.attempt(&api, t0, wall()).await);
+    (api, t0, a, b)
+}
+
+/// What a follower of `holder` knows.
+fn following(holder: &str) -> Leadership {
+    Leadership {
+        leading: false,
+        holder: Some(holder.into()),
+    }
+}
+
 #[tokio::test]
 async fn the_first_candidate_creates_the_lease_and_leads() {
     let api = FakeLeases::default();
@@ -141,22 +158,13 @@ async fn the_first_candidate_creates_the_lease_and_leads() {
 
 #[tokio::test]
 async fn the_leader_renews_without_reading_and_followers_wait() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let (mut a, mut b) = two_candidates();
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, mut b) = a_leading().await;
     // Ten seconds of renewals: the follower never takes over, whatever its phase.
     for i in 1..=10u32 {
         let t = t0 + RETRY * i;
         assert!(a.attempt(&api, t, wall()).await);
         assert!(!b.attempt(&api, t + MS * 300, wall()).await);
-        assert_eq!(
-            b.leadership(t),
-            Leadership {
-                leading: false,
-                holder: Some("node-a".into())
-            }
-        );
+        assert_eq!(b.leadership(t), following("node-a"));
     }
     assert_eq!(
         api.state().replaces,
@@ -168,10 +176,7 @@ async fn the_leader_renews_without_reading_and_followers_wait() {
 
 #[tokio::test]
 async fn a_dead_leader_is_replaced_after_the_lease_duration_on_the_followers_clock() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let (mut a, mut b) = two_candidates();
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, mut b) = a_leading().await;
     assert!(a.attempt(&api, t0 + RETRY, wall()).await);
     // The follower sees the last renewal at t0 + 1.5 s; then node-a dies.
     let seen = t0 + RETRY + MS * 500;
@@ -189,22 +194,13 @@ async fn a_dead_leader_is_replaced_after_the_lease_duration_on_the_followers_clo
     // the lease, sees node-b's fresh record and does not lead.
     let later = seen + DURATION + MS;
     assert!(!a.attempt(&api, later, wall()).await);
-    assert_eq!(
-        a.leadership(later),
-        Leadership {
-            leading: false,
-            holder: Some("node-b".into())
-        }
-    );
+    assert_eq!(a.leadership(later), following("node-b"));
     assert_eq!(api.holder().as_deref(), Some("node-b"));
 }
 
 #[tokio::test]
 async fn a_holder_the_probes_prove_dead_is_replaced_at_once_and_steps_down_at_its_next_renewal() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let (mut a, mut b) = two_candidates();
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, mut b) = a_leading().await;
     assert!(!b.attempt(&api, t0 + MS, wall()).await);
     // Another node dead changes nothing.
     b.set_dead(["node-c".to_string()].into());
@@ -251,10 +247,7 @@ async fn renew_times_from_a_skewed_clock_do_not_matter() {
 
 #[tokio::test]
 async fn a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let mut a = Candidate::new(config("node-a"));
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, _) = a_leading().await;
     api.state().down = true;
     assert!(!a.attempt(&api, t0 + RETRY, wall()).await, "not renewed");
     assert!(a.leading(t0 + RETRY), "but still leading");
@@ -277,10 +270,7 @@ async fn a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() {
 
 #[tokio::test]
 async fn the_leader_reads_again_when_its_direct_renewal_fails() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let mut a = Candidate::new(config("node-a"));
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, _) = a_leading().await;
     // Someone (kubectl label) updated the lease: the direct renewal conflicts, a fresh read
     // shows the record still ours, the renewal goes through on the new resourceVersion.
     {
@@ -298,10 +288,7 @@ async fn the_leader_reads_again_when_its_direct_renewal_fails() {
 
 #[tokio::test]
 async fn release_lets_the_next_candidate_take_over_at_once() {
-    let api = FakeLeases::default();
-    let t0 = Instant::now();
-    let (mut a, mut b) = two_candidates();
-    assert!(a.attempt(&api, t0, wall()).await);
+    let (api, t0, mut a, mut b) = a_leading().await;
     assert!(!b.attempt(&api, t0 + MS, wall()).await);
     assert!(a.release(&api, wall()).await);
     assert!(!a.leading(t0 + MS * 2));

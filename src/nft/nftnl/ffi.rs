@@ -22,7 +22,7 @@ use mnl::mnl_sys;
 use nftnl::{Batch, FinalizedBatch, MsgType, NlMsg};
 use nftnl_sys::{self as sys, libc};
 use std::cell::Cell;
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::ptr::NonNull;
 
 const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
@@ -49,7 +49,7 @@ fn cstring(s: &str) -> CString {
 }
 
 macro_rules! owner {
-    ($name:ident, $ty:ty, $alloc:path, $free:path) => {
+    ($name:ident, $ty:ty, $alloc:path, $free:path, $set_str:path) => {
         struct $name(NonNull<$ty>);
 
         impl $name {
@@ -62,6 +62,14 @@ macro_rules! owner {
 
             fn ptr(&self) -> *mut $ty {
                 self.0.as_ptr()
+            }
+
+            /// Sets a string attribute.
+            fn str(&self, attr: u32, v: &CStr) -> &Self {
+                // SAFETY: valid object of the setter's type; `v` is a valid C string for
+                // the call and libnftnl copies it.
+                unsafe { $set_str(self.ptr(), attr as u16, v.as_ptr()) };
+                self
             }
         }
 
@@ -79,25 +87,29 @@ owner!(
     TableObj,
     sys::nftnl_table,
     sys::nftnl_table_alloc,
-    sys::nftnl_table_free
+    sys::nftnl_table_free,
+    sys::nftnl_table_set_str
 );
 owner!(
     ChainObj,
     sys::nftnl_chain,
     sys::nftnl_chain_alloc,
-    sys::nftnl_chain_free
+    sys::nftnl_chain_free,
+    sys::nftnl_chain_set_str
 );
 owner!(
     RuleObj,
     sys::nftnl_rule,
     sys::nftnl_rule_alloc,
-    sys::nftnl_rule_free
+    sys::nftnl_rule_free,
+    sys::nftnl_rule_set_str
 );
 owner!(
     SetObj,
     sys::nftnl_set,
     sys::nftnl_set_alloc,
-    sys::nftnl_set_free
+    sys::nftnl_set_free,
+    sys::nftnl_set_set_str
 );
 
 /// One expression being built; handed over to its rule with `add_to`.
@@ -433,22 +445,12 @@ fn nat(e: &Expr) -> ExprObj {
     e
 }
 
-type SetStr<T> = unsafe extern "C" fn(*mut T, u16, *const c_char) -> c_int;
-type SetData<T> = unsafe extern "C" fn(*mut T, u16, *const c_void, u32) -> c_int;
-
-/// Sets a string attribute through one of libnftnl's `nftnl_*_set_str`.
-fn put_str<T>(f: SetStr<T>, obj: *mut T, attr: u32, v: &CStr) {
-    // SAFETY: `obj` is a live object of the setter's type (callers pass their owner's
-    // pointer); `v` is a valid C string for the call and libnftnl copies it.
-    unsafe { f(obj, attr as u16, v.as_ptr()) };
-}
-
-/// Sets a byte attribute through one of libnftnl's `nftnl_*_set_data`.
-fn put_data<T>(f: SetData<T>, obj: *mut T, attr: u32, v: &[u8]) {
-    // SAFETY: as in `put_str`; `v` is readable for its length and copied.
+/// Sets a byte attribute of a set.
+fn put_set_data(set: &SetObj, attr: u32, v: &[u8]) {
+    // SAFETY: valid set; `v` is readable for its length and libnftnl copies it.
     unsafe {
-        f(
-            obj,
+        sys::nftnl_set_set_data(
+            set.ptr(),
             attr as u16,
             v.as_ptr().cast::<c_void>(),
             v.len() as u32,
@@ -457,15 +459,8 @@ fn put_data<T>(f: SetData<T>, obj: *mut T, attr: u32, v: &[u8]) {
 }
 
 fn build_set(spec: &SetSpec, table: &CStr, family: u16) -> SetObj {
-    let s = SetObj::new();
+    let s = set_obj(table, &spec.name);
     let p = s.ptr();
-    put_str(sys::nftnl_set_set_str, p, sys::NFTNL_SET_TABLE, table);
-    put_str(
-        sys::nftnl_set_set_str,
-        p,
-        sys::NFTNL_SET_NAME,
-        &cstring(&spec.name),
-    );
     // SAFETY: valid set object; plain integer attributes.
     unsafe {
         sys::nftnl_set_set_u32(p, sys::NFTNL_SET_FAMILY as u16, u32::from(family));
@@ -487,19 +482,9 @@ fn build_set(spec: &SetSpec, table: &CStr, family: u16) -> SetObj {
     if !spec.concat_fields.is_empty() {
         // libnftnl takes one byte per field and counts them up to the first zero.
         let lens: Vec<u8> = spec.concat_fields.iter().map(|l| *l as u8).collect();
-        put_data(
-            sys::nftnl_set_set_data,
-            p,
-            sys::NFTNL_SET_DESC_CONCAT,
-            &lens,
-        );
+        put_set_data(&s, sys::NFTNL_SET_DESC_CONCAT, &lens);
     }
-    put_data(
-        sys::nftnl_set_set_data,
-        p,
-        sys::NFTNL_SET_USERDATA,
-        &spec.udata,
-    );
+    put_set_data(&s, sys::NFTNL_SET_USERDATA, &spec.udata);
     if spec.counter {
         let e = ExprObj::new(c"counter");
         let ep = e.0.as_ptr();
@@ -510,20 +495,18 @@ fn build_set(spec: &SetSpec, table: &CStr, family: u16) -> SetObj {
     s
 }
 
+/// The set `name` of `table`, as a delete names it.
+fn set_obj(table: &CStr, name: &str) -> SetObj {
+    let s = SetObj::new();
+    s.str(sys::NFTNL_SET_TABLE, table)
+        .str(sys::NFTNL_SET_NAME, &cstring(name));
+    s
+}
+
 fn chain_obj(table: &CStr, family: u16, name: &str) -> ChainObj {
     let c = ChainObj::new();
-    put_str(
-        sys::nftnl_chain_set_str,
-        c.ptr(),
-        sys::NFTNL_CHAIN_TABLE,
-        table,
-    );
-    put_str(
-        sys::nftnl_chain_set_str,
-        c.ptr(),
-        sys::NFTNL_CHAIN_NAME,
-        &cstring(name),
-    );
+    c.str(sys::NFTNL_CHAIN_TABLE, table)
+        .str(sys::NFTNL_CHAIN_NAME, &cstring(name));
     // SAFETY: valid chain, integer attribute.
     unsafe { sys::nftnl_chain_set_u32(c.ptr(), sys::NFTNL_CHAIN_FAMILY as u16, u32::from(family)) };
     c
@@ -563,12 +546,7 @@ impl Writer<'_> {
     /// Adds the table with `add_flags` (`Some`) or deletes it (`None`).
     fn table_msg(&self, nlh: *mut libc::nlmsghdr, add_flags: Option<u32>) {
         let t = TableObj::new();
-        put_str(
-            sys::nftnl_table_set_str,
-            t.ptr(),
-            sys::NFTNL_TABLE_NAME,
-            self.table,
-        );
+        t.str(sys::NFTNL_TABLE_NAME, self.table);
         // nft always sends the flags on add (empty for the agent's own table).
         if let Some(flags) = add_flags {
             // SAFETY: valid table.
@@ -588,12 +566,7 @@ impl Writer<'_> {
         let c = chain_obj(self.table, self.family, name);
         if let Some(b) = base {
             let kind = cstring(b.kind);
-            put_str(
-                sys::nftnl_chain_set_str,
-                c.ptr(),
-                sys::NFTNL_CHAIN_TYPE,
-                &kind,
-            );
+            c.str(sys::NFTNL_CHAIN_TYPE, &kind);
         }
         // SAFETY: header just built in the batch buffer; valid chain.
         unsafe { sys::nftnl_chain_nlmsg_build_payload(nlh, c.ptr()) };
@@ -604,19 +577,7 @@ impl Writer<'_> {
 
     /// Deletes the set `name`.
     fn del_set(&self, nlh: *mut libc::nlmsghdr, name: &str) {
-        let s = SetObj::new();
-        put_str(
-            sys::nftnl_set_set_str,
-            s.ptr(),
-            sys::NFTNL_SET_TABLE,
-            self.table,
-        );
-        put_str(
-            sys::nftnl_set_set_str,
-            s.ptr(),
-            sys::NFTNL_SET_NAME,
-            &cstring(name),
-        );
+        let s = set_obj(self.table, name);
         // SAFETY: header just built in the batch buffer; valid set.
         unsafe { sys::nftnl_set_nlmsg_build_payload(nlh, s.ptr()) };
     }
@@ -648,18 +609,8 @@ impl Writer<'_> {
 
     fn rule(&self, nlh: *mut libc::nlmsghdr, chain: &str) {
         let r = RuleObj::new();
-        put_str(
-            sys::nftnl_rule_set_str,
-            r.ptr(),
-            sys::NFTNL_RULE_TABLE,
-            self.table,
-        );
-        put_str(
-            sys::nftnl_rule_set_str,
-            r.ptr(),
-            sys::NFTNL_RULE_CHAIN,
-            &cstring(chain),
-        );
+        r.str(sys::NFTNL_RULE_TABLE, self.table)
+            .str(sys::NFTNL_RULE_CHAIN, &cstring(chain));
         // SAFETY: valid rule, integer attribute.
         unsafe {
             sys::nftnl_rule_set_u32(

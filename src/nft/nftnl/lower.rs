@@ -265,26 +265,10 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn big_map(n: u32) -> Set {
-        let mut m = Set::new(
-            "vm",
-            vec![
-                DataType::Ipv4Addr,
-                DataType::InetProto,
-                DataType::InetService,
-            ],
-            SetKind::VerdictMap,
-        );
-        for i in 0..n {
-            m.insert_mapping(
-                vec![
-                    Value::Ipv4(Ipv4Addr::from(0x0a00_0000 + i)).into(),
-                    Value::Proto(6).into(),
-                    Value::Port(80).into(),
-                ],
-                ElemData::Verdict(Verdict::Goto(format!("svc-{}", i % 100))),
-            );
-        }
-        m
+        super::super::set::tcp_80_vmap((0..n).map(|i| {
+            let goto = Verdict::Goto(format!("svc-{}", i % 100));
+            (Ipv4Addr::from(0x0a00_0000 + i), goto)
+        }))
     }
 
     #[test]

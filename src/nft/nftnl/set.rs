@@ -184,31 +184,41 @@ pub fn expr_byteorder(fields: &[FieldInfo]) -> ByteOrder {
     }
 }
 
+/// A verdict map keyed `ip daddr . meta l4proto . th dport`, an element for TCP port 80 of
+/// each address (a test fixture for the encoders).
+#[cfg(test)]
+pub(super) fn tcp_80_vmap(elems: impl IntoIterator<Item = (std::net::Ipv4Addr, Verdict)>) -> Set {
+    use crate::nft::ir::{ElemData, Value};
+    let mut vm = Set::new(
+        "vm",
+        vec![
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ],
+        SetKind::VerdictMap,
+    );
+    for (addr, verdict) in elems {
+        vm.insert_mapping(
+            vec![
+                Value::Ipv4(addr).into(),
+                Value::Proto(6).into(),
+                Value::Port(80).into(),
+            ],
+            ElemData::Verdict(verdict),
+        );
+    }
+    vm
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nft::ir::{ElemData, Value};
     use std::net::Ipv4Addr;
 
     #[test]
     fn declarations_match_nft_userdata() {
-        let mut vm = Set::new(
-            "vm",
-            vec![
-                DataType::Ipv4Addr,
-                DataType::InetProto,
-                DataType::InetService,
-            ],
-            SetKind::VerdictMap,
-        );
-        vm.insert_mapping(
-            vec![
-                Value::Ipv4(Ipv4Addr::new(10, 1, 1, 1)).into(),
-                Value::Proto(6).into(),
-                Value::Port(80).into(),
-            ],
-            ElemData::Verdict(Verdict::Accept),
-        );
+        let vm = tcp_80_vmap([(Ipv4Addr::new(10, 1, 1, 1), Verdict::Accept)]);
         let spec = named_set_spec(&vm, 1).unwrap();
         assert_eq!((spec.flags, spec.key_type, spec.key_len), (8, 0x730d, 12));
         assert_eq!(spec.data, Some((0xffff_ff00, 0)));

@@ -408,6 +408,13 @@ fn event_with_reason(d: &Desired, name: &str) -> Option<(&'static str, String)> 
         .map(|e| (e.reason, e.note))
 }
 
+/// Chain `name` of the plan, as `nft` prints it.
+fn chain_text(d: &Desired, name: &str) -> String {
+    let mut t = Table::new("t");
+    t.add_chain(d.ruleset.flatten().chains[name].clone());
+    crate::nft::render::render_table(&t)
+}
+
 fn unreachable_jump() -> String {
     format!("{:?}", Verdict::Jump(UNREACHABLE.into()))
 }
@@ -424,12 +431,7 @@ fn a_hosting_node_without_a_node_object_fails_closed_and_is_reported() {
     );
     assert!(elements(&d, SNAT_V4).is_empty(), "no identity SNAT");
     assert_eq!((steer_routes(&d).count(), steer_rules(&d).count()), (0, 0));
-    let chain = &d.ruleset.flatten().chains[UNREACHABLE];
-    let text = crate::nft::render::render_table(&{
-        let mut t = Table::new("t");
-        t.add_chain(chain.clone());
-        t
-    });
+    let text = chain_text(&d, UNREACHABLE);
     assert!(
         text.contains("ip daddr @"),
         "cluster destinations pass:\n{text}"
@@ -514,12 +516,7 @@ fn a_node_without_an_internal_ip_fails_closed_for_its_steered_pods() {
 fn only_connections_the_pods_open_are_steered() {
     let snap = cluster(&[("192.168.50.200", "worker-1")]).build();
     let d = on("worker-2", &snap);
-    let pre = &d.ruleset.flatten().chains[PREROUTING];
-    let text = crate::nft::render::render_table(&{
-        let mut t = Table::new("t");
-        t.add_chain(pre.clone());
-        t
-    });
+    let text = chain_text(&d, PREROUTING);
     assert!(
         text.contains("ct direction original ip saddr vmap @eip-steer-v4"),
         "{text}"

@@ -1,6 +1,6 @@
 use super::*;
 use crate::api::Pod;
-use crate::nft::diff::{Op, diff};
+use crate::nft::diff::diff;
 use crate::nft::render::rule_text;
 use crate::plan::{Desired, Memory, plan_with};
 use crate::snapshot::ObjectKey;
@@ -154,13 +154,7 @@ fn pod_churn_and_relabelling_are_element_updates_only() {
     b.remove(Kind::Pod, &ObjectKey::new("voice", "sip"));
     let after = run(b, &Memory::default()).ruleset;
     let tx = diff(&before, &after);
-    assert!(!tx.is_empty());
-    for op in &tx.ops {
-        assert!(
-            matches!(op, Op::AddElements(_) | Op::DeleteElements(_)),
-            "not an element update: {op:?}"
-        );
-    }
+    crate::plan::assert_element_updates_only(&tx);
     let c = object_name("qos", "voice");
     assert_eq!(elements(&after, &format!("{c}-r0-v4")), ["10.128.0.6"]);
     assert_eq!(elements(&after, PODS_V6), [format!("fd01::8 : jump {c}")]);

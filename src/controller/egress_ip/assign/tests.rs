@@ -1,11 +1,8 @@
 //! The assignment rules, and their invariants as a property test.
 
 use super::*;
+use crate::controller::egress_ip::ip;
 use proptest::prelude::*;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn node(name: &str, addr: &str, cidrs: &[&str]) -> NodeInfo {
     NodeInfo {

@@ -31,6 +31,21 @@ fn run(b: &SnapshotBuilder, memory: &Memory) -> Desired {
     plan_with(&b.clone().build(), &Config::for_node(NODE), memory)
 }
 
+/// [`cluster`] with one monitoring policy in `a` and one in `b` (two users of one peer
+/// set), and its plan.
+fn monitored_from_a_and_b() -> (SnapshotBuilder, Desired) {
+    let b = cluster()
+        .with(policy("a", "mon", FROM_MONITORING))
+        .with(policy("b", "mon", FROM_MONITORING));
+    let first = run(&b, &Memory::default());
+    (b, first)
+}
+
+/// The name of the shared peer set of `key`.
+fn set_name(d: &Desired, key: &PeerKey) -> String {
+    d.memory.netpol.peer_sets.name(key).unwrap().to_string()
+}
+
 fn key(ns: &str, spec: &str) -> PeerKey {
     let v = validate(&policy(ns, "x", spec)).expect("a valid policy");
     let rule = &v.ingress.as_ref().unwrap()[0];
@@ -93,7 +108,7 @@ fn identical_selectors_share_one_set_counted_by_its_users() {
     assert_eq!(sets.len(), 3);
     assert_eq!(peer_parts(&d).len(), 3);
     // Both monitoring policies look up the one set; it holds the monitoring pod.
-    let name = sets.name(&mon).unwrap().to_string();
+    let name = set_name(&d, &mon);
     let expected = BTreeSet::from([format!("{name}-v4")]);
     assert_eq!(looked_up(&d, "a/mon"), expected);
     assert_eq!(looked_up(&d, "b/mon"), expected);
@@ -111,18 +126,9 @@ fn identical_selectors_share_one_set_counted_by_its_users() {
 
 #[test]
 fn a_shared_set_leaves_with_its_last_user() {
-    let mut b = cluster()
-        .with(policy("a", "mon", FROM_MONITORING))
-        .with(policy("b", "mon", FROM_MONITORING));
-    let first = run(&b, &Memory::default());
+    let (mut b, first) = monitored_from_a_and_b();
     let mon = key("a", FROM_MONITORING);
-    let name = first
-        .memory
-        .netpol
-        .peer_sets
-        .name(&mon)
-        .unwrap()
-        .to_string();
+    let name = set_name(&first, &mon);
     let part_key = format!("np-peers/{name}");
     // One user goes: the set stays as it is (the same part), the diff leaves it alone.
     b.remove(Kind::NetworkPolicy, &ObjectKey::new("a", "mon"));
@@ -156,10 +162,7 @@ fn a_shared_set_leaves_with_its_last_user() {
 
 #[test]
 fn an_edit_moves_the_policy_to_another_set_and_the_old_one_stays_for_its_other_user() {
-    let mut b = cluster()
-        .with(policy("a", "mon", FROM_MONITORING))
-        .with(policy("b", "mon", FROM_MONITORING));
-    let first = run(&b, &Memory::default());
+    let (mut b, first) = monitored_from_a_and_b();
     let other = "  podSelector: {}\n  ingress: [{from: [{namespaceSelector: {matchLabels: {purpose: logging}}}, {podSelector: {}}]}]\n";
     b.insert(policy("a", "mon", other));
     let second = run(&b, &first.memory);
@@ -189,10 +192,7 @@ fn an_edit_moves_the_policy_to_another_set_and_the_old_one_stays_for_its_other_u
 
 #[test]
 fn a_peer_pod_change_rewrites_the_shared_set_not_the_policies() {
-    let mut b = cluster()
-        .with(policy("a", "mon", FROM_MONITORING))
-        .with(policy("b", "mon", FROM_MONITORING));
-    let first = run(&b, &Memory::default());
+    let (mut b, first) = monitored_from_a_and_b();
     b.insert(pod("mon", "prom-2", &[("app", "prom")], &["10.0.9.2"]));
     let second = run(&b, &first.memory);
     for policy in ["np/a/mon", "np/b/mon"] {
@@ -202,13 +202,7 @@ fn a_peer_pod_change_rewrites_the_shared_set_not_the_policies() {
         ));
     }
     let tx = diff(&first.ruleset, &second.ruleset);
-    let name = second
-        .memory
-        .netpol
-        .peer_sets
-        .name(&key("a", FROM_MONITORING))
-        .unwrap()
-        .to_string();
+    let name = set_name(&second, &key("a", FROM_MONITORING));
     // The new peer is one element of the shared set (aggregated with its neighbour).
     assert!(
         tx.ops.iter().all(|op| match op {
@@ -222,10 +216,7 @@ fn a_peer_pod_change_rewrites_the_shared_set_not_the_policies() {
 
 #[test]
 fn a_family_appearing_in_a_shared_set_adds_its_users_rules() {
-    let mut b = cluster()
-        .with(policy("a", "mon", FROM_MONITORING))
-        .with(policy("b", "mon", FROM_MONITORING));
-    let first = run(&b, &Memory::default());
+    let (mut b, first) = monitored_from_a_and_b();
     assert!(!render_full(&first.ruleset).contains("ip6 saddr @np-peers-"));
     b.insert(pod("mon", "prom-6", &[("app", "prom")], &["fd00::9"]));
     let second = run(&b, &first.memory);
