@@ -10,6 +10,7 @@
 //! - `listing`: the kernel's view of a table, normalised for comparisons.
 //! - `large`: a large synthetic table (kernel tests and benches).
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
+//! - `runtime`: tokio runtimes for tests that drive the agent's async parts themselves.
 //! - `stats`: `percentile`, the one quantile every bench prints.
 //! - `args`: command-line options of the harness-less benches.
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
@@ -30,4 +31,5 @@ pub mod listing;
 pub mod netlink;
 pub mod nft_check;
 pub mod objects;
+pub mod runtime;
 pub mod stats;
