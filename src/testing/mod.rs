@@ -7,6 +7,7 @@
 //!
 //! - `objects`: manifests and typed objects of every kind the agent reads.
 //! - `lab`: named network namespaces (nodes, pods, hosts), traffic, the agent as a process.
+//! - `ir`: IR pieces the golden, backend and diff tests build alike.
 //! - `listing`: the kernel's view of a table, normalised for comparisons.
 //! - `large`: a large synthetic table (kernel tests and benches).
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
@@ -25,6 +26,7 @@ pub mod cloud_controller;
 pub mod eip_cluster;
 pub mod fakeapi;
 pub mod forged_probes;
+pub mod ir;
 pub mod lab;
 pub mod large;
 pub mod listing;
