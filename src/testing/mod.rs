@@ -7,9 +7,11 @@
 //!
 //! - `objects`: manifests and typed objects of every kind the agent reads.
 //! - `lab`: named network namespaces (nodes, pods, hosts), traffic, the agent as a process.
+//! - `ir`: IR pieces the golden, backend and diff tests build alike.
 //! - `listing`: the kernel's view of a table, normalised for comparisons.
 //! - `large`: a large synthetic table (kernel tests and benches).
 //! - `nft_check`: `nft -c`, the kernel's verdict on rendered text.
+//! - `runtime`: tokio runtimes for tests that drive the agent's async parts themselves.
 //! - `stats`: `percentile`, the one quantile every bench prints.
 //! - `args`: command-line options of the harness-less benches.
 //! - `bombs`: hostile manifests and running a command within a time and memory budget.
@@ -24,10 +26,12 @@ pub mod cloud_controller;
 pub mod eip_cluster;
 pub mod fakeapi;
 pub mod forged_probes;
+pub mod ir;
 pub mod lab;
 pub mod large;
 pub mod listing;
 pub mod netlink;
 pub mod nft_check;
 pub mod objects;
+pub mod runtime;
 pub mod stats;

@@ -4,6 +4,7 @@
 
 use nodeplane::nft::fake::apply_to;
 use nodeplane::nft::*;
+use nodeplane::testing::ir::COUNTED_INTERVAL;
 use proptest::prelude::*;
 use std::net::Ipv4Addr;
 
@@ -84,12 +85,8 @@ fn changed_verdict_is_delete_then_add_of_that_element() {
 /// A counted interval map with one commented element.
 fn counted(comment: &str, v: Verdict) -> Table {
     let mut t = table(&[("a", 1)], &[]);
-    let mut m =
-        Set::new("rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap).with_flags(SetFlags {
-            interval: true,
-            counter: true,
-            ..Default::default()
-        });
+    let mut m = Set::new("rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap)
+        .with_flags(COUNTED_INTERVAL);
     m.insert_commented_mapping(
         vec![KeyPart::Prefix("10.0.0.0/8".parse().unwrap())],
         ElemData::Verdict(v),

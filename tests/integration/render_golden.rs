@@ -4,6 +4,7 @@
 
 use nodeplane::nft::render::{render_full, render_transaction};
 use nodeplane::nft::*;
+use nodeplane::testing::ir::{COUNTED_INTERVAL, address_map, service_vmap};
 use nodeplane::testing::nft_check::nft_check;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -44,32 +45,15 @@ fn rich_table() -> Table {
     cidrs.insert(vec![KeyPart::Range(v4("192.168.1.10"), v4("192.168.1.20"))]);
     t.add_set(cidrs);
 
-    let mut svc = Set::new(
+    let svc_a = Verdict::Goto("svc-a".into());
+    t.add_set(service_vmap(
         "services",
-        vec![
-            DataType::Ipv4Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-        SetKind::VerdictMap,
-    );
-    svc.insert_mapping(
-        vec![
-            v4("172.30.0.10").into(),
-            Value::Proto(proto::TCP).into(),
-            Value::Port(80).into(),
-        ],
-        ElemData::Verdict(Verdict::Goto("svc-a".into())),
-    );
-    t.add_set(svc);
+        &[("172.30.0.10", proto::TCP, 80, svc_a)],
+    ));
 
     // Per-element counters and comments (EgressFirewall's rule maps).
-    let mut rules =
-        Set::new("fw-rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap).with_flags(SetFlags {
-            interval: true,
-            counter: true,
-            ..Default::default()
-        });
+    let mut rules = Set::new("fw-rules", vec![DataType::Ipv4Addr], SetKind::VerdictMap)
+        .with_flags(COUNTED_INTERVAL);
     rules.insert_commented_mapping(
         vec![KeyPart::Prefix("0.0.0.0/0".parse().unwrap())],
         ElemData::Verdict(Verdict::Drop),
@@ -77,16 +61,7 @@ fn rich_table() -> Table {
     );
     t.add_set(rules);
 
-    let mut snat = Set::new(
-        "snat-v6",
-        vec![DataType::Ipv6Addr],
-        SetKind::Map(vec![DataType::Ipv6Addr]),
-    );
-    snat.insert_mapping(
-        vec![v6("fd01::5").into()],
-        ElemData::Values(vec![v6("2001:db8::100")]),
-    );
-    t.add_set(snat);
+    t.add_set(address_map("snat-v6", "fd01::5", "2001:db8::100"));
 
     let aff = Set::new("affinity", vec![DataType::Ipv4Addr], SetKind::Set)
         .with_flags(SetFlags {

@@ -2,9 +2,11 @@
 //! what `--dry-run` printed, run mode follows the manifests directory, SIGTERM leaves the
 //! rules in place, `cleanup` removes only what the agent owns.
 
+use nodeplane::config::DEFAULT_ADMIN_ADDRESS;
 use nodeplane::testing::bombs::{alias_bomb, depth_bomb};
 use nodeplane::testing::lab::{self, Lab, Ns, eventually, write_manifest};
 use nodeplane::testing::listing;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -33,7 +35,6 @@ fn foreign_listing(ns: &Ns) -> String {
 fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let reference = lab.add_host("ref");
     // worker-1's node subnet, so that the example's egress IP has an interface to go on.
     lab.add_addr(&node, "lo", "192.168.50.11/24");
     node.exec_stdin(&["nft", "-f", "-"], FOREIGN)
@@ -51,9 +52,7 @@ fn once_applies_exactly_what_dry_run_printed_and_cleanup_keeps_foreign_tables() 
         .expect("dry-run");
     node.run_agent(&args(EXAMPLES, &["--once"]))
         .expect("--once");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &printed)
-        .expect("nft -f accepts the dry-run text");
+    let reference = lab.add_reference(&printed);
     assert_eq!(
         listing::json(&node, "nodeplane"),
         listing::json(&reference, "nodeplane"),
@@ -121,6 +120,36 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A copy of the example cluster's manifests, for a test that edits them.
+fn examples_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(Path::new(EXAMPLES), dir.path());
+    dir
+}
+
+fn admin() -> SocketAddr {
+    DEFAULT_ADMIN_ADDRESS.parse().unwrap()
+}
+
+/// The node's `node-ips-v4` set as nft lists it.
+fn node_ips(node: &Ns) -> Result<String, String> {
+    node.nft(&["list", "set", "inet", "nodeplane", "node-ips-v4"])
+        .map_err(|e| e.to_string())
+}
+
+/// For `eventually`: whether the node's `node-ips-v4` set holds `ip` is `want` (else the set).
+fn node_ips_hold(node: &Ns, ip: &'static str, want: bool) -> impl Fn() -> Result<(), String> {
+    move || {
+        node_ips(node).and_then(|s| {
+            if s.contains(ip) == want {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        })
+    }
+}
+
 const EXTRA_NODE: &str = r#"
 apiVersion: v1
 kind: Node
@@ -136,47 +165,27 @@ status:
 fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(Path::new(EXAMPLES), dir.path());
+    let dir = examples_copy();
     let dir_str = dir.path().to_str().unwrap();
 
     let agent = node.spawn_agent(&args(dir_str, &["--log-level", "debug"]));
-    let set = || {
-        node.nft(&["list", "set", "inet", "nodeplane", "node-ips-v4"])
-            .map_err(|e| e.to_string())
-    };
-    eventually(Duration::from_secs(10), || {
-        set().and_then(|s| {
-            if s.contains("192.168.50.11") {
-                Ok(())
-            } else {
-                Err(s)
-            }
-        })
-    });
+    eventually(
+        Duration::from_secs(10),
+        node_ips_hold(&node, "192.168.50.11", true),
+    );
 
     // A new Node object: its address joins the set within a second or two.
     std::fs::write(dir.path().join("worker-3.yaml"), EXTRA_NODE).unwrap();
-    eventually(Duration::from_secs(3), || {
-        set().and_then(|s| {
-            if s.contains("192.168.50.13") {
-                Ok(())
-            } else {
-                Err(s)
-            }
-        })
-    });
+    eventually(
+        Duration::from_secs(3),
+        node_ips_hold(&node, "192.168.50.13", true),
+    );
     // And leaves it when the object is deleted.
     std::fs::remove_file(dir.path().join("worker-3.yaml")).unwrap();
-    eventually(Duration::from_secs(3), || {
-        set().and_then(|s| {
-            if s.contains("192.168.50.13") {
-                Err(s)
-            } else {
-                Ok(())
-            }
-        })
-    });
+    eventually(
+        Duration::from_secs(3),
+        node_ips_hold(&node, "192.168.50.13", false),
+    );
 
     // A malformed file is reported and skipped; the rest stays applied.
     std::fs::write(
@@ -185,11 +194,10 @@ fn run_mode_follows_the_directory_and_leaves_rules_on_sigterm() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(set().unwrap().contains("192.168.50.11"));
+    assert!(node_ips(&node).unwrap().contains("192.168.50.11"));
 
     let before = listing::json(&node, "nodeplane");
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         logs.contains("broken.yaml"),
         "problem not reported:\n{logs}"
@@ -215,7 +223,7 @@ fn metrics_face_the_network_and_the_ruleset_stays_on_loopback() {
     let pod = lab.add_pod(&node, "pod", &["10.128.0.5"]);
     lab.add_addr(&node, "lo", "192.168.50.11/32");
     let agent = node.spawn_agent(&args(EXAMPLES, &[]));
-    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let admin = admin();
     let metrics: std::net::SocketAddr = "192.168.50.11:10249".parse().unwrap();
     let wait = Duration::from_secs(10);
     let ruleset = eventually(wait, || match node.http_get(admin, "/ruleset", wait) {
@@ -254,27 +262,11 @@ fn rss_kb(pid: u32) -> u64 {
 fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
     let mut lab = Lab::new();
     let node = lab.add_node("node");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(Path::new(EXAMPLES), dir.path());
+    let dir = examples_copy();
     let dir_str = dir.path().to_str().unwrap();
-    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let admin = admin();
     let mut agent = node.spawn_agent(&args(dir_str, &[]));
     agent.wait_ready(admin, Duration::from_secs(20));
-    let set = || {
-        node.nft(&["list", "set", "inet", "nodeplane", "node-ips-v4"])
-            .map_err(|e| e.to_string())
-    };
-    let has = |ip: &'static str, want: bool| {
-        move || {
-            set().and_then(|s| {
-                if s.contains(ip) == want {
-                    Ok(())
-                } else {
-                    Err(s)
-                }
-            })
-        }
-    };
     let readyz = || node.http_get(admin, "/readyz", Duration::from_secs(1));
 
     // A 5 MB nesting bomb (unchecked: every sync blocked for minutes) and a 340 KB alias
@@ -282,7 +274,10 @@ fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
     write_manifest(dir.path(), "depth-bomb.yaml", &depth_bomb(5 << 20));
     write_manifest(dir.path(), "alias-bomb.yaml", &alias_bomb(57_000));
     write_manifest(dir.path(), "worker-3.yaml", EXTRA_NODE);
-    eventually(Duration::from_secs(5), has("192.168.50.13", true));
+    eventually(
+        Duration::from_secs(5),
+        node_ips_hold(&node, "192.168.50.13", true),
+    );
     eventually(Duration::from_secs(5), || match readyz() {
         Ok((503, body)) if body.contains("depth-bomb.yaml") && body.contains("alias-bomb.yaml") => {
             Ok(())
@@ -294,7 +289,7 @@ fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
     write_manifest(dir.path(), "worker-3.yaml", &alias_bomb(57_000));
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
-        set().unwrap().contains("192.168.50.13"),
+        node_ips(&node).unwrap().contains("192.168.50.13"),
         "worker-3 vanished"
     );
     let rss = rss_kb(agent.pid());
@@ -304,13 +299,15 @@ fn run_mode_rejects_bombs_and_keeps_following_the_other_files() {
     for f in ["depth-bomb.yaml", "alias-bomb.yaml", "worker-3.yaml"] {
         std::fs::remove_file(dir.path().join(f)).unwrap();
     }
-    eventually(Duration::from_secs(5), has("192.168.50.13", false));
+    eventually(
+        Duration::from_secs(5),
+        node_ips_hold(&node, "192.168.50.13", false),
+    );
     eventually(Duration::from_secs(5), || match readyz() {
         Ok((200, _)) => Ok(()),
         other => Err(format!("{other:?}")),
     });
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         logs.contains("depth-bomb.yaml:1: document 0: nested deeper than 100 levels"),
         "{logs}"
@@ -328,7 +325,7 @@ fn pod_traffic_that_never_crosses_the_forward_hook_is_a_readyz_warning() {
     let pod = lab.add_pod(&node, "pod", &["10.128.0.5"]);
     lab.add_uplink_host(&node, "ext");
     let mut agent = node.spawn_agent(&args(EXAMPLES, &["--pod-traffic-check-seconds", "2"]));
-    let admin: std::net::SocketAddr = "127.0.0.1:9942".parse().unwrap();
+    let admin = admin();
     let wait = Duration::from_secs(20);
     agent.wait_ready(admin, wait);
     // The examples run pods on worker-1; none of their packets reached this node.

@@ -59,11 +59,7 @@ pub(crate) struct Assigner {
 pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = nodeplane::testing::runtime::multi_thread(1);
     let (tx, rx) = watch::channel(leading);
     let (tasks, snapshots) = rt.block_on(async {
         let mut tasks =
@@ -106,6 +102,12 @@ pub(crate) fn start(api: FakeApi, leading: bool) -> Assigner {
         _rt: rt,
         _dir: dir,
     }
+}
+
+/// Node `w1` (assignable, Ready) and EgressIP `e` for 192.168.50.100.
+fn put_w1_and_e(api: &FakeApi) {
+    api.put(node("w1", "192.168.50.11", true, true));
+    api.put(egress_ip("e", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
 }
 
 pub(crate) fn fake_api() -> FakeApi {
@@ -223,8 +225,7 @@ fn assigns_by_server_side_apply_and_reports_a_conflict_as_an_event() {
 #[test]
 fn a_node_leaving_moves_its_ip_and_a_node_joining_moves_nothing() {
     let api = fake_api();
-    api.put(node("w1", "192.168.50.11", true, true));
-    api.put(egress_ip("e", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
+    put_w1_and_e(&api);
     let a = start(api, true);
     wait_items(&a.api, "e", &[("192.168.50.100", "w1")]);
     // w0 joins (sorts first, hosts nothing): e stays; f, created once the source has seen
@@ -272,8 +273,7 @@ fn a_node_leaving_moves_its_ip_and_a_node_joining_moves_nothing() {
 fn without_a_status_subresource_status_is_written_with_the_object() {
     let api = fake_api();
     api.without_status_subresource("EgressIP");
-    api.put(node("w1", "192.168.50.11", true, true));
-    api.put(egress_ip("e", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
+    put_w1_and_e(&api);
     let a = start(api, true);
     wait_items(&a.api, "e", &[("192.168.50.100", "w1")]);
     let paths: Vec<String> = patches(&a.api, "e").into_iter().map(|w| w.path).collect();
@@ -297,8 +297,7 @@ fn without_a_status_subresource_status_is_written_with_the_object() {
 #[test]
 fn writes_nothing_until_it_leads() {
     let api = fake_api();
-    api.put(node("w1", "192.168.50.11", true, true));
-    api.put(egress_ip("e", "2024-01-01T00:00:00Z", &["192.168.50.100"]));
+    put_w1_and_e(&api);
     let a = start(api, false);
     std::thread::sleep(Duration::from_secs(2));
     assert!(a.api.writes().is_empty(), "{:#?}", a.api.writes());
@@ -376,6 +375,5 @@ fn the_agent_publishes_its_nodes_host_cidrs() {
             .then_some(())
             .ok_or("not published again".to_string())
     });
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    agent.stop_ok();
 }

@@ -106,6 +106,15 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    /// This node, namespace `shop` with pod `web-1` and a firewall denying 203.0.113.0/24:
+    /// the objects most tests start from.
+    fn put_shop(&self) {
+        self.api.put(node(NODE, "192.168.50.11"));
+        self.api.put(namespace("shop"));
+        self.api.put(pod("shop", "web-1", "10.128.1.5"));
+        self.api.put(firewall("shop", "203.0.113.0/24"));
+    }
+
     fn spawn(&self) -> AgentProcess {
         self.spawn_with(&[])
     }
@@ -170,18 +179,14 @@ fn first_apply_waits_for_every_initial_list_then_follows_each_kind() {
     follows_egress_ips(&mut s, &agent);
     objects_gauge_follows_every_kind(&s);
     ready_with_metrics_and_the_ruleset_the_kernel_holds(&mut s);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(logs.contains("every initial list synced"), "{logs}");
 }
 
 /// Starts the agent while one kind's list hangs: nothing is programmed, `/readyz` says why,
 /// and the first apply follows the last list.
 fn first_apply_after_every_list(s: &Setup) -> AgentProcess {
-    s.api.put(node(NODE, "192.168.50.11"));
-    s.api.put(namespace("shop"));
-    s.api.put(pod("shop", "web-1", "10.128.1.5"));
-    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.put_shop();
     // One kind's list hangs: the agent must not program the others' partial view.
     s.api.hold_lists("EgressQoS");
     // The test writes EgressIP `status.items` itself, as an outside assigner (OVN-Kubernetes'
@@ -217,37 +222,71 @@ fn first_apply_after_every_list(s: &Setup) -> AgentProcess {
 
 fn follows_nodes_and_pods(s: &Setup, agent: &AgentProcess) {
     // Node: create, update, delete.
-    s.api.put(node("worker-2", "192.168.50.12"));
-    s.wait_table(agent, "node created", |t| t.contains("192.168.50.12"));
-    s.api.put(node("worker-2", "192.168.50.22"));
-    s.wait_table(agent, "node updated", |t| {
-        t.contains("192.168.50.22") && !t.contains("192.168.50.12")
-    });
-    s.api.delete("Node", "", "worker-2");
-    s.wait_table(agent, "node deleted", |t| !t.contains("192.168.50.22"));
+    let node_at = |ip: &str| node("worker-2", ip);
+    let worker_2 = ("Node", "", "worker-2");
+    follows_an_address_change(
+        s,
+        agent,
+        "node",
+        node_at,
+        worker_2,
+        ["192.168.50.12", "192.168.50.22"],
+    );
 
     // Pod: create, update (new IP), delete.
-    s.api.put(pod("shop", "web-2", "10.128.1.6"));
-    s.wait_table(agent, "pod created", |t| t.contains("10.128.1.6"));
-    s.api.put(pod("shop", "web-2", "10.128.1.7"));
-    s.wait_table(agent, "pod updated", |t| {
-        t.contains("10.128.1.7") && !t.contains("10.128.1.6")
+    let pod_at = |ip: &str| pod("shop", "web-2", ip);
+    let web_2 = ("Pod", "shop", "web-2");
+    follows_an_address_change(s, agent, "pod", pod_at, web_2, ["10.128.1.6", "10.128.1.7"]);
+}
+
+/// Creates the object `at(first)`, updates it to `at(then)` and deletes it (`kind`,
+/// namespace, name), each time waiting for the table to hold its address and not the old one.
+fn follows_an_address_change(
+    s: &Setup,
+    agent: &AgentProcess,
+    what: &str,
+    at: impl Fn(&str) -> Value,
+    object: (&str, &str, &str),
+    [first, then]: [&str; 2],
+) {
+    s.api.put(at(first));
+    s.wait_table(agent, &format!("{what} created"), |t| t.contains(first));
+    updated_then_deleted(s, agent, what, at(then), [first, then], object, then);
+}
+
+/// Puts `updated` (the table then holds `now` and not `before`), then deletes that object
+/// (`kind`, namespace, name: the table then lacks `gone`). `what` names it in the waits.
+fn updated_then_deleted(
+    s: &Setup,
+    agent: &AgentProcess,
+    what: &str,
+    updated: Value,
+    [before, now]: [&str; 2],
+    (kind, ns, name): (&str, &str, &str),
+    gone: &str,
+) {
+    s.api.put(updated);
+    s.wait_table(agent, &format!("{what} updated"), |t| {
+        t.contains(now) && !t.contains(before)
     });
-    s.api.delete("Pod", "shop", "web-2");
-    s.wait_table(agent, "pod deleted", |t| !t.contains("10.128.1.7"));
+    s.api.delete(kind, ns, name);
+    s.wait_table(agent, &format!("{what} deleted"), |t| !t.contains(gone));
 }
 
 /// EgressFirewall, EgressQoS and NetworkPolicy, and a Namespace that comes and goes.
 fn follows_policies(s: &Setup, agent: &AgentProcess) {
     // EgressFirewall: update, delete, create.
-    s.api.put(firewall("shop", "198.51.100.0/24"));
-    s.wait_table(agent, "firewall updated", |t| {
-        t.contains("198.51.100.0/24") && !t.contains("203.0.113.0/24")
-    });
-    s.api.delete("EgressFirewall", "shop", "default");
-    s.wait_table(agent, "firewall deleted", |t| {
-        !t.contains("198.51.100.0/24")
-    });
+    let (before, now) = ("203.0.113.0/24", "198.51.100.0/24");
+    let shop_firewall = ("EgressFirewall", "shop", "default");
+    updated_then_deleted(
+        s,
+        agent,
+        "firewall",
+        firewall("shop", now),
+        [before, now],
+        shop_firewall,
+        now,
+    );
     s.api.put(firewall("shop", "203.0.113.0/24"));
     s.wait_table(agent, "firewall created", |t| t.contains("203.0.113.0/24"));
 
@@ -256,12 +295,10 @@ fn follows_policies(s: &Setup, agent: &AgentProcess) {
     s.wait_table(agent, "qos created", |t| {
         t.contains("192.0.2.0/24") && t.contains("dscp set ef")
     });
-    s.api.put(qos("shop", 10, "192.0.2.0/24"));
-    s.wait_table(agent, "qos updated", |t| {
-        t.contains("dscp set af11") && !t.contains("dscp set ef")
-    });
-    s.api.delete("EgressQoS", "shop", "default");
-    s.wait_table(agent, "qos deleted", |t| !t.contains("192.0.2.0/24"));
+    let af11 = qos("shop", 10, "192.0.2.0/24");
+    let marks = ["dscp set ef", "dscp set af11"];
+    let shop_qos = ("EgressQoS", "shop", "default");
+    updated_then_deleted(s, agent, "qos", af11, marks, shop_qos, "192.0.2.0/24");
 
     // NetworkPolicy: create, update, delete; the pod's named port survives pruning.
     let mut named = pod("shop", "web-1", "10.128.1.5");
@@ -271,14 +308,18 @@ fn follows_policies(s: &Setup, agent: &AgentProcess) {
     s.wait_table(agent, "network policy created", |t| {
         t.contains("198.18.0.0/15") && t.contains("10.128.1.5 . tcp . 8080")
     });
-    s.api.put(network_policy("shop", "198.51.100.0/24"));
-    s.wait_table(agent, "network policy updated", |t| {
-        t.contains("198.51.100.0/24") && !t.contains("198.18.0.0/15")
-    });
-    s.api.delete("NetworkPolicy", "shop", "from-block");
-    s.wait_table(agent, "network policy deleted", |t| {
-        !t.contains("np-ingress")
-    });
+    let (before, now) = ("198.18.0.0/15", "198.51.100.0/24");
+    let from_block = ("NetworkPolicy", "shop", "from-block");
+    let updated = network_policy("shop", now);
+    updated_then_deleted(
+        s,
+        agent,
+        "network policy",
+        updated,
+        [before, now],
+        from_block,
+        "np-ingress",
+    );
 
     // Namespace deletion takes its pods' rules with it only when the pods go; here the
     // namespace object itself is watched and removed without disturbing the rest.
@@ -440,10 +481,7 @@ fn ready_with_metrics_and_the_ruleset_the_kernel_holds(s: &mut Setup) {
         ruleset.starts_with("# nodeplane ruleset for node worker-1"),
         "{ruleset}"
     );
-    let reference = s.lab.add_host("ref");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &ruleset)
-        .expect("nft -f accepts /ruleset");
+    let reference = s.lab.add_reference(&ruleset);
     assert_eq!(
         sorted(listing::json(&s.node, "nodeplane")),
         sorted(listing::json(&reference, "nodeplane"))
@@ -470,8 +508,7 @@ fn the_agent_leads_the_egress_ip_assigner_and_releases_it_on_sigterm() {
     };
     assert_eq!(lease("holderIdentity"), NODE);
     assert_eq!(lease("leaseDurationSeconds"), 4);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         logs.contains("egress-ip-assigner: this node leads"),
         "{logs}"
@@ -519,10 +556,7 @@ fn malformed_object_is_reported_and_the_rest_applies() {
             NODE,
         ])
         .expect("--dry-run against the API");
-    let reference = s.lab.add_host("ref");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &printed)
-        .expect("nft -f accepts the dry-run text");
+    let reference = s.lab.add_reference(&printed);
     assert_eq!(
         sorted(listing::json(&s.node, "nodeplane")),
         sorted(listing::json(&reference, "nodeplane")),
@@ -558,10 +592,7 @@ fn malformed_object_is_reported_and_the_rest_applies() {
 #[test]
 fn features_switched_off_have_no_watches_writes_listeners_or_chains() {
     let s = setup();
-    s.api.put(node(NODE, "192.168.50.11"));
-    s.api.put(namespace("shop"));
-    s.api.put(pod("shop", "web-1", "10.128.1.5"));
-    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.put_shop();
     s.api.put(network_policy("shop", "10.0.0.0/8"));
     let health = "127.0.0.1:10256";
     let agent = s.spawn_with(&[
@@ -609,10 +640,7 @@ fn features_switched_off_have_no_watches_writes_listeners_or_chains() {
 #[test]
 fn api_server_flag_reaches_the_api_when_the_kubernetes_cluster_ip_is_unroutable() {
     let s = setup();
-    s.api.put(node(NODE, "192.168.50.11"));
-    s.api.put(namespace("shop"));
-    s.api.put(pod("shop", "web-1", "10.128.1.5"));
-    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.put_shop();
     let cluster_ip = format!("{}-clusterip", s.kubeconfig);
     let text = std::fs::read_to_string(&s.kubeconfig).unwrap();
     let real = format!("http://{}", s.api.addr());
@@ -633,10 +661,7 @@ fn api_server_flag_reaches_the_api_when_the_kubernetes_cluster_ip_is_unroutable(
 #[test]
 fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
     let s = setup();
-    s.api.put(node(NODE, "192.168.50.11"));
-    s.api.put(namespace("shop"));
-    s.api.put(pod("shop", "web-1", "10.128.1.5"));
-    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.put_shop();
     let agent = s.spawn();
     s.wait_table(&agent, "first apply", |t| t.contains("203.0.113.0/24"));
     let before = s.table().unwrap();
@@ -674,8 +699,7 @@ fn dead_api_server_leaves_rules_and_a_restarted_one_resumes_even_after_410() {
         s.api.lists("EgressFirewall") > lists_before,
         "no relist after 410 Gone"
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    agent.stop_ok();
 }
 
 fn status_patches(api: &FakeApi, path_end: &str) -> Vec<fakeapi::Recorded> {
@@ -683,6 +707,15 @@ fn status_patches(api: &FakeApi, path_end: &str) -> Vec<fakeapi::Recorded> {
         .into_iter()
         .filter(|w| w.method == "PATCH" && w.path.ends_with(path_end))
         .collect()
+}
+
+/// The last status patch at `path_end`, once there is one.
+fn last_status_patch(api: &FakeApi, path_end: &str) -> fakeapi::Recorded {
+    eventually(WAIT, || {
+        status_patches(api, path_end)
+            .pop()
+            .ok_or_else(|| format!("no patch of {path_end} yet"))
+    })
 }
 
 fn events_about(api: &FakeApi, kind: &str, ns: &str, reason: &str) -> Vec<Value> {
@@ -757,11 +790,7 @@ fn shop_firewall_status_is_applied_by_this_node(s: &Setup, agent: &AgentProcess)
 fn status_is_merged_with_another_nodes_entry(s: &Setup) {
     // Merged with the other node's entry; the aggregate keeps its failure.
     let team_path = "/apis/k8s.ovn.org/v1/namespaces/team/egressfirewalls/default/status";
-    let team = eventually(WAIT, || {
-        status_patches(&s.api, team_path)
-            .pop()
-            .ok_or("no team patch".to_string())
-    });
+    let team = last_status_patch(&s.api, team_path);
     // `status.status` is OVN-Kubernetes' own text, without a reason (the entries carry it).
     assert_eq!(
         team.body["status"]["status"],
@@ -781,11 +810,7 @@ fn status_is_merged_with_another_nodes_entry(s: &Setup) {
 /// undecodable object gets an Event naming the problem.
 fn an_invalid_object_has_its_reason_as_status_condition_and_event(s: &Setup) {
     // An invalid EgressQoS: status says why, and an Event says so on the object.
-    let qos_patch = eventually(WAIT, || {
-        status_patches(&s.api, QOS_STATUS_PATH)
-            .pop()
-            .ok_or("no qos patch".to_string())
-    });
+    let qos_patch = last_status_patch(&s.api, QOS_STATUS_PATH);
     assert_eq!(
         qos_patch.body["status"]["status"],
         "EgressQoS Rules not correctly applied"
@@ -906,10 +931,7 @@ fn time_table(
 #[test]
 fn silently_stalled_api_connections_are_noticed_and_changes_flow_again() {
     let s = setup();
-    s.api.put(node(NODE, "192.168.50.11"));
-    s.api.put(namespace("shop"));
-    s.api.put(pod("shop", "web-1", "10.128.1.5"));
-    s.api.put(firewall("shop", "203.0.113.0/24"));
+    s.put_shop();
     let agent = s.spawn_with(&["--api-watch-timeout-seconds", STALL_WATCH_TIMEOUT]);
     s.wait_table(&agent, "first apply", |t| t.contains("203.0.113.0/24"));
     wait_admin(&s.node, "/readyz", 200, "ready");
@@ -966,8 +988,7 @@ fn silently_stalled_api_connections_are_noticed_and_changes_flow_again() {
         "relisted after a stall"
     );
 
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(logs.contains("no data for"), "stall not logged:\n{logs}");
 }
 
@@ -1035,8 +1056,7 @@ fn agent_assigner_places_egress_ips_and_the_node_agent_writes_none() {
     let (status, logs) = assigner.stop();
     assert!(status.success(), "assigner exit {status:?}:\n{logs}");
     lab::assert_every_task_stopped(&logs, 6);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         !logs.contains("egress-ip-assigner: this node leads"),
         "{logs}"

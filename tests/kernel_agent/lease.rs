@@ -43,11 +43,7 @@ fn setup() -> Setup {
     let api = FakeApi::start(listener);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = nodeplane::testing::runtime::multi_thread(2);
     Setup {
         api,
         kubeconfig,

@@ -49,17 +49,13 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
     let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
     let g1 = lab.add_pod(&node, "g1", &["10.128.0.9", "fd01::9"]);
     let ext = lab.add_uplink_host(&node, "ext");
-    ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
-    lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
+    lab.add_uplink_prefix(&node, &ext, "198.18.0.0/15");
     let server = ext.tcp_server("0.0.0.0:80", "ext");
     let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone.clone());
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
-    let resolv = agent.dir().join("resolv.conf.txt");
-    std::fs::write(
-        &resolv,
+    let mut agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
+    agent.set_resolv_conf(
         "nameserver 192.168.1.100\nnameserver fd00:1::100\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
+    );
     let pods = [
         a1.manifest("alpha", "a1", NODE),
         b1.manifest("beta", "b1", NODE),
@@ -91,10 +87,7 @@ fn topo(zone: Zone, alpha_rules: &str) -> Topo {
 
 impl Topo {
     fn spawn(&self, extra: &[&str]) -> AgentProcess {
-        let resolv = self.agent.dir().join("resolv.conf.txt");
-        let mut args = vec!["--resolv-conf", resolv.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let agent = self.agent.spawn(&args);
+        let agent = self.agent.spawn(extra);
         // Up once the steering is in and the proxy listens: a1's queries come from the node.
         // (The steering set first: the agent's own resolution of exact names also asks
         // from the node, before its first sync.)
@@ -111,6 +104,13 @@ impl Topo {
         });
         agent
     }
+}
+
+/// `alpha`'s rules: DNS to the server, the names `dns_name` matches, nothing else.
+fn dns_name_only(dns_name: &str) -> String {
+    format!(
+        "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: {dns_name}}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
+    )
 }
 
 fn dns() -> SocketAddr {
@@ -157,12 +157,7 @@ pub(crate) fn rotating_answers_are_allowed_before_the_pod_connects() {
         "rot.example.com".into(),
         ("198.18.0.1".parse().unwrap(), 30),
     );
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: rot.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("rot.example.com"));
     let agent = t.spawn(&[]);
     let started = Instant::now();
     let mut dropped = Vec::new();
@@ -186,8 +181,7 @@ pub(crate) fn rotating_answers_are_allowed_before_the_pod_connects() {
     assert_eq!(dropped, Vec::<Ipv4Addr>::new(), "first connections dropped");
     // The rule order holds: an address nobody answered is denied.
     assert!(!connects(&t.a1, "198.19.255.254".parse().unwrap()));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -197,12 +191,7 @@ fn a_wildcard_matches_exactly_one_more_label() {
         ("a.b.example.com", "198.18.1.2", 30),
         ("example.com", "198.18.1.3", 30),
     ]);
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&[]);
     assert_eq!(
         resolve_and_connect(&t.a1, "a.example.com"),
@@ -216,19 +205,13 @@ fn a_wildcard_matches_exactly_one_more_label() {
         resolve_and_connect(&t.a1, "example.com"),
         ("198.18.1.3".parse().unwrap(), false)
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
 fn learned_addresses_expire_with_their_ttl_and_a_new_answer_extends_them() {
     let zone = zone_with(&[("t.example.com", "198.18.2.1", 2)]);
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&["--dns-min-ttl-seconds", "2"]);
     let addr: Ipv4Addr = "198.18.2.1".parse().unwrap();
     assert_eq!(resolve_and_connect(&t.a1, "t.example.com"), (addr, true));
@@ -259,8 +242,7 @@ fn learned_addresses_expire_with_their_ttl_and_a_new_answer_extends_them() {
         connects(&t.a1, addr),
         "the refresh did not extend the element"
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -269,12 +251,7 @@ fn an_address_in_use_stays_allowed_past_its_ttl() {
         ("used.example.com", "198.18.7.1", 1),
         ("idle.example.com", "198.18.7.2", 1),
     ]);
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&["--dns-min-ttl-seconds", "5"]);
     let used: Ipv4Addr = "198.18.7.1".parse().unwrap();
     let idle: Ipv4Addr = "198.18.7.2".parse().unwrap();
@@ -311,12 +288,7 @@ fn an_address_in_use_stays_allowed_past_its_ttl() {
 fn a_truncated_answer_is_retried_over_tcp_and_learned_there() {
     let mut zone = zone_with(&[("big.example.com", "198.18.3.1", 30)]);
     zone.truncate_udp = true;
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&[]);
     let _ = t.dns.take_sources();
     let got = lookup(&t.a1.ns, dns(), "big.example.com", LOOKUP).unwrap();
@@ -328,8 +300,7 @@ fn a_truncated_answer_is_retried_over_tcp_and_learned_there() {
         "TCP went through the proxy too"
     );
     assert!(connects(&t.a1, "198.18.3.1".parse().unwrap()));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -339,12 +310,7 @@ fn without_the_agent_dns_answers_directly_and_what_was_learned_stays() {
         "rot.example.com".into(),
         ("198.18.5.1".parse().unwrap(), 60),
     );
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&[]);
     let kept: Ipv4Addr = "198.18.4.1".parse().unwrap();
     assert_eq!(resolve_and_connect(&t.a1, "keep.example.com"), (kept, true));
@@ -368,9 +334,7 @@ fn without_the_agent_dns_answers_directly_and_what_was_learned_stays() {
 fn garbage_to_the_proxy_neither_crashes_nor_stalls_it() {
     let t = topo(
         zone_with(&[("ok.example.com", "198.18.8.1", 30)]),
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
+        &dns_name_only("'*.example.com'"),
     );
     let mut agent = t.spawn(&[]);
     let server = dns();
@@ -408,8 +372,7 @@ fn garbage_to_the_proxy_neither_crashes_nor_stalls_it() {
         "the agent died:\n{}",
         agent.logs()
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -432,8 +395,7 @@ fn dns_over_ipv6_is_proxied_and_learned_too() {
         "the IPv6 query did not go through the proxy"
     );
     assert!(connects(&t.a1, "198.18.9.1".parse().unwrap()));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -460,8 +422,7 @@ fn a_namespace_without_dns_names_never_goes_through_the_proxy() {
         steered.contains("10.128.0.5") && !steered.contains("10.128.0.7"),
         "{steered}"
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 /// A DNS server a pod picked (not one of the node's resolvers), on the external host.
@@ -500,7 +461,7 @@ fn an_answer_from_a_server_the_pod_picked_is_never_learned() {
     let set = learned_elements(&t.node, "payments.example.com");
     // The real answer (from the node's resolver) still works.
     let real = resolve_and_connect(&t.a1, "payments.example.com");
-    let (status, logs) = agent.stop();
+    agent.stop_ok();
     assert!(
         !poisoned,
         "the rogue answer was learned ({sources:?} asked it):\n{set}"
@@ -511,24 +472,18 @@ fn an_answer_from_a_server_the_pod_picked_is_never_learned() {
         "the query to the rogue server was proxied"
     );
     assert_eq!(real, ("198.18.10.10".parse().unwrap(), true));
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 #[test]
 fn dns_to_a_server_the_firewall_denies_stays_denied() {
-    let t = topo(
-        zone_with(&[]),
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone_with(&[]), &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&[]);
     let server = rogue(&t, zone_with(&[("tunnel.example.org", "198.18.77.77", 30)]));
     let rogue_addr: SocketAddr = ROGUE.parse().unwrap();
     let udp = lookup(&t.a1.ns, rogue_addr, "tunnel.example.org", LOOKUP);
     let tcp = lookup_tcp(&t.a1.ns, rogue_addr, "tunnel.example.org", LOOKUP);
     let sources = server.take_sources();
-    let (status, logs) = agent.stop();
+    agent.stop_ok();
     assert!(
         udp.is_err(),
         "UDP DNS to a denied address got through: {udp:?} ({sources:?})"
@@ -541,7 +496,6 @@ fn dns_to_a_server_the_firewall_denies_stays_denied() {
         sources.is_empty(),
         "the rogue server was asked by {sources:?}"
     );
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 #[test]
@@ -562,7 +516,7 @@ fn a_pods_own_port_53_traffic_to_a_pod_meets_that_pods_network_policy() {
     let agent = t.spawn(&[]);
     let got = lookup(&t.a1.ns, g1_dns, "x.example.com", LOOKUP);
     let sources = isolated.take_sources();
-    let (status, logs) = agent.stop();
+    agent.stop_ok();
     assert!(
         got.is_err(),
         "the isolated pod answered ({sources:?} asked it): {got:?}"
@@ -571,7 +525,6 @@ fn a_pods_own_port_53_traffic_to_a_pod_meets_that_pods_network_policy() {
         sources.is_empty(),
         "the isolated pod was reached by {sources:?}"
     );
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 /// Elements of a learned set listing (each has an `expires`).
@@ -589,12 +542,7 @@ fn learning_is_bounded_per_name_and_per_namespace() {
             .collect();
         zone.fixed.insert(format!("n{i}.example.com"), (addrs, 300));
     }
-    let t = topo(
-        zone,
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
-    );
+    let t = topo(zone, &dns_name_only("'*.example.com'"));
     let agent = t.spawn(&[]);
     let got = lookup(&t.a1.ns, dns(), "n0.example.com", LOOKUP).expect("lookup n0");
     assert_eq!(got.addrs.len(), 120, "the pod gets the whole answer");
@@ -605,7 +553,7 @@ fn learning_is_bounded_per_name_and_per_namespace() {
     let after_all = element_count(&learned_elements(&t.node, "*.example.com"));
     // The newest name is allowed; the oldest went first.
     let newest = connects(&t.a1, Ipv4Addr::new(198, 18, 159, 1));
-    let (status, logs) = agent.stop();
+    agent.stop_ok();
     assert!(
         after_one <= 50,
         "one name learned {after_one} addresses (cap 50)"
@@ -619,7 +567,6 @@ fn learning_is_bounded_per_name_and_per_namespace() {
         "only {after_all} learned: the newest names must be kept"
     );
     assert!(newest, "the newest name's first address is not allowed");
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 /// A pod on a Linux bridge (`br0`, 10.128.5.0/24, as bridge CNIs attach them) in namespace
@@ -631,8 +578,7 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     let bridge = lab.add_bridge(&node, "br0", &["10.128.5.1/24"]);
     let pod = lab.add_bridged_pod(&bridge, "pod-p", &["10.128.5.2/24"]).ns;
     let ext = lab.add_uplink_host(&node, "ext");
-    ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
-    lab.add_route(&node, "198.18.0.0/15", "192.168.1.100");
+    lab.add_uplink_prefix(&node, &ext, "198.18.0.0/15");
     let _server = ext.tcp_server("0.0.0.0:80", "ext");
     let mut zone = Zone::default();
     zone.rotating.insert(
@@ -640,13 +586,8 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
         ("198.18.12.1".parse().unwrap(), 30),
     );
     let server = DnsServer::start(&ext, dns(), zone);
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
-    let resolv = agent.dir().join("resolv.conf.txt");
-    std::fs::write(
-        &resolv,
-        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
+    let mut agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    agent.set_resolv_conf("nameserver 192.168.1.100\noptions timeout:1 attempts:1\n");
     agent.write(
         "pods.yaml",
         &objects::pod("alpha", "p")
@@ -656,15 +597,9 @@ fn bridged_pods_are_steered_with_and_without_br_netfilter() {
     );
     agent.write(
         "fw-alpha.yaml",
-        &objects::egress_firewall(
-            "alpha",
-            &format!(
-                "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: '*.example.com'}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-            ),
-        )
-        .to_string(),
+        &objects::egress_firewall("alpha", &dns_name_only("'*.example.com'")).to_string(),
     );
-    let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    let running = agent.spawn(&[]);
     let mut failures = Vec::new();
     for on in [false, true, false] {
         set_br_netfilter(&node, on);
@@ -719,14 +654,11 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
         dns(),
         zone_with(&[("v.example.com", "198.18.13.1", 30)]),
     );
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let mut agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
     // Both servers are the node's resolvers (so the silent one is trusted too).
-    let resolv = agent.dir().join("resolv.conf.txt");
-    std::fs::write(
-        &resolv,
+    agent.set_resolv_conf(
         "nameserver 192.168.1.100\nnameserver 192.168.1.222\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
+    );
     let mut pods = vec![victim.manifest("alpha", "v", NODE)];
     for (i, f) in flooders.iter().enumerate() {
         pods.push(
@@ -744,7 +676,7 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
                 .to_string(),
         );
     }
-    let running = agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    let running = agent.spawn(&[]);
     eventually(Duration::from_secs(15), || {
         server.lookup_via(&victim.ns, dns(), "v.example.com", node_ip(), LOOKUP)
     });
@@ -774,7 +706,7 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
         .collect();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent: u32 = floods.into_iter().map(|t| t.join().unwrap()).sum();
-    let (status, logs) = running.stop();
+    running.stop_ok();
     let failed = results.iter().filter(|r| r.is_err()).count();
     assert_eq!(
         failed, 0,
@@ -784,7 +716,6 @@ fn one_tenants_flood_does_not_take_another_tenants_lookups() {
         sent > 1000,
         "the flood was too small to prove anything: {sent}"
     );
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 /// A one-question A query for `q<n>.example.com` (what the flooders send).
@@ -796,9 +727,7 @@ fn lookup_query(n: u32) -> Option<Vec<u8>> {
 fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
     let t = topo(
         zone_with(&[("payments.example.com", "198.18.10.10", 30)]),
-        &format!(
-            "[{DNS_ALLOWED}, {{type: Allow, to: {{dnsName: payments.example.com}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
-        ),
+        &dns_name_only("payments.example.com"),
     );
     // No reverse-path filter on the node (many CNIs run loose or none; pods on one bridge
     // pass it anyway), so the forged source gets through.
@@ -822,7 +751,7 @@ fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
     let sources = server.take_sources();
     let set = learned_elements(&t.node, "payments.example.com");
     let poisoned = connects(&t.a1, "198.18.66.66".parse().unwrap());
-    let (status, logs) = agent.stop();
+    agent.stop_ok();
     // Unproxied, the forged packet meets alpha's own EgressFirewall (it has a1's source),
     // which denies the rogue server: it may well never get there.
     eprintln!("the rogue server answered {served} forged queries");
@@ -831,5 +760,4 @@ fn a_query_forged_with_a_neighbours_address_teaches_the_neighbour_nothing() {
         "alpha learned the rogue answer ({sources:?} asked it):\n{set}"
     );
     assert!(!set.contains("198.18.66.66"), "{set}");
-    assert!(status.success(), "{status}:\n{logs}");
 }

@@ -178,17 +178,11 @@ fn a_learning_flood_stays_within_the_caps() {
     let ext = lab.add_uplink_host(&node, "ext");
     let zone = flood_zone(&pods, names);
     let resolver = DnsServer::start(&ext, RESOLVER.parse().unwrap(), zone);
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
+    let mut agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
     write_learning_firewalls(&agent, &pods);
-    let resolv = agent.dir().join("resolv.conf.txt");
-    std::fs::write(&resolv, "nameserver 192.168.1.100\n").unwrap();
+    agent.set_resolv_conf("nameserver 192.168.1.100\n");
     // The flood measures learning, not the per-pod rate limit.
-    let running = agent.spawn(&[
-        "--resolv-conf",
-        resolv.to_str().unwrap(),
-        "--dns-rate-limit",
-        "0",
-    ]);
+    let running = agent.spawn(&["--dns-rate-limit", "0"]);
     let server: SocketAddr = RESOLVER.parse().unwrap();
     wait_until_proxied(&pods[0].1, &resolver, server);
     let before = memory_kb(running.pid());
@@ -204,7 +198,7 @@ fn a_learning_flood_stays_within_the_caps() {
         .iter()
         .map(|(ns, _)| (*ns, learned_by_name(&node, ns)))
         .collect();
-    let (status, logs) = running.stop();
+    running.stop_ok();
     let offered = 2 * names * PER_ANSWER;
     eprintln!(
         "{offered} addresses offered in {} answers in {took:.1?} ({failed} lookups failed); \
@@ -225,5 +219,4 @@ fn a_learning_flood_stays_within_the_caps() {
         "{failed} of {} lookups failed",
         2 * names
     );
-    assert!(status.success(), "{status}:\n{logs}");
 }

@@ -76,18 +76,15 @@ struct Site {
 
 fn site(lab: &mut Lab, node: &Ns, flags: &[&str]) -> Site {
     let ext = lab.add_uplink_host(node, "ext");
-    ext.run(&["ip", "route", "add", "local", "198.18.0.0/15", "dev", "lo"]);
-    lab.add_route(node, "198.18.0.0/15", "192.168.1.100");
+    lab.add_uplink_prefix(node, &ext, "198.18.0.0/15");
     let server = ext.tcp_server("0.0.0.0:80", "ext");
     let external = DnsServer::start(&ext, external_dns(), zone(EXTERNAL_ANSWER));
     let mut args = vec!["--cluster-cidr", "10.128.0.0/14,fd01::/48"];
     args.extend_from_slice(flags);
-    let agent = ManifestAgent::new(node, NODE, &args);
-    std::fs::write(
-        agent.dir().join("resolv.conf.txt"),
+    let mut agent = ManifestAgent::new(node, NODE, &args);
+    agent.set_resolv_conf(
         "nameserver 192.168.1.100\nnameserver fd00:1::100\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
+    );
     Site {
         node: node.clone(),
         ext,
@@ -98,13 +95,6 @@ fn site(lab: &mut Lab, node: &Ns, flags: &[&str]) -> Site {
 }
 
 impl Site {
-    fn spawn(&self, extra: &[&str]) -> AgentProcess {
-        let resolv = self.agent.dir().join("resolv.conf.txt");
-        let mut args = vec!["--resolv-conf", resolv.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        self.agent.spawn(&args)
-    }
-
     /// Waits until `map` (an nft set or map of the agent's table) lists `ip` (or, with
     /// `present` false, no longer does).
     fn wait_listed(&self, map: &str, ip: IpAddr, present: bool) {
@@ -215,7 +205,7 @@ impl Routed {
     /// Starts the agent; up once a1 is steered and a lookup through the proxy (asked from
     /// the node) works at `server`.
     fn spawn(&self, server: SocketAddr, flags: &[&str]) -> AgentProcess {
-        let agent = self.site.spawn(flags);
+        let agent = self.site.agent.spawn(flags);
         self.site.wait_listed("fw-dns-pods-v4", self.a1.ip(), true);
         eventually(Duration::from_secs(15), || {
             let _ = self.site.external.take_sources();
@@ -459,7 +449,7 @@ fn bridged_pods_proxied_dns_meets_the_same_policies() {
         &objects::egress_firewall("alpha", FIREWALL).to_string(),
     );
     let all = [p.ip(), r.ip()];
-    let agent = site.spawn(&[]);
+    let agent = site.agent.spawn(&[]);
     site.wait_listed("fw-dns-pods-v4", p.ip(), true);
     let no_egress = policy("alpha", "none", "  policyTypes: [Egress]\n  egress: []\n");
     let isolated = policy("dns", "nobody", "  ingress: []\n");

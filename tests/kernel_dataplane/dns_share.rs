@@ -37,7 +37,7 @@ fn a_pods_flood_leaves_its_neighbour_its_lookups(topology: Topology) {
         sent
     });
     let (failures, sent) = t.lookups_under(&stop, flood);
-    let (status, logs) = running.stop();
+    running.stop_ok();
     assert!(
         sent > ENOUGH_FLOOD,
         "{topology:?}: the flood was too small to prove anything: {sent}"
@@ -47,7 +47,6 @@ fn a_pods_flood_leaves_its_neighbour_its_lookups(topology: Topology) {
         "{topology:?}: {} of 10 lookups failed under its neighbour's flood of {sent} queries: {failures:?}",
         failures.len()
     );
-    assert!(status.success(), "{status}:\n{logs}");
 }
 
 #[test]

@@ -366,8 +366,7 @@ pub(crate) fn egress_ip_snat_steering_announcement_move_delete_and_cleanup() {
     });
     eventually_source(&t.api1, false, EIP4, CONVERGE);
     for a in agents {
-        let (status, logs) = a.stop();
-        assert!(status.success(), "agent exit {status:?}\n{logs}");
+        a.stop_ok();
     }
     assert!(
         !eip_state(node1).is_empty(),
@@ -553,8 +552,7 @@ fn steering_with_rp_filter(value: &str) {
         ("0".into(), "1".into())
     );
     for a in agents {
-        let (status, logs) = a.stop();
-        assert!(status.success(), "agent exit {status:?}\n{logs}");
+        a.stop_ok();
     }
 }
 
@@ -649,8 +647,7 @@ fn steering_passes_the_network_policy_source_check() {
         "no source check in force on node-1:\n{table}"
     );
     for a in agents {
-        let (status, logs) = a.stop();
-        assert!(status.success(), "agent exit {status:?}\n{logs}");
+        a.stop_ok();
     }
 }
 
@@ -725,7 +722,6 @@ fn the_egress_ip_tunnel_takes_packets_from_nodes_only() {
     // The nodes' own tunnel traffic still flows.
     eventually_source(&t.api2, false, EIP4, CONVERGE * 2);
     for a in agents {
-        let (status, logs) = a.stop();
-        assert!(status.success(), "agent exit {status:?}\n{logs}");
+        a.stop_ok();
     }
 }

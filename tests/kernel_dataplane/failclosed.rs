@@ -13,8 +13,10 @@
 //! denied host gets through, the stream ran, both verdicts hold) does not depend on timing.
 //! The restart times they print are those of a shared machine, not benchmark figures.
 
+// The agent's admin server inside the node netns, at its default address.
+use nodeplane::config::DEFAULT_ADMIN_ADDRESS as ADMIN;
 use nodeplane::testing::lab::{
-    self, AgentProcess, Lab, ManifestAgent, Ns, Outcome, Pod, Server, StreamTally, eventually,
+    self, AgentProcess, NODE, NodeLab, Ns, Outcome, Pod, StreamTally, eventually,
 };
 use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
 use std::fmt::Write as _;
@@ -23,10 +25,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const NODE: &str = "node-1";
 const OTHER: &str = "node-2";
-/// The agent's admin server inside the node netns.
-const ADMIN: &str = "127.0.0.1:9942";
 /// A host the filtered pod's EgressFirewall denies, and one it allows.
 const DENIED: &str = "203.0.113.10:80";
 const ALLOWED: &str = "203.0.113.20:80";
@@ -57,56 +56,39 @@ fn addr(s: &str) -> SocketAddr {
 }
 
 struct Topo {
-    node: Ns,
     f1: Pod,
     c1: Pod,
-    agent: ManifestAgent,
-    _servers: Vec<Server>,
-    // Last: servers and agents must stop before the namespaces go.
-    _lab: Lab,
+    site: NodeLab,
 }
 
 fn topo(bulk: bool) -> Topo {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let f1 = lab.add_pod(&node, "f1", &["10.128.0.5"]);
-    let c1 = lab.add_pod(&node, "c1", &["10.128.0.6"]);
-    let backends: Vec<Pod> = (1..=3)
-        .map(|i| lab.add_pod(&node, &format!("b{i}"), &[&format!("10.128.0.1{i}")]))
-        .collect();
-    let ext = lab.add_uplink_host(&node, "ext");
+    let flags = [
+        "--cluster-cidr",
+        "10.128.0.0/14",
+        "--service-cidr",
+        "172.30.0.0/16",
+        "--admin-address",
+        ADMIN,
+    ];
     let hosts = [DENIED, ALLOWED].map(|a| addr(a).ip().to_string());
     let hosts = hosts.each_ref().map(String::as_str);
-    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24"]);
-    let mut servers = vec![
-        ext.tcp_server(DENIED, "denied"),
-        ext.tcp_server(ALLOWED, "allowed"),
+    let mut site = NodeLab::new(&flags).with_hosts(&hosts, &["203.0.113.0/24"]);
+    let f1 = site.pod("f1", &["10.128.0.5"]);
+    let c1 = site.pod("c1", &["10.128.0.6"]);
+    let backends: Vec<Pod> = (1..=3)
+        .map(|i| site.pod(&format!("b{i}"), &[&format!("10.128.0.1{i}")]))
+        .collect();
+    site.servers = vec![
+        site.ext.tcp_server(DENIED, "denied"),
+        site.ext.tcp_server(ALLOWED, "allowed"),
     ];
     for (i, b) in backends.iter().enumerate() {
-        servers.push(b.ns.tcp_server("0.0.0.0:8080", &format!("b{}", i + 1)));
+        site.servers
+            .push(b.ns.tcp_server("0.0.0.0:8080", &format!("b{}", i + 1)));
     }
-    let agent = ManifestAgent::new(
-        &node,
-        NODE,
-        &[
-            "--cluster-cidr",
-            "10.128.0.0/14",
-            "--service-cidr",
-            "172.30.0.0/16",
-            "--admin-address",
-            ADMIN,
-        ],
-    );
-    let t = Topo {
-        node,
-        f1,
-        c1,
-        agent,
-        _servers: servers,
-        _lab: lab,
-    };
-    t.agent.write_own_node(&["192.168.1.1"]);
-    t.agent.write(
+    let t = Topo { f1, c1, site };
+    t.site.agent.write_own_node(&["192.168.1.1"]);
+    t.site.agent.write(
         "pods.yaml",
         &[
             pod_doc("alpha", "f1", &t.f1),
@@ -114,7 +96,7 @@ fn topo(bulk: bool) -> Topo {
         ]
         .join("---\n"),
     );
-    t.agent.write(
+    t.site.agent.write(
         "fw-alpha.yaml",
         "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
          metadata: {name: default, namespace: alpha}\n\
@@ -141,9 +123,9 @@ fn topo(bulk: bool) -> Topo {
         )
         .to_string(),
     ];
-    t.agent.write("sticky.yaml", &sticky.join("---\n"));
+    t.site.agent.write("sticky.yaml", &sticky.join("---\n"));
     if bulk {
-        t.agent.write("bulk.yaml", &bulk_services());
+        t.site.agent.write("bulk.yaml", &bulk_services());
     }
     t
 }
@@ -200,7 +182,7 @@ enum Stop {
 impl Topo {
     /// Starts an agent and waits until it has synced; returns it and how long that took.
     fn start(&self, extra: &[&str]) -> (AgentProcess, Duration) {
-        let mut agent = self.agent.spawn(extra);
+        let mut agent = self.site.agent.spawn(extra);
         let took = agent.wait_ready(admin(), READY_TIMEOUT);
         (agent, took)
     }
@@ -361,8 +343,7 @@ fn denied_connections_stay_denied_through_restarts_and_resyncs() {
     let resync_leaks = tally.connected.len() - after_restarts.connected.len();
     let resync_attempts = tally.attempts - after_restarts.attempts;
     assert_verdicts(&t);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "agent exit {status:?}:\n{logs}");
+    agent.stop_ok();
 
     eprintln!(
         "{} restarts (SIGTERM x{}, SIGKILL x{RESTARTS}) in {}:\n{report}\
@@ -543,17 +524,17 @@ fn nft_monitor_sees_no_change_for_a_restart_or_resync_with_nothing_changed() {
     let mut results = Vec::new();
     let settle = Duration::from_secs(1);
 
-    let m = Monitor::start(&t.node);
+    let m = Monitor::start(&t.site.node);
     let (agent, r) = t.restart(agent, Stop::Term, &[]);
     std::thread::sleep(settle);
     results.push(("restart (SIGTERM)", r.ready, m.stop()));
 
-    let m = Monitor::start(&t.node);
+    let m = Monitor::start(&t.site.node);
     let (agent, r) = t.restart(agent, Stop::Kill, &["--resync-seconds", "1"]);
     std::thread::sleep(settle);
     results.push(("restart (SIGKILL)", r.ready, m.stop()));
 
-    let m = Monitor::start(&t.node);
+    let m = Monitor::start(&t.site.node);
     let began = Instant::now();
     let n = resyncs(&agent);
     wait_resyncs(&agent, n + 2, Duration::from_secs(60));
@@ -594,8 +575,9 @@ fn nft_monitor_sees_no_change_for_a_restart_or_resync_with_nothing_changed() {
 #[test]
 fn repeated_once_runs_let_no_denied_connection_through() {
     let t = topo(true);
-    t.node
-        .run_agent(&t.agent.args(&["--once"]))
+    t.site
+        .node
+        .run_agent(&t.site.agent.args(&["--once"]))
         .unwrap_or_else(|e| panic!("agent --once: {e}"));
     assert_verdicts(&t);
 
@@ -606,8 +588,9 @@ fn repeated_once_runs_let_no_denied_connection_through() {
     for i in 0..10 {
         let before = stream.tally().attempts;
         let began = Instant::now();
-        t.node
-            .run_agent(&t.agent.args(&["--once"]))
+        t.site
+            .node
+            .run_agent(&t.site.agent.args(&["--once"]))
             .unwrap_or_else(|e| panic!("run {}: agent --once: {e}", i + 1));
         let took = began.elapsed();
         let attempts = stream.tally().attempts - before;

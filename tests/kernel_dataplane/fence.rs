@@ -21,7 +21,7 @@ use nodeplane::testing::forged_probes::{
     Forger, echo_request, echo_requests_received, unseen_probe,
 };
 use nodeplane::testing::lab::{Lab, Ns, Pod, set_br_netfilter};
-use nodeplane::testing::objects;
+use nodeplane::testing::{objects, runtime};
 use tokio::sync::watch;
 
 const LEADER: &str = "192.168.62.10";
@@ -98,18 +98,11 @@ impl<T> Drop for Running<T> {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// The fence of "node" in `ns`; `fenced` turns true when it fences.
 fn start_fence(ns: &Ns, settings: Settings, fenced: Arc<AtomicBool>) -> Running<Option<Snapshot>> {
     let (tx, rx) = watch::channel(Some(snapshot()));
     let thread = ns.spawn(move || {
-        runtime().block_on(fence::run(
+        runtime::current_thread().block_on(fence::run(
             Unreachable,
             "node".into(),
             rx,
@@ -131,7 +124,7 @@ fn start_leader(ns: &Ns, addrs: &[&str]) -> Running<Targets> {
     let (tx, rx) = watch::channel(targets);
     let thread = ns.spawn(move || {
         let (verdicts, _keep) = watch::channel(Verdicts::new());
-        runtime().block_on(probe::run(
+        runtime::current_thread().block_on(probe::run(
             TIGHT,
             Some(key()),
             rx,

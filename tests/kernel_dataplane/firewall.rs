@@ -7,7 +7,7 @@
 //! 192.168.1.100:53 that the agent in the node netns queries.
 
 use nodeplane::nft::names::object_name;
-use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, SECOND, Server, eventually};
+use nodeplane::testing::lab::{NODE, NodeLab, Ns, Pod, SECOND, wait_for};
 use nodeplane::testing::listing;
 use nodeplane::testing::objects;
 use std::net::{Ipv4Addr, UdpSocket};
@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const NODE: &str = "node-1";
 const H10: &str = "203.0.113.10";
 const H20: &str = "203.0.113.20";
 const H10_6: &str = "2001:db8:1::10";
@@ -24,47 +23,31 @@ const H20_6: &str = "2001:db8:2::10";
 const SHORT: Duration = Duration::from_millis(400);
 
 struct Topo {
-    node: Ns,
-    ext: Ns,
     a1: Pod,
     a2: Pod,
     b1: Pod,
-    agent: ManifestAgent,
-    _servers: Vec<Server>,
-    // Last: servers and agents must stop before the namespaces go.
-    lab: Lab,
+    site: NodeLab,
 }
 
 fn topo() -> Topo {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5", "fd01::5"]);
-    let a2 = lab.add_pod(&node, "a2", &["10.128.0.6", "fd01::6"]);
-    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7", "fd01::7"]);
-    let ext = lab.add_uplink_host(&node, "ext");
+    let flags = ["--cluster-cidr", "10.128.0.0/14,fd01::/48"];
     let hosts = [H10, H20, H10_6, H20_6];
-    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24", "2001:db8::/32"]);
-    let mut servers = Vec::new();
+    let mut site = NodeLab::new(&flags).with_hosts(&hosts, &["203.0.113.0/24", "2001:db8::/32"]);
+    let a1 = site.pod("a1", &["10.128.0.5", "fd01::5"]);
+    let a2 = site.pod("a2", &["10.128.0.6", "fd01::6"]);
+    let b1 = site.pod("b1", &["10.128.0.7", "fd01::7"]);
     for host in [H10, H20, &format!("[{H10_6}]"), &format!("[{H20_6}]")] {
         for port in [80, 443] {
-            servers.push(ext.tcp_server(format!("{host}:{port}"), "ext"));
+            site.servers
+                .push(site.ext.tcp_server(format!("{host}:{port}"), "ext"));
         }
-        servers.push(ext.udp_server(format!("{host}:443"), "ext"));
+        site.servers
+            .push(site.ext.udp_server(format!("{host}:443"), "ext"));
     }
     // Pod-to-pod: a server in a2.
-    servers.push(a2.ns.tcp_server("10.128.0.6:8080", "a2"));
-    servers.push(a2.ns.tcp_server("[fd01::6]:8080", "a2"));
-    let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14,fd01::/48"]);
-    Topo {
-        node,
-        ext,
-        a1,
-        a2,
-        b1,
-        agent,
-        _servers: servers,
-        lab,
-    }
+    site.servers.push(a2.ns.tcp_server("10.128.0.6:8080", "a2"));
+    site.servers.push(a2.ns.tcp_server("[fd01::6]:8080", "a2"));
+    Topo { a1, a2, b1, site }
 }
 
 fn pod_doc(ns: &str, name: &str, pod: &Pod) -> String {
@@ -78,13 +61,13 @@ impl Topo {
             pod_doc("alpha", "a2", &self.a2),
             pod_doc("beta", "b1", &self.b1),
         ];
-        self.agent.write("pods.yaml", &pods.join("---\n"));
+        self.site.agent.write("pods.yaml", &pods.join("---\n"));
     }
 
     /// Writes the pods and the `alpha` firewall.
     fn write(&self, alpha_rules: &str) {
         self.write_pods();
-        self.agent.write(
+        self.site.agent.write(
             "fw-alpha.yaml",
             &objects::egress_firewall("alpha", alpha_rules).to_string(),
         );
@@ -103,19 +86,6 @@ fn v6(addr: &str, port: u16) -> String {
 
 fn v4(addr: &str, port: u16) -> String {
     format!("{addr}:{port}")
-}
-
-/// Polls `now` until it returns `want` (the agent applies changes asynchronously).
-#[track_caller]
-fn wait_for<T: PartialEq + std::fmt::Debug>(secs: u64, want: T, mut now: impl FnMut() -> T) {
-    eventually(Duration::from_secs(secs), || {
-        let got = now();
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("got {got:?}, want {want:?}"))
-        }
-    });
 }
 
 fn chain(ns: &str) -> String {
@@ -201,7 +171,7 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: {H10}/32}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
     ));
-    t.agent.write(
+    t.site.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -209,7 +179,7 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
         )
         .to_string(),
     );
-    let out = t.agent.once(&[]);
+    let out = t.site.agent.once(&[]);
     assert!(!out.contains("not correctly applied"), "{out}");
     for pod in [&t.a1, &t.a2] {
         assert!(tcp_ok(pod, &v4(H10, 80)), "allowed host");
@@ -226,9 +196,9 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
     assert!(tcp_ok(&t.a1, "10.128.0.6:8080"));
     assert!(tcp_ok(&t.a1, "[fd01::6]:8080"));
     // Each rule's elements count its hits, and their comments and verdicts name the rule.
-    assert!(rule_packets(&t.node, "alpha", 0) >= 4);
-    assert!(rule_packets(&t.node, "alpha", 1) >= 2);
-    let elements = counted_elements(&t.node, "alpha");
+    assert!(rule_packets(&t.site.node, "alpha", 0) >= 4);
+    assert!(rule_packets(&t.site.node, "alpha", 1) >= 2);
+    let elements = counted_elements(&t.site.node, "alpha");
     for e in &elements {
         let want = if e.comment == format!("rule 0: Allow {H10}/32") {
             "accept"
@@ -243,8 +213,8 @@ fn deny_all_after_allowing_one_host_leaves_only_that_host_reachable() {
     // returns at `ct state established`).
     let counts = |t: &Topo| {
         (
-            rule_packets(&t.node, "alpha", 0),
-            rule_packets(&t.node, "alpha", 1),
+            rule_packets(&t.site.node, "alpha", 0),
+            rule_packets(&t.site.node, "alpha", 1),
         )
     };
     let (allowed, denied) = counts(&t);
@@ -262,7 +232,7 @@ fn ipv6_deny_all_after_allowing_one_host() {
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: '{H10_6}/128'}}}}, {{type: Deny, to: {{cidrSelector: '::/0'}}}}]"
     ));
-    t.agent.once(&[]);
+    t.site.agent.once(&[]);
     for pod in [&t.a1, &t.a2] {
         assert!(tcp_ok(pod, &v6(H10_6, 80)));
         assert!(!tcp_ok(pod, &v6(H20_6, 80)));
@@ -281,7 +251,7 @@ fn allow_tcp_443_to_a_cidr_then_deny_the_rest() {
           {type: Allow, to: {cidrSelector: '2001:db8::/32'}, ports: [{protocol: TCP, port: 443}]}, \
           {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, {type: Deny, to: {cidrSelector: '::/0'}}]",
     );
-    t.agent.once(&[]);
+    t.site.agent.once(&[]);
     for (h10, h20) in [
         (v4(H10, 443), v4(H20, 443)),
         (v6(H10_6, 443), v6(H20_6, 443)),
@@ -293,8 +263,8 @@ fn allow_tcp_443_to_a_cidr_then_deny_the_rest() {
     assert!(!tcp_ok(&t.a1, &v4(H10, 80)));
     assert!(!tcp_ok(&t.a1, &v6(H10_6, 80)));
     assert!(t.b1.ns.udp_exchange(v4(H10, 443), SECOND).is_reply());
-    assert!(rule_packets(&t.node, "alpha", 0) >= 2);
-    assert!(rule_packets(&t.node, "alpha", 2) >= 2);
+    assert!(rule_packets(&t.site.node, "alpha", 0) >= 2);
+    assert!(rule_packets(&t.site.node, "alpha", 2) >= 2);
 }
 
 #[test]
@@ -315,16 +285,19 @@ fn node_selector_follows_node_labels() {
         ]
         .join("---\n")
     };
-    t.agent.write("nodes.yaml", &nodes("x", "y"));
-    let agent = t.agent.spawn(&[]);
+    t.site.agent.write("nodes.yaml", &nodes("x", "y"));
+    let agent = t.site.agent.spawn(&[]);
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
     wait_for(10, (true, false), reach);
-    let before = rule_handles(&t.node);
-    t.agent.write("nodes.yaml", &nodes("y", "x"));
+    let before = rule_handles(&t.site.node);
+    t.site.agent.write("nodes.yaml", &nodes("y", "x"));
     wait_for(10, (false, true), reach);
-    assert_eq!(rule_handles(&t.node), before, "relabel rewrote a chain");
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    assert_eq!(
+        rule_handles(&t.site.node),
+        before,
+        "relabel rewrote a chain"
+    );
+    agent.stop_ok();
 }
 
 /// OVN-Kubernetes takes a selected node's addresses from its `k8s.ovn.org/host-cidrs`
@@ -341,8 +314,8 @@ fn node_selector_allows_a_host_cidrs_address() {
     let node = objects::node("ext-storage", &[H20])
         .labels(&[("role", "storage")])
         .host_cidrs(&["203.0.113.20/24", "203.0.113.10/32", "2001:db8:1::10/64"]);
-    t.agent.write("nodes.yaml", &node.to_string());
-    let agent = t.agent.spawn(&[]);
+    t.site.agent.write("nodes.yaml", &node.to_string());
+    let agent = t.site.agent.spawn(&[]);
     let reach = || {
         (
             tcp_ok(&t.a1, &v4(H20, 80)),
@@ -352,19 +325,18 @@ fn node_selector_allows_a_host_cidrs_address() {
         )
     };
     wait_for(10, (true, true, true, false), reach);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
 fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
     let t = topo();
     t.write(&format!("[{{type: Deny, to: {{cidrSelector: {H20}/32}}}}]"));
-    t.agent.write(
+    t.site.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall("beta", "[]").to_string(),
     );
-    let agent = t.agent.spawn(&[]);
+    let agent = t.site.agent.spawn(&[]);
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.b1, &v4(H10, 80)));
     wait_for(10, (false, true), reach);
 
@@ -373,7 +345,7 @@ fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
         "[{type: Allow, to: {cidrSelector: 203.0.113.20/32}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}, \
           {type: Allow, to: {dnsName: example.com}}, {type: Deny, to: {cidrSelector: 203.0.113.300/32}}]",
     );
-    t.agent.write(
+    t.site.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -390,19 +362,18 @@ fn an_invalid_object_reports_the_rule_and_keeps_the_previous_rules() {
 
     // Fixing the object applies it, by map elements only (no rule is added or removed:
     // each rule is elements that map to accept/drop, not a chain).
-    let before = rule_handles(&t.node);
+    let before = rule_handles(&t.site.node);
     t.write(&format!(
         "[{{type: Allow, to: {{cidrSelector: {H20}/32}}}}, {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}]"
     ));
     wait_for(10, (true, false), reach);
     assert!(!tcp_ok(&t.a1, &v4(H10, 80)));
     assert_eq!(
-        rule_handles(&t.node),
+        rule_handles(&t.site.node),
         before,
         "a rule change rewrote a chain"
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         logs.contains("EgressFirewall alpha/default: EgressFirewall Rules applied"),
         "{logs}"
@@ -489,19 +460,16 @@ fn dns_reply(query: &[u8], (addr, ttl): (Ipv4Addr, u32)) -> Option<Vec<u8>> {
 
 #[test]
 fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() {
-    let t = topo();
-    let dns = DnsServer::start(&t.ext, "192.168.1.100:53", H10.parse().unwrap(), 2);
-    let resolv = t.agent.dir().join("resolv.conf.txt");
-    std::fs::write(
-        &resolv,
-        "nameserver 192.168.1.100\noptions timeout:1 attempts:1\n",
-    )
-    .unwrap();
+    let mut t = topo();
+    let dns = DnsServer::start(&t.site.ext, "192.168.1.100:53", H10.parse().unwrap(), 2);
+    t.site
+        .agent
+        .set_resolv_conf("nameserver 192.168.1.100\noptions timeout:1 attempts:1\n");
     t.write(
         "[{type: Allow, to: {dnsName: Svc.FW.test}}, {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]",
     );
     // The same name in another namespace: one resolution serves both.
-    t.agent.write(
+    t.site.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall(
             "beta",
@@ -509,12 +477,12 @@ fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() 
         )
         .to_string(),
     );
-    let agent = t.agent.spawn(&["--resolv-conf", resolv.to_str().unwrap()]);
+    let agent = t.site.agent.spawn(&[]);
     let reach = || (tcp_ok(&t.a1, &v4(H10, 80)), tcp_ok(&t.a1, &v4(H20, 80)));
     wait_for(10, (true, false), reach);
     assert!(!tcp_ok(&t.b1, &v4(H10, 443)));
     assert!(tcp_ok(&t.b1, &v4(H20, 443)));
-    let before = rule_handles(&t.node);
+    let before = rule_handles(&t.site.node);
 
     // A new answer: access follows within the TTL (2 s), by element updates only.
     let changed = Instant::now();
@@ -525,7 +493,7 @@ fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() 
         changed.elapsed()
     );
     assert_eq!(
-        rule_handles(&t.node),
+        rule_handles(&t.site.node),
         before,
         "an answer change rewrote a chain"
     );
@@ -536,8 +504,7 @@ fn dns_name_follows_the_answer_and_keeps_the_last_one_when_the_server_is_down() 
     drop(dns);
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(reach(), (false, true));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(logs.contains("keeping the last answer"), "{logs}");
 }
 
@@ -563,15 +530,16 @@ fn eight_thousand_rules_apply_and_packets_still_find_their_verdict() {
     rules.push("{type: Deny, to: {cidrSelector: 0.0.0.0/0}}".into());
     t.write(&format!("[{}]", rules.join(", ")));
     let started = Instant::now();
-    let out = t.agent.once(&[]);
+    let out = t.site.agent.once(&[]);
     eprintln!("8000 rules applied in {:?}", started.elapsed());
     assert!(!out.contains("not correctly applied"), "{out}");
     assert!(tcp_ok(&t.a1, &v4(H10, 80)));
     assert!(!tcp_ok(&t.a1, &v4(H20, 80)));
-    assert!(rule_packets(&t.node, "alpha", 7998) >= 1);
-    assert!(rule_packets(&t.node, "alpha", 7999) >= 1);
+    assert!(rule_packets(&t.site.node, "alpha", 7998) >= 1);
+    assert!(rule_packets(&t.site.node, "alpha", 7999) >= 1);
     // The namespace chain is still four rules.
     let listing = t
+        .site
         .node
         .nft(&["list", "chain", "inet", "nodeplane", &chain("alpha")])
         .unwrap();
@@ -587,25 +555,12 @@ fn once_applies_exactly_what_dry_run_printed() {
           {type: Allow, to: {cidrSelector: '2001:db8:1::/48'}, ports: [{protocol: UDP, port: 53}]}, \
           {type: Deny, to: {cidrSelector: '::/0'}}, {type: Deny, to: {cidrSelector: 10.0.0.0/8}}]",
     );
-    t.agent.write(
+    t.site.agent.write(
         "fw-beta.yaml",
         &objects::egress_firewall("beta", "[{type: Deny, to: {cidrSelector: 0.0.0.0/1}}]")
             .to_string(),
     );
-    let printed = t
-        .node
-        .run_agent(&t.agent.args(&["--dry-run"]))
-        .expect("dry-run");
-    assert!(!printed.contains("not correctly applied"), "{printed}");
-    t.agent.once(&[]);
-    let reference = t.lab.add_host("ref");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &printed)
-        .expect("nft -f accepts the dry-run text");
-    assert_eq!(
-        listing::json(&t.node, "nodeplane"),
-        listing::json(&reference, "nodeplane")
-    );
+    let reference = t.site.once_applies_the_dry_run();
     // nft emits a no-op 1-byte `byteorder` after `meta l4proto` in concatenated interval
     // keys that the netlink backend leaves out (reported to the nftnl owners); equal otherwise.
     let strip = |s: String| {
@@ -615,7 +570,7 @@ fn once_applies_exactly_what_dry_run_printed() {
             .join("\n")
     };
     assert_eq!(
-        strip(listing::bytecode(&t.node, "nodeplane")),
+        strip(listing::bytecode(&t.site.node, "nodeplane")),
         strip(listing::bytecode(&reference, "nodeplane"))
     );
     assert!(tcp_ok(&t.a1, &v4(H10, 443)));
@@ -633,9 +588,9 @@ impl Topo {
     /// `agent --once` run to completion as its own process; its logs (the status lines go
     /// to stderr). Panics with the logs if it fails.
     fn once_logs(&self, extra: &[&str]) -> String {
-        let mut args = self.agent.args(extra);
+        let mut args = self.site.agent.args(extra);
         args.push("--once");
-        let mut agent = self.node.spawn_agent(&args);
+        let mut agent = self.site.node.spawn_agent(&args);
         let deadline = Instant::now() + Duration::from_secs(60);
         while agent.try_status().is_none() {
             assert!(Instant::now() < deadline, "--once hangs:\n{}", agent.logs());
@@ -695,7 +650,8 @@ fn once_keeps_the_last_valid_rules_of_an_object_that_turned_invalid() {
     );
 
     // As after a reboot: the table is gone, the file is all there is. Still denied.
-    t.node
+    t.site
+        .node
         .nft(&["delete", "table", "inet", "nodeplane"])
         .unwrap();
     assert_eq!(reach(), (true, true), "no table, no deny");
@@ -733,7 +689,7 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     let flag = ["--state-dir", state.path().to_str().unwrap()];
     let reach = || (tcp_ok(&t.a1, &v4(H20, 80)), tcp_ok(&t.a1, &v4(H10, 80)));
     t.write(&deny_h20());
-    let agent = t.agent.spawn(&flag);
+    let agent = t.site.agent.spawn(&flag);
     wait_for(10, (false, true), reach);
     t.write(INVALID);
     wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
@@ -743,40 +699,29 @@ fn a_restarted_agent_keeps_the_last_valid_rules_of_an_object_that_turned_invalid
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     let (status, _) = agent.stop();
     assert!(!status.success(), "killed: {status}");
+    // Started while the object is invalid: it says so, and the deny holds.
+    let started_with_the_deny = |why: &str| {
+        let agent = t.site.agent.spawn(&flag);
+        wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
+        assert_eq!(reach(), (false, true), "{why}");
+        agent
+    };
 
     // Restarted while the object is invalid: the deny stays.
-    let agent = t.agent.spawn(&flag);
-    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
-    assert_eq!(
-        reach(),
-        (false, true),
-        "still denied after SIGKILL and a restart"
-    );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    started_with_the_deny("still denied after SIGKILL and a restart").stop_ok();
 
     // And again after a clean stop (SIGTERM).
-    let agent = t.agent.spawn(&flag);
-    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
-    assert_eq!(reach(), (false, true), "still denied after a restart");
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    started_with_the_deny("still denied after a restart").stop_ok();
 
     // Rebooted (the table is gone) while the object is invalid: the deny comes back.
-    t.node
+    t.site
+        .node
         .nft(&["delete", "table", "inet", "nodeplane"])
         .unwrap();
     assert_eq!(reach(), (true, true), "no table, no deny");
-    let agent = t.agent.spawn(&flag);
-    wait_for(10, true, || agent.logs().contains(INVALID_STATUS));
-    assert_eq!(
-        reach(),
-        (false, true),
-        "the deny came back from the state file"
-    );
+    let agent = started_with_the_deny("the deny came back from the state file");
     // Fixing the object applies the fix.
     t.write(&format!("[{{type: Deny, to: {{cidrSelector: {H10}/32}}}}]"));
     wait_for(10, (true, false), reach);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }

@@ -213,10 +213,7 @@ fn address_protocols(ns: &Netns) -> Vec<(IpAddr, u8)> {
     let file = File::open(format!("/run/netns/{}", ns.name)).expect("open netns");
     std::thread::spawn(move || {
         nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = nodeplane::testing::runtime::current_thread();
         rt.block_on(async {
             let (conn, handle, _) = rtnetlink::new_connection().unwrap();
             tokio::spawn(conn);
@@ -356,33 +353,36 @@ fn nexthop(via: &str, dev: Option<&str>, weight: u8) -> NextHop {
     }
 }
 
+/// A route (not `local`) to `dst` in `table`.
+fn route(table: u32, dst: &str, nexthops: Vec<NextHop>) -> RouteSpec {
+    RouteSpec {
+        table,
+        dst: dst.parse().unwrap(),
+        nexthops,
+        local: false,
+    }
+}
+
 /// A multipath default route (table 7000), a multipath IPv6 route (table 7001) and a route
 /// whose nexthop names no device (the kernel resolves it: the plan must still converge).
 fn multipath_routes() -> (RouteSpec, RouteSpec, RouteSpec) {
-    let v4 = RouteSpec {
-        table: 7000,
-        dst: "0.0.0.0/0".parse().unwrap(),
-        nexthops: vec![
+    let v4 = route(
+        7000,
+        "0.0.0.0/0",
+        vec![
             nexthop("10.10.0.2", Some("n0"), 3),
             nexthop("10.10.5.2", Some("n1"), 1),
         ],
-        local: false,
-    };
-    let v6 = RouteSpec {
-        table: 7001,
-        dst: "2001:db8:99::/64".parse().unwrap(),
-        nexthops: vec![
+    );
+    let v6 = route(
+        7001,
+        "2001:db8:99::/64",
+        vec![
             nexthop("2001:db8::2", Some("n0"), 1),
             nexthop("2001:db8:5::2", Some("n1"), 2),
         ],
-        local: false,
-    };
-    let single = RouteSpec {
-        table: 7000,
-        dst: "10.20.0.0/16".parse().unwrap(),
-        nexthops: vec![nexthop("10.10.5.2", None, 1)],
-        local: false,
-    };
+    );
+    let single = route(7000, "10.20.0.0/16", vec![nexthop("10.10.5.2", None, 1)]);
     (v4, v6, single)
 }
 

@@ -28,6 +28,24 @@ pub fn send_from(ns: &Ns, src: IpAddr, dst: SocketAddr) {
     });
 }
 
+/// A datagram sink at `dst` in `ns`, and when it started, once the allowed peer (`peer`,
+/// sending from its own address `src`, called `who`) gets through to it: the sink does listen.
+pub fn sink_the_peer_reaches(
+    ns: &Ns,
+    dst: SocketAddr,
+    (peer, src, who): (&Ns, IpAddr, &str),
+) -> (DatagramSink, Instant) {
+    let sink = DatagramSink::start(ns, dst);
+    let since = Instant::now();
+    eventually(Duration::from_secs(10), || {
+        send_from(peer, src, dst);
+        sink.first_from(src, since)
+            .map(|_| ())
+            .ok_or(format!("{who}'s own datagrams to {dst} never arrived"))
+    });
+    (sink, since)
+}
+
 /// Routed pods, `rp_filter` off on the node (as many nodes have it; IPv6 has no
 /// `rp_filter` at all): y/a, on the same node as x/a, and y/b, on the other node, send
 /// with x/b's address. Nothing from them may arrive; x/b's own datagrams do.
@@ -57,15 +75,7 @@ fn a_routed_pod_cannot_spoof_an_allowed_peer() {
         (x_b.ip6().unwrap(), x_a.ip6().unwrap()),
     ] {
         let dst = SocketAddr::new(dst, 5300);
-        let sink = DatagramSink::start(&x_a.ns, dst);
-        let since = Instant::now();
-        // The allowed peer itself gets through (so the sink does listen).
-        eventually(Duration::from_secs(10), || {
-            send_from(&x_b.ns, src, dst);
-            sink.first_from(src, since)
-                .map(|_| ())
-                .ok_or(format!("x/b's own datagrams to {dst} never arrived"))
-        });
+        let (sink, since) = sink_the_peer_reaches(&x_a.ns, dst, (&x_b.ns, src, "x/b"));
         for (attacker, who) in attackers {
             let before = sink.sources_since(since).get(&src).copied().unwrap_or(0);
             send_from(&attacker.ns, src, dst);

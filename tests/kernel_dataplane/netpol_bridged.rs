@@ -168,14 +168,20 @@ fn run_mode_edits_repairs_and_cleans_up_the_bridge_table() {
     assert_eq!((reaches(1), reaches(2)), (true, true), "cleaned up: open");
 }
 
-/// Without `br_netfilter` (no conntrack in the bridge table): a connection allowed when it
-/// started survives an edit that no longer allows it (the flow set), new ones do not.
-#[test]
-fn an_established_bridged_connection_survives_a_policy_edit() {
+/// [`bridged`] without `br_netfilter`, where only `b` may reach `a` (applied by `--once`).
+fn only_b_to_a_without_br_netfilter() -> Bridged {
     let b = bridged();
     br_netfilter(&b.node, false);
     b.agent.write("policies.yaml", &only("b", "a"));
     b.agent.once(&[]);
+    b
+}
+
+/// Without `br_netfilter` (no conntrack in the bridge table): a connection allowed when it
+/// started survives an edit that no longer allows it (the flow set), new ones do not.
+#[test]
+fn an_established_bridged_connection_survives_a_policy_edit() {
+    let b = only_b_to_a_without_br_netfilter();
     let dst = SocketAddr::new(b.pods[0].addr, 7000);
     let echo = lab::line_echo_server(&b.pods[0].ns, dst);
     let mut conn = EchoConn::connect(&b.pods[1].ns, dst, Duration::from_secs(1));
@@ -193,10 +199,7 @@ fn an_established_bridged_connection_survives_a_policy_edit() {
 /// judged by the policies, as conntrack would judge a new connection).
 #[test]
 fn a_denied_client_cannot_reuse_an_old_four_tuple() {
-    let b = bridged();
-    br_netfilter(&b.node, false);
-    b.agent.write("policies.yaml", &only("b", "a"));
-    b.agent.once(&[]);
+    let b = only_b_to_a_without_br_netfilter();
     // The bridge table reads back as written (the SYN test included).
     let again = b.agent.once_logs();
     assert!(again.contains("nft_ops=0"), "{again}");

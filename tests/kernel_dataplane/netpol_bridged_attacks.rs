@@ -3,13 +3,13 @@
 //! and reach its neighbours' addresses that the API does not list (IPv6 link-local, SLAAC);
 //! neither may get it past a policy that isolates another pod.
 
-use super::netpol_attacks::send_from;
+use super::netpol_attacks::{send_from, sink_the_peer_reaches};
 use super::netpol_bridged::{Bridged, NODE, br_netfilter, bridged, only};
 use super::netpol_guard_metrics::{counting_agent, wait_for_guard};
-use nodeplane::testing::lab::{DatagramSink, Ns, eventually};
+use nodeplane::testing::lab::{Ns, eventually};
 use nodeplane::testing::objects;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// a isolated for ingress; b may reach it, and so may two blocks that hold no pod's address
 /// (what a spoofer would pick when the policy names one).
@@ -40,14 +40,7 @@ fn a_bridged_pod_cannot_spoof_a_neighbour_or_an_allowed_block() {
         br_netfilter(&b.node, on);
         for (dst, neighbour, block) in cases {
             let dst = SocketAddr::new(dst, 5300);
-            let sink = DatagramSink::start(&a.ns, dst);
-            let since = Instant::now();
-            eventually(Duration::from_secs(10), || {
-                send_from(&b_pod.ns, neighbour, dst);
-                sink.first_from(neighbour, since)
-                    .map(|_| ())
-                    .ok_or(format!("b's own datagrams to {dst} never arrived"))
-            });
+            let (sink, since) = sink_the_peer_reaches(&a.ns, dst, (&b_pod.ns, neighbour, "b"));
             for spoofed in [neighbour, block] {
                 let before = sink.sources_since(since).get(&spoofed).copied();
                 send_from(&c.ns, spoofed, dst);

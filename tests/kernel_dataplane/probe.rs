@@ -57,10 +57,7 @@ impl Prober {
             ..Settings::default()
         };
         let thread = ns.spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = nodeplane::testing::runtime::current_thread();
             rt.block_on(probe::run(
                 settings,
                 None,
@@ -120,16 +117,40 @@ impl Drop for Prober {
     }
 }
 
-#[test]
-fn kernel_answers_without_an_agent_and_a_dead_link_is_seen_within_the_bound() {
+/// node-1 and node-2 on one segment.
+struct TwoNodes {
+    lab: Lab,
+    node1: Ns,
+    node2: Ns,
+    /// node-2's interface on the segment.
+    node2_if: String,
+}
+
+/// The nodes with these addresses (CIDRs) on the segment.
+fn two_nodes(node1_cidrs: &[&str], node2_cidrs: &[&str]) -> TwoNodes {
     let mut lab = Lab::new();
     let seg = lab.add_segment("seg");
     let node1 = lab.add_node("node1");
     let node2 = lab.add_node("node2");
-    lab.attach(&node1, &seg, &["192.168.60.11/24", "fd00:60::11/64"]);
-    let node2_if = lab.attach(
-        &node2,
-        &seg,
+    lab.attach(&node1, &seg, node1_cidrs);
+    let node2_if = lab.attach(&node2, &seg, node2_cidrs);
+    TwoNodes {
+        lab,
+        node1,
+        node2,
+        node2_if,
+    }
+}
+
+#[test]
+fn kernel_answers_without_an_agent_and_a_dead_link_is_seen_within_the_bound() {
+    let TwoNodes {
+        lab: _lab,
+        node1,
+        node2,
+        node2_if,
+    } = two_nodes(
+        &["192.168.60.11/24", "fd00:60::11/64"],
         &[&format!("{NODE2_V4}/24"), &format!("{NODE2_V6}/64")],
     );
 
@@ -201,12 +222,12 @@ fn flood_reply(seq: u16) -> Vec<u8> {
 
 #[test]
 fn an_icmp_flood_at_the_probers_node_does_not_make_a_healthy_node_dead() {
-    let mut lab = Lab::new();
-    let seg = lab.add_segment("seg");
-    let node1 = lab.add_node("node1");
-    let node2 = lab.add_node("node2");
-    lab.attach(&node1, &seg, &["192.168.60.11/24"]);
-    let node2_if = lab.attach(&node2, &seg, &[&format!("{NODE2_V4}/24")]);
+    let TwoNodes {
+        mut lab,
+        node1,
+        node2,
+        node2_if,
+    } = two_nodes(&["192.168.60.11/24"], &[&format!("{NODE2_V4}/24")]);
     let pod = lab.add_pod(&node1, "flooder", &["10.128.0.5"]);
 
     // node-2 alone: the self-doubt guard (more than half of two or more dead) cannot hide

@@ -6,12 +6,10 @@
 //! 2001:db8:1::10 and 2001:db8:2::10 (on lo) behind 192.168.1.100 / fd00:1::100.
 
 use nodeplane::nft::names::object_name;
-use nodeplane::testing::lab::{Lab, ManifestAgent, Ns, Pod, SECOND, Server, eventually};
+use nodeplane::testing::lab::{NODE, NodeLab, Ns, Pod, SECOND, wait_for};
 use nodeplane::testing::listing;
 use nodeplane::testing::objects;
-use std::time::Duration;
 
-const NODE: &str = "node-1";
 const IN_CIDR: &str = "203.0.113.10:9000";
 const OUT_CIDR: &str = "198.51.100.10:9000";
 const IN_CIDR6: &str = "[2001:db8:1::10]:9000";
@@ -23,37 +21,27 @@ const ECT0: u8 = 0b10;
 const CE: u8 = 0b11;
 
 struct Topo {
-    node: Ns,
     voip: Pod,
     web: Pod,
     plain: Pod,
-    agent: ManifestAgent,
-    _servers: Vec<Server>,
-    // Last: servers and agents must stop before the namespaces go.
-    lab: Lab,
+    site: NodeLab,
 }
 
 fn topo() -> Topo {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let voip = lab.add_pod(&node, "voip", &["10.128.0.5", "fd01::5"]);
-    let web = lab.add_pod(&node, "web", &["10.128.0.6", "fd01::6"]);
-    let plain = lab.add_pod(&node, "plain", &["10.128.0.7", "fd01::7"]);
-    let ext = lab.add_uplink_host(&node, "ext");
-    lab.add_uplink_addrs(
-        &node,
-        &ext,
-        &[
-            "203.0.113.10",
-            "198.51.100.10",
-            "2001:db8:1::10",
-            "2001:db8:2::10",
-        ],
-        &["203.0.113.0/24", "198.51.100.0/24", "2001:db8::/32"],
-    );
+    let hosts = [
+        "203.0.113.10",
+        "198.51.100.10",
+        "2001:db8:1::10",
+        "2001:db8:2::10",
+    ];
+    let prefixes = ["203.0.113.0/24", "198.51.100.0/24", "2001:db8::/32"];
+    let mut site = NodeLab::new(&[]).with_hosts(&hosts, &prefixes);
+    let voip = site.pod("voip", &["10.128.0.5", "fd01::5"]);
+    let web = site.pod("web", &["10.128.0.6", "fd01::6"]);
+    let plain = site.pod("plain", &["10.128.0.7", "fd01::7"]);
     // One server per address: a wildcard-bound UDP socket would answer from the address of
     // the route back (192.168.1.100), which the pod's connected socket does not accept.
-    let servers = [
+    site.servers = [
         IN_CIDR,
         OUT_CIDR,
         IN_CIDR6,
@@ -62,17 +50,13 @@ fn topo() -> Topo {
         "203.0.113.10:5060",
         "[2001:db8:1::10]:5060",
     ]
-    .map(|addr| ext.udp_server(addr, "ext"))
+    .map(|addr| site.ext.udp_server(addr, "ext"))
     .into();
-    let agent = ManifestAgent::new(&node, NODE, &[]);
     Topo {
-        node,
         voip,
         web,
         plain,
-        agent,
-        _servers: servers,
-        lab,
+        site,
     }
 }
 
@@ -89,12 +73,21 @@ impl Topo {
             pod_doc("voice", "web", web_app, &self.web),
             pod_doc("plain", "plain", "voip", &self.plain),
         ];
-        self.agent.write("pods.yaml", &pods.join("---\n"));
-        self.agent.write(
+        self.site.agent.write("pods.yaml", &pods.join("---\n"));
+        self.site.agent.write(
             "qos-voice.yaml",
             &objects::egress_qos("voice", voice_rules).to_string(),
         );
     }
+}
+
+/// The topology with the pods at their own `app` labels and `voice_rules` applied by
+/// `--once`.
+fn applied(voice_rules: &str) -> Topo {
+    let t = topo();
+    t.write("voip", "web", voice_rules);
+    t.site.agent.once(&[]);
+    t
 }
 
 /// The TOS byte the external server saw for a datagram from `from` sent with `tos`.
@@ -134,16 +127,14 @@ fn rule_handles_and_packets(node: &Ns, chain: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn dst_cidr_rule_marks_only_packets_to_that_cidr_and_counts_them() {
-    let t = topo();
-    t.write("voip", "web", "[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
-    t.agent.once(&[]);
+    let t = applied("[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
     assert_eq!(dscp_seen(&t.voip, IN_CIDR), 46);
     assert_eq!(dscp_seen(&t.web, IN_CIDR), 46);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR), 0);
     assert_eq!(dscp_seen(&t.voip, LINK), 0);
     // An IPv4 rule leaves IPv6 alone.
     assert_eq!(dscp_seen(&t.voip, IN_CIDR6), 0);
-    let counted = rule_handles_and_packets(&t.node, &chain("voice"));
+    let counted = rule_handles_and_packets(&t.site.node, &chain("voice"));
     assert_eq!(counted.len(), 1, "{counted:?}");
     assert!(
         counted[0].1 >= 2,
@@ -153,13 +144,9 @@ fn dst_cidr_rule_marks_only_packets_to_that_cidr_and_counts_them() {
 
 #[test]
 fn of_two_overlapping_rules_the_first_wins() {
-    let t = topo();
-    t.write(
-        "voip",
-        "web",
+    let t = applied(
         "[{dscp: 20, dstCIDR: 203.0.0.0/16}, {dscp: 10, dstCIDR: 203.0.113.0/24}, {dscp: 30}]",
     );
-    t.agent.once(&[]);
     // The narrower second rule also matches, but the first one decides.
     assert_eq!(dscp_seen(&t.voip, IN_CIDR), 20);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR), 30);
@@ -168,13 +155,9 @@ fn of_two_overlapping_rules_the_first_wins() {
 
 #[test]
 fn ipv6_rules_mark_ipv6_traffic() {
-    let t = topo();
-    t.write(
-        "voip",
-        "web",
+    let t = applied(
         "[{dscp: 34, dstCIDR: '2001:db8:1::/64'}, {dscp: 8, podSelector: {matchLabels: {app: voip}}}]",
     );
-    t.agent.once(&[]);
     assert_eq!(dscp_seen(&t.voip, IN_CIDR6), 34);
     assert_eq!(dscp_seen(&t.web, IN_CIDR6), 34);
     assert_eq!(dscp_seen(&t.voip, OUT_CIDR6), 8);
@@ -188,9 +171,7 @@ fn ipv6_rules_mark_ipv6_traffic() {
 
 #[test]
 fn ecn_bits_set_by_the_sender_survive_the_marking() {
-    let t = topo();
-    t.write("voip", "web", "[{dscp: 46}]");
-    t.agent.once(&[]);
+    let t = applied("[{dscp: 46}]");
     for dst in [IN_CIDR, IN_CIDR6] {
         for ecn in [0, ECT0, CE] {
             let sent = 10 << 2 | ecn;
@@ -205,9 +186,7 @@ fn ecn_bits_set_by_the_sender_survive_the_marking() {
 
 #[test]
 fn a_namespace_without_egress_qos_is_untouched() {
-    let t = topo();
-    t.write("voip", "web", "[{dscp: 46}]");
-    t.agent.once(&[]);
+    let t = applied("[{dscp: 46}]");
     for dst in [IN_CIDR, IN_CIDR6] {
         // The sender's own DSCP and ECN go through unchanged, zero included.
         assert_eq!(tos_seen(&t.plain, dst, 10 << 2 | ECT0), 10 << 2 | ECT0);
@@ -218,13 +197,9 @@ fn a_namespace_without_egress_qos_is_untouched() {
 
 #[test]
 fn ports_extension_marks_only_the_listed_ports() {
-    let t = topo();
-    t.write(
-        "voip",
-        "web",
+    let t = applied(
         "[{dscp: 46, ports: [{protocol: UDP, port: 5060}]}, {dscp: 8, ports: [{protocol: TCP, port: 9000}]}]",
     );
-    t.agent.once(&[]);
     for (sip, other) in [
         ("203.0.113.10:5060", IN_CIDR),
         ("[2001:db8:1::10]:5060", IN_CIDR6),
@@ -235,62 +210,48 @@ fn ports_extension_marks_only_the_listed_ports() {
     }
 }
 
-/// Polls `now` until it returns `want` (the agent applies changes asynchronously).
-#[track_caller]
-fn wait_for<T: PartialEq + std::fmt::Debug>(secs: u64, want: T, mut now: impl FnMut() -> T) {
-    eventually(Duration::from_secs(secs), || {
-        let got = now();
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("got {got:?}, want {want:?}"))
-        }
-    });
-}
-
 #[test]
 fn pod_selector_marks_only_selected_pods_and_relabelling_moves_them_by_element_updates() {
     let t = topo();
     let rules = "[{dscp: 46, podSelector: {matchLabels: {app: voip}}}, \
                  {dscp: 10, podSelector: {matchExpressions: [{key: app, operator: In, values: [web]}]}}]";
     t.write("voip", "web", rules);
-    let agent = t.agent.spawn(&[]);
+    let agent = t.site.agent.spawn(&[]);
     let marks = |dst| (dscp_seen(&t.voip, dst), dscp_seen(&t.web, dst));
     for dst in [IN_CIDR, IN_CIDR6] {
         wait_for(10, (46, 10), || marks(dst));
     }
-    let before = rule_handles_and_packets(&t.node, &chain("voice"));
+    let before = rule_handles_and_packets(&t.site.node, &chain("voice"));
 
     // Swap the labels: the pods swap marks, and the chain's rules stay the same kernel objects.
     t.write("web", "voip", rules);
     for dst in [IN_CIDR, IN_CIDR6] {
         wait_for(5, (10, 46), || marks(dst));
     }
-    let after = rule_handles_and_packets(&t.node, &chain("voice"));
+    let after = rule_handles_and_packets(&t.site.node, &chain("voice"));
     let handles = |v: &[(u64, u64)]| v.iter().map(|h| h.0).collect::<Vec<_>>();
     assert_eq!(handles(&after), handles(&before), "chain was rewritten");
     // A label no rule selects: unmarked.
     t.write("db", "voip", rules);
     wait_for(5, (0, 46), || marks(IN_CIDR));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    agent.stop_ok();
 }
 
 #[test]
 fn an_invalid_update_keeps_the_previous_marks_and_reports_the_reason() {
     let t = topo();
     t.write("voip", "web", "[{dscp: 46}]");
-    t.agent.write(
+    t.site.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 12}]").to_string(),
     );
-    let agent = t.agent.spawn(&[]);
+    let agent = t.site.agent.spawn(&[]);
     let marks = || (dscp_seen(&t.voip, IN_CIDR), dscp_seen(&t.plain, IN_CIDR));
     wait_for(10, (46, 12), marks);
 
     t.write("voip", "web", "[{dscp: 99}]");
     // The other namespace changes at the same time and is applied.
-    t.agent.write(
+    t.site.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 14}]").to_string(),
     );
@@ -306,8 +267,7 @@ fn an_invalid_update_keeps_the_previous_marks_and_reports_the_reason() {
     // Fixing the object applies it.
     t.write("voip", "web", "[{dscp: 20}]");
     wait_for(5, (20, 14), marks);
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    let logs = agent.stop_ok();
     assert!(
         logs.contains("EgressQoS voice/default: EgressQoS Rules applied"),
         "{logs}"
@@ -316,16 +276,15 @@ fn an_invalid_update_keeps_the_previous_marks_and_reports_the_reason() {
 
 #[test]
 fn marks_survive_later_snat_and_dst_cidr_sees_the_dnat_destination() {
-    let t = topo();
-    t.write("voip", "web", "[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
-    t.agent.once(&[]);
+    let t = applied("[{dscp: 46, dstCIDR: 203.0.113.0/24}]");
     // Someone else's NAT on the node: a DNAT of 192.0.2.80:80 to the external server, and
     // masquerade of all pod traffic leaving through eth0 (as EgressIP/services would do).
     let foreign = "table ip foreign {
         chain pre { type nat hook prerouting priority -100; udp dport 80 ip daddr 192.0.2.80 dnat to 203.0.113.10:9000; }
         chain post { type nat hook postrouting priority 100; oifname \"eth0\" ip saddr 10.128.0.0/14 masquerade; }
     }";
-    t.node
+    t.site
+        .node
         .exec_stdin(&["nft", "-f", "-"], foreign)
         .expect("foreign NAT table");
     let reply = t.voip.ns.udp_exchange(IN_CIDR, SECOND).expect_reply();
@@ -361,29 +320,19 @@ fn once_applies_exactly_what_dry_run_printed() {
           {dscp: 18, dstCIDR: 10.0.0.0/9, podSelector: {matchExpressions: [{key: app, operator: NotIn, values: [db]}]}}, \
           {dscp: 1, dstCIDR: '::/0'}, {dscp: 0}]",
     );
-    t.agent.write(
+    t.site.agent.write(
         "qos-plain.yaml",
         &objects::egress_qos("plain", "[{dscp: 63, podSelector: {}}]").to_string(),
     );
-    let printed = t
-        .node
-        .run_agent(&t.agent.args(&["--dry-run"]))
-        .expect("dry-run");
-    assert!(!printed.contains("not correctly applied"), "{printed}");
-    t.agent.once(&[]);
-    let reference = t.lab.add_host("ref");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &printed)
-        .expect("nft -f accepts the dry-run text");
+    let reference = t.site.once_applies_the_dry_run();
     assert_eq!(
-        listing::json(&t.node, "nodeplane"),
-        listing::json(&reference, "nodeplane")
-    );
-    assert_eq!(
-        listing::bytecode(&t.node, "nodeplane"),
+        listing::bytecode(&t.site.node, "nodeplane"),
         listing::bytecode(&reference, "nodeplane")
     );
-    assert_eq!(rule_handles_and_packets(&t.node, &chain("voice")).len(), 8);
+    assert_eq!(
+        rule_handles_and_packets(&t.site.node, &chain("voice")).len(),
+        8
+    );
     assert_eq!(dscp_seen(&t.voip, IN_CIDR), 46);
     assert_eq!(dscp_seen(&t.web, IN_CIDR), 0);
     assert_eq!(dscp_seen(&t.web, "[2001:db8:1::10]:5060"), 40);

@@ -6,13 +6,12 @@
 //! of 100 bytes (128-byte IPv4 packets) to sinks that never reply: a flow without a reply is
 //! not established, so every datagram is judged by the rules and counted.
 
-use nodeplane::testing::lab::{DatagramSink, Lab, ManifestAgent, Ns, Pod, eventually};
+use nodeplane::config::DEFAULT_ADMIN_ADDRESS as ADMIN;
+use nodeplane::testing::lab::{DatagramSink, NODE, NodeLab, Ns, Pod, eventually};
 use nodeplane::testing::objects;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-const NODE: &str = "node-1";
-const ADMIN: &str = "127.0.0.1:9942";
 const ALLOWED: &str = "203.0.113.10:7000";
 const DENIED: &str = "203.0.113.20:7000";
 const A2_PORT: &str = "10.128.0.6:9000";
@@ -32,27 +31,12 @@ const POLICY: &str = "  podSelector: {}\n  ingress:\n  \
 struct Topo {
     a1: Pod,
     b1: Pod,
-    node: Ns,
-    agent: ManifestAgent,
     sinks: Vec<DatagramSink>,
-    _lab: Lab,
+    site: NodeLab,
 }
 
 /// The lab and the pods, no policy objects yet.
 fn pods_only() -> Topo {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
-    let a2 = lab.add_pod(&node, "a2", &["10.128.0.6"]);
-    let b1 = lab.add_pod(&node, "b1", &["10.128.0.7"]);
-    let ext = lab.add_uplink_host(&node, "ext");
-    let hosts = ["203.0.113.10", "203.0.113.20"];
-    lab.add_uplink_addrs(&node, &ext, &hosts, &["203.0.113.0/24"]);
-    let sinks = vec![
-        DatagramSink::start(&ext, addr(ALLOWED)),
-        DatagramSink::start(&ext, addr(DENIED)),
-        DatagramSink::start(&a2.ns, addr(A2_PORT)),
-    ];
     let flags = [
         "--cluster-cidr",
         "10.128.0.0/14",
@@ -61,20 +45,27 @@ fn pods_only() -> Topo {
         "--rule-counters-seconds",
         "1",
     ];
-    let agent = ManifestAgent::new(&node, NODE, &flags);
+    let hosts = ["203.0.113.10", "203.0.113.20"];
+    let mut site = NodeLab::new(&flags).with_hosts(&hosts, &["203.0.113.0/24"]);
+    let a1 = site.pod("a1", &["10.128.0.5"]);
+    let a2 = site.pod("a2", &["10.128.0.6"]);
+    let b1 = site.pod("b1", &["10.128.0.7"]);
+    let sinks = vec![
+        DatagramSink::start(&site.ext, addr(ALLOWED)),
+        DatagramSink::start(&site.ext, addr(DENIED)),
+        DatagramSink::start(&a2.ns, addr(A2_PORT)),
+    ];
     let pods = [
         a1.manifest("alpha", "a1", NODE),
         a2.manifest("alpha", "a2", NODE),
         b1.manifest("beta", "b1", NODE),
     ];
-    agent.write("pods.yaml", &pods.join("---\n"));
+    site.agent.write("pods.yaml", &pods.join("---\n"));
     Topo {
         a1,
         b1,
-        node,
-        agent,
         sinks,
-        _lab: lab,
+        site,
     }
 }
 
@@ -82,9 +73,9 @@ fn pods_only() -> Topo {
 fn topo() -> Topo {
     let t = pods_only();
     let firewall = objects::egress_firewall("alpha", FIREWALL);
-    t.agent.write("fw.yaml", &firewall.to_string());
+    t.site.agent.write("fw.yaml", &firewall.to_string());
     let policy = objects::network_policy("alpha", "udp-9000", POLICY);
-    t.agent.write("np.yaml", &policy.to_string());
+    t.site.agent.write("np.yaml", &policy.to_string());
     t
 }
 
@@ -140,7 +131,7 @@ fn wait_for_series(t: &Topo, metrics: &[&str], want: Vec<String>) {
     let mut want = want;
     want.sort();
     eventually(TIMEOUT, || {
-        let got = rule_series(&t.node, metrics);
+        let got = rule_series(&t.site.node, metrics);
         if got == want {
             Ok(())
         } else {
@@ -158,7 +149,7 @@ fn wait_for_series(t: &Topo, metrics: &[&str], want: Vec<String>) {
 #[test]
 fn metrics_count_each_rules_packets_exactly() {
     let t = topo();
-    let mut agent = t.agent.spawn(&[]);
+    let mut agent = t.site.agent.spawn(&[]);
     agent.wait_ready(addr(ADMIN), TIMEOUT);
     let expected = |fw: [u64; 2], np: [u64; 2]| {
         let mut lines = Vec::new();
@@ -198,7 +189,7 @@ fn metrics_count_each_rules_packets_exactly() {
     assert_eq!([from(&sinks[0], &t.a1), from(&sinks[1], &t.a1)], [3, 0]);
     assert_eq!([from(&sinks[2], &t.a1), from(&sinks[2], &t.b1)], [4, 0]);
     // A deleted policy's series disappear; the firewall's stay as they were.
-    std::fs::remove_file(t.agent.dir().join("np.yaml")).unwrap();
+    std::fs::remove_file(t.site.agent.dir().join("np.yaml")).unwrap();
     let fw_only: Vec<String> = expected([3, 5], [0, 0])
         .into_iter()
         .filter(|l| l.contains("egress_firewall"))
@@ -222,9 +213,10 @@ fn qos(metric: &str, rule: u32, n: u64) -> String {
 #[test]
 fn metrics_count_each_egress_qos_rules_packets_exactly() {
     let t = pods_only();
-    t.agent
+    t.site
+        .agent
         .write("qos.yaml", &objects::egress_qos("alpha", QOS).to_string());
-    let mut agent = t.agent.spawn(&[]);
+    let mut agent = t.site.agent.spawn(&[]);
     agent.wait_ready(addr(ADMIN), TIMEOUT);
     let expected = |n: [u64; 2]| {
         let mut lines = Vec::new();

@@ -2,9 +2,9 @@
 //! kube-proxy's own nftables tests that nodeplane did not hold at first). Same lab as
 //! [`crate::services`].
 
-use crate::services::{NODE, OTHER, SHORT, TCP_PORTS, set, tcp_servers, topo};
+use crate::services::{NODE, OTHER, SHORT, TCP_PORTS, Topo, set, tcp_servers, topo};
 use nodeplane::testing::lab::{Outcome, SECOND};
-use nodeplane::testing::objects::{self, endpoint_slice, ep, service_ips};
+use nodeplane::testing::objects::{self, Ep, endpoint_slice, ep, service_ips};
 use std::net::IpAddr;
 
 const ZONE: &str = "topology.kubernetes.io/zone";
@@ -188,16 +188,33 @@ fn pods_reaching_an_external_ip_follow_the_internal_policy_when_both_are_local()
     }
 }
 
+/// The services topology with this node in zone `zone-a`, and the backends' IPv4 addresses.
+fn node_in_zone_a() -> (Topo, [String; 3]) {
+    let t = topo();
+    let backends = [&t.b1, &t.b2, &t.b3].map(|b| t.v4(b));
+    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
+    t.agent.write("nodes.yaml", &node.to_string());
+    (t, backends)
+}
+
+/// HTTP Service `name` at `ip` with the given `trafficDistribution` (if any), and its
+/// EndpointSlice of `endpoints`.
+fn distributed(name: &str, ip: &str, distribution: Option<&str>, endpoints: &[Ep]) -> [String; 2] {
+    let mut service = service_ips(name, &[ip], "{name: http, port: 80, protocol: TCP}");
+    if let Some(d) = distribution {
+        service = service.spec(&format!("trafficDistribution: {d}"));
+    }
+    let slice = endpoint_slice(name, name, "IPv4", TCP_PORTS, endpoints);
+    [service.to_string(), slice.to_string()]
+}
+
 /// Topology-aware routing: a Service whose endpoints are hinted for zones (as the
 /// EndpointSlice controller does for `trafficDistribution: PreferClose` or the
 /// `topology-mode: Auto` annotation) reaches only the endpoints hinted for the node's zone,
 /// and every endpoint when the hints are incomplete (kube-proxy's fallback).
 #[test]
 fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
-    let t = topo();
-    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
-    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
-    t.agent.write("nodes.yaml", &node.to_string());
+    let (t, [b1, b2, b3]) = node_in_zone_a();
     let hinted = [
         ep(&b1, NODE).for_zones(&["zone-a"]),
         ep(&b2, OTHER).for_zones(&["zone-b"]),
@@ -208,19 +225,12 @@ fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
         ep(&b2, OTHER),
         ep(&b3, OTHER).for_zones(&["zone-a"]),
     ];
-    let http = "{name: http, port: 80, protocol: TCP}";
     let docs = [
-        service_ips("close", &["172.30.0.60"], http)
-            .spec("trafficDistribution: PreferClose")
-            .to_string(),
-        endpoint_slice("close", "close", "IPv4", TCP_PORTS, &hinted).to_string(),
-        service_ips("partial", &["172.30.0.61"], http)
-            .spec("trafficDistribution: PreferClose")
-            .to_string(),
-        endpoint_slice("partial", "partial", "IPv4", TCP_PORTS, &incomplete).to_string(),
-        service_ips("plain", &["172.30.0.62"], http).to_string(),
-        endpoint_slice("plain", "plain", "IPv4", TCP_PORTS, &hinted).to_string(),
-    ];
+        distributed("close", "172.30.0.60", Some("PreferClose"), &hinted),
+        distributed("partial", "172.30.0.61", Some("PreferClose"), &incomplete),
+        distributed("plain", "172.30.0.62", None, &hinted),
+    ]
+    .concat();
     t.agent.write("services.yaml", &docs.join("---\n"));
     t.agent.once(&[]);
 
@@ -294,10 +304,7 @@ fn an_endpoint_with_two_addresses_weighs_as_much_as_one_with_one() {
 /// and one is for this node; otherwise the zone hints decide, as kube-proxy's topology.go.
 #[test]
 fn prefer_same_node_chooses_the_local_endpoint() {
-    let t = topo();
-    let (b1, b2, b3) = (t.v4(&t.b1), t.v4(&t.b2), t.v4(&t.b3));
-    let node = objects::node(NODE, &["192.168.1.1"]).labels(&[(ZONE, "zone-a")]);
-    t.agent.write("nodes.yaml", &node.to_string());
+    let (t, [b1, b2, b3]) = node_in_zone_a();
     let same_node = [
         ep(&b1, NODE).for_nodes(&[NODE]).for_zones(&["zone-a"]),
         ep(&b2, OTHER).for_nodes(&[OTHER]).for_zones(&["zone-a"]),
@@ -309,17 +316,11 @@ fn prefer_same_node_chooses_the_local_endpoint() {
         ep(&b2, OTHER).for_zones(&["zone-a"]),
         ep(&b3, OTHER).for_nodes(&[OTHER]).for_zones(&["zone-b"]),
     ];
-    let http = "{name: http, port: 80, protocol: TCP}";
     let docs = [
-        service_ips("same", &["172.30.0.71"], http)
-            .spec("trafficDistribution: PreferSameNode")
-            .to_string(),
-        endpoint_slice("same", "same", "IPv4", TCP_PORTS, &same_node).to_string(),
-        service_ips("partial", &["172.30.0.72"], http)
-            .spec("trafficDistribution: PreferSameNode")
-            .to_string(),
-        endpoint_slice("partial", "partial", "IPv4", TCP_PORTS, &partial).to_string(),
-    ];
+        distributed("same", "172.30.0.71", Some("PreferSameNode"), &same_node),
+        distributed("partial", "172.30.0.72", Some("PreferSameNode"), &partial),
+    ]
+    .concat();
     t.agent.write("services.yaml", &docs.join("---\n"));
     t.agent.once(&[]);
 

@@ -14,12 +14,14 @@ use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
     socket,
 };
-use nodeplane::nft::monitor::{Drift, Monitor};
+// The agent's default admin address, on the node netns' own loopback.
+use nodeplane::config::DEFAULT_ADMIN_ADDRESS as ADMIN;
+use nodeplane::nft::monitor::{DEFAULT_RCVBUF, Drift, Monitor};
 use nodeplane::nft::names::object_name;
 use nodeplane::nft::nftnl::NftnlBackend;
 use nodeplane::nft::{Engine, TABLE_NAME};
 use nodeplane::testing::lab::{
-    self, AgentProcess, Lab, ManifestAgent, Ns, Pod, Server, eventually, run_cmd,
+    self, AgentProcess, Lab, Monitored, NODE, NodeLab, Ns, Pod, eventually, run_cmd,
 };
 use nodeplane::testing::large;
 use nodeplane::testing::listing;
@@ -30,12 +32,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const NODE: &str = "node-1";
 const H10: &str = "203.0.113.10";
 const H20: &str = "203.0.113.20";
 const SERVICE: &str = "172.30.0.10:80";
-/// The agent's default admin address, on the node netns' own loopback.
-const ADMIN: &str = "127.0.0.1:9942";
 /// How long a probe that should be dropped waits.
 const SHORT: Duration = Duration::from_millis(400);
 const WAIT: Duration = Duration::from_secs(10);
@@ -43,47 +42,31 @@ const FOREIGN_TABLE: &str = "table inet other {\n\tchain input {\n\t\t\
     type filter hook input priority 0; policy accept;\n\t\ttcp dport 9999 counter accept\n\t}\n}\n";
 
 struct Topo {
-    node: Ns,
     a1: Pod,
-    agent: ManifestAgent,
-    _servers: Vec<Server>,
-    // Last: servers and agents must stop before the namespaces go.
-    lab: Lab,
+    site: NodeLab,
 }
 
 fn topo() -> Topo {
-    let mut lab = Lab::new();
-    let node = lab.add_node("node");
-    let a1 = lab.add_pod(&node, "a1", &["10.128.0.5"]);
-    let b1 = lab.add_pod(&node, "b1", &["10.128.0.11"]);
-    let ext = lab.add_uplink_host(&node, "ext");
-    lab.add_uplink_addrs(&node, &ext, &[H10, H20], &["203.0.113.0/24"]);
-    let servers = vec![
-        ext.tcp_server(format!("{H10}:80"), "h10"),
-        ext.tcp_server(format!("{H20}:80"), "h20"),
+    let flags = [
+        "--cluster-cidr",
+        "10.128.0.0/14",
+        "--service-cidr",
+        "172.30.0.0/16",
+    ];
+    let mut site = NodeLab::new(&flags).with_hosts(&[H10, H20], &["203.0.113.0/24"]);
+    let a1 = site.pod("a1", &["10.128.0.5"]);
+    let b1 = site.pod("b1", &["10.128.0.11"]);
+    site.servers = vec![
+        site.ext.tcp_server(format!("{H10}:80"), "h10"),
+        site.ext.tcp_server(format!("{H20}:80"), "h20"),
         b1.ns.tcp_server("0.0.0.0:8080", "b1"),
     ];
-    node.exec_stdin(&["nft", "-f", "-"], FOREIGN_TABLE)
+    site.node
+        .exec_stdin(&["nft", "-f", "-"], FOREIGN_TABLE)
         .expect("someone else's table");
-    let agent = ManifestAgent::new(
-        &node,
-        NODE,
-        &[
-            "--cluster-cidr",
-            "10.128.0.0/14",
-            "--service-cidr",
-            "172.30.0.0/16",
-        ],
-    );
-    let t = Topo {
-        node,
-        a1,
-        agent,
-        _servers: servers,
-        lab,
-    };
-    t.agent.write_own_node(&["192.168.1.1"]);
-    t.agent.write(
+    let t = Topo { a1, site };
+    t.site.agent.write_own_node(&["192.168.1.1"]);
+    t.site.agent.write(
         "pods.yaml",
         &[
             pod_doc("alpha", "a1", "10.128.0.5"),
@@ -109,7 +92,7 @@ fn topo() -> Topo {
             .to_string(),
         );
     }
-    t.agent.write("services.yaml", &services.join("---\n"));
+    t.site.agent.write("services.yaml", &services.join("---\n"));
     t
 }
 
@@ -124,7 +107,7 @@ impl Topo {
             .iter()
             .map(|h| format!("{{type: Deny, to: {{cidrSelector: {h}/32}}}}"))
             .collect();
-        self.agent.write(
+        self.site.agent.write(
             "fw-alpha.yaml",
             &format!(
                 "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
@@ -136,8 +119,8 @@ impl Topo {
 
     /// The agent in run mode, once its first sync made the firewall and services work.
     fn spawn(&self) -> AgentProcess {
-        let agent = self.agent.spawn(&[]);
-        wait_admin(&self.node, "/readyz", 200, "drift repairs: 0");
+        let agent = self.site.agent.spawn(&[]);
+        wait_admin(&self.site.node, "/readyz", 200, "drift repairs: 0");
         eventually(WAIT, || self.check_traffic());
         agent
     }
@@ -257,8 +240,8 @@ pub(crate) fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
     let _alone = lab::exclusive();
     let t = topo();
     let agent = t.spawn();
-    let expected = table_now(&t.node).expect("our table");
-    let other = listing::json(&t.node, "other");
+    let expected = table_now(&t.site.node).expect("our table");
+    let other = listing::json(&t.site.node, "other");
     let fw_map = format!("{}-v4", object_name("fw", "alpha"));
     // (command, what the agent's warning names)
     let cases = [
@@ -290,15 +273,16 @@ pub(crate) fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
     ];
     for (i, (command, named)) in cases.iter().enumerate() {
         let log_before = agent.logs().len();
-        t.node
+        t.site
+            .node
             .nft(&[command])
             .unwrap_or_else(|e| panic!("{command}: {e}"));
         let returned = Instant::now();
-        let took = wait_repaired(&t.node, &expected, returned, &agent);
+        let took = wait_repaired(&t.site.node, &expected, returned, &agent);
         eprintln!("`nft {command}`: table repaired {took:?} after the command returned");
         eventually(WAIT, || t.check_traffic());
         let repairs = format!("drift repairs: {}", i + 1);
-        wait_admin(&t.node, "/readyz", 200, &repairs);
+        wait_admin(&t.site.node, "/readyz", 200, &repairs);
         let logs = agent.logs();
         let warning = logs[log_before..]
             .lines()
@@ -308,23 +292,34 @@ pub(crate) fn each_drift_is_repaired_at_once_and_other_tables_are_untouched() {
         assert!(warning.contains("(by nft (pid "), "{warning}");
         if command == "flush ruleset" {
             // `flush ruleset` deletes every table: someone else's too. Only ours comes back.
-            assert!(t.node.nft(&["list", "table", "inet", "other"]).is_err());
+            assert!(
+                t.site
+                    .node
+                    .nft(&["list", "table", "inet", "other"])
+                    .is_err()
+            );
         } else {
-            assert_eq!(listing::json(&t.node, "other"), other, "after `{command}`");
+            assert_eq!(
+                listing::json(&t.site.node, "other"),
+                other,
+                "after `{command}`"
+            );
         }
     }
     // Each drift was one detection and one repair; the agent's own syncs were none.
     let n = cases.len() as f64;
-    assert_eq!(metric_sum(&t.node, "nodeplane_drift_detected_total"), n);
-    assert_eq!(metric_sum(&t.node, "nodeplane_drift_repairs_total"), n);
-    let last = metric_sum(&t.node, "nodeplane_drift_last_repair_duration_seconds");
+    assert_eq!(
+        metric_sum(&t.site.node, "nodeplane_drift_detected_total"),
+        n
+    );
+    assert_eq!(metric_sum(&t.site.node, "nodeplane_drift_repairs_total"), n);
+    let last = metric_sum(&t.site.node, "nodeplane_drift_last_repair_duration_seconds");
     assert!(last > 0.0, "{last}");
     eprintln!(
         "agent's own measure of the last repair (detection to end of sync): {:.1} ms",
         last * 1e3
     );
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    let logs = agent.stop_ok();
     assert_eq!(
         logs.matches("changed by someone else").count(),
         cases.len(),
@@ -338,7 +333,8 @@ fn a_manifest_change_right_after_a_drift_applies() {
     let _alone = lab::exclusive();
     let mut t = topo();
     let agent = t.spawn();
-    t.node
+    t.site
+        .node
         .nft(&["delete", "table", "inet", TABLE_NAME])
         .expect("delete table");
     t.write_firewall(&[H20, H10]);
@@ -350,19 +346,11 @@ fn a_manifest_change_right_after_a_drift_applies() {
         }
     });
     assert!(t.a1.ns.tcp_connect(SERVICE, SHORT).is_reply(), "service");
-    wait_admin(&t.node, "/readyz", 200, "drift repairs: 1");
+    wait_admin(&t.site.node, "/readyz", 200, "drift repairs: 1");
     // The kernel holds exactly what `--dry-run` prints for the new manifests.
-    let printed = t
-        .node
-        .run_agent(&t.agent.args(&["--dry-run"]))
-        .expect("dry-run");
-    let reference = t.lab.add_host("ref");
-    reference
-        .exec_stdin(&["nft", "-f", "-"], &printed)
-        .expect("nft -f accepts the dry-run text");
-    assert_eq!(table_now(&t.node), table_now(&reference));
-    let (status, logs) = agent.stop();
-    assert!(status.success(), "{status}:\n{logs}");
+    let (_, reference) = t.site.dry_run_reference();
+    assert_eq!(table_now(&t.site.node), table_now(&reference));
+    agent.stop_ok();
 }
 
 /// A table of `large::large_table` shape with `elements` map elements.
@@ -372,30 +360,23 @@ fn table(elements: u32) -> nodeplane::nft::Table {
 
 #[test]
 fn the_monitor_reports_others_commits_to_our_table_only() {
-    // Repair latency is part of what these tests check: no other lab runs meanwhile.
-    let _alone = lab::exclusive();
-    let mut lab = Lab::new();
-    let ns = lab.add_host("mon");
-    let (tx, rx) = mpsc::channel::<Drift>();
-    let monitor = ns
-        .enter(move || Monitor::start(TABLE_NAME, move |d| tx.send(d).is_ok()))
-        .expect("monitor");
+    let m = Monitored::start("mon", DEFAULT_RCVBUF);
     // The agent's own commits, from two threads other than the monitor's (the kernel names
     // each sending thread; the socket is what makes them ours).
     let engine = Engine::new(NftnlBackend::new());
-    let mut engine = ns.enter(move || {
+    let mut engine = m.ns.enter(move || {
         let mut engine = engine;
         engine.sync(table(2000)).expect("first apply");
         engine
     });
-    ns.enter(|| engine.sync(table(2001)).expect("second apply"));
+    m.ns.enter(|| engine.sync(table(2001)).expect("second apply"));
     // Someone else's table: not ours.
-    ns.nft(&["add table inet other"]).unwrap();
-    ns.nft(&["add chain inet other c"]).unwrap();
+    m.ns.nft(&["add table inet other"]).unwrap();
+    m.ns.nft(&["add chain inet other c"]).unwrap();
     // Someone else's change to ours.
-    ns.nft(&[&format!("add rule inet {TABLE_NAME} svc-3 accept")])
+    m.ns.nft(&[&format!("add rule inet {TABLE_NAME} svc-3 accept")])
         .unwrap();
-    let d = rx.recv_timeout(WAIT).expect("a drift report");
+    let d = m.rx.recv_timeout(WAIT).expect("a drift report");
     let text = d.to_string();
     assert!(
         text.starts_with("chain svc-3 1 rule added (by nft (pid "),
@@ -403,8 +384,8 @@ fn the_monitor_reports_others_commits_to_our_table_only() {
     );
     assert!(!d.events_lost);
     // Reports come in commit order: nothing was reported for the commits before it.
-    assert!(rx.try_recv().is_err());
-    let stats = monitor.stats();
+    assert!(m.rx.try_recv().is_err());
+    let stats = m.monitor.stats();
     use std::sync::atomic::Ordering::Relaxed;
     assert!(stats.own_commits.load(Relaxed) >= 2);
     assert_eq!(stats.foreign_commits.load(Relaxed), 1);
@@ -414,29 +395,22 @@ fn the_monitor_reports_others_commits_to_our_table_only() {
         stats.messages.load(Relaxed),
         stats.bytes.load(Relaxed)
     );
-    monitor.stop();
+    m.monitor.stop();
 }
 
 #[test]
 fn lost_notifications_are_reported_as_a_possible_drift() {
-    // Repair latency is part of what these tests check: no other lab runs meanwhile.
-    let _alone = lab::exclusive();
-    let mut lab = Lab::new();
-    let ns = lab.add_host("mon");
-    let (tx, rx) = mpsc::channel::<Drift>();
     // A buffer far too small for the notifications of a 50,000-element apply.
-    let monitor = ns
-        .enter(move || Monitor::start_with(TABLE_NAME, 4096, move |d| tx.send(d).is_ok()))
-        .expect("monitor");
+    let m = Monitored::start("mon", 4096);
     // The reader sometimes keeps up even so (the sender is preempted, the reader drains):
     // apply and remove 50,000 elements until an overrun happens.
     let mut engine = Engine::new(NftnlBackend::new());
-    let stats = monitor.stats();
+    let stats = m.monitor.stats();
     let mut report = None;
     for round in 0..10 {
         let elements = if round % 2 == 0 { 50_000 } else { 1 };
-        ns.enter(|| engine.sync(table(elements)).expect("apply"));
-        if let Ok(d) = rx.recv_timeout(Duration::from_millis(500)) {
+        m.ns.enter(|| engine.sync(table(elements)).expect("apply"));
+        if let Ok(d) = m.rx.recv_timeout(Duration::from_millis(500)) {
             report = Some(d);
             break;
         }
@@ -446,7 +420,7 @@ fn lost_notifications_are_reported_as_a_possible_drift() {
     assert!(d.events_lost, "{d}");
     assert_eq!(d.object(), "unknown");
     assert!(stats.overruns.load(std::sync::atomic::Ordering::Relaxed) >= 1);
-    monitor.stop();
+    m.monitor.stop();
 }
 
 // --- The table `owner` and `persist` flags (NFT_TABLE_F_OWNER = 2, NFT_TABLE_F_PERSIST = 4,

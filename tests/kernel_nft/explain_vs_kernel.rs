@@ -116,6 +116,23 @@ fn random_verdict(r: &mut Rng, from: usize, chains: usize) -> Option<Verdict> {
     }
 }
 
+/// IPv4-keyed verdict map `name` with up to three random verdicts of chain `from`, each under
+/// the key `key` draws.
+fn random_verdict_map(
+    r: &mut Rng,
+    name: String,
+    (from, chains): (usize, usize),
+    key: impl Fn(&mut Rng) -> Value,
+) -> Set {
+    let mut map = Set::new(name, vec![DataType::Ipv4Addr], SetKind::VerdictMap);
+    for _ in 0..3 {
+        if let Some(v) = random_verdict(r, from, chains) {
+            map.insert_mapping(vec![key(r).into()], ElemData::Verdict(v));
+        }
+    }
+    map
+}
+
 fn random_rule(r: &mut Rng, from: usize, chains: usize) -> Rule {
     match r.below(8) {
         0 => return Rule::new(vec![Stmt::vmap(vec![Field::Ip4Daddr], format!("vm{from}"))]),
@@ -162,29 +179,15 @@ fn random_table(r: &mut Rng) -> Table {
     t.add_set(pairs);
     let chains = 1 + r.below(3);
     for i in 0..chains {
-        let mut vm = Set::new(
-            format!("vm{i}"),
-            vec![DataType::Ipv4Addr],
-            SetKind::VerdictMap,
-        );
-        for _ in 0..3 {
-            if let Some(v) = random_verdict(r, i, chains) {
-                vm.insert_mapping(vec![v4(dst(r.below(8))).into()], ElemData::Verdict(v));
-            }
-        }
-        t.add_set(vm);
-        let mut nib = Set::new(
+        let to_dst = |r: &mut Rng| v4(dst(r.below(8)));
+        t.add_set(random_verdict_map(r, format!("vm{i}"), (i, chains), to_dst));
+        let to_nibble = |r: &mut Rng| Value::ip(low_nibble(IpAddr::V4(dst(r.below(8)))));
+        t.add_set(random_verdict_map(
+            r,
             format!("nib{i}"),
-            vec![DataType::Ipv4Addr],
-            SetKind::VerdictMap,
-        );
-        for _ in 0..3 {
-            if let Some(v) = random_verdict(r, i, chains) {
-                let low = low_nibble(IpAddr::V4(dst(r.below(8))));
-                nib.insert_mapping(vec![Value::ip(low).into()], ElemData::Verdict(v));
-            }
-        }
-        t.add_set(nib);
+            (i, chains),
+            to_nibble,
+        ));
         let policy = if r.below(2) == 0 {
             Policy::Accept
         } else {

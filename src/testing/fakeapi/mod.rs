@@ -43,11 +43,7 @@ pub struct FakeApi {
 impl FakeApi {
     /// Serves on `listener` (bind it inside the netns the agent runs in).
     pub fn start(listener: TcpListener) -> FakeApi {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("fake API runtime");
+        let runtime = crate::testing::runtime::multi_thread(1);
         let addr = listener.local_addr().expect("local addr");
         let api = FakeApi {
             shared: Arc::new(shared::Shared::new()),

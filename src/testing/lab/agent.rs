@@ -88,6 +88,14 @@ impl AgentProcess {
         (status, self.logs())
     }
 
+    /// [`AgentProcess::stop`], asserting a clean exit; returns the logs.
+    #[track_caller]
+    pub fn stop_ok(self) -> String {
+        let (status, logs) = self.stop();
+        assert!(status.success(), "agent exit {status:?}:\n{logs}");
+        logs
+    }
+
     /// Panics if the agent ran sandboxed and its log shows the sandbox denying it something.
     fn check_sandbox(&self) {
         if !self.sandboxed {
@@ -272,6 +280,16 @@ impl ManifestAgent {
     /// Writes (or replaces) the manifest `name` atomically.
     pub fn write(&self, name: &str, text: &str) {
         super::write_manifest(self.dir.path(), name, text);
+    }
+
+    /// The agent reads its resolvers from `text` (a resolv.conf in the manifests directory,
+    /// `--resolv-conf` on every command line from now on), not from the host's.
+    pub fn set_resolv_conf(&mut self, text: &str) {
+        let path = self.dir.path().join("resolv.conf.txt");
+        std::fs::write(&path, text).expect("write resolv.conf");
+        self.args.push("--resolv-conf".to_string());
+        self.args
+            .push(path.to_str().expect("utf-8 path").to_string());
     }
 
     /// Writes the agent's own Node object (`nodes.yaml`) with `ips` (its InternalIPs, e.g.

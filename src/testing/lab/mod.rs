@@ -17,7 +17,9 @@ mod datagrams;
 pub mod dns;
 mod echo;
 mod matrix;
+mod monitored;
 mod netns;
+mod node_lab;
 pub mod sandbox;
 mod stream;
 mod topology;
@@ -32,9 +34,11 @@ pub use byte_server::{byte_server, connect_times};
 pub use datagrams::{Arrival, DatagramSender, DatagramSink, Outage};
 pub use echo::{EchoConn, line_echo_server};
 pub use matrix::{Endpoint, Probe, Truth, assert_truth, probe_all};
+pub use monitored::Monitored;
 pub use netns::{
     CmdError, Exclusive, Ns, create as create_netns, delete as delete_netns, exclusive, run_cmd,
 };
+pub use node_lab::{NODE, NodeLab};
 pub use sandbox::{sandboxed, sandboxed_with};
 pub use stream::{ConnStream, StreamTally};
 pub use topology::{
@@ -70,4 +74,18 @@ pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, String>
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
+}
+
+/// Polls `now` until it returns `want`, for `secs` seconds (the agent applies changes
+/// asynchronously), then panics with the last value.
+#[track_caller]
+pub fn wait_for<T: PartialEq + std::fmt::Debug>(secs: u64, want: T, mut now: impl FnMut() -> T) {
+    eventually(Duration::from_secs(secs), || {
+        let got = now();
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("got {got:?}, want {want:?}"))
+        }
+    });
 }

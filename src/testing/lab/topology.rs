@@ -159,6 +159,16 @@ impl Lab {
         ns
     }
 
+    /// A host netns `ref` holding `ruleset` (applied by `nft -f`): what a node's tables are
+    /// compared with when a ruleset the agent printed must be what it applies.
+    pub fn add_reference(&mut self, ruleset: &str) -> Ns {
+        let reference = self.add_host("ref");
+        reference
+            .exec_stdin(&["nft", "-f", "-"], ruleset)
+            .expect("nft -f accepts the ruleset");
+        reference
+    }
+
     /// A node netns: a host with IPv4 and IPv6 forwarding on.
     pub fn add_node(&mut self, role: &str) -> Ns {
         let ns = self.add_host(role);
@@ -379,6 +389,14 @@ impl Lab {
             };
             self.add_route(node, p, via);
         }
+    }
+
+    /// `ext` (an uplink host of `node`) answers on every address of the IPv4 `prefix` (a
+    /// local route on its `lo`), and `node` routes `prefix` to it: any address a test's DNS
+    /// server invents there is a reachable destination.
+    pub fn add_uplink_prefix(&self, node: &Ns, ext: &Ns, prefix: &str) {
+        ext.run(&["ip", "route", "add", "local", prefix, "dev", "lo"]);
+        self.add_route(node, prefix, "192.168.1.100");
     }
 
     /// `ip route add DEST via VIA` in `ns` (family from the addresses).

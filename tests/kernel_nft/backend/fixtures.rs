@@ -3,6 +3,7 @@
 
 use super::rich_chains;
 use nodeplane::nft::*;
+use nodeplane::testing::ir::{COUNTED_INTERVAL, address_map, service_vmap};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub fn v4(s: &str) -> Value {
@@ -51,12 +52,6 @@ pub const INTERVAL: SetFlags = SetFlags {
     timeout: false,
     dynamic: false,
     counter: false,
-};
-
-/// Interval map whose elements carry counters (EgressFirewall's rule maps).
-pub const COUNTED_INTERVAL: SetFlags = SetFlags {
-    counter: true,
-    ..INTERVAL
 };
 
 pub fn comment(s: &str) -> std::sync::Arc<str> {
@@ -152,15 +147,6 @@ fn sets(t: &mut Table) {
     ]);
     t.add_set(mark_cidrs);
 
-    let mut svc = Set::new(
-        "services",
-        vec![
-            DataType::Ipv4Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-        SetKind::VerdictMap,
-    );
     let entries = [
         ("172.30.0.10", proto::TCP, 80, goto("svc-a")),
         ("172.30.0.10", proto::TCP, 443, jump("svc-b")),
@@ -168,17 +154,7 @@ fn sets(t: &mut Table) {
         ("172.30.0.12", proto::SCTP, 9, Verdict::Accept),
         ("172.30.0.13", proto::TCP, 1, Verdict::Return),
     ];
-    for (ip, p, port, v) in entries {
-        svc.insert_mapping(
-            vec![
-                v4(ip).into(),
-                Value::Proto(p).into(),
-                Value::Port(port).into(),
-            ],
-            ElemData::Verdict(v),
-        );
-    }
-    t.add_set(svc);
+    t.add_set(service_vmap("services", &entries));
 
     // Counters on every element, comments on some: one on an open-ended interval (userdata
     // with both the comment and the open flag), one that must be sanitized, one at the cap.
@@ -246,27 +222,8 @@ fn sets(t: &mut Table) {
         .with_flags(COUNTED_INTERVAL),
     );
 
-    let mut snat4 = Set::new(
-        "snat4",
-        vec![DataType::Ipv4Addr],
-        SetKind::Map(vec![DataType::Ipv4Addr]),
-    );
-    snat4.insert_mapping(
-        vec![v4("10.244.1.2").into()],
-        ElemData::Values(vec![v4("192.168.50.10")]),
-    );
-    t.add_set(snat4);
-
-    let mut snat6 = Set::new(
-        "snat6",
-        vec![DataType::Ipv6Addr],
-        SetKind::Map(vec![DataType::Ipv6Addr]),
-    );
-    snat6.insert_mapping(
-        vec![v6("fd00:10:244:1::2").into()],
-        ElemData::Values(vec![v6("2001:db8::100")]),
-    );
-    t.add_set(snat6);
+    t.add_set(address_map("snat4", "10.244.1.2", "192.168.50.10"));
+    t.add_set(address_map("snat6", "fd00:10:244:1::2", "2001:db8::100"));
 
     let mut egress = Set::new(
         "egress",
