@@ -4,6 +4,7 @@
 //! keeps being sent to the dead backend, or past the service, for as long as it sends (each
 //! packet refreshes the entry).
 
+use crate::nft::nftnl::kept::Kept;
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
@@ -15,7 +16,6 @@ use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
-use crate::nft::nftnl::kept::Kept;
 use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;

@@ -782,8 +782,7 @@ impl DumpSocket {
                 // Large dumps come in many datagrams; room for a burst of them.
                 super::socket::set_buffer(&fd, super::socket::Buffer::Receive, 4 << 20)?;
                 let timeout = nix::sys::time::TimeVal::new(10, 0);
-                setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)
-                    .map_err(std::io::Error::from)?;
+                setsockopt(&fd, sockopt::ReceiveTimeout, &timeout).map_err(std::io::Error::from)?;
                 fd
             }
         };
@@ -829,8 +828,7 @@ impl DumpSocket {
         let mut buf = vec![0u8; 1 << 18];
         let mut intr = false;
         loop {
-            let n = recv(self.raw(), &mut buf, MsgFlags::empty())
-                .map_err(std::io::Error::from)?;
+            let n = recv(self.raw(), &mut buf, MsgFlags::empty()).map_err(std::io::Error::from)?;
             for (kind, flags, mseq, m) in super::reply::messages(&buf[..n]) {
                 if mseq != seq {
                     continue;
