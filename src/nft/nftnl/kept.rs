@@ -8,6 +8,7 @@
 //! learner's commit then sat in `nf_tables_valid_genid` for 10-30 ms, holding a pod's answer.
 //! So the periodic readers (conntrack dumps, rule counters, table reads) take a socket from
 //! here and give it back after a complete exchange; a socket left mid-dump is closed instead.
+//! Only sockets of the process's own network namespace are kept (see [`current_netns`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
@@ -48,12 +49,14 @@ impl<T> Kept<T> {
     }
 }
 
-/// The calling thread's network namespace (its inode): a socket answers for the namespace it
-/// was opened in, and tests read several namespaces from one process.
+/// The calling thread's network namespace (its inode) when it is the process's own (its
+/// main thread's): only those sockets are kept. A socket answers for the namespace it was
+/// opened in, and a kept one would keep that namespace alive: a thread that entered another
+/// namespace (the lab's tests read many from one process, then delete them) closes its own.
 fn current_netns() -> Option<u64> {
-    std::fs::metadata("/proc/thread-self/ns/net")
-        .ok()
-        .map(|m| m.ino())
+    let inode = |path: &str| std::fs::metadata(path).ok().map(|m| m.ino());
+    let thread = inode("/proc/thread-self/ns/net")?;
+    (inode("/proc/self/ns/net")? == thread).then_some(thread)
 }
 
 #[cfg(test)]
