@@ -5,7 +5,9 @@
 //! `--threads N` and `--answers N` for the throughput run (default 4 and 8000),
 //! `--conntrack N` entries kept alive on the node while measuring (default 20000) and
 //! `--spread-ms N` between lookups (default 5, so a run spans many keep-alive passes: a
-//! periodic stall shows in the p99).
+//! periodic stall shows in the p99) and `--ttl N` of the learned answers (default 300; the
+//! keep-alive pass dumps conntrack only while an element expires within its horizon, so
+//! `--ttl 5`, the floor, makes every pass dump while learning: the worst case).
 //!
 //! Pod `a1` (namespace `alpha`: `Allow *.example.com`, then `Deny 0.0.0.0/0`) is steered to
 //! the agent's proxy; pod `b1` (namespace `beta`, CIDR rules only) is not. The DNS server
@@ -66,6 +68,7 @@ fn main() {
     let answers = arg("--answers", 8000, 100);
     let conntrack = arg("--conntrack", 20_000, 2000);
     let spread = Duration::from_millis(arg("--spread-ms", 5, 1) as u64);
+    let ttl = arg("--ttl", 300, 300) as u32;
 
     let mut lab = Lab::new();
     let node = lab.add_node("node");
@@ -79,7 +82,7 @@ fn main() {
     );
     zone.rotating.insert(
         "rot.example.com".into(),
-        ("198.18.16.0".parse().unwrap(), 300),
+        ("198.18.16.0".parse().unwrap(), ttl),
     );
     let dns = DnsServer::start(&ext, DNS.parse().unwrap(), zone);
     let agent = ManifestAgent::new(&node, NODE, &["--cluster-cidr", "10.128.0.0/14"]);
@@ -122,8 +125,7 @@ fn main() {
             .ok_or(format!("not proxied yet: {s:?}"))
     });
 
-    // Learn something first, so the keep-alive pass (which only runs while anything is
-    // learned) runs during every measurement.
+    // Learn something first, so that the keep-alive thread has something to look after.
     latencies(&a1.ns, "rot.example.com", 10, Duration::ZERO);
     let load = ConntrackLoad::start(&node, conntrack);
     let entries = eventually(Duration::from_secs(60), || {
@@ -133,7 +135,7 @@ fn main() {
             .ok_or(format!("{n} conntrack entries"))
     });
     println!(
-        "DNS lookup latency (one at a time, {} ms apart, from inside the pod; {entries} conntrack entries on the node):",
+        "DNS lookup latency (one at a time, {} ms apart, from inside the pod; {entries} conntrack entries on the node; learned TTL {ttl} s):",
         spread.as_millis()
     );
     report(

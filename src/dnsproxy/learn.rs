@@ -80,6 +80,35 @@ pub struct Learner<B> {
     by_namespace: HashMap<Arc<str>, BTreeMap<u64, Key>>,
     /// Per (set, queried name), its entries by recency.
     by_name: HashMap<(Arc<str>, Arc<str>), BTreeMap<u64, Key>>,
+    /// The entries' expiries, soonest first: whether a keep-alive pass has anything to do.
+    expiries: Expiries,
+}
+
+/// A multiset of instants (how many entries expire at each).
+#[derive(Default)]
+struct Expiries(BTreeMap<Instant, usize>);
+
+impl Expiries {
+    fn add(&mut self, at: Instant) {
+        *self.0.entry(at).or_default() += 1;
+    }
+
+    fn remove(&mut self, at: Instant) {
+        if let Some(n) = self.0.get_mut(&at) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&at);
+            }
+        }
+    }
+
+    /// The soonest expiry after `now`.
+    fn next_after(&self, now: Instant) -> Option<Instant> {
+        self.0
+            .range((std::ops::Bound::Excluded(now), std::ops::Bound::Unbounded))
+            .next()
+            .map(|(at, _)| *at)
+    }
 }
 
 /// What one batch changed.
@@ -109,6 +138,7 @@ impl<B: NftBackend> Learner<B> {
             seq: 0,
             by_namespace: HashMap::new(),
             by_name: HashMap::new(),
+            expiries: Expiries::default(),
         }
     }
 
@@ -166,6 +196,7 @@ impl<B: NftBackend> Learner<B> {
         };
         if let Some(old) = self.entries.remove(&key) {
             self.unindex(&key, &old);
+            self.expiries.add(old.expiry.max(expiry));
             self.entries.insert(
                 key.clone(),
                 Entry {
@@ -177,6 +208,7 @@ impl<B: NftBackend> Learner<B> {
                 },
             );
         } else {
+            self.expiries.add(expiry);
             self.entries.insert(
                 key.clone(),
                 Entry {
@@ -233,6 +265,7 @@ impl<B: NftBackend> Learner<B> {
     }
 
     fn unindex(&mut self, key: &Key, e: &Entry) {
+        self.expiries.remove(e.expiry);
         if let Some(o) = self.by_namespace.get_mut(&e.namespace) {
             o.remove(&e.seq);
             if o.is_empty() {
@@ -300,6 +333,7 @@ impl<B: NftBackend> Learner<B> {
     }
 
     fn forget_all(&mut self) {
+        self.expiries = Expiries::default();
         self.entries.clear();
         self.by_namespace.clear();
         self.by_name.clear();
@@ -331,6 +365,8 @@ impl<B: NftBackend> Learner<B> {
                 if !entry.in_kernel || entry.expiry > now + horizon {
                     continue;
                 }
+                self.expiries.remove(entry.expiry);
+                self.expiries.add(expiry);
                 entry.expiry = expiry;
                 batch.add.insert(key, secs);
             }
@@ -354,9 +390,10 @@ impl<B: NftBackend> Learner<B> {
         }
     }
 
-    /// Whether any learned element is remembered (a keep-alive pass has something to do).
-    pub fn remembers_any(&self) -> bool {
-        !self.entries.is_empty()
+    /// When the soonest remembered element that has not expired by `now` expires: a
+    /// keep-alive pass before that instant minus its horizon has nothing to extend.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.expiries.next_after(now)
     }
 
     /// Elements remembered (all namespaces).
@@ -539,6 +576,45 @@ mod tests {
             0,
             "once"
         );
+    }
+
+    #[test]
+    fn the_soonest_expiry_follows_answers_extensions_and_evictions() {
+        let (backend, learning) = planned("[{type: Allow, to: {dnsName: '*.example.com'}}]");
+        let mut bounds = bounds(5);
+        bounds.per_name = 2;
+        let mut l = Learner::new(backend, "nodeplane", bounds);
+        let now = Instant::now();
+        let pod: IpAddr = POD.parse().unwrap();
+        let secs = |s: u64| now + Duration::from_secs(s);
+        assert_eq!(l.next_expiry(now), None, "nothing learned");
+        let a = answer(
+            "a.example.com",
+            &[("198.51.100.7", 30), ("198.51.100.8", 60)],
+        );
+        l.learn(&learning, pod, &a, now).unwrap();
+        assert_eq!(l.next_expiry(now), Some(secs(30)));
+        assert_eq!(l.next_expiry(secs(30)), Some(secs(60)), "the first expired");
+        // A longer TTL for the soonest moves it.
+        let longer = answer("a.example.com", &[("198.51.100.7", 90)]);
+        l.learn(&learning, pod, &longer, now).unwrap();
+        assert_eq!(l.next_expiry(now), Some(secs(60)));
+        // Kept alive by a live flow: extended by the horizon plus the floor.
+        let flows = [(pod, "198.51.100.8".parse().unwrap())]
+            .into_iter()
+            .collect();
+        let late = secs(58);
+        l.keep_alive(&learning, &flows, Duration::from_secs(5), late)
+            .unwrap();
+        assert_eq!(l.next_expiry(late), Some(late + Duration::from_secs(10)));
+        // Evicted by the per-name cap (the least recently answered, .8): its expiry goes too.
+        let third = answer("a.example.com", &[("198.51.100.9", 20)]);
+        l.learn(&learning, pod, &third, now).unwrap();
+        assert_eq!(l.remembered(), 2);
+        assert_eq!(l.next_expiry(now), Some(secs(20)));
+        assert_eq!(l.next_expiry(secs(20)), Some(secs(90)));
+        l.forget_expired(secs(100));
+        assert_eq!(l.next_expiry(now), None, "all expired and forgotten");
     }
 
     #[test]
