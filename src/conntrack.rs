@@ -20,6 +20,8 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
+mod flows;
+
 pub use crate::plan::services::{ConntrackReconciled, UdpFrontend};
 
 /// The services' side effect after each commit: a deleted flow's next packet picks a live
@@ -122,27 +124,21 @@ pub fn flow_endpoints() -> io::Result<BTreeSet<(IpAddr, IpAddr)>> {
 fn flow_endpoints_on(sock: &Socket) -> io::Result<BTreeSet<(IpAddr, IpAddr)>> {
     let mut out = BTreeSet::new();
     for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
-        for (orig, _, tcp_state) in dump(sock, family)? {
-            // nf_conntrack_tcp: 1 SYN_SENT, 2 SYN_RECV, 3 ESTABLISHED, 9 SYN_SENT2.
-            if tcp_state.is_some_and(|s| !matches!(s, 1..=3 | 9)) {
-                continue;
-            }
-            let (mut src, mut dst) = (None, None);
-            for t in &orig {
-                if let Tuple::Ip(ips) = t {
-                    for i in ips {
-                        match i {
-                            IPTuple::SourceAddress(a) => src = Some(*a),
-                            IPTuple::DestinationAddress(a) => dst = Some(*a),
-                            _ => {}
-                        }
-                    }
-                }
-            }
-            if let (Some(s), Some(d)) = (src, dst) {
-                out.insert((s, d));
-            }
-        }
+        send(
+            sock,
+            family,
+            ConntrackMessage::Get(vec![]),
+            NLM_F_REQUEST | NLM_F_DUMP,
+        )?;
+        let mut entries = Vec::new();
+        while !flows::read(&sock.recv_from_full()?.0, &mut entries)? {}
+        // nf_conntrack_tcp: 1 SYN_SENT, 2 SYN_RECV, 3 ESTABLISHED, 9 SYN_SENT2.
+        out.extend(
+            entries
+                .into_iter()
+                .filter(|(_, _, tcp)| tcp.is_none_or(|s| matches!(s, 1..=3 | 9)))
+                .map(|(src, dst, _)| (src, dst)),
+        );
     }
     Ok(out)
 }
@@ -260,20 +256,7 @@ fn request(
     msg: ConntrackMessage,
     flags: u16,
 ) -> io::Result<Vec<NetfilterMessage>> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    header.sequence_number = 1;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(family, 0, 0),
-            msg,
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    sock.send(&buf, 0)?;
+    send(sock, family, msg, flags)?;
     let mut out = Vec::new();
     loop {
         let (data, _) = sock.recv_from_full()?;
@@ -302,4 +285,28 @@ fn request(
             }
         }
     }
+}
+
+/// Sends one request (sequence number 1: a socket only ever has one exchange under way).
+fn send(
+    sock: &Socket,
+    family: NetfilterProtoFamily,
+    msg: ConntrackMessage,
+    flags: u16,
+) -> io::Result<()> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = 1;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family, 0, 0),
+            msg,
+        )),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    sock.send(&buf, 0)?;
+    Ok(())
 }
