@@ -427,16 +427,9 @@ impl EipCluster {
 
 /// A random number (a test's key need not be strong, only differ between runs).
 fn rand_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    let a = h.finish();
-    h.write_u64(a);
-    (u128::from(a) << 64) | u128::from(h.finish())
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("the kernel's random source");
+    u128::from_ne_bytes(b)
 }
 
 /// The bridge port in `seg` that is the peer of `iface` in `node`.

@@ -499,18 +499,15 @@ async fn read_replies(
     }
 }
 
-/// A session id no other prober run picks (replays are counted per session).
+/// A session id no other prober run picks (replays are counted per session): from the
+/// kernel's random source, or from the clock and the pid if it cannot answer.
 fn random_session() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // SipHash with the process's random keys, over the time and pid.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
+    getrandom::u64().unwrap_or_else(|_| {
+        let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+            .map_or(0, |d| d.as_nanos());
+        (nanos as u64) ^ (u64::from(std::process::id()) << 32)
+    })
 }
 
 /// A raw socket in tokio's reactor. It is handed to tokio as a `UdpSocket`: a raw ICMP socket
