@@ -293,9 +293,11 @@ import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("203.0.113.10", 443)); s.listen(16); print("ready", flush=True)
 while True:
-    c, peer = s.accept(); c.sendall(peer[0].encode() + b"\n"); c.close()' >"$ruleset.srv" 2>&1 &
+    c, peer = s.accept(); c.sendall(peer[0].encode() + b"\n"); c.close()' >"$ruleset.srveip" 2>&1 &
 fw_pids+=($!)
-for _ in $(seq 100); do grep -q ready "$ruleset.srv" && break; sleep 0.1; done
+# A file of its own: the EgressFirewall step's server wrote "ready" to "$ruleset.srv", and
+# waiting on that file could go on before this server listens.
+for _ in $(seq 100); do grep -q ready "$ruleset.srveip" && break; sleep 0.1; done
 step "each pod connects to 203.0.113.10:443; the external host reports the source it saw"
 for p in 1 2; do
     seen=$(ip netns exec "$e-pod$p" timeout 3 bash -c 'exec 3<>/dev/tcp/203.0.113.10/443 && head -1 <&3')
