@@ -3,14 +3,10 @@
 //! (`netlink-packet-netfilter`), a node's 20,000 entries cost ~60 ms of CPU per pass, about
 //! as much as the kernel's side of the dump; the pass needs three fields of each.
 
-use crate::nft::nftnl::reply::{attrs, messages};
+use crate::nft::nftnl::reply::{NFNL_HDRLEN, NLMSG_DONE, NLMSG_ERROR, attrs, error_code, messages};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-/// The netlink header and `nfgenmsg` before a conntrack message's attributes.
-const HEADERS: usize = 16 + 4;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_PROTOINFO: u16 = 4;
 const CTA_TUPLE_IP: u16 = 1;
@@ -30,15 +26,12 @@ pub(super) fn read(datagram: &[u8], out: &mut Vec<Endpoints>) -> io::Result<bool
         match kind {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let code = msg
-                    .get(16..20)
-                    .map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")));
-                return match code {
+                return match error_code(msg) {
                     0 => Ok(true),
                     code => Err(io::Error::from_raw_os_error(-code)),
                 };
             }
-            _ => out.extend(endpoints(msg.get(HEADERS..).unwrap_or(&[]))),
+            _ => out.extend(endpoints(msg.get(NFNL_HDRLEN..).unwrap_or(&[]))),
         }
     }
     Ok(false)

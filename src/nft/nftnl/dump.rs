@@ -7,6 +7,7 @@
 //! ran, `NLM_F_DUMP_INTR`) is read again.
 
 use super::expr::Expr;
+use super::reply::{NFNL_HDRLEN, NLMSG_DONE, NLMSG_ERROR, error_code};
 use crate::nft::engine::NftError;
 use crate::nft::ir::Family;
 use nix::sys::socket::{MsgFlags, recv, send, setsockopt, sockopt};
@@ -22,9 +23,6 @@ const NFT_MSG_GETTABLE: u16 = 1;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
 
 /// One netlink attribute: type (flags masked off) and payload.
 #[derive(Clone, Copy)]
@@ -842,10 +840,7 @@ impl DumpSocket {
                     NLMSG_ERROR => {
                         // The error ends the dump: nothing of it is left to read.
                         self.clean.set(true);
-                        let errno = m
-                            .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                            .unwrap_or(0);
+                        let errno = error_code(m);
                         if errno == 0 {
                             return Ok(intr);
                         }
@@ -855,7 +850,7 @@ impl DumpSocket {
                         }
                         return Err(NftError::Netlink(std::io::Error::from_raw_os_error(-errno)));
                     }
-                    _ => each(Attrs(m.get(NLMSG_HDRLEN + 4..).unwrap_or(&[]))),
+                    _ => each(Attrs(m.get(NFNL_HDRLEN..).unwrap_or(&[]))),
                 }
             }
         }
@@ -869,5 +864,35 @@ impl Drop for DumpSocket {
         {
             DUMP_SOCKETS.give_back(fd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The socket's inode: unlike its descriptor number, never that of a closed socket.
+    fn inode(s: &DumpSocket) -> u64 {
+        nix::sys::stat::fstat(s.fd.as_ref().unwrap())
+            .unwrap()
+            .st_ino
+    }
+
+    #[test]
+    fn a_dump_socket_is_kept_after_a_complete_dump_and_closed_after_an_unfinished_one() {
+        let first = DumpSocket::open(Family::Inet).unwrap();
+        let kept = inode(&first);
+        drop(first);
+        let again = DumpSocket::open(Family::Inet).unwrap();
+        assert_eq!(inode(&again), kept, "kept and reused");
+        // As `dump` leaves it when a read fails half-way.
+        again.clean.set(false);
+        drop(again);
+        let fresh = DumpSocket::open(Family::Inet).unwrap();
+        assert_ne!(
+            inode(&fresh),
+            kept,
+            "a half-read socket is closed, not handed on"
+        );
     }
 }

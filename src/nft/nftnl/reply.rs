@@ -1,15 +1,17 @@
 //! Netlink replies (acks and errors with extended-ack attributes) and the walk back from
 //! an error to the message, and the element or expression inside it, that caused it.
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
 const NLM_F_CAPPED: u16 = 0x100;
 const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 const NLMSGERR_ATTR_OFFS: u16 = 2;
 const NLA_TYPE_MASK: u16 = 0x3fff;
-/// nlmsghdr + nfgenmsg: where nf_tables attributes start.
-const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
+/// nlmsghdr + nfgenmsg: where the attributes of a netfilter message (nf_tables, ctnetlink)
+/// start.
+pub(crate) const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
 
 /// A kernel error about one message of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +68,11 @@ pub(crate) fn attr_at(buf: &[u8], at: usize) -> Option<(u16, &[u8], usize)> {
         return None;
     }
     Some((kind, &buf[at + 4..at + len], at + ((len + 3) & !3)))
+}
+
+/// The error of an `NLMSG_ERROR` message (negative errno; 0 for an ack).
+pub(crate) fn error_code(msg: &[u8]) -> i32 {
+    u32_at(msg, NLMSG_HDRLEN).map_or(0, |e| e as i32)
 }
 
 /// Errors in one datagram of replies; acks (error 0) are skipped.
