@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use nodeplane::testing::eip_cluster::{EIP, EXT, EipCluster, node_ip, node_name};
 use nodeplane::testing::forged_probes::{
-    Forger, OLD_PAYLOAD, capture_echo_request, echo_request, echo_requests_received, unseen_probe,
-    v4,
+    Forger, OLD_PAYLOAD, Reach, capture_echo_request, echo_request, unseen_probe, v4,
 };
 use nodeplane::testing::lab::{DatagramSender, DatagramSink, Outage, eventually};
 
@@ -370,7 +369,7 @@ fn unseen_probes_replayed_from_a_pod_do_not_keep_its_cut_off_node_hosting_the_eg
 fn cut_off_under_attack(c: &EipCluster, cut: usize, forger: &Forger, attack: &str) {
     let t0 = Instant::now();
     c.uplink(cut, false);
-    let (sent0, received0) = (forger.sent(), echo_requests_received(&c.nodes[cut]));
+    let reach = Reach::start(forger, &c.nodes[cut]);
     let dropped = c.wait(WAIT, || {
         (!c.has_eip(cut))
             .then(|| t0.elapsed())
@@ -384,10 +383,7 @@ fn cut_off_under_attack(c: &EipCluster, cut: usize, forger: &Forger, attack: &st
     );
     let seen = watch_placement(c, other, || std::thread::sleep(Duration::from_secs(2)));
     assert_eq!(seen, Vec::<String>::new(), "{}", c.all_logs());
-    let (sent, received) = (
-        forger.sent() - sent0,
-        echo_requests_received(&c.nodes[cut]) - received0,
-    );
+    let (sent, received) = reach.counts();
     assert!(sent > 100, "only {sent} forged probes sent");
     assert!(
         received * 10 >= sent * 9,

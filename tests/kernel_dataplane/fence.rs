@@ -17,9 +17,7 @@ use nodeplane::controller::egress_ip::fence::{self, ApiCheck, Proof};
 use nodeplane::controller::egress_ip::probe::{self, Settings, Targets, Verdicts};
 use nodeplane::controller::egress_ip::probe_auth::{MAGIC, PAYLOAD_LEN, ProbeKey};
 use nodeplane::snapshot::Snapshot;
-use nodeplane::testing::forged_probes::{
-    Forger, echo_request, echo_requests_received, unseen_probe,
-};
+use nodeplane::testing::forged_probes::{Forger, Reach, echo_request, unseen_probe};
 use nodeplane::testing::lab::{Lab, Ns, Pod, set_br_netfilter};
 use nodeplane::testing::{objects, runtime};
 use tokio::sync::watch;
@@ -229,16 +227,13 @@ fn probes_replayed_from_routed_and_bridged_pods_do_not_keep_the_fence_quiet() {
         stays_unfenced(&fenced, 4 * quiet(LOOSE), &case);
         // The leader goes silent; only the pod's replays reach the node now.
         drop(leader);
-        let (sent0, received0) = (forger.sent(), echo_requests_received(&c.node));
+        let reach = Reach::start(&forger, &c.node);
         let took = wait_fenced(&fenced, &case);
         eprintln!(
             "{case}: fenced {took:?} after the leader went silent (quiet limit {:?})",
             quiet(LOOSE)
         );
-        let (sent, received) = (
-            forger.sent() - sent0,
-            echo_requests_received(&c.node) - received0,
-        );
+        let (sent, received) = reach.counts();
         assert!(sent >= 5, "{case}: only {sent} replays sent");
         assert!(
             received * 10 >= sent * 9,
