@@ -18,6 +18,7 @@ pub const REASON_CLOUD_RESPONSE_ERROR: &str = "CloudResponseError";
 pub const REASON_CLOUD_RESPONSE_SUCCESS: &str = "CloudResponseSuccess";
 
 /// spec is the definition of the desired private IP request.
+#[serde_with::skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "cloud.network.openshift.io",
@@ -31,11 +32,11 @@ pub const REASON_CLOUD_RESPONSE_SUCCESS: &str = "CloudResponseSuccess";
 #[serde(rename_all = "camelCase")]
 pub struct CloudPrivateIPConfigSpec {
     /// node is the node name, as specified by the Kubernetes field: node.metadata.name
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }
 
 /// status is the observed status of the desired private IP request. Read-only.
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CloudPrivateIPConfigStatus {
@@ -43,7 +44,6 @@ pub struct CloudPrivateIPConfigStatus {
     #[schemars(schema_with = "super::schema::cloud_conditions")]
     pub conditions: Vec<Condition>,
     /// node is the node name, as specified by the Kubernetes field: node.metadata.name
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }
 

@@ -37,6 +37,7 @@ pub struct EgressFirewallSpec {
 }
 
 /// EgressFirewallRule is a single egressfirewall rule object
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressFirewallRule {
@@ -46,28 +47,26 @@ pub struct EgressFirewallRule {
     /// to is the target that traffic is allowed/denied to
     pub to: EgressFirewallDestination,
     /// ports specify what ports and protocols the rule applies to
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<EgressFirewallPort>>,
 }
 
 /// to is the target that traffic is allowed/denied to
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressFirewallDestination {
     /// cidrSelector is the CIDR range to allow/deny traffic to. If this is set, dnsName and
     /// nodeSelector must be unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr_selector: Option<String>,
     /// dnsName is the domain name to allow/deny traffic to. If this is set, cidrSelector and
     /// nodeSelector must be unset. For a wildcard DNS name, the '*' will match only one label.
     /// Additionally, only a single '*' can be used at the beginning of the wildcard DNS name.
     /// For example, '*.example.com' will match 'sub1.example.com' but won't match
     /// 'sub2.sub1.example.com'.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_name: Option<String>,
     /// nodeSelector will allow/deny traffic to the Kubernetes node IP of selected nodes. If this
     /// is set, cidrSelector and DNSName must be unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub node_selector: Option<LabelSelector>,
 }
@@ -83,14 +82,13 @@ pub struct EgressFirewallPort {
 }
 
 /// Observed status of EgressFirewall
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressFirewallStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     /// One `<node>: <status>` entry per node agent, each written by that node's field manager
     /// (a list-type=set, merged by server-side apply, as OVN-Kubernetes zones do).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages: Option<Vec<String>>,
 }
 

@@ -49,6 +49,7 @@ pub mod event_reason {
 }
 
 /// Specification of the desired behavior of EgressIP.
+#[serde_with::skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "k8s.ovn.org",
@@ -75,7 +76,7 @@ pub struct EgressIPSpec {
     /// set: is intersected with the NamespaceSelector, thus applying the egress IP to the pods
     /// (in the namespace(s) already matched by the NamespaceSelector) which match this pod
     /// selector.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub pod_selector: Option<LabelSelector>,
 }

@@ -34,6 +34,7 @@ pub struct EgressQoSSpec {
     pub egress: Vec<EgressQoSRule>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressQoSRule {
@@ -42,31 +43,30 @@ pub struct EgressQoSRule {
     /// DstCIDR specifies the destination's CIDR. Only traffic heading to this CIDR will be marked
     /// with the DSCP value. This field is optional, and in case it is not set the rule is applied
     /// to all egress traffic regardless of the destination.
-    #[serde(rename = "dstCIDR", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "dstCIDR")]
     pub dst_cidr: Option<String>,
     /// PodSelector applies the QoS rule only to the pods in the namespace whose label matches
     /// this definition. This field is optional, and in case it is not set results in the rule
     /// being applied to all pods in the namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "super::schema::label_selector")]
     pub pod_selector: Option<LabelSelector>,
     /// nodeplane extension, not part of the OVN-Kubernetes API: restrict the rule to these
     /// destination ports (same shape as EgressFirewall `ports[]`). Unset means all traffic.
     /// Note that an API server with the upstream CRD prunes this field; it is meant for
     /// manifest-driven nodes or a CRD installed from nodeplane's own schema.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<EgressFirewallPort>>,
 }
 
 /// EgressQoSStatus defines the observed state of EgressQoS
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressQoSStatus {
     /// A concise indication of whether the EgressQoS resource is applied with success.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     /// An array of condition objects indicating details about status of EgressQoS object.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "super::schema::qos_conditions")]
     // Each node agent owns one, `Ready-In-Zone-<node>` (every node is its own zone), under
     // its own field manager, as OVN-Kubernetes' zone controllers write them (`status::merge`).
@@ -74,7 +74,6 @@ pub struct EgressQoSStatus {
     /// nodeplane's own, not in OVN-Kubernetes' CRD (its API server prunes it): one
     /// `<node>: <status>` entry per node agent, each written by that node's field manager
     /// (a list-type=set, merged by server-side apply), the same verdicts as `conditions`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages: Option<Vec<String>>,
 }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::exact;
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointSlice {
@@ -22,28 +23,21 @@ pub struct EndpointSlice {
     pub address_type: String,
     #[serde(default, deserialize_with = "exact::vec")]
     pub endpoints: Vec<Endpoint>,
-    #[serde(
-        default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "exact::option_vec")]
     pub ports: Option<Vec<EndpointPort>>,
 }
 
 namespaced_resource!(EndpointSlice, api_version: "discovery.k8s.io/v1", group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices");
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     #[serde(default, deserialize_with = "exact::vec")]
     pub addresses: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<EndpointConditions>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hints: Option<EndpointHints>,
 }
 
@@ -74,24 +68,20 @@ pub struct ForZone {
     pub name: String,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointConditions {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminating: Option<bool>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPort {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
 }
 

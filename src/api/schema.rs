@@ -3,6 +3,9 @@
 //! k8s-openapi is built without its `schemars` feature, so `LabelSelector` and `Condition` do not
 //! implement `JsonSchema`; these functions are wired in with `#[schemars(schema_with = ...)]`.
 //! They follow the seed reference (and the upstream OpenAPI definitions) field for field.
+//!
+//! An `Option` field wired to one of them keeps `#[serde(default)]`: through `schema_with`
+//! schemars cannot see the `Option`, and would list the field as required.
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 

@@ -34,39 +34,20 @@ pub enum SelectorReason {
     InvalidValue { value: String, why: &'static str },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Operator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
+wire_named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Operator {
+        In = "In",
+        NotIn = "NotIn",
+        Exists = "Exists",
+        DoesNotExist = "DoesNotExist",
+    }
 }
 
 impl Operator {
     pub fn parse(s: &str) -> Option<Operator> {
         // Case-sensitive, as the API server is.
-        match s {
-            "In" => Some(Operator::In),
-            "NotIn" => Some(Operator::NotIn),
-            "Exists" => Some(Operator::Exists),
-            "DoesNotExist" => Some(Operator::DoesNotExist),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operator::In => "In",
-            Operator::NotIn => "NotIn",
-            Operator::Exists => "Exists",
-            Operator::DoesNotExist => "DoesNotExist",
-        }
-    }
-}
-
-impl fmt::Display for Operator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        Operator::ALL.iter().copied().find(|o| o.as_str() == s)
     }
 }
 

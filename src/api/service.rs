@@ -12,13 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use super::exact;
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Service {
     #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<ServiceSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ServiceStatus>,
 }
 
@@ -39,105 +38,81 @@ impl Service {
 }
 
 /// `Option` wherever the API has a default, as in k8s-openapi.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type")]
     pub type_: Option<String>,
-    #[serde(rename = "clusterIP", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "clusterIP")]
     pub cluster_ip: Option<String>,
-    #[serde(
-        rename = "clusterIPs",
-        default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "clusterIPs", default, deserialize_with = "exact::option_vec")]
     pub cluster_ips: Option<Vec<String>>,
     #[serde(
         rename = "externalIPs",
         default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
+        deserialize_with = "exact::option_vec"
     )]
     pub external_ips: Option<Vec<String>>,
-    #[serde(
-        default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "exact::option_vec")]
     pub load_balancer_source_ranges: Option<Vec<String>>,
-    #[serde(
-        default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "exact::option_vec")]
     pub ports: Option<Vec<ServicePort>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity_config: Option<SessionAffinityConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_traffic_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub internal_traffic_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check_node_port: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic_distribution: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Required, as in the API: a port without one fails its Service.
     pub port: i32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_port: Option<i32>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionAffinityConfig {
-    #[serde(rename = "clientIP", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "clientIP")]
     pub client_ip: Option<ClientIpConfig>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientIpConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<i32>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancerStatus>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancerStatus {
-    #[serde(
-        default,
-        deserialize_with = "exact::option_vec",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "exact::option_vec")]
     pub ingress: Option<Vec<LoadBalancerIngress>>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancerIngress {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
     /// `VIP` or `Proxy` (the load balancer delivers to the node, not to the IP).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_mode: Option<String>,
 }
 

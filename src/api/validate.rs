@@ -195,11 +195,13 @@ impl<R> NamespaceRules<R> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
+wire_named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Protocol {
+        Tcp = "TCP",
+        Udp = "UDP",
+        Sctp = "SCTP",
+    }
 }
 
 impl Protocol {
@@ -214,26 +216,10 @@ impl Protocol {
 
     /// Case-insensitive, as OVN-Kubernetes accepts `tcp` as well as `TCP`.
     pub fn parse(s: &str) -> Option<Protocol> {
-        match s.to_ascii_uppercase().as_str() {
-            "TCP" => Some(Protocol::Tcp),
-            "UDP" => Some(Protocol::Udp),
-            "SCTP" => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        Protocol::ALL
+            .iter()
+            .copied()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s))
     }
 }
 

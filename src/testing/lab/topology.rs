@@ -236,14 +236,7 @@ impl Lab {
         node.run(&["ip", "link", "add", name, "type", "bridge"]);
         node.run(&["ip", "link", "set", name, "up"]);
         add_addrs(node, name, cidrs);
-        let gateways = cidrs
-            .iter()
-            .map(|c| {
-                let addr = c.split('/').next().unwrap_or(c);
-                addr.parse()
-                    .unwrap_or_else(|e| panic!("bridge address {c:?}: {e}"))
-            })
-            .collect();
+        let gateways = cidr_addresses(cidrs, "bridge");
         Bridge {
             node: node.clone(),
             name: name.to_string(),
@@ -266,14 +259,7 @@ impl Lab {
             let gw = gw.to_string();
             ns.run(&["ip", "route", "add", "default", "via", &gw, "dev", "eth0"]);
         }
-        let addrs = cidrs
-            .iter()
-            .map(|c| {
-                let addr = c.split('/').next().unwrap_or(c);
-                addr.parse()
-                    .unwrap_or_else(|e| panic!("pod address {c:?}: {e}"))
-            })
-            .collect();
+        let addrs = cidr_addresses(cidrs, "pod");
         Pod {
             ns,
             node: bridge.node.clone(),
@@ -466,6 +452,18 @@ fn veth(a: &Ns, a_iface: &str, b: &Ns, b_iface: &str) {
     ]);
     a.run(&["ip", "link", "set", a_iface, "up"]);
     b.run(&["ip", "link", "set", b_iface, "up"]);
+}
+
+/// The addresses of `cidrs` (address/prefix); `what` names their owner when one is bad.
+fn cidr_addresses(cidrs: &[&str], what: &str) -> Vec<IpAddr> {
+    cidrs
+        .iter()
+        .map(|c| {
+            let addr = c.split('/').next().unwrap_or(c);
+            addr.parse()
+                .unwrap_or_else(|e| panic!("{what} address {c:?}: {e}"))
+        })
+        .collect()
 }
 
 fn add_addrs(ns: &Ns, dev: &str, cidrs: &[&str]) {
