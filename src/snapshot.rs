@@ -67,9 +67,28 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// Declares [`Kind`] and [`AnyObject`] from one table so that the two cannot drift.
+/// The key of a kind's map, and the part of an [`ObjectKey`] it is: namespace/name for
+/// namespaced kinds, the name alone for cluster-scoped ones.
+macro_rules! map_key {
+    (true) => {
+        ObjectKey
+    };
+    (false) => {
+        String
+    };
+    (true, $key:expr) => {
+        $key
+    };
+    (false, $key:expr) => {
+        &$key.name
+    };
+}
+
+/// Declares [`Kind`], [`AnyObject`], the per-kind maps of a snapshot and their accessors
+/// from one table (a row: `field: Variant(type) = apiVersion, namespaced: bool;`) so that
+/// they cannot drift.
 macro_rules! kinds {
-    ($($variant:ident($ty:ty) = $api_version:literal, namespaced: $namespaced:literal;)*) => {
+    ($($field:ident: $variant:ident($ty:ty) = $api_version:literal, namespaced: $namespaced:tt;)*) => {
         /// Every object kind the agent understands.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum Kind { $($variant,)* }
@@ -122,21 +141,77 @@ macro_rules! kinds {
                 fn from(o: Arc<$ty>) -> AnyObject { AnyObject::$variant(o) }
             }
         )*
+
+        /// The objects, one map per kind.
+        #[derive(Debug, Clone, Default, PartialEq)]
+        struct Objects { $($field: ObjectMap<map_key!($namespaced), $ty>,)* }
+
+        impl Objects {
+            /// Stores `obj` at `key`; returns the object it replaced.
+            fn insert(&mut self, key: &ObjectKey, obj: AnyObject) -> Option<AnyObject> {
+                match obj {
+                    $(AnyObject::$variant(o) => {
+                        self.$field.insert(map_key!($namespaced, key).clone(), o).map(AnyObject::from)
+                    })*
+                }
+            }
+
+            fn remove(&mut self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
+                match kind {
+                    $(Kind::$variant => {
+                        self.$field.remove(map_key!($namespaced, key)).map(AnyObject::from)
+                    })*
+                }
+            }
+
+            fn get(&self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
+                match kind {
+                    $(Kind::$variant => {
+                        self.$field.get(map_key!($namespaced, key)).cloned().map(AnyObject::from)
+                    })*
+                }
+            }
+
+            fn clear(&mut self, kind: Kind) {
+                match kind { $(Kind::$variant => self.$field.clear(),)* }
+            }
+
+            fn len(&self, kind: Kind) -> usize {
+                match kind { $(Kind::$variant => self.$field.len(),)* }
+            }
+
+            /// Every object, kinds in [`Kind::ALL`] order, then by key.
+            fn iter(&self) -> impl Iterator<Item = AnyObject> + '_ {
+                let all = std::iter::empty();
+                $(let all = all.chain(self.$field.values().cloned().map(AnyObject::from));)*
+                all
+            }
+        }
+
+        impl Snapshot {
+            $(
+                #[doc = concat!("Every ", stringify!($variant), " object, in key order.")]
+                pub fn $field(&self) -> &ObjectMap<map_key!($namespaced), $ty> {
+                    &self.inner.objects.$field
+                }
+            )*
+        }
     };
 }
 
 kinds! {
-    Namespace(Namespace) = "v1", namespaced: false;
-    Pod(Pod) = "v1", namespaced: true;
-    Node(Node) = "v1", namespaced: false;
-    Service(Service) = "v1", namespaced: true;
-    Endpoints(Endpoints) = "v1", namespaced: true;
-    EndpointSlice(EndpointSlice) = "discovery.k8s.io/v1", namespaced: true;
-    EgressFirewall(EgressFirewall) = "k8s.ovn.org/v1", namespaced: true;
-    EgressQoS(EgressQoS) = "k8s.ovn.org/v1", namespaced: true;
-    EgressIP(EgressIP) = "k8s.ovn.org/v1", namespaced: false;
-    CloudPrivateIPConfig(CloudPrivateIPConfig) = "cloud.network.openshift.io/v1", namespaced: false;
-    NetworkPolicy(NetworkPolicy) = "networking.k8s.io/v1", namespaced: true;
+    namespaces: Namespace(Namespace) = "v1", namespaced: false;
+    pods: Pod(Pod) = "v1", namespaced: true;
+    nodes: Node(Node) = "v1", namespaced: false;
+    services: Service(Service) = "v1", namespaced: true;
+    endpoints: Endpoints(Endpoints) = "v1", namespaced: true;
+    endpoint_slices: EndpointSlice(EndpointSlice) = "discovery.k8s.io/v1", namespaced: true;
+    egress_firewalls: EgressFirewall(EgressFirewall) = "k8s.ovn.org/v1", namespaced: true;
+    egress_qoses: EgressQoS(EgressQoS) = "k8s.ovn.org/v1", namespaced: true;
+    egress_ips: EgressIP(EgressIP) = "k8s.ovn.org/v1", namespaced: false;
+    cloud_private_ip_configs: CloudPrivateIPConfig(CloudPrivateIPConfig) =
+        "cloud.network.openshift.io/v1", namespaced: false;
+    network_policies: NetworkPolicy(NetworkPolicy) = "networking.k8s.io/v1", namespaced: true;
 }
 
 impl Kind {
@@ -186,21 +261,6 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// The objects of one kind by key: a persistent ordered map (O(1) clone, shared subtrees).
 pub type ObjectMap<K, T> = imbl::OrdMap<K, Arc<T>>;
 
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Objects {
-    namespaces: ObjectMap<String, Namespace>,
-    pods: ObjectMap<ObjectKey, Pod>,
-    nodes: ObjectMap<String, Node>,
-    services: ObjectMap<ObjectKey, Service>,
-    endpoints: ObjectMap<ObjectKey, Endpoints>,
-    endpoint_slices: ObjectMap<ObjectKey, EndpointSlice>,
-    egress_firewalls: ObjectMap<ObjectKey, EgressFirewall>,
-    egress_qoses: ObjectMap<ObjectKey, EgressQoS>,
-    egress_ips: ObjectMap<String, EgressIP>,
-    cloud_private_ip_configs: ObjectMap<String, CloudPrivateIPConfig>,
-    network_policies: ObjectMap<ObjectKey, NetworkPolicy>,
-}
-
 /// Indexes over the objects, updated with every insert and remove.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Indexes {
@@ -217,6 +277,7 @@ struct Indexes {
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Inner {
+    /// One map per kind (declared by `kinds!`).
     objects: Objects,
     indexes: Indexes,
 }
@@ -244,41 +305,9 @@ impl SnapshotBuilder {
         let obj = obj.into();
         let key = obj.key();
         self.inner.indexes.add(&key, &obj);
-        let new = obj.clone();
-        let o = &mut self.inner.objects;
-        let old = match obj {
-            AnyObject::Namespace(x) => o
-                .namespaces
-                .insert(key.name.clone(), x)
-                .map(AnyObject::from),
-            AnyObject::Pod(x) => o.pods.insert(key.clone(), x).map(AnyObject::from),
-            AnyObject::Node(x) => o.nodes.insert(key.name.clone(), x).map(AnyObject::from),
-            AnyObject::Service(x) => o.services.insert(key.clone(), x).map(AnyObject::from),
-            AnyObject::Endpoints(x) => o.endpoints.insert(key.clone(), x).map(AnyObject::from),
-            AnyObject::EndpointSlice(x) => o
-                .endpoint_slices
-                .insert(key.clone(), x)
-                .map(AnyObject::from),
-            AnyObject::EgressFirewall(x) => o
-                .egress_firewalls
-                .insert(key.clone(), x)
-                .map(AnyObject::from),
-            AnyObject::EgressQoS(x) => o.egress_qoses.insert(key.clone(), x).map(AnyObject::from),
-            AnyObject::NetworkPolicy(x) => o
-                .network_policies
-                .insert(key.clone(), x)
-                .map(AnyObject::from),
-            AnyObject::EgressIP(x) => o
-                .egress_ips
-                .insert(key.name.clone(), x)
-                .map(AnyObject::from),
-            AnyObject::CloudPrivateIPConfig(x) => o
-                .cloud_private_ip_configs
-                .insert(key.name.clone(), x)
-                .map(AnyObject::from),
-        };
+        let old = self.inner.objects.insert(&key, obj.clone());
         if let Some(old) = &old {
-            self.inner.indexes.drop_stale(&key, old, Some(&new));
+            self.inner.indexes.drop_stale(&key, old, Some(&obj));
         }
         old
     }
@@ -291,23 +320,7 @@ impl SnapshotBuilder {
 
     /// Removes an object; for cluster-scoped kinds only `key.name` is used.
     pub fn remove(&mut self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
-        let o = &mut self.inner.objects;
-        let name = &key.name;
-        let old = match kind {
-            Kind::Namespace => o.namespaces.remove(name).map(AnyObject::from),
-            Kind::Pod => o.pods.remove(key).map(AnyObject::from),
-            Kind::Node => o.nodes.remove(name).map(AnyObject::from),
-            Kind::Service => o.services.remove(key).map(AnyObject::from),
-            Kind::Endpoints => o.endpoints.remove(key).map(AnyObject::from),
-            Kind::EndpointSlice => o.endpoint_slices.remove(key).map(AnyObject::from),
-            Kind::EgressFirewall => o.egress_firewalls.remove(key).map(AnyObject::from),
-            Kind::EgressQoS => o.egress_qoses.remove(key).map(AnyObject::from),
-            Kind::NetworkPolicy => o.network_policies.remove(key).map(AnyObject::from),
-            Kind::EgressIP => o.egress_ips.remove(name).map(AnyObject::from),
-            Kind::CloudPrivateIPConfig => {
-                o.cloud_private_ip_configs.remove(name).map(AnyObject::from)
-            }
-        };
+        let old = self.inner.objects.remove(kind, key);
         if let Some(old) = &old {
             self.inner.indexes.drop_stale(&old.key(), old, None);
         }
@@ -316,20 +329,7 @@ impl SnapshotBuilder {
 
     /// Removes every object of one kind (a kube source relisting that kind).
     pub fn clear_kind(&mut self, kind: Kind) {
-        let o = &mut self.inner.objects;
-        match kind {
-            Kind::Namespace => o.namespaces.clear(),
-            Kind::Pod => o.pods.clear(),
-            Kind::Node => o.nodes.clear(),
-            Kind::Service => o.services.clear(),
-            Kind::Endpoints => o.endpoints.clear(),
-            Kind::EndpointSlice => o.endpoint_slices.clear(),
-            Kind::EgressFirewall => o.egress_firewalls.clear(),
-            Kind::EgressQoS => o.egress_qoses.clear(),
-            Kind::NetworkPolicy => o.network_policies.clear(),
-            Kind::EgressIP => o.egress_ips.clear(),
-            Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.clear(),
-        }
+        self.inner.objects.clear(kind);
         match kind {
             Kind::Pod => self.inner.indexes.pods_by_node.clear(),
             Kind::EndpointSlice => self.inner.indexes.slices_by_service.clear(),
@@ -523,40 +523,6 @@ impl Snapshot {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    pub fn namespaces(&self) -> &ObjectMap<String, Namespace> {
-        &self.inner.objects.namespaces
-    }
-    pub fn pods(&self) -> &ObjectMap<ObjectKey, Pod> {
-        &self.inner.objects.pods
-    }
-    pub fn nodes(&self) -> &ObjectMap<String, Node> {
-        &self.inner.objects.nodes
-    }
-    pub fn services(&self) -> &ObjectMap<ObjectKey, Service> {
-        &self.inner.objects.services
-    }
-    pub fn endpoints(&self) -> &ObjectMap<ObjectKey, Endpoints> {
-        &self.inner.objects.endpoints
-    }
-    pub fn endpoint_slices(&self) -> &ObjectMap<ObjectKey, EndpointSlice> {
-        &self.inner.objects.endpoint_slices
-    }
-    pub fn egress_firewalls(&self) -> &ObjectMap<ObjectKey, EgressFirewall> {
-        &self.inner.objects.egress_firewalls
-    }
-    pub fn egress_qoses(&self) -> &ObjectMap<ObjectKey, EgressQoS> {
-        &self.inner.objects.egress_qoses
-    }
-    pub fn network_policies(&self) -> &ObjectMap<ObjectKey, NetworkPolicy> {
-        &self.inner.objects.network_policies
-    }
-    pub fn egress_ips(&self) -> &ObjectMap<String, EgressIP> {
-        &self.inner.objects.egress_ips
-    }
-    pub fn cloud_private_ip_configs(&self) -> &ObjectMap<String, CloudPrivateIPConfig> {
-        &self.inner.objects.cloud_private_ip_configs
-    }
-
     pub fn namespace(&self, name: &str) -> Option<&Arc<Namespace>> {
         self.namespaces().get(name)
     }
@@ -654,25 +620,12 @@ impl Snapshot {
     }
 
     pub fn get(&self, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
-        snapshot_get(&self.inner.objects, kind, key)
+        self.inner.objects.get(kind, key)
     }
 
     /// Number of objects of one kind.
     pub fn count(&self, kind: Kind) -> usize {
-        let o = &self.inner.objects;
-        match kind {
-            Kind::Namespace => o.namespaces.len(),
-            Kind::Pod => o.pods.len(),
-            Kind::Node => o.nodes.len(),
-            Kind::Service => o.services.len(),
-            Kind::Endpoints => o.endpoints.len(),
-            Kind::EndpointSlice => o.endpoint_slices.len(),
-            Kind::EgressFirewall => o.egress_firewalls.len(),
-            Kind::EgressQoS => o.egress_qoses.len(),
-            Kind::NetworkPolicy => o.network_policies.len(),
-            Kind::EgressIP => o.egress_ips.len(),
-            Kind::CloudPrivateIPConfig => o.cloud_private_ip_configs.len(),
-        }
+        self.inner.objects.len(kind)
     }
 
     /// Object counts per kind, kinds with no objects omitted.
@@ -694,45 +647,7 @@ impl Snapshot {
 
     /// Every object, kinds in [`Kind::ALL`] order, then by key.
     pub fn objects(&self) -> impl Iterator<Item = AnyObject> + '_ {
-        let o = &self.inner.objects;
-        fn all<'a, K: Ord, T>(m: &'a ObjectMap<K, T>) -> impl Iterator<Item = AnyObject> + 'a
-        where
-            AnyObject: From<Arc<T>>,
-        {
-            m.values().map(|v| AnyObject::from(v.clone()))
-        }
-        all(&o.namespaces)
-            .chain(all(&o.pods))
-            .chain(all(&o.nodes))
-            .chain(all(&o.services))
-            .chain(all(&o.endpoints))
-            .chain(all(&o.endpoint_slices))
-            .chain(all(&o.egress_firewalls))
-            .chain(all(&o.egress_qoses))
-            .chain(all(&o.egress_ips))
-            .chain(all(&o.cloud_private_ip_configs))
-            .chain(all(&o.network_policies))
-    }
-}
-
-fn snapshot_get(o: &Objects, kind: Kind, key: &ObjectKey) -> Option<AnyObject> {
-    let name = &key.name;
-    match kind {
-        Kind::Namespace => o.namespaces.get(name).cloned().map(AnyObject::from),
-        Kind::Pod => o.pods.get(key).cloned().map(AnyObject::from),
-        Kind::Node => o.nodes.get(name).cloned().map(AnyObject::from),
-        Kind::Service => o.services.get(key).cloned().map(AnyObject::from),
-        Kind::Endpoints => o.endpoints.get(key).cloned().map(AnyObject::from),
-        Kind::EndpointSlice => o.endpoint_slices.get(key).cloned().map(AnyObject::from),
-        Kind::EgressFirewall => o.egress_firewalls.get(key).cloned().map(AnyObject::from),
-        Kind::EgressQoS => o.egress_qoses.get(key).cloned().map(AnyObject::from),
-        Kind::NetworkPolicy => o.network_policies.get(key).cloned().map(AnyObject::from),
-        Kind::EgressIP => o.egress_ips.get(name).cloned().map(AnyObject::from),
-        Kind::CloudPrivateIPConfig => o
-            .cloud_private_ip_configs
-            .get(name)
-            .cloned()
-            .map(AnyObject::from),
+        self.inner.objects.iter()
     }
 }
 

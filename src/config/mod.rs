@@ -783,6 +783,16 @@ mod tests {
         }
     }
 
+    /// [`opts`] reading a config file that holds `text`; it goes with the returned directory.
+    fn opts_with_file(text: &str) -> (tempfile::TempDir, Opts) {
+        let (dir, path) = config_file(text);
+        let o = Opts {
+            config: Some(path),
+            ..opts()
+        };
+        (dir, o)
+    }
+
     #[test]
     fn defaults_are_openshift_cidrs() {
         let c = Config::resolve(&opts()).unwrap();
@@ -813,22 +823,13 @@ mod tests {
             Some("[::1]:10300".parse().unwrap())
         );
         assert!(with("10256").is_err());
-        let (_dir, path) = config_file("node-name: n\nhealthz-bind-address: ''\n");
-        let c = Config::resolve(&Opts {
-            config: Some(path),
-            ..Default::default()
-        })
-        .unwrap();
-        assert_eq!(c.healthz_bind_address, None);
+        let (_dir, o) = opts_with_file("healthz-bind-address: ''\n");
+        assert_eq!(Config::resolve(&o).unwrap().healthz_bind_address, None);
     }
 
     #[test]
     fn api_watch_timeout_from_file_flag_and_bounds() {
-        let (_dir, path) = config_file("node-name: n\napi-watch-timeout-seconds: 300\n");
-        let mut o = Opts {
-            config: Some(path),
-            ..Default::default()
-        };
+        let (_dir, mut o) = opts_with_file("api-watch-timeout-seconds: 300\n");
         assert_eq!(
             Config::resolve(&o).unwrap().api_watch_timeout,
             Duration::from_secs(300)
@@ -849,11 +850,7 @@ mod tests {
             Config::resolve(&opts()).unwrap().rule_counters,
             Some(Duration::from_secs(15))
         );
-        let (_dir, path) = config_file("node-name: n\nrule-counters-seconds: 0\n");
-        let mut o = Opts {
-            config: Some(path),
-            ..Default::default()
-        };
+        let (_dir, mut o) = opts_with_file("rule-counters-seconds: 0\n");
         assert_eq!(Config::resolve(&o).unwrap().rule_counters, None);
         o.rule_counters_seconds = Some(60);
         assert_eq!(
@@ -864,13 +861,9 @@ mod tests {
 
     #[test]
     fn manifest_limits_from_file_and_flags() {
-        let (_dir, path) = config_file(
+        let (_dir, mut o) = opts_with_file(
             "manifest-max-bytes: 1000\nmanifest-max-depth: 20\nmanifest-max-alias-expansion: 5\n",
         );
-        let mut o = Opts {
-            config: Some(path),
-            ..opts()
-        };
         let c = Config::resolve(&o).unwrap();
         let want = Limits {
             max_bytes: 1000,
@@ -968,12 +961,10 @@ mod tests {
         let c = Config::resolve(&opts()).unwrap();
         assert!(c.external_ip_allowed_cidrs.is_empty());
         assert!(c.external_ip_rejected_cidrs.is_empty());
-        let (_dir, path) = config_file(
+        let (_dir, mut o) = opts_with_file(
             "external-ip-allowed-cidrs: [198.51.100.0/24]\n\
              external-ip-rejected-cidrs: [198.51.100.128/25]\n",
         );
-        let mut o = opts();
-        o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
         assert_eq!(
             c.external_ip_allowed_cidrs,
@@ -996,13 +987,11 @@ mod tests {
         let c = Config::resolve(&opts()).unwrap();
         assert!(c.egress_ip_assigner);
         assert_eq!(c.leader_elect, Timings::DEFAULT);
-        let (_dir, path) = config_file(
+        let (_dir, mut o) = opts_with_file(
             "egress-ip-assigner: false\nleader-elect-namespace: net\n\
              leader-elect-lease-duration: 15\nleader-elect-renew-deadline: 10s\n\
              leader-elect-retry-period: 2s\n",
         );
-        let mut o = opts();
-        o.config = Some(path);
         let c = Config::resolve(&o).unwrap();
         assert!(!c.egress_ip_assigner);
         assert_eq!(c.leader_elect_namespace, "net");
@@ -1092,10 +1081,8 @@ mod tests {
         assert_eq!(c.egress_ip_probe, probe::Settings::default());
         assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(100));
         assert_eq!(c.egress_ip_probe.misses, 3);
-        let (_dir, path) =
-            config_file("egress-ip-probe-interval: 200ms\negress-ip-probe-misses: 5\n");
-        let mut o = opts();
-        o.config = Some(path);
+        let (_dir, mut o) =
+            opts_with_file("egress-ip-probe-interval: 200ms\negress-ip-probe-misses: 5\n");
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.egress_ip_probe.interval, Duration::from_millis(200));
         assert_eq!(c.egress_ip_probe.misses, 5);
@@ -1126,9 +1113,7 @@ mod tests {
             Config::resolve(&opts()).unwrap().platform,
             PlatformChoice::Auto
         );
-        let (_dir, path) = config_file("platform: azure\n");
-        let mut o = opts();
-        o.config = Some(path);
+        let (_dir, mut o) = opts_with_file("platform: azure\n");
         let c = Config::resolve(&o).unwrap();
         assert_eq!(c.platform, PlatformChoice::Fixed(Platform::Azure));
         o.platform = Some("baremetal".into());

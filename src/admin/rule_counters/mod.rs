@@ -51,90 +51,73 @@ impl RuleCounters {
     }
 }
 
-/// One metric: its name (without `nodeplane_` and `_total`), help, which series it has and
-/// which of the two counts it reports.
-struct Metric {
-    name: &'static str,
-    help: &'static str,
+/// The two metrics of one kind of series, `<stem>_packets` and `<stem>_bytes` (names without
+/// `nodeplane_` and `_total`): their helps and which series they have.
+struct CountMetrics {
+    stem: &'static str,
+    packets_help: &'static str,
+    bytes_help: &'static str,
     kind: fn(&Series) -> bool,
-    value: fn(&Counted) -> u64,
 }
 
-const METRICS: [Metric; 8] = [
-    Metric {
-        name: "egress_firewall_rule_packets",
-        help: "Packets an EgressFirewall rule decided (accepted or dropped): the packets that \
-               open a connection, as established traffic is not judged again",
+/// Reads one of the two counts of a series (each is a metric of its own).
+type Count = fn(&Counted) -> u64;
+
+const METRICS: [CountMetrics; 4] = [
+    CountMetrics {
+        stem: "egress_firewall_rule",
+        packets_help: "Packets an EgressFirewall rule decided (accepted or dropped): the packets \
+                       that open a connection, as established traffic is not judged again",
+        bytes_help: "Bytes of the packets an EgressFirewall rule decided",
         kind: |s| matches!(s, Series::Firewall { .. }),
-        value: |c| c.packets,
     },
-    Metric {
-        name: "egress_firewall_rule_bytes",
-        help: "Bytes of the packets an EgressFirewall rule decided",
-        kind: |s| matches!(s, Series::Firewall { .. }),
-        value: |c| c.bytes,
-    },
-    Metric {
-        name: "egress_qos_rule_packets",
-        help: "Packets an EgressQoS rule marked with its DSCP value",
+    CountMetrics {
+        stem: "egress_qos_rule",
+        packets_help: "Packets an EgressQoS rule marked with its DSCP value",
+        bytes_help: "Bytes of the packets an EgressQoS rule marked",
         kind: |s| matches!(s, Series::Qos { .. }),
-        value: |c| c.packets,
     },
-    Metric {
-        name: "egress_qos_rule_bytes",
-        help: "Bytes of the packets an EgressQoS rule marked",
-        kind: |s| matches!(s, Series::Qos { .. }),
-        value: |c| c.bytes,
-    },
-    Metric {
-        name: "network_policy_packets",
-        help: "Packets a NetworkPolicy allowed (one of its rules accepted them) or denied (a pod \
-               it selects was isolated in that direction and no policy selecting the pod \
-               allowed them; counted under each such policy), by direction: the packets that \
-               open a connection",
+    CountMetrics {
+        stem: "network_policy",
+        packets_help: "Packets a NetworkPolicy allowed (one of its rules accepted them) or denied \
+                       (a pod it selects was isolated in that direction and no policy selecting \
+                       the pod allowed them; counted under each such policy), by direction: the \
+                       packets that open a connection",
+        bytes_help: "Bytes of the packets a NetworkPolicy allowed or denied, by direction",
         kind: |s| matches!(s, Series::Policy { .. }),
-        value: |c| c.packets,
     },
-    Metric {
-        name: "network_policy_bytes",
-        help: "Bytes of the packets a NetworkPolicy allowed or denied, by direction",
-        kind: |s| matches!(s, Series::Policy { .. }),
-        value: |c| c.bytes,
-    },
-    Metric {
-        name: "network_policy_guard_drop_packets",
-        help: "Packets a NetworkPolicy guard dropped before any policy judged them, node-wide, \
-               by reason: source_not_bound (a source address not bound to the bridge port it \
-               came from), unlisted_address (an isolated pod on an address it does not list), \
-               flow_set_full (a new flow its bridge port's flow set has no room for)",
+    CountMetrics {
+        stem: "network_policy_guard_drop",
+        packets_help: "Packets a NetworkPolicy guard dropped before any policy judged them, \
+                       node-wide, by reason: source_not_bound (a source address not bound to the \
+                       bridge port it came from), unlisted_address (an isolated pod on an \
+                       address it does not list), flow_set_full (a new flow its bridge port's \
+                       flow set has no room for)",
+        bytes_help: "Bytes of the packets a NetworkPolicy guard dropped, by reason",
         kind: |s| matches!(s, Series::Guard(_)),
-        value: |c| c.packets,
-    },
-    Metric {
-        name: "network_policy_guard_drop_bytes",
-        help: "Bytes of the packets a NetworkPolicy guard dropped, by reason",
-        kind: |s| matches!(s, Series::Guard(_)),
-        value: |c| c.bytes,
     },
 ];
 
 impl Collector for RuleCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let latest = self.latest();
-        for metric in &METRICS {
-            let mut series = latest.iter().filter(|(s, _)| (metric.kind)(s)).peekable();
-            if series.peek().is_none() {
+        for metrics in &METRICS {
+            let series: Vec<_> = latest.iter().filter(|(s, _)| (metrics.kind)(s)).collect();
+            if series.is_empty() {
                 continue;
             }
-            let mut family = encoder.encode_descriptor(
-                metric.name,
-                metric.help,
-                None,
-                ConstCounter::<u64>::TYPE,
-            )?;
-            for (s, counted) in series {
-                let counter = ConstCounter::new((metric.value)(counted));
-                counter.encode(family.encode_family(&labels(s).as_slice())?)?;
+            let counts: [(&str, &str, Count); 2] = [
+                ("packets", metrics.packets_help, |c| c.packets),
+                ("bytes", metrics.bytes_help, |c| c.bytes),
+            ];
+            for (unit, help, value) in counts {
+                let name = format!("{}_{unit}", metrics.stem);
+                let mut family =
+                    encoder.encode_descriptor(&name, help, None, ConstCounter::<u64>::TYPE)?;
+                for (s, counted) in &series {
+                    let counter = ConstCounter::new(value(counted));
+                    counter.encode(family.encode_family(&labels(s).as_slice())?)?;
+                }
             }
         }
         Ok(())
