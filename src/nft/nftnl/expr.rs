@@ -158,87 +158,28 @@ impl Expr {
     /// away, for comparing a read-back rule with a lowered one: set ids (the kernel keeps
     /// the name), the bitwise op (dumped always, sent only where nft sends it) and the NAT
     /// range flags the kernel derives from the registers.
-    pub fn canonical(self) -> Expr {
-        match self {
-            Expr::Lookup {
-                sreg,
-                dreg,
-                set,
-                invert,
-                ..
-            } => Expr::Lookup {
-                sreg,
-                dreg,
-                set,
-                set_id: None,
-                invert,
-            },
-            Expr::DynsetUpdate {
-                sreg,
-                set,
-                timeout_ms,
-                ..
-            } => Expr::DynsetUpdate {
-                sreg,
-                set,
-                set_id: None,
-                timeout_ms,
-            },
-            Expr::DynsetLimit {
-                sreg,
-                set,
-                rate,
-                unit,
-                burst,
-                flags,
-                ..
-            } => Expr::DynsetLimit {
-                sreg,
-                set,
-                set_id: None,
-                rate,
-                unit,
-                burst,
-                flags,
-            },
-            Expr::Bitwise { reg, mask, xor, .. } => Expr::Bitwise {
-                reg,
-                mask,
-                xor,
-                with_op: false,
-            },
-            Expr::Nat {
-                kind,
-                family,
-                reg_addr,
-                reg_proto,
-                flags,
-            } => Expr::Nat {
-                kind,
-                family,
-                reg_addr,
-                reg_proto,
-                flags: flags & !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED),
-            },
-            e => e,
+    pub fn canonical(mut self) -> Expr {
+        match &mut self {
+            Expr::Lookup { set_id, .. }
+            | Expr::DynsetUpdate { set_id, .. }
+            | Expr::DynsetLimit { set_id, .. } => *set_id = None,
+            Expr::Bitwise { with_op, .. } => *with_op = false,
+            Expr::Nat { flags, .. } => {
+                *flags &= !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED)
+            }
+            _ => {}
         }
+        self
     }
 
     /// [`Expr::canonical`] without the looked-up set's name (an anonymous set's name is
     /// the kernel's choice).
     pub fn canonical_without_set(self) -> Expr {
-        match self.canonical() {
-            Expr::Lookup {
-                sreg, dreg, invert, ..
-            } => Expr::Lookup {
-                sreg,
-                dreg,
-                set: String::new(),
-                set_id: None,
-                invert,
-            },
-            e => e,
+        let mut e = self.canonical();
+        if let Expr::Lookup { set, .. } = &mut e {
+            *set = String::new();
         }
+        e
     }
 }
 
