@@ -16,6 +16,7 @@
 
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
+use super::reply::NLA_F_NESTED;
 use super::set::SetSpec;
 use crate::nft::ir::Family;
 use mnl::mnl_sys;
@@ -39,8 +40,7 @@ const NFTA_RULE_USERDATA: u16 = 7;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
+pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 
 /// Names were checked for NUL bytes by the lowering; a NUL here would be a bug, and the
 /// kernel then sees an empty name and rejects the message.

@@ -9,9 +9,14 @@ const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 const NLMSGERR_ATTR_OFFS: u16 = 2;
 const NLA_TYPE_MASK: u16 = 0x3fff;
+/// The flag of an attribute that holds attributes.
+pub(crate) const NLA_F_NESTED: u16 = 0x8000;
 /// nlmsghdr + nfgenmsg: where the attributes of a netfilter message (nf_tables, ctnetlink)
 /// start.
 pub(crate) const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
+/// The high byte of every nf_tables message's type.
+pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(crate) const NLM_F_REQUEST: u16 = 1;
 
 /// A kernel error about one message of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
