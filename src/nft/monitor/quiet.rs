@@ -35,7 +35,7 @@ const MARK_OPEN: u32 = 2;
 /// Closing marker: `MARK_CLOSE + n`, n the agent's commits in the window (0 or 1).
 const MARK_CLOSE: u32 = 3;
 
-const NFT_MSG_GETGEN: u16 = 16;
+uapi!(u16: NFT_MSG_GETGEN);
 
 /// Asks the kernel for the current generation; the reply goes to this socket's queue.
 pub(super) fn request_gen(fd: &OwnedFd, seq: u32) -> io::Result<()> {

@@ -3,8 +3,10 @@
 
 use crate::nft::nftnl::reply::{self, NFNL_HDRLEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
 
-/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
-pub(super) const NFNLGRP_NFTABLES: u32 = 7;
+uapi!(pub(super) u32:
+    /// The multicast group of nf_tables change notifications.
+    NFNLGRP_NFTABLES,
+);
 
 // enum nf_tables_msg_types
 pub(super) const NEWTABLE: u8 = 0;

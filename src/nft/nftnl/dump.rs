@@ -16,13 +16,8 @@ use nix::sys::socket::{MsgFlags, recv, send, setsockopt, sockopt};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-const NFT_MSG_GETCHAIN: u16 = 4;
-pub(super) const NFT_MSG_GETRULE: u16 = 7;
-pub(super) const NFT_MSG_GETSET: u16 = 10;
-pub(super) const NFT_MSG_GETSETELEM: u16 = 13;
-pub(super) const NFT_MSG_GETTABLE: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_DUMP_INTR: u16 = 0x10;
+uapi!(u16: NFT_MSG_GETCHAIN, NLM_F_DUMP, NLM_F_DUMP_INTR);
+uapi!(pub(super) u16: NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM, NFT_MSG_GETTABLE);
 
 /// One netlink attribute: type (flags masked off) and payload.
 #[derive(Clone, Copy)]

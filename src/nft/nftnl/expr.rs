@@ -183,28 +183,29 @@ impl Expr {
     }
 }
 
+uapi!(pub u32:
+    /// A limit counted in packets.
+    NFT_LIMIT_PKTS,
+    /// `limit rate over` (match beyond the rate).
+    NFT_LIMIT_F_INV,
+    NFT_CMP_EQ,
+    NFT_CMP_NEQ,
+    NFT_CMP_LTE,
+    NFT_CMP_GTE,
+    NFT_REG_VERDICT,
+    NFT_REG_1,
+    NFT_PAYLOAD_CSUM_INET,
+    NFT_NAT_SNAT,
+    NFT_NAT_DNAT,
+    NFT_REJECT_ICMP_UNREACH,
+    NFT_REJECT_TCP_RST,
+    NFT_REJECT_ICMPX_UNREACH,
+);
+uapi!(u32: NFT_REG32_00);
+uapi!(pub u8: NFT_REJECT_ICMPX_PORT_UNREACH, NFT_REJECT_ICMPX_ADMIN_PROHIBITED);
 pub const NF_NAT_RANGE_MAP_IPS: u32 = 1;
-/// `NFT_LIMIT_PKTS`: a limit counted in packets.
-pub const NFT_LIMIT_PKTS: u32 = 0;
-/// `NFT_LIMIT_F_INV`: `limit rate over` (match beyond the rate).
-pub const NFT_LIMIT_F_INV: u32 = 1;
-pub const NFT_CMP_EQ: u32 = 0;
-pub const NFT_CMP_NEQ: u32 = 1;
-pub const NFT_CMP_LTE: u32 = 3;
-pub const NFT_CMP_GTE: u32 = 5;
-pub const NFT_REG_VERDICT: u32 = 0;
-pub const NFT_REG_1: u32 = 1;
-const NFT_REG32_00: u32 = 8;
-pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
-pub const NFT_NAT_SNAT: u32 = 0;
-pub const NFT_NAT_DNAT: u32 = 1;
 pub const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 16;
-pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
-pub const NFT_REJECT_TCP_RST: u32 = 1;
-pub const NFT_REJECT_ICMPX_UNREACH: u32 = 2;
-pub const NFT_REJECT_ICMPX_PORT_UNREACH: u8 = 1;
-pub const NFT_REJECT_ICMPX_ADMIN_PROHIBITED: u8 = 3;
 pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMPV6_PORT_UNREACH: u8 = 4;
 

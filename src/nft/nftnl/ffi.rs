@@ -26,12 +26,9 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::ptr::NonNull;
 
-const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
-const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
-const NFT_BYTEORDER_HTON: u32 = 1;
+uapi!(u16: NLM_F_CREATE, NLM_F_APPEND);
+uapi!(u32: NFT_BYTEORDER_HTON, NFT_LOOKUP_F_INV, NFT_DYNSET_OP_UPDATE);
 const NFT_EXTHDR_OP_IPV6: u32 = 0;
-const NFT_LOOKUP_F_INV: u32 = 1;
-const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFTA_CHAIN_HOOK: u16 = 4;
 const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_HOOK_HOOKNUM: u16 = 1;

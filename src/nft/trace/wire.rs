@@ -4,10 +4,11 @@
 
 use crate::nft::nftnl::reply::{self, NFNL_HDRLEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
 
-/// `NFNLGRP_NFTRACE`: the multicast group of trace events.
-pub const NFNLGRP_NFTRACE: u32 = 9;
-/// `NFT_MSG_TRACE` (after `NFT_MSG_GETGEN`, 16).
-const NFT_MSG_TRACE: u16 = 17;
+uapi!(pub u32:
+    /// The multicast group of trace events.
+    NFNLGRP_NFTRACE,
+);
+uapi!(u16: NFT_MSG_TRACE);
 /// The family is nfgenmsg's first byte.
 const FAMILY_AT: usize = NLMSG_HDRLEN;
 
