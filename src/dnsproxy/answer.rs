@@ -135,27 +135,23 @@ pub(crate) mod tests {
         RData::A(A(ip.parse().unwrap()))
     }
 
+    fn aaaa(ip: &str) -> RData {
+        RData::AAAA(AAAA(ip.parse().unwrap()))
+    }
+
+    fn cname(target: &str) -> RData {
+        RData::CNAME(CNAME(name(target)))
+    }
+
     #[test]
     fn follows_cnames_to_the_final_addresses() {
         let bytes = response(
             "WWW.example.com.",
             &[
-                (
-                    "www.example.com.",
-                    RData::CNAME(CNAME(name("edge.cdn.net."))),
-                    300,
-                ),
-                (
-                    "edge.cdn.net.",
-                    RData::CNAME(CNAME(name("e1.cdn.net."))),
-                    60,
-                ),
+                ("www.example.com.", cname("edge.cdn.net."), 300),
+                ("edge.cdn.net.", cname("e1.cdn.net."), 60),
                 ("e1.cdn.net.", a("198.51.100.7"), 20),
-                (
-                    "e1.cdn.net.",
-                    RData::AAAA(AAAA("2001:db8::7".parse().unwrap())),
-                    30,
-                ),
+                ("e1.cdn.net.", aaaa("2001:db8::7"), 30),
                 ("unrelated.net.", a("203.0.113.9"), 20),
             ],
             false,
@@ -178,16 +174,8 @@ pub(crate) mod tests {
         let bytes = response(
             "a.example.com.",
             &[
-                (
-                    "a.example.com.",
-                    RData::CNAME(CNAME(name("b.example.com."))),
-                    5,
-                ),
-                (
-                    "b.example.com.",
-                    RData::CNAME(CNAME(name("a.example.com."))),
-                    5,
-                ),
+                ("a.example.com.", cname("b.example.com."), 5),
+                ("b.example.com.", cname("a.example.com."), 5),
             ],
             true,
         );
@@ -259,7 +247,7 @@ pub(crate) mod tests {
         ) {
             let mut bytes = response(
                 "www.example.com.",
-                &[("www.example.com.", RData::CNAME(CNAME(name("e.cdn.net."))), 9),
+                &[("www.example.com.", cname("e.cdn.net."), 9),
                   ("e.cdn.net.", a("198.51.100.7"), 9)],
                 false,
             );

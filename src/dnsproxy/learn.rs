@@ -377,16 +377,9 @@ impl<B: NftBackend> Learner<B> {
     /// Forgets what has expired (the kernel dropped it already); O(entries), so called from
     /// the periodic pass, not per answer.
     pub fn forget_expired(&mut self, now: Instant) {
-        let expired: Vec<Key> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.expiry <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in expired {
-            if let Some(e) = self.entries.remove(&key) {
-                self.unindex(&key, &e);
-            }
+        let expired: Vec<(Key, Entry)> = self.entries.extract_if(|_, e| e.expiry <= now).collect();
+        for (key, e) in &expired {
+            self.unindex(key, e);
         }
     }
 

@@ -630,12 +630,13 @@ pub enum CtDir {
     Reply,
 }
 
+/// IP protocol numbers (`meta l4proto`).
 pub mod proto {
-    pub const ICMP: u8 = 1;
-    pub const TCP: u8 = 6;
-    pub const UDP: u8 = 17;
-    pub const ICMPV6: u8 = 58;
-    pub const SCTP: u8 = 132;
+    pub const ICMP: u8 = libc::IPPROTO_ICMP as u8;
+    pub const TCP: u8 = libc::IPPROTO_TCP as u8;
+    pub const UDP: u8 = libc::IPPROTO_UDP as u8;
+    pub const ICMPV6: u8 = libc::IPPROTO_ICMPV6 as u8;
+    pub const SCTP: u8 = libc::IPPROTO_SCTP as u8;
 }
 
 /// TCP header flag bits.

@@ -356,6 +356,7 @@ impl Reader {
 mod tests {
     use super::wire::*;
     use super::*;
+    use crate::nft::nftnl::reply::NFNL_SUBSYS_NFTABLES;
     use crate::testing::netlink::{attr, nfnl_msg};
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
 

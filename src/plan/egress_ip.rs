@@ -144,19 +144,8 @@ struct Claim {
 /// EgressIP name, with the API object it came from, and the validation cache.
 pub type EgressIpMemory = Validated<EgressIP, ValidatedEgressIp>;
 
-/// The last valid version of each EgressIP is kept across restarts.
-impl super::kept::KeptKind for EgressIP {
-    type Valid = ValidatedEgressIp;
-    const FIELD: &'static str = "egressIPs";
-
-    fn revalidate(&self) -> Result<ValidatedEgressIp, crate::api::ValidationError> {
-        self.validate()
-    }
-
-    fn key(valid: &ValidatedEgressIp) -> String {
-        valid.name.clone()
-    }
-}
+// The last valid version of each EgressIP is kept across restarts.
+super::kept::kept_kind!(EgressIP => ValidatedEgressIp, field "egressIPs", keyed by name);
 
 /// The EgressIP feature (see the module documentation).
 pub struct EgressIp;

@@ -145,19 +145,8 @@ impl super::Output for FirewallOutput {}
 // The objects in force are kept across restarts; the rest is rebuilt by the first plan.
 in_force::remember_through!(FirewallMemory, validated: Validated<EgressFirewall, ValidatedFirewall>);
 
-/// The last valid EgressFirewall of each namespace is kept across restarts.
-impl super::kept::KeptKind for EgressFirewall {
-    type Valid = ValidatedFirewall;
-    const FIELD: &'static str = "egressFirewalls";
-
-    fn revalidate(&self) -> Result<ValidatedFirewall, crate::api::ValidationError> {
-        self.validate()
-    }
-
-    fn key(valid: &ValidatedFirewall) -> String {
-        valid.namespace.clone()
-    }
-}
+// The last valid EgressFirewall of each namespace is kept across restarts.
+super::kept::kept_kind!(EgressFirewall => ValidatedFirewall, field "egressFirewalls", keyed by namespace);
 
 impl Feature for Firewall {
     const NAME: &'static str = PREFIX;

@@ -32,6 +32,27 @@ pub trait KeptKind: Serialize + DeserializeOwned + PartialEq + Debug + Send + Sy
     fn key(valid: &Self::Valid) -> String;
 }
 
+/// Implements [`KeptKind`] for a kind that validates with its own `validate` method and is in
+/// force under one `String` field of its validated form: the kind names only its validated
+/// type, its field in the state file and that key field.
+macro_rules! kept_kind {
+    ($kind:ty => $valid:ty, field $field:literal, keyed by $key:ident) => {
+        impl $crate::plan::kept::KeptKind for $kind {
+            type Valid = $valid;
+            const FIELD: &'static str = $field;
+
+            fn revalidate(&self) -> Result<$valid, $crate::api::ValidationError> {
+                self.validate()
+            }
+
+            fn key(valid: &$valid) -> String {
+                valid.$key.clone()
+            }
+        }
+    };
+}
+pub(crate) use kept_kind;
+
 /// The state file's fields as read, for each feature to take its own; what a feature leaves
 /// out is reported here.
 #[derive(Debug, Default)]

@@ -36,19 +36,8 @@ const PREFIX: &str = "qos";
 /// object in force per namespace, and the validation cache.
 pub type QosMemory = Validated<EgressQoS, ValidatedQos>;
 
-/// The last valid EgressQoS of each namespace is kept across restarts.
-impl super::kept::KeptKind for EgressQoS {
-    type Valid = ValidatedQos;
-    const FIELD: &'static str = "egressQoSes";
-
-    fn revalidate(&self) -> Result<ValidatedQos, crate::api::ValidationError> {
-        self.validate()
-    }
-
-    fn key(valid: &ValidatedQos) -> String {
-        valid.namespace.clone()
-    }
-}
+// The last valid EgressQoS of each namespace is kept across restarts.
+super::kept::kept_kind!(EgressQoS => ValidatedQos, field "egressQoSes", keyed by namespace);
 
 /// The EgressQoS feature (see the module documentation).
 pub struct Qos;

@@ -16,7 +16,8 @@
 //! so is a window opened while the previous one never closed. Another listener on the host
 //! (`nft monitor`, a second agent) makes the kernel build the notifications anyway.
 
-use super::wire::{NFNL_SUBSYS_NFTABLES, NFNLGRP_NFTABLES};
+use super::wire::NFNLGRP_NFTABLES;
+use crate::nft::nftnl::reply::{NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST};
 use crate::nft::nftnl::socket::set_membership;
 use nix::sys::socket::{MsgFlags, NetlinkAddr, sendto};
 use std::io;
@@ -34,8 +35,7 @@ const MARK_OPEN: u32 = 2;
 /// Closing marker: `MARK_CLOSE + n`, n the agent's commits in the window (0 or 1).
 const MARK_CLOSE: u32 = 3;
 
-const NFT_MSG_GETGEN: u16 = 16;
-const NLM_F_REQUEST: u16 = 1;
+uapi!(u16: NFT_MSG_GETGEN);
 
 /// Asks the kernel for the current generation; the reply goes to this socket's queue.
 pub(super) fn request_gen(fd: &OwnedFd, seq: u32) -> io::Result<()> {

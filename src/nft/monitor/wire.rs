@@ -1,14 +1,12 @@
 //! nf_tables change notifications as the kernel sends them: the message types and attributes
 //! the monitor reads, and the decoding of one message into a [`Notification`].
 
-use crate::nft::nftnl::reply;
+use crate::nft::nftnl::reply::{self, NFNL_HDRLEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
 
-/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
-pub(super) const NFNLGRP_NFTABLES: u32 = 7;
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub(super) const NLMSG_HDRLEN: usize = 16;
-/// nlmsghdr + nfgenmsg: where nf_tables attributes start.
-pub(super) const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
+uapi!(pub(super) u32:
+    /// The multicast group of nf_tables change notifications.
+    NFNLGRP_NFTABLES,
+);
 
 // enum nf_tables_msg_types
 pub(super) const NEWTABLE: u8 = 0;

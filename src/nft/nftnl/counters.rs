@@ -2,16 +2,15 @@
 //! table and one element dump per set that counts, whatever the number of rules; never a
 //! request per rule. Safe Rust only, on the read-back's dump socket.
 
-use super::dump::{Attrs, Counted, DumpSocket, counted_in, counter_value, cstr};
+use super::dump::{
+    Attrs, Counted, DumpSocket, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
+    NFT_MSG_GETTABLE, counted_in, counter_value, cstr,
+};
 use super::udata::comment_of;
 use crate::nft::engine::NftError;
 use crate::nft::ir::Family;
 use std::collections::BTreeMap;
 
-const NFT_MSG_GETTABLE: u16 = 1;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_GETSET: u16 = 10;
-const NFT_MSG_GETSETELEM: u16 = 13;
 /// `NFTA_SET_ELEM_EXPR` (one expression) and `NFTA_SET_ELEM_EXPRESSIONS` (a list).
 const NFTA_SET_ELEM_EXPR: u16 = 7;
 const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;

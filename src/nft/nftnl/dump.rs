@@ -7,22 +7,17 @@
 //! ran, `NLM_F_DUMP_INTR`) is read again.
 
 use super::expr::Expr;
-use super::reply::{NFNL_HDRLEN, NLMSG_DONE, NLMSG_ERROR, error_code};
+use super::reply::{
+    NFNL_HDRLEN, NFNL_SUBSYS_NFTABLES, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, error_code,
+};
 use crate::nft::engine::NftError;
 use crate::nft::ir::Family;
 use nix::sys::socket::{MsgFlags, recv, send, setsockopt, sockopt};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_GETSET: u16 = 10;
-const NFT_MSG_GETSETELEM: u16 = 13;
-const NFT_MSG_GETTABLE: u16 = 1;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_DUMP_INTR: u16 = 0x10;
+uapi!(u16: NFT_MSG_GETCHAIN, NLM_F_DUMP, NLM_F_DUMP_INTR);
+uapi!(pub(super) u16: NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM, NFT_MSG_GETTABLE);
 
 /// One netlink attribute: type (flags masked off) and payload.
 #[derive(Clone, Copy)]

@@ -3,6 +3,7 @@
 //! `NFTA_SET_ELEM_LIST_ELEMENTS` buffers split where nft splits them. No allocation per
 //! element: a 100k-element map is a few dozen 64 KiB buffers.
 
+use super::reply::NLA_F_NESTED;
 use super::set::{NFT_SET_ELEM_INTERVAL_END, verdict_code};
 use super::types::{
     ByteOrder, Bytes, FieldInfo, IFNAMSIZ, encode_err, ifname_wildcard, round4, type_info,
@@ -13,7 +14,6 @@ use crate::nft::engine::NftError;
 use crate::nft::ir::{DataType, ElemData, ElemKey, ElemValue, KeyPart, SetKind, Value};
 use ipnet::IpNet;
 
-const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_FLAGS: u16 = 3;

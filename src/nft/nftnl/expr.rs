@@ -158,112 +158,54 @@ impl Expr {
     /// away, for comparing a read-back rule with a lowered one: set ids (the kernel keeps
     /// the name), the bitwise op (dumped always, sent only where nft sends it) and the NAT
     /// range flags the kernel derives from the registers.
-    pub fn canonical(self) -> Expr {
-        match self {
-            Expr::Lookup {
-                sreg,
-                dreg,
-                set,
-                invert,
-                ..
-            } => Expr::Lookup {
-                sreg,
-                dreg,
-                set,
-                set_id: None,
-                invert,
-            },
-            Expr::DynsetUpdate {
-                sreg,
-                set,
-                timeout_ms,
-                ..
-            } => Expr::DynsetUpdate {
-                sreg,
-                set,
-                set_id: None,
-                timeout_ms,
-            },
-            Expr::DynsetLimit {
-                sreg,
-                set,
-                rate,
-                unit,
-                burst,
-                flags,
-                ..
-            } => Expr::DynsetLimit {
-                sreg,
-                set,
-                set_id: None,
-                rate,
-                unit,
-                burst,
-                flags,
-            },
-            Expr::Bitwise { reg, mask, xor, .. } => Expr::Bitwise {
-                reg,
-                mask,
-                xor,
-                with_op: false,
-            },
-            Expr::Nat {
-                kind,
-                family,
-                reg_addr,
-                reg_proto,
-                flags,
-            } => Expr::Nat {
-                kind,
-                family,
-                reg_addr,
-                reg_proto,
-                flags: flags & !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED),
-            },
-            e => e,
+    pub fn canonical(mut self) -> Expr {
+        match &mut self {
+            Expr::Lookup { set_id, .. }
+            | Expr::DynsetUpdate { set_id, .. }
+            | Expr::DynsetLimit { set_id, .. } => *set_id = None,
+            Expr::Bitwise { with_op, .. } => *with_op = false,
+            Expr::Nat { flags, .. } => {
+                *flags &= !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED)
+            }
+            _ => {}
         }
+        self
     }
 
     /// [`Expr::canonical`] without the looked-up set's name (an anonymous set's name is
     /// the kernel's choice).
     pub fn canonical_without_set(self) -> Expr {
-        match self.canonical() {
-            Expr::Lookup {
-                sreg, dreg, invert, ..
-            } => Expr::Lookup {
-                sreg,
-                dreg,
-                set: String::new(),
-                set_id: None,
-                invert,
-            },
-            e => e,
+        let mut e = self.canonical();
+        if let Expr::Lookup { set, .. } = &mut e {
+            *set = String::new();
         }
+        e
     }
 }
 
+uapi!(pub u32:
+    /// A limit counted in packets.
+    NFT_LIMIT_PKTS,
+    /// `limit rate over` (match beyond the rate).
+    NFT_LIMIT_F_INV,
+    NFT_CMP_EQ,
+    NFT_CMP_NEQ,
+    NFT_CMP_LTE,
+    NFT_CMP_GTE,
+    NFT_REG_VERDICT,
+    NFT_REG_1,
+    NFT_PAYLOAD_CSUM_INET,
+    NFT_NAT_SNAT,
+    NFT_NAT_DNAT,
+    NFT_REJECT_ICMP_UNREACH,
+    NFT_REJECT_TCP_RST,
+    NFT_REJECT_ICMPX_UNREACH,
+);
+uapi!(u32: NFT_REG32_00);
+uapi!(pub u8: NFT_REJECT_ICMPX_PORT_UNREACH, NFT_REJECT_ICMPX_ADMIN_PROHIBITED);
 pub const NF_NAT_RANGE_MAP_IPS: u32 = 1;
-/// `NFT_LIMIT_PKTS`: a limit counted in packets.
-pub const NFT_LIMIT_PKTS: u32 = 0;
-/// `NFT_LIMIT_F_INV`: `limit rate over` (match beyond the rate).
-pub const NFT_LIMIT_F_INV: u32 = 1;
-pub const NFT_CMP_EQ: u32 = 0;
-pub const NFT_CMP_NEQ: u32 = 1;
-pub const NFT_CMP_LTE: u32 = 3;
-pub const NFT_CMP_GTE: u32 = 5;
-pub const NFT_REG_VERDICT: u32 = 0;
-pub const NFT_REG_1: u32 = 1;
-const NFT_REG32_00: u32 = 8;
-pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
-pub const NFT_NAT_SNAT: u32 = 0;
-pub const NFT_NAT_DNAT: u32 = 1;
 pub const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 16;
-pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
-pub const NFT_REJECT_TCP_RST: u32 = 1;
-pub const NFT_REJECT_ICMPX_UNREACH: u32 = 2;
-pub const NFT_REJECT_ICMPX_PORT_UNREACH: u8 = 1;
-pub const NFT_REJECT_ICMPX_ADMIN_PROHIBITED: u8 = 3;
 pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMPV6_PORT_UNREACH: u8 = 4;
 

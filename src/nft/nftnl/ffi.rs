@@ -16,6 +16,7 @@
 
 use super::expr::Expr;
 use super::lower::{Msg, MsgBody};
+use super::reply::NLA_F_NESTED;
 use super::set::SetSpec;
 use crate::nft::ir::Family;
 use mnl::mnl_sys;
@@ -25,12 +26,9 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::ptr::NonNull;
 
-const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
-const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
-const NFT_BYTEORDER_HTON: u32 = 1;
+uapi!(u16: NLM_F_CREATE, NLM_F_APPEND);
+uapi!(u32: NFT_BYTEORDER_HTON, NFT_LOOKUP_F_INV, NFT_DYNSET_OP_UPDATE);
 const NFT_EXTHDR_OP_IPV6: u32 = 0;
-const NFT_LOOKUP_F_INV: u32 = 1;
-const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFTA_CHAIN_HOOK: u16 = 4;
 const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_HOOK_HOOKNUM: u16 = 1;
@@ -39,8 +37,7 @@ const NFTA_RULE_USERDATA: u16 = 7;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
+pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 
 /// Names were checked for NUL bytes by the lowering; a NUL here would be a bug, and the
 /// kernel then sees an empty name and rejects the message.
@@ -167,6 +164,11 @@ impl ExprObj {
         }
     }
 
+    /// Sets an attribute nft writes only in some cases: when `write`.
+    fn u32_if(self, write: bool, attr: u32, v: u32) -> Self {
+        if write { self.u32(attr, v) } else { self }
+    }
+
     /// Hands `inner` to this expression (a dynset's per-element expression).
     fn nest(self, attr: u32, inner: ExprObj) -> Self {
         let p = inner.0.as_ptr();
@@ -217,7 +219,21 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
             .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
             .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len),
-        Expr::PayloadSet { .. } => payload_set(e),
+        Expr::PayloadSet {
+            base,
+            offset,
+            len,
+            sreg,
+            csum,
+        } => ExprObj::new(c"payload")
+            .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
+            .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len)
+            .maybe(*csum, |e, (kind, off)| {
+                e.u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, kind)
+                    .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, off)
+            }),
         Expr::Ct { key, dreg } => ExprObj::new(c"ct")
             .u32(sys::NFTNL_EXPR_CT_KEY, *key)
             .u32(sys::NFTNL_EXPR_CT_DREG, *dreg),
@@ -251,25 +267,91 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_CMP_SREG, *sreg)
             .u32(sys::NFTNL_EXPR_CMP_OP, *op)
             .data(sys::NFTNL_EXPR_CMP_DATA, data),
-        Expr::Bitwise { .. } => bitwise(e),
+        // NFT_BITWISE_BOOL (0), written explicitly only where nft writes it.
+        Expr::Bitwise {
+            reg,
+            mask,
+            xor,
+            with_op,
+        } => ExprObj::new(c"bitwise")
+            .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
+            .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
+            .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
+            .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
+            .data(sys::NFTNL_EXPR_BITWISE_XOR, xor)
+            .u32_if(*with_op, sys::NFTNL_EXPR_BITWISE_OP, 0),
         Expr::Hton { reg, len } => ExprObj::new(c"byteorder")
             .u32(sys::NFTNL_EXPR_BYTEORDER_SREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_DREG, *reg)
             .u32(sys::NFTNL_EXPR_BYTEORDER_OP, NFT_BYTEORDER_HTON)
             .u32(sys::NFTNL_EXPR_BYTEORDER_LEN, *len)
             .u32(sys::NFTNL_EXPR_BYTEORDER_SIZE, *len),
-        Expr::Lookup { .. } => lookup(e),
-        Expr::DynsetUpdate { .. } => dynset_update(e),
-        Expr::DynsetLimit { .. } => dynset_limit(e),
+        Expr::Lookup {
+            sreg,
+            dreg,
+            set,
+            set_id,
+            invert,
+        } => ExprObj::new(c"lookup")
+            .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
+            .str(sys::NFTNL_EXPR_LOOKUP_SET, set)
+            .maybe(*dreg, |e, d| e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, d))
+            .maybe(*set_id, |e, id| e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, id))
+            .u32_if(*invert, sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV),
+        Expr::DynsetUpdate {
+            sreg,
+            set,
+            set_id,
+            timeout_ms,
+        } => dynset(*sreg, set, *set_id).maybe(*timeout_ms, |e, ms| {
+            e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, ms)
+        }),
+        // The limit's attributes are the ones nft 1.0.6 sets, in its order.
+        Expr::DynsetLimit {
+            sreg,
+            set,
+            set_id,
+            rate,
+            unit,
+            burst,
+            flags,
+        } => {
+            let limit = ExprObj::new(c"limit")
+                .u64(sys::NFTNL_EXPR_LIMIT_RATE, *rate)
+                .u64(sys::NFTNL_EXPR_LIMIT_UNIT, *unit)
+                .u32(sys::NFTNL_EXPR_LIMIT_TYPE, super::expr::NFT_LIMIT_PKTS)
+                .u32_if(*burst > 0, sys::NFTNL_EXPR_LIMIT_BURST, *burst)
+                .u32(sys::NFTNL_EXPR_LIMIT_FLAGS, *flags);
+            dynset(*sreg, set, *set_id).nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
+        }
         Expr::Immediate { dreg, data } => ExprObj::new(c"immediate")
             .u32(sys::NFTNL_EXPR_IMM_DREG, *dreg)
             .data(sys::NFTNL_EXPR_IMM_DATA, data),
-        Expr::Verdict { .. } => verdict(e),
+        Expr::Verdict { code, chain } => ExprObj::new(c"immediate")
+            .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
+            .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32)
+            .maybe(chain.as_deref(), |e, c| e.str(sys::NFTNL_EXPR_IMM_CHAIN, c)),
         Expr::Counter => ExprObj::new(c"counter"),
-        Expr::Log { .. } => log(e),
-        Expr::Nat { .. } => nat(e),
-        Expr::Masq { flags: 0 } => ExprObj::new(c"masq"),
-        Expr::Masq { flags } => ExprObj::new(c"masq").u32(sys::NFTNL_EXPR_MASQ_FLAGS, *flags),
+        Expr::Log { prefix, group } => ExprObj::new(c"log")
+            .str(sys::NFTNL_EXPR_LOG_PREFIX, prefix)
+            .maybe(*group, |e, g| e.u16(sys::NFTNL_EXPR_LOG_GROUP, g)),
+        Expr::Nat {
+            kind,
+            family,
+            reg_addr,
+            reg_proto,
+            flags,
+        } => ExprObj::new(c"nat")
+            .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
+            .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
+            .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr)
+            .maybe(*reg_proto, |e, r| {
+                e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, r)
+            })
+            .u32_if(*flags != 0, sys::NFTNL_EXPR_NAT_FLAGS, *flags),
+        Expr::Masq { flags } => {
+            ExprObj::new(c"masq").u32_if(*flags != 0, sys::NFTNL_EXPR_MASQ_FLAGS, *flags)
+        }
         Expr::Tproxy { family, reg_port } => ExprObj::new(c"tproxy")
             .u32(sys::NFTNL_EXPR_TPROXY_FAMILY, *family)
             .u32(sys::NFTNL_EXPR_TPROXY_REG_PORT, *reg_port),
@@ -277,46 +359,6 @@ fn build_expr(e: &Expr) -> ExprObj {
             .u32(sys::NFTNL_EXPR_REJECT_TYPE, *kind)
             .u8(sys::NFTNL_EXPR_REJECT_CODE, *code),
     }
-}
-
-// The expressions with optional attributes, each from its own variant (`build_expr` matches
-// every variant, so a new one is a compile error there).
-
-fn payload_set(e: &Expr) -> ExprObj {
-    let Expr::PayloadSet {
-        base,
-        offset,
-        len,
-        sreg,
-        csum,
-    } = e
-    else {
-        unreachable!("called for Expr::PayloadSet")
-    };
-    let e = ExprObj::new(c"payload")
-        .u32(sys::NFTNL_EXPR_PAYLOAD_SREG, *sreg)
-        .u32(sys::NFTNL_EXPR_PAYLOAD_BASE, *base)
-        .u32(sys::NFTNL_EXPR_PAYLOAD_OFFSET, *offset)
-        .u32(sys::NFTNL_EXPR_PAYLOAD_LEN, *len);
-    e.maybe(*csum, |e, (kind, off)| {
-        e.u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_TYPE, kind)
-            .u32(sys::NFTNL_EXPR_PAYLOAD_CSUM_OFFSET, off)
-    })
-}
-
-fn dynset_update(e: &Expr) -> ExprObj {
-    let Expr::DynsetUpdate {
-        sreg,
-        set,
-        set_id,
-        timeout_ms,
-    } = e
-    else {
-        unreachable!("called for Expr::DynsetUpdate")
-    };
-    dynset(*sreg, set, *set_id).maybe(*timeout_ms, |e, ms| {
-        e.u64(sys::NFTNL_EXPR_DYNSET_TIMEOUT, ms)
-    })
 }
 
 /// `update @set { key }` with the key in `sreg`; `set_id` names a set created in the same
@@ -327,122 +369,6 @@ fn dynset(sreg: u32, set: &str, set_id: Option<u32>) -> ExprObj {
         .str(sys::NFTNL_EXPR_DYNSET_SET_NAME, set)
         .u32(sys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
         .maybe(set_id, |e, id| e.u32(sys::NFTNL_EXPR_DYNSET_SET_ID, id))
-}
-
-fn dynset_limit(e: &Expr) -> ExprObj {
-    let Expr::DynsetLimit {
-        sreg,
-        set,
-        set_id,
-        rate,
-        unit,
-        burst,
-        flags,
-    } = e
-    else {
-        unreachable!("called for Expr::DynsetLimit")
-    };
-    // The attributes nft 1.0.6 sets, in its order.
-    let limit = ExprObj::new(c"limit")
-        .u64(sys::NFTNL_EXPR_LIMIT_RATE, *rate)
-        .u64(sys::NFTNL_EXPR_LIMIT_UNIT, *unit)
-        .u32(sys::NFTNL_EXPR_LIMIT_TYPE, super::expr::NFT_LIMIT_PKTS);
-    let limit = if *burst > 0 {
-        limit.u32(sys::NFTNL_EXPR_LIMIT_BURST, *burst)
-    } else {
-        limit
-    };
-    let limit = limit.u32(sys::NFTNL_EXPR_LIMIT_FLAGS, *flags);
-    dynset(*sreg, set, *set_id).nest(sys::NFTNL_EXPR_DYNSET_EXPR, limit)
-}
-
-fn verdict(e: &Expr) -> ExprObj {
-    let Expr::Verdict { code, chain } = e else {
-        unreachable!("called for Expr::Verdict")
-    };
-    ExprObj::new(c"immediate")
-        .u32(sys::NFTNL_EXPR_IMM_DREG, super::expr::NFT_REG_VERDICT)
-        .u32(sys::NFTNL_EXPR_IMM_VERDICT, *code as u32)
-        .maybe(chain.as_deref(), |e, c| e.str(sys::NFTNL_EXPR_IMM_CHAIN, c))
-}
-
-fn log(e: &Expr) -> ExprObj {
-    let Expr::Log { prefix, group } = e else {
-        unreachable!("called for Expr::Log")
-    };
-    ExprObj::new(c"log")
-        .str(sys::NFTNL_EXPR_LOG_PREFIX, prefix)
-        .maybe(*group, |e, g| e.u16(sys::NFTNL_EXPR_LOG_GROUP, g))
-}
-
-fn bitwise(e: &Expr) -> ExprObj {
-    let Expr::Bitwise {
-        reg,
-        mask,
-        xor,
-        with_op,
-    } = e
-    else {
-        unreachable!("called for Expr::Bitwise")
-    };
-    let e = ExprObj::new(c"bitwise")
-        .u32(sys::NFTNL_EXPR_BITWISE_SREG, *reg)
-        .u32(sys::NFTNL_EXPR_BITWISE_DREG, *reg)
-        .u32(sys::NFTNL_EXPR_BITWISE_LEN, mask.len() as u32)
-        .data(sys::NFTNL_EXPR_BITWISE_MASK, mask)
-        .data(sys::NFTNL_EXPR_BITWISE_XOR, xor);
-    // NFT_BITWISE_BOOL (0), written explicitly only where nft writes it.
-    if *with_op {
-        e.u32(sys::NFTNL_EXPR_BITWISE_OP, 0)
-    } else {
-        e
-    }
-}
-
-fn lookup(e: &Expr) -> ExprObj {
-    let Expr::Lookup {
-        sreg,
-        dreg,
-        set,
-        set_id,
-        invert,
-    } = e
-    else {
-        unreachable!("called for Expr::Lookup")
-    };
-    let mut e = ExprObj::new(c"lookup")
-        .u32(sys::NFTNL_EXPR_LOOKUP_SREG, *sreg)
-        .str(sys::NFTNL_EXPR_LOOKUP_SET, set)
-        .maybe(*dreg, |e, d| e.u32(sys::NFTNL_EXPR_LOOKUP_DREG, d))
-        .maybe(*set_id, |e, id| e.u32(sys::NFTNL_EXPR_LOOKUP_SET_ID, id));
-    if *invert {
-        e = e.u32(sys::NFTNL_EXPR_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
-    }
-    e
-}
-
-fn nat(e: &Expr) -> ExprObj {
-    let Expr::Nat {
-        kind,
-        family,
-        reg_addr,
-        reg_proto,
-        flags,
-    } = e
-    else {
-        unreachable!("called for Expr::Nat")
-    };
-    let mut e = ExprObj::new(c"nat")
-        .u32(sys::NFTNL_EXPR_NAT_TYPE, *kind)
-        .u32(sys::NFTNL_EXPR_NAT_FAMILY, *family)
-        .u32(sys::NFTNL_EXPR_NAT_REG_ADDR_MIN, *reg_addr)
-        .maybe(*reg_proto, |e, r| {
-            e.u32(sys::NFTNL_EXPR_NAT_REG_PROTO_MIN, r)
-        });
-    if *flags != 0 {
-        e = e.u32(sys::NFTNL_EXPR_NAT_FLAGS, *flags);
-    }
-    e
 }
 
 /// Sets a byte attribute of a set.

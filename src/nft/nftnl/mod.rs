@@ -37,14 +37,14 @@ use crate::nft::ir::Set;
 use crate::nft::monitor::{QUIET_MIN_OPS, Quiet};
 use crate::nft::render;
 use crate::nft::transaction::{Op, Transaction};
+use ffi::NFTA_SET_ELEM_LIST_ELEMENTS;
 use lower::{Msg, MsgBody};
 use reply::KernelError;
 use rule::KnownSet;
 use std::collections::BTreeMap;
 
-/// `NFTA_SET_ELEM_LIST_ELEMENTS` / `NFTA_RULE_EXPRESSIONS`: the lists an error offset
+/// `NFTA_RULE_EXPRESSIONS`: with `NFTA_SET_ELEM_LIST_ELEMENTS`, the lists an error offset
 /// can point into.
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
 
 /// Applies transactions to the kernel over netlink.

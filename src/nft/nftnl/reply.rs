@@ -2,16 +2,21 @@
 //! an error to the message, and the element or expression inside it, that caused it.
 
 pub(crate) const NLMSG_HDRLEN: usize = 16;
-pub(crate) const NLMSG_ERROR: u16 = 2;
-pub(crate) const NLMSG_DONE: u16 = 3;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
-const NLMSGERR_ATTR_MSG: u16 = 1;
-const NLMSGERR_ATTR_OFFS: u16 = 2;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// nlmsghdr + nfgenmsg: where the attributes of a netfilter message (nf_tables, ctnetlink)
 /// start.
 pub(crate) const NFNL_HDRLEN: usize = NLMSG_HDRLEN + 4;
+uapi!(pub(crate) u16:
+    NLMSG_ERROR,
+    NLMSG_DONE,
+    NLM_F_REQUEST,
+    /// The flag of an attribute that holds attributes.
+    NLA_F_NESTED,
+    /// The high byte of every nf_tables message's type.
+    NFNL_SUBSYS_NFTABLES,
+);
+uapi!(u16: NLM_F_CAPPED, NLM_F_ACK_TLVS, NLA_TYPE_MASK);
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const NLMSGERR_ATTR_OFFS: u16 = 2;
 
 /// A kernel error about one message of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]

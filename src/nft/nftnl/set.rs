@@ -7,16 +7,18 @@ use super::udata::{self, Udata};
 use crate::nft::engine::NftError;
 use crate::nft::ir::{DataType, Set, SetKind, Verdict};
 
-pub const NFT_SET_ANONYMOUS: u32 = 0x1;
-pub const NFT_SET_CONSTANT: u32 = 0x2;
-pub const NFT_SET_INTERVAL: u32 = 0x4;
-pub const NFT_SET_MAP: u32 = 0x8;
-pub const NFT_SET_TIMEOUT: u32 = 0x10;
-pub const NFT_SET_EVAL: u32 = 0x20;
+uapi!(pub u32:
+    NFT_SET_ANONYMOUS,
+    NFT_SET_CONSTANT,
+    NFT_SET_INTERVAL,
+    NFT_SET_MAP,
+    NFT_SET_TIMEOUT,
+    NFT_SET_EVAL,
+    NFT_SET_ELEM_INTERVAL_END,
+    /// The data type of verdict maps.
+    NFT_DATA_VERDICT,
+);
 pub const NFT_SET_CONCAT: u32 = 0x80;
-pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
-/// `NFT_DATA_VERDICT`: the data type of verdict maps.
-pub const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
 
 /// One NEWSET message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,19 +43,13 @@ pub struct SetSpec {
 
 /// Kernel verdict code and target chain.
 pub fn verdict_code(v: &Verdict) -> (i32, Option<&str>) {
-    const NF_DROP: i32 = 0;
-    const NF_ACCEPT: i32 = 1;
-    const NFT_CONTINUE: i32 = -1;
-    const NFT_JUMP: i32 = -3;
-    const NFT_GOTO: i32 = -4;
-    const NFT_RETURN: i32 = -5;
     match v {
-        Verdict::Accept => (NF_ACCEPT, None),
-        Verdict::Drop => (NF_DROP, None),
-        Verdict::Continue => (NFT_CONTINUE, None),
-        Verdict::Return => (NFT_RETURN, None),
-        Verdict::Jump(c) => (NFT_JUMP, Some(c)),
-        Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+        Verdict::Accept => (libc::NF_ACCEPT, None),
+        Verdict::Drop => (libc::NF_DROP, None),
+        Verdict::Continue => (libc::NFT_CONTINUE, None),
+        Verdict::Return => (libc::NFT_RETURN, None),
+        Verdict::Jump(c) => (libc::NFT_JUMP, Some(c)),
+        Verdict::Goto(c) => (libc::NFT_GOTO, Some(c)),
     }
 }
 

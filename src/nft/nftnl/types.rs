@@ -106,32 +106,36 @@ pub enum Load {
     },
 }
 
-pub const NFT_META_MARK: u32 = 3;
-/// `meta nftrace`: the packet's trace bit (set from a one-byte register).
-pub const NFT_META_NFTRACE: u32 = 12;
-/// The IPv6 fragment header's next-header number.
-pub const IPPROTO_FRAGMENT: u8 = 44;
+uapi!(pub u32:
+    NFT_META_MARK,
+    /// `meta nftrace`: the packet's trace bit (set from a one-byte register).
+    NFT_META_NFTRACE,
+    NFT_META_IIFNAME,
+    NFT_META_OIFNAME,
+    NFT_META_NFPROTO,
+    /// `meta protocol` (the ethertype).
+    NFT_META_PROTOCOL,
+    NFT_META_L4PROTO,
+    NFT_PAYLOAD_LL_HEADER,
+    NFT_PAYLOAD_NETWORK_HEADER,
+    NFT_PAYLOAD_TRANSPORT_HEADER,
+    NFT_CT_STATE,
+    NFT_CT_DIRECTION,
+    NFT_CT_MARK,
+    NFT_NG_RANDOM,
+);
+uapi!(pub u8:
+    /// The IPv6 fragment header's next-header number.
+    IPPROTO_FRAGMENT,
+);
 /// `frag frag-off`'s bits in its 16-bit load (the low three are reserved and M).
 pub const IP6_FRAG_OFF_MASK: u16 = 0xfff8;
-pub const NFT_META_IIFNAME: u32 = 6;
-pub const NFT_META_OIFNAME: u32 = 7;
-pub const NFT_META_NFPROTO: u32 = 15;
-/// `meta protocol` (the ethertype).
-pub const NFT_META_PROTOCOL: u32 = 1;
-pub const NFT_META_L4PROTO: u32 = 16;
-pub const NFT_PAYLOAD_LL_HEADER: u32 = 0;
-pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
-pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-pub const NFT_CT_STATE: u32 = 0;
-pub const NFT_CT_DIRECTION: u32 = 1;
-pub const NFT_CT_MARK: u32 = 3;
 pub const NFTA_FIB_F_SADDR: u32 = 1;
 pub const NFTA_FIB_F_DADDR: u32 = 1 << 1;
 pub const NFTA_FIB_F_IIF: u32 = 1 << 3;
 pub const NFTA_FIB_F_PRESENT: u32 = 1 << 5;
 pub const NFT_FIB_RESULT_OIF: u32 = 1;
 pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
-pub const NFT_NG_RANDOM: u32 = 1;
 
 /// nft's expression types (`enum expr_types`) used in set typeof userdata.
 const EXPR_VERDICT: u32 = 1;
@@ -334,7 +338,7 @@ pub fn nfproto(f: IpFamily) -> u8 {
     }
 }
 
-const RTN_LOCAL: u32 = 2;
+uapi!(u32: RTN_LOCAL);
 pub const IFNAMSIZ: usize = 16;
 
 /// A value or key as the kernel sees it, kept inline (at most `NFT_DATA_VALUE_MAXLEN`

@@ -2,17 +2,15 @@
 //! that decided something, per chain that returned and per base chain policy taken, for
 //! every packet whose trace bit is set (`meta nftrace set 1`).
 
-use crate::nft::nftnl::reply;
+use crate::nft::nftnl::reply::{self, NFNL_HDRLEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
 
-/// `NFNLGRP_NFTRACE`: the multicast group of trace events.
-pub const NFNLGRP_NFTRACE: u32 = 9;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-/// `NFT_MSG_TRACE`.
-/// `NFT_MSG_TRACE` (after `NFT_MSG_GETGEN`, 16).
-const NFT_MSG_TRACE: u16 = 17;
-/// nlmsghdr + nfgenmsg: where the attributes start; the family is nfgenmsg's first byte.
-const NFNL_HDRLEN: usize = 20;
-const FAMILY_AT: usize = 16;
+uapi!(pub u32:
+    /// The multicast group of trace events.
+    NFNLGRP_NFTRACE,
+);
+uapi!(u16: NFT_MSG_TRACE);
+/// The family is nfgenmsg's first byte.
+const FAMILY_AT: usize = NLMSG_HDRLEN;
 
 // enum nft_trace_attributes
 const TABLE: u16 = 1;

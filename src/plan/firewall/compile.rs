@@ -182,10 +182,8 @@ fn overrides(listed: &[Segment], other: &[Segment]) -> Vec<Segment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::ir::proto::{TCP, UDP};
     use proptest::prelude::*;
-
-    const TCP: u8 = 6;
-    const UDP: u8 = 17;
 
     fn rule(ranges: &[(u128, u128)], ports: &[(u8, u16)]) -> Rule {
         Rule {

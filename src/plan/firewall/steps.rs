@@ -63,11 +63,10 @@ fn painted(rules: &[Rule], offset: usize, max: u128) -> Compiled {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::ir::proto::TCP;
     use crate::plan::firewall::compile::PortKey;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
-
-    const TCP: u8 = 6;
 
     fn pk(port: u16) -> PortKey {
         PortKey { proto: TCP, port }
