@@ -146,8 +146,11 @@ impl NftBackend for NftnlBackend {
         // Room for one capped error (~100 bytes) per message in the worst case.
         let (send, recv) = (total + 4096, 128 * batch.msgs.len() + (1 << 18));
         let sock = match self.socket.take() {
-            Some(s) if s.fits(send, recv) => s,
-            _ => socket::NlSocket::open(send, recv)?,
+            Some(mut s) => {
+                s.grow(send, recv)?;
+                s
+            }
+            None => socket::NlSocket::open(send, recv)?,
         };
         let send_batch = || -> Result<_, NftError> {
             sock.send(&pages)?;

@@ -103,16 +103,12 @@ impl NlSocket {
     /// The `*BUFFORCE` options bypass `net.core.[rw]mem_max` (CAP_NET_ADMIN, which nft
     /// needs anyway).
     pub fn open(send_bytes: usize, recv_bytes: usize) -> io::Result<NlSocket> {
-        let fd = netfilter_socket(0)?;
-        // The kernel doubles the value and refuses a message larger than the buffer.
-        let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
-        set_buffer(&fd, Buffer::Send, clamp(send_bytes))?;
-        set_buffer(&fd, Buffer::Receive, clamp(recv_bytes))?;
-        let s = NlSocket {
-            fd,
-            send_bytes,
-            recv_bytes,
+        let mut s = NlSocket {
+            fd: netfilter_socket(0)?,
+            send_bytes: 0,
+            recv_bytes: 0,
         };
+        s.grow(send_bytes.max(1), recv_bytes.max(1))?;
         // Errors carry only the failing message's header (not its up to 64 KiB payload)
         // plus extended-ack attributes: the kernel's message and the failing attribute.
         s.set_int(NETLINK_CAP_ACK, 1)?;
@@ -120,9 +116,23 @@ impl NlSocket {
         Ok(s)
     }
 
-    /// True if this socket's buffers hold a batch of `send_bytes` and its replies.
-    pub fn fits(&self, send_bytes: usize, recv_bytes: usize) -> bool {
-        send_bytes <= self.send_bytes && recv_bytes <= self.recv_bytes
+    /// Grows the buffers, in place, to hold a batch of `send_bytes` and `recv_bytes` of
+    /// replies. In place because closing any netfilter socket runs nf_tables' release
+    /// notifier, which takes the commit mutex and waits out the pending transaction clean-up
+    /// (an RCU grace period): every other commit on the node, the DNS learner's included,
+    /// waits with it.
+    pub fn grow(&mut self, send_bytes: usize, recv_bytes: usize) -> io::Result<()> {
+        // The kernel doubles the value and refuses a message larger than the buffer.
+        let clamp = |n: usize| n.clamp(1 << 16, i32::MAX as usize / 2);
+        if send_bytes > self.send_bytes {
+            set_buffer(&self.fd, Buffer::Send, clamp(send_bytes))?;
+            self.send_bytes = send_bytes;
+        }
+        if recv_bytes > self.recv_bytes {
+            set_buffer(&self.fd, Buffer::Receive, clamp(recv_bytes))?;
+            self.recv_bytes = recv_bytes;
+        }
+        Ok(())
     }
 
     fn set_int(&self, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
@@ -157,5 +167,32 @@ impl NlSocket {
             Err(nix::errno::Errno::EAGAIN) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffers(s: &NlSocket) -> (usize, usize) {
+        let send = nix::sys::socket::getsockopt(&s.fd, sockopt::SndBuf).unwrap();
+        let recv = nix::sys::socket::getsockopt(&s.fd, sockopt::RcvBuf).unwrap();
+        (send, recv)
+    }
+
+    /// Sizes below the default `[rw]mem_max` (212,992), so the test needs no privilege; the
+    /// kernel reports twice what was set.
+    #[test]
+    fn a_socket_grows_in_place_and_never_shrinks() {
+        let mut s = NlSocket::open(1, 1).expect("a netfilter socket");
+        assert_eq!(buffers(&s), (2 << 16, 2 << 16), "the 64 KiB floor");
+        s.grow(100_000, 1).unwrap();
+        assert_eq!(buffers(&s), (200_000, 2 << 16));
+        s.grow(50_000, 90_000).unwrap();
+        assert_eq!(
+            buffers(&s),
+            (200_000, 180_000),
+            "only the larger need changes"
+        );
     }
 }
