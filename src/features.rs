@@ -8,37 +8,20 @@ use std::fmt;
 
 use crate::snapshot::Kind;
 
-/// One switchable feature, by its user-facing name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Switch {
-    EgressFirewall,
-    EgressQos,
-    /// EgressIP with its assignment and CloudPrivateIPConfig flow.
-    EgressIp,
-    /// Service / Endpoints / EndpointSlice load balancing, with kube-proxy's health servers.
-    Services,
-    NetworkPolicy,
+wire_named_enum! {
+    /// One switchable feature, by its user-facing name.
+    pub enum Switch {
+        EgressFirewall = "egress-firewall",
+        EgressQos = "egress-qos",
+        /// EgressIP with its assignment and CloudPrivateIPConfig flow.
+        EgressIp = "egress-ip",
+        /// Service / Endpoints / EndpointSlice load balancing, with kube-proxy's health servers.
+        Services = "services",
+        NetworkPolicy = "network-policy",
+    }
 }
 
 impl Switch {
-    pub const ALL: [Switch; 5] = [
-        Switch::EgressFirewall,
-        Switch::EgressQos,
-        Switch::EgressIp,
-        Switch::Services,
-        Switch::NetworkPolicy,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Switch::EgressFirewall => "egress-firewall",
-            Switch::EgressQos => "egress-qos",
-            Switch::EgressIp => "egress-ip",
-            Switch::Services => "services",
-            Switch::NetworkPolicy => "network-policy",
-        }
-    }
-
     /// The kinds only this feature reads (Namespaces, Pods and Nodes are everyone's).
     pub fn kinds(self) -> &'static [Kind] {
         match self {
@@ -51,13 +34,7 @@ impl Switch {
     }
 
     fn parse(name: &str) -> Option<Switch> {
-        Switch::ALL.into_iter().find(|f| f.name() == name)
-    }
-}
-
-impl fmt::Display for Switch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        Switch::ALL.iter().copied().find(|f| f.as_str() == name)
     }
 }
 
@@ -67,7 +44,7 @@ pub struct Features(BTreeSet<Switch>);
 
 impl Default for Features {
     fn default() -> Self {
-        Features(Switch::ALL.into_iter().collect())
+        Features(Switch::ALL.iter().copied().collect())
     }
 }
 
@@ -83,7 +60,7 @@ impl Features {
                     "all" => out.extend(Switch::ALL),
                     _ => {
                         out.insert(Switch::parse(name).ok_or_else(|| {
-                            let valid: Vec<&str> = Switch::ALL.iter().map(|f| f.name()).collect();
+                            let valid: Vec<&str> = Switch::ALL.iter().map(|f| f.as_str()).collect();
                             format!(
                                 "unknown feature {:?} (valid: all, {})",
                                 crate::text::one_line(name),
@@ -120,7 +97,8 @@ impl Features {
     /// The kinds the enabled features read, in [`Kind::ALL`] order.
     pub fn kinds(&self) -> Vec<Kind> {
         let off: BTreeSet<Kind> = Switch::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|f| !self.on(*f))
             .flat_map(|f| f.kinds().iter().copied())
             .collect();
@@ -134,7 +112,7 @@ impl Features {
 
 impl fmt::Display for Features {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.iter().map(Switch::name).collect();
+        let names: Vec<&str> = self.iter().map(Switch::as_str).collect();
         f.write_str(&names.join(","))
     }
 }

@@ -13,36 +13,20 @@ use serde_json::Value;
 
 pub const ANNOTATION: &str = "k8s.ovn.org/acl-logging";
 
-/// A syslog severity OVN-Kubernetes accepts for ACL logging.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Severity {
-    Alert,
-    Warning,
-    Notice,
-    Info,
-    Debug,
+wire_named_enum! {
+    /// A syslog severity OVN-Kubernetes accepts for ACL logging.
+    pub enum Severity {
+        Alert = "alert",
+        Warning = "warning",
+        Notice = "notice",
+        Info = "info",
+        Debug = "debug",
+    }
 }
 
 impl Severity {
     pub fn parse(s: &str) -> Option<Severity> {
-        Some(match s {
-            "alert" => Severity::Alert,
-            "warning" => Severity::Warning,
-            "notice" => Severity::Notice,
-            "info" => Severity::Info,
-            "debug" => Severity::Debug,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Alert => "alert",
-            Severity::Warning => "warning",
-            Severity::Notice => "notice",
-            Severity::Info => "info",
-            Severity::Debug => "debug",
-        }
+        Severity::ALL.iter().copied().find(|v| v.as_str() == s)
     }
 }
 

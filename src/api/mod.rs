@@ -31,32 +31,6 @@ macro_rules! namespaced_resource {
     };
 }
 
-/// An enum of unit variants, each spelled one way in the API: the enum, `ALL` (in declaration
-/// order), `as_str` and a `Display` that writes that spelling, from one list.
-macro_rules! wire_named_enum {
-    (
-        $(#[$meta:meta])*
-        $vis:vis enum $ty:ident { $($variant:ident = $name:literal),+ $(,)? }
-    ) => {
-        $(#[$meta])*
-        $vis enum $ty { $($variant),+ }
-
-        impl $ty {
-            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
-
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $name),+ }
-            }
-        }
-
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
 pub mod acl_logging;
 pub mod cloud_private_ip_config;
 pub mod crds;

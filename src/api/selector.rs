@@ -35,7 +35,6 @@ pub enum SelectorReason {
 }
 
 wire_named_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
     pub enum Operator {
         In = "In",
         NotIn = "NotIn",

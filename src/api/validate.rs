@@ -196,7 +196,6 @@ impl<R> NamespaceRules<R> {
 }
 
 wire_named_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
     pub enum Protocol {
         Tcp = "TCP",
         Udp = "UDP",

@@ -32,21 +32,15 @@ use std::sync::Arc;
 /// What every logged packet's prefix starts with; the id follows in 16 hex digits.
 pub const PREFIX: &str = "acl:";
 
-/// Allowed or denied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Action {
-    Allow,
-    Deny,
+wire_named_enum! {
+    /// Allowed or denied.
+    pub enum Action {
+        Allow = "allow",
+        Deny = "deny",
+    }
 }
 
 impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Allow => "allow",
-            Action::Deny => "deny",
-        }
-    }
-
     fn verdict(self) -> Verdict {
         match self {
             Action::Allow => Verdict::Accept,

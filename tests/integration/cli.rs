@@ -297,7 +297,7 @@ fn help_explains_every_option() {
         }
     }
     for feature in nodeplane::features::Switch::ALL {
-        assert!(help.contains(feature.name()), "--help lacks {feature}");
+        assert!(help.contains(feature.as_str()), "--help lacks {feature}");
     }
 }
 
