@@ -1,7 +1,7 @@
-//! Contested frontends: which Service owns a ClusterIP, an externalIP/LB IP port or a
-//! NodePort that several ask for (the older one, except that an address that is a ClusterIP
-//! is nobody's externalIP), and a service's part without the frontends it lost, with the
-//! message that says why.
+//! Contested frontends: the frontends a Service asks for, which Service owns a ClusterIP,
+//! an externalIP/LB IP port or a NodePort that several ask for (the older one, except that
+//! an address that is a ClusterIP is nobody's externalIP), and a service's part without the
+//! frontends it lost, with the message that says why.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Entry, maps, names};
+use super::{Entry, maps, model, names};
 use crate::api::Service;
 use crate::nft::ir::*;
 use crate::snapshot::ObjectKey;
@@ -173,4 +173,28 @@ pub(super) fn proto_name(p: u8) -> &'static str {
         proto::SCTP => "SCTP",
         _ => "?",
     }
+}
+
+/// The frontends a service asks for (ClusterIPs, external and LB address ports, NodePorts),
+/// each with the field that names it, once each.
+pub(super) fn claims_of(model: &model::Model) -> Vec<(Claim, String)> {
+    let mut claims = Vec::new();
+    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
+    for ip in &model.cluster_ips {
+        claims.push((Claim::Cluster(*ip), field(ip)));
+    }
+    for ip in model.external_ips.iter().chain(&model.lb_ips) {
+        for p in &model.ports {
+            claims.push((Claim::External(*ip, p.proto, p.port), field(ip)));
+        }
+    }
+    for (i, p) in model.ports.iter().enumerate() {
+        if let Some(np) = p.node_port {
+            let c = Claim::NodePort(p.proto, np);
+            claims.push((c, format!("spec.ports[{i}].nodePort")));
+        }
+    }
+    claims.sort();
+    claims.dedup_by(|a, b| a.0 == b.0);
+    claims
 }

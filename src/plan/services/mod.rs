@@ -47,7 +47,7 @@ use crate::api::{EndpointSlice, Service};
 use crate::config::Config;
 use crate::nft::ir::*;
 use crate::snapshot::{self, ObjectKey, Snapshot};
-use claims::{Claim, Rank, externals_on, winner};
+use claims::{Claim, Rank, claims_of, externals_on, winner};
 use ipnet::IpNet;
 use memo::changed_services;
 use model::{AddressRules, Sources};
@@ -391,30 +391,6 @@ impl Entry {
             shards: BTreeSet::new(),
         }
     }
-}
-
-/// The frontends a service asks for (ClusterIPs, external and LB address ports, NodePorts),
-/// each with the field that names it, once each.
-fn claims_of(model: &model::Model) -> Vec<(Claim, String)> {
-    let mut claims = Vec::new();
-    let field = |ip: &IpAddr| model.fields.get(ip).cloned().unwrap_or_default();
-    for ip in &model.cluster_ips {
-        claims.push((Claim::Cluster(*ip), field(ip)));
-    }
-    for ip in model.external_ips.iter().chain(&model.lb_ips) {
-        for p in &model.ports {
-            claims.push((Claim::External(*ip, p.proto, p.port), field(ip)));
-        }
-    }
-    for (i, p) in model.ports.iter().enumerate() {
-        if let Some(np) = p.node_port {
-            let c = Claim::NodePort(p.proto, np);
-            claims.push((c, format!("spec.ports[{i}].nodePort")));
-        }
-    }
-    claims.sort();
-    claims.dedup_by(|a, b| a.0 == b.0);
-    claims
 }
 
 /// The UDP frontends of the `served` ports (port, NodePort) that have endpoints.
