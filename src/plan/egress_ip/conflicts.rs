@@ -5,7 +5,7 @@
 //! status line and a Warning Event with OVN-Kubernetes' reason `EgressIPConflict`, so alerts
 //! written for it fire. The node that holds the address reports it (only it can see it).
 
-use super::event_note;
+use super::status::event_note;
 use crate::api::egress_ip::event_reason;
 use crate::net::AddressConflict;
 use crate::plan::{NodeEvent, ObjectStatus};

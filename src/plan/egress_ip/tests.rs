@@ -1,8 +1,9 @@
 use super::*;
 use crate::api::{Namespace, Node, Pod};
+use crate::net::{RouteSpec, RuleSpec};
 use crate::nft::diff::{Op, diff};
 use crate::plan::{Desired, plan as plan_all};
-use crate::snapshot::SnapshotBuilder;
+use crate::snapshot::{Kind, SnapshotBuilder};
 use crate::testing::objects;
 
 fn node(name: &str, ips: &[&str]) -> Node {
