@@ -194,32 +194,24 @@ impl<B: NftBackend> Learner<B> {
             Some(e) => e.expiry + SLACK < expiry,
             None => true,
         };
-        if let Some(old) = self.entries.remove(&key) {
-            self.unindex(&key, &old);
-            self.expiries.add(old.expiry.max(expiry));
-            self.entries.insert(
-                key.clone(),
-                Entry {
-                    expiry: old.expiry.max(expiry),
-                    seq,
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    in_kernel: old.in_kernel,
-                },
-            );
-        } else {
-            self.expiries.add(expiry);
-            self.entries.insert(
-                key.clone(),
-                Entry {
-                    expiry,
-                    seq,
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    in_kernel: false,
-                },
-            );
-        }
+        let (expiry, in_kernel) = match self.entries.remove(&key) {
+            Some(old) => {
+                self.unindex(&key, &old);
+                (old.expiry.max(expiry), old.in_kernel)
+            }
+            None => (expiry, false),
+        };
+        self.expiries.add(expiry);
+        self.entries.insert(
+            key.clone(),
+            Entry {
+                expiry,
+                seq,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                in_kernel,
+            },
+        );
         self.by_namespace
             .entry(namespace.clone())
             .or_default()
